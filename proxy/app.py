@@ -1,0 +1,209 @@
+"""The Starlette application: ``create_app(settings)`` builds everything on ``app.state``.
+
+Nothing lives at module level. The lifespan opens the ledger, starts the upstream client and the
+engine worker, and on shutdown (after uvicorn has drained in-flight requests) stops the engine
+and flushes the ledger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from proxy.chat import ChatHandler
+from proxy.config import Settings
+from proxy.engine.client import LocalEngine
+from proxy.errors import MethodNotAllowed, NotFound, ProxyError
+from proxy.ledger import Ledger
+from proxy.pricing import PriceBook, load_price_map
+from proxy.router import LOCAL_ALIAS, Router
+from proxy.upstream import Upstream
+
+log = structlog.get_logger("frugal.app")
+
+
+class RequestIdMiddleware:
+    """Gives every request an id (the client's own ``x-request-id`` if it sent one) and echoes
+    it on every response, errors included."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = ""
+        for name, value in scope.get("headers", ()):
+            if name == b"x-request-id":
+                request_id = value.decode("latin-1")[:128]
+                break
+        if not request_id:
+            request_id = uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        encoded = request_id.encode("latin-1")
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k != b"x-request-id"]
+                headers.append((b"x-request-id", encoded))
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def error_response(exc: ProxyError, request_id: str | None = None) -> JSONResponse:
+    headers = {"x-request-id": request_id} if request_id else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+async def _proxy_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ProxyError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return error_response(NotFound(f"no such endpoint: {request.method} {request.url.path}"))
+    if exc.status_code == 405:
+        return error_response(
+            MethodNotAllowed(f"method {request.method} is not allowed on {request.url.path}")
+        )
+    return JSONResponse(
+        {
+            "error": {
+                "message": str(exc.detail),
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        },
+        status_code=exc.status_code,
+    )
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    request_id = getattr(request.state, "request_id", None)
+    log.error("unhandled_error", request_id=request_id, error=type(exc).__name__)
+    return JSONResponse(
+        {
+            "error": {
+                "message": "internal error; see the server log for this request id",
+                "type": "server_error",
+                "param": None,
+                "code": "internal_error",
+            }
+        },
+        status_code=500,
+    )
+
+
+def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state = app.state
+        state.settings = settings
+        state.started_at = time.time()
+        state.prices = PriceBook(load_price_map())
+        state.ledger = Ledger(
+            settings.ledger.path,
+            flush_interval_s=settings.ledger.flush_interval_s,
+            batch_size=settings.ledger.batch_size,
+        )
+        await state.ledger.start()
+        state.upstream = Upstream(settings.fallback)
+        await state.upstream.start()
+        owns_engine = engine is None
+        state.engine = engine or LocalEngine(settings.local)
+        try:
+            if owns_engine:
+                await state.engine.start()
+            state.router = Router(settings, state.engine, state.upstream.enabled)
+            state.chat = ChatHandler(state)
+            if not state.upstream.enabled:
+                log.warning(
+                    "local_only",
+                    detail="no API fallback: set the key named by [fallback] api_key_env "
+                    f"({settings.fallback.api_key_env or 'none'}) or [fallback] api_base",
+                )
+            log.info(
+                "serving",
+                fallback=state.upstream.enabled,
+                threshold=settings.quality.threshold,
+                stream_mode=settings.router.stream_mode,
+            )
+            yield
+        finally:
+            if owns_engine:
+                await state.engine.stop()
+            await state.upstream.aclose()
+            await state.ledger.close()
+            log.info("stopped", ledger_rows_written=state.ledger.written)
+
+    async def chat_completions(request: Request) -> Response:
+        handler: ChatHandler = request.app.state.chat
+        return await handler(request)
+
+    async def models(request: Request) -> Response:
+        state = request.app.state
+        created = int(state.started_at)
+        data = [{"id": LOCAL_ALIAS, "object": "model", "created": created, "owned_by": "frugal"}]
+        for name in state.upstream.model_ids():
+            data.append({"id": name, "object": "model", "created": created, "owned_by": "api"})
+        return JSONResponse({"object": "list", "data": data})
+
+    async def healthz(request: Request) -> Response:
+        state = request.app.state
+        engine_health = state.engine.health()
+        fallback = {
+            "configured": state.upstream.enabled,
+            "api_base": settings.fallback.api_base if state.upstream.enabled else None,
+            "mode": "cascade" if state.upstream.enabled else "local_only",
+        }
+        ok = engine_health["state"] == "ready"
+        body: dict[str, Any] = {
+            "status": "ok" if ok else "degraded",
+            "engine": engine_health,
+            "fallback": fallback,
+            "quality_threshold": settings.quality.threshold,
+            "stream_mode": settings.router.stream_mode,
+            "ledger": {
+                "path": settings.ledger.path,
+                "written": state.ledger.written,
+                "pending": state.ledger.pending,
+                "write_failures": state.ledger.write_failures,
+            },
+            "uptime_s": round(time.time() - state.started_at, 1),
+        }
+        return JSONResponse(body, status_code=200 if ok or state.upstream.enabled else 503)
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/models", models, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+        ],
+        exception_handlers={
+            ProxyError: _proxy_error,
+            HTTPException: _http_error,
+            Exception: _unexpected,
+        },
+        lifespan=lifespan,
+    )
+    app.add_middleware(RequestIdMiddleware)
+    return app

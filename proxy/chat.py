@@ -1,0 +1,395 @@
+"""``POST /v1/chat/completions``: the cascade as HTTP.
+
+Every path through here ends in exactly one ledger row, written from a ``finally`` so that
+failures are counted too. Streams record their row when the last byte has gone out (or the
+client left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from proxy import sse
+from proxy.errors import (
+    BadRequest,
+    LocalUnavailable,
+    ProxyError,
+    map_upstream_exception,
+)
+from proxy.router import LocalAttempt, Plan, Router
+from proxy.validate import chat_request, parse_json
+
+log = structlog.get_logger("frugal.request")
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+@dataclass
+class Exchange:
+    """What one request did, gathered as it goes, for the headers, the log and the ledger."""
+
+    request_id: str
+    started: float = field(default_factory=time.perf_counter)
+    arrived: float = field(default_factory=time.time)
+    model: str | None = None
+    stream: bool = False
+    route: str = "none"
+    reason: str = "error"
+    status: int = 200
+    quality: float | None = None
+    quality_reasons: list[str] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int = 0
+    local_prompt_tokens: int | None = None
+    local_completion_tokens: int | None = None
+    local_ms: float = 0.0
+    api_ms: float = 0.0
+    api_usage_model: str | None = None
+    error: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "x-request-id": self.request_id,
+            "x-frugal-route": self.route,
+            "x-frugal-reason": self.reason,
+            "x-frugal-quality": "none" if self.quality is None else f"{self.quality:.3f}",
+        }
+
+    def take_local(self, attempt: LocalAttempt) -> None:
+        self.local_ms = attempt.elapsed_ms
+        self.quality = attempt.quality
+        self.quality_reasons = attempt.quality_reasons
+        if attempt.completion is not None:
+            usage = attempt.completion.get("usage") or {}
+            self.local_prompt_tokens = usage.get("prompt_tokens")
+            self.local_completion_tokens = usage.get("completion_tokens")
+
+    def take_usage(self, usage: dict[str, Any] | None) -> None:
+        if usage:
+            self.prompt_tokens = usage.get("prompt_tokens")
+            self.completion_tokens = usage.get("completion_tokens")
+            details = usage.get("prompt_tokens_details") or {}
+            self.cached_tokens = int(details.get("cached_tokens") or 0)
+
+
+class ChatHandler:
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.router: Router = state.router
+
+    # -- entry ------------------------------------------------------------------------------
+
+    async def __call__(self, request: Request) -> Response:
+        ex = Exchange(request_id=request.state.request_id)
+        streaming = False
+        try:
+            body = chat_request(parse_json(await request.body()))
+            ex.model = body["model"]
+            ex.stream = bool(body.get("stream"))
+            plan = self.router.plan(body, request.headers.get("x-frugal-route"))
+            threshold = self.router.threshold(request.headers.get("x-frugal-min-quality"))
+            if ex.stream:
+                response = await self._stream(body, plan, threshold, ex)
+                streaming = isinstance(response, StreamingResponse)
+                return response
+            return await self._json(body, plan, threshold, ex)
+        except ProxyError as exc:
+            ex.status = exc.status
+            ex.error = exc.code or exc.type
+            if isinstance(exc, BadRequest):
+                ex.reason = "bad_request"
+            raise
+        except BaseException:
+            ex.status = 500
+            ex.error = "internal_error"
+            raise
+        finally:
+            if not streaming:
+                self._finish(ex)
+
+    # -- JSON -------------------------------------------------------------------------------
+
+    async def _json(
+        self, body: dict[str, Any], plan: Plan, threshold: float, ex: Exchange
+    ) -> Response:
+        if plan.route == "local":
+            attempt = await self.router.try_local(body, threshold=threshold)
+            ex.take_local(attempt)
+            answer = self._local_answer(body, attempt, plan, ex)
+            if answer is not None:
+                return JSONResponse(answer, headers=ex.headers())
+        else:
+            ex.reason = plan.reason
+        ex.route = "api"
+        upstream = self.state.upstream
+        try:
+            reply = await upstream.chat(body, request_id=ex.request_id)
+        except Exception as exc:
+            raise map_upstream_exception(exc) from exc
+        finally:
+            ex.api_ms = (time.perf_counter() - ex.started) * 1000 - ex.local_ms
+        ex.take_usage(reply.body.get("usage"))
+        return JSONResponse(reply.body, headers=ex.headers())
+
+    def _local_answer(
+        self, body: dict[str, Any], attempt: LocalAttempt, plan: Plan, ex: Exchange
+    ) -> dict[str, Any] | None:
+        """The local answer to send, None to go to the API; raises when neither is possible."""
+        completion = attempt.completion
+        if attempt.accepted or (completion is not None and plan.local_only):
+            ex.route, ex.reason = "local", "forced" if plan.forced else attempt.reason
+        elif completion is not None and not self.router.fallback_enabled:
+            ex.route, ex.reason = "local", "no_fallback"
+        elif completion is None and (plan.local_only or not self.router.fallback_enabled):
+            ex.reason = attempt.reason if plan.local_only else "no_fallback"
+            if attempt.reason == "context_overflow":
+                raise BadRequest(
+                    f"the conversation does not fit the local model's context: {attempt.error}",
+                    param="messages",
+                    code="context_length_exceeded",
+                )
+            raise LocalUnavailable(
+                f"the local model could not answer ({attempt.reason}) and no API fallback "
+                "is " + ("allowed for model 'local'" if plan.local_only else "configured")
+            )
+        else:
+            ex.reason = attempt.reason
+            return None
+        assert completion is not None
+        ex.take_usage(completion.get("usage"))
+        return public_completion(completion, body)
+
+    # -- streaming --------------------------------------------------------------------------
+
+    async def _stream(
+        self, body: dict[str, Any], plan: Plan, threshold: float, ex: Exchange
+    ) -> Response:
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        with_logprobs = bool(body.get("logprobs"))
+        if plan.route == "local":
+            mode = self.state.settings.router.stream_mode
+            if mode == "live":
+                live = await self._live(body, plan, threshold, ex, include_usage)
+                if live is not None:
+                    return live
+            else:
+                attempt = await self.router.try_local(body, threshold=threshold)
+                ex.take_local(attempt)
+                answer = self._local_answer(body, attempt, plan, ex)
+                if answer is not None:
+                    chunks = sse.replay(
+                        answer, include_usage=include_usage, with_logprobs=with_logprobs
+                    )
+                    return self._sse(_aiter(chunks), ex)
+        else:
+            ex.reason = plan.reason
+        ex.route = "api"
+        started = time.perf_counter()
+        try:
+            upstream_stream = await self.state.upstream.chat_stream(body, request_id=ex.request_id)
+        except Exception as exc:
+            ex.api_ms = (time.perf_counter() - started) * 1000
+            raise map_upstream_exception(exc) from exc
+        return self._sse(self._relay(upstream_stream, ex, started), ex)
+
+    async def _relay(self, stream: Any, ex: Exchange, started: float) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in stream:
+                yield chunk
+        except (ProxyError, Exception) as exc:
+            err = map_upstream_exception(exc)
+            ex.error = err.code or "stream_cut"
+            yield sse.error_event(err.message, code=err.code)
+            yield sse.DONE
+        finally:
+            ex.api_ms = (time.perf_counter() - started) * 1000
+            ex.take_usage(getattr(stream, "usage", None))
+            with contextlib.suppress(Exception):
+                await stream.aclose()
+
+    async def _live(
+        self,
+        body: dict[str, Any],
+        plan: Plan,
+        threshold: float,
+        ex: Exchange,
+        include_usage: bool,
+    ) -> Response | None:
+        """Stream local tokens as they come; only a failure before the first one falls back."""
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        task = asyncio.create_task(
+            self.router.try_local(body, threshold=threshold, on_token=queue.put_nowait)
+        )
+        first = asyncio.ensure_future(queue.get())
+        await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
+        if not first.done():
+            first.cancel()
+            attempt = task.result()
+            ex.take_local(attempt)
+            if attempt.completion is None or not (
+                attempt.completion["choices"][0]["message"].get("content")
+            ):
+                # Nothing was said yet: the cascade may still fall back.
+                answer = self._local_answer(body, attempt, plan, ex)
+                if answer is None:
+                    return None
+                chunks = sse.replay(answer, include_usage=include_usage, with_logprobs=False)
+                return self._sse(_aiter(chunks), ex)
+            queue.put_nowait(attempt.completion["choices"][0]["message"]["content"])
+        else:
+            queue.put_nowait(first.result())
+        ex.route, ex.reason = "local", "forced" if plan.forced else "live"
+        return self._sse(self._live_chunks(task, queue, ex, include_usage), ex)
+
+    async def _live_chunks(
+        self,
+        task: asyncio.Task[LocalAttempt],
+        queue: asyncio.Queue[str],
+        ex: Exchange,
+        include_usage: bool,
+    ) -> AsyncIterator[bytes]:
+        writer = sse.ChunkWriter("chatcmpl-live-" + ex.request_id[:16], "local")
+        yield writer.role()
+        try:
+            while True:
+                if not queue.empty():
+                    yield writer.text(queue.get_nowait())
+                    continue
+                if task.done():
+                    break
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield writer.text(getter.result())
+                else:
+                    getter.cancel()
+            attempt = task.result()
+            ex.take_local(attempt)
+            completion = attempt.completion
+            if completion is None:
+                ex.error = attempt.reason
+                yield sse.error_event(
+                    f"the local model failed mid-answer ({attempt.reason})",
+                    type_="server_error",
+                    code=attempt.reason,
+                )
+                yield sse.DONE
+                return
+            ex.take_usage(completion.get("usage"))
+            if attempt.reason == "local_timeout":
+                ex.reason = "local_timeout"
+            yield writer.finish(completion["choices"][0].get("finish_reason") or "stop")
+            if include_usage:
+                yield writer.usage(sse.public_usage(completion.get("usage") or {}))
+            yield sse.DONE
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+    def _sse(self, chunks: AsyncIterator[bytes], ex: Exchange) -> StreamingResponse:
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            except asyncio.CancelledError:
+                ex.error = ex.error or "client_gone"
+                raise
+            except Exception as exc:  # noqa: BLE001 - the status line is already out
+                ex.error = "stream_failed"
+                log.error("stream_failed", request_id=ex.request_id, error=type(exc).__name__)
+                yield sse.error_event("the stream failed", type_="server_error")
+                yield sse.DONE
+            finally:
+                self._finish(ex)
+
+        return StreamingResponse(
+            body(), media_type="text/event-stream", headers={**SSE_HEADERS, **ex.headers()}
+        )
+
+    # -- ledger and log ---------------------------------------------------------------------
+
+    def _finish(self, ex: Exchange) -> None:
+        latency_ms = (time.perf_counter() - ex.started) * 1000
+        prices = self.state.prices
+        model = ex.model or ""
+        counterfactual = api_cost = None
+        if ex.prompt_tokens is not None:
+            tokens = (ex.prompt_tokens, ex.completion_tokens or 0)
+            counterfactual = prices.cost(model, *tokens)
+            if ex.route == "api":
+                target = self.state.upstream.target(model)
+                api_cost = prices.cost(target, *tokens, ex.cached_tokens)
+                if api_cost is not None and counterfactual is None:
+                    counterfactual = api_cost
+        if ex.route == "local":
+            api_cost = 0
+        self.state.ledger.record(
+            {
+                "request_id": ex.request_id,
+                "ts": ex.arrived,
+                "endpoint": "chat.completions",
+                "requested_model": ex.model,
+                "route": ex.route,
+                "reason": ex.reason,
+                "status": ex.status,
+                "stream": int(ex.stream),
+                "quality": ex.quality,
+                "quality_reasons": ",".join(ex.quality_reasons[:3]) or None,
+                "prompt_tokens": ex.prompt_tokens,
+                "completion_tokens": ex.completion_tokens,
+                "local_prompt_tokens": ex.local_prompt_tokens,
+                "local_completion_tokens": ex.local_completion_tokens,
+                "latency_ms": round(latency_ms, 2),
+                "local_ms": round(ex.local_ms, 2),
+                "api_ms": round(ex.api_ms, 2),
+                "api_cost_pusd": api_cost if ex.status < 400 else None,
+                "counterfactual_cost_pusd": counterfactual,
+                "error": ex.error,
+            }
+        )
+        log.info(
+            "request",
+            request_id=ex.request_id,
+            model=ex.model,
+            route=ex.route,
+            reason=ex.reason,
+            status=ex.status,
+            stream=ex.stream,
+            quality=None if ex.quality is None else round(ex.quality, 3),
+            latency_ms=round(latency_ms, 1),
+            local_ms=round(ex.local_ms, 1),
+            prompt_tokens=ex.prompt_tokens,
+            completion_tokens=ex.completion_tokens,
+            error=ex.error,
+        )
+
+
+def public_completion(completion: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """The engine's completion as OpenAI would send it: private fields removed, logprobs only
+    when asked for."""
+    out = {k: v for k, v in completion.items() if k != "frugal"}
+    out["usage"] = sse.public_usage(completion.get("usage") or {})
+    if not body.get("logprobs"):
+        out["choices"] = [{**c, "logprobs": None} for c in completion["choices"]]
+    elif not body.get("top_logprobs"):
+        for choice in out["choices"]:
+            for entry in (choice.get("logprobs") or {}).get("content") or []:
+                entry["top_logprobs"] = []
+    return out
+
+
+async def _aiter(chunks: Any) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk

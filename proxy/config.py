@@ -1,0 +1,250 @@
+"""Settings: TOML parsed once into frozen dataclasses, validated at load time.
+
+Every field here is documented in ``config.example.toml``; a test keeps the two in step.
+A bad value raises :class:`ConfigError` naming the key, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from proxy.errors import ConfigError
+
+SPECULATIVE_MODES = ("off", "prompt-lookup", "draft")
+STREAM_MODES = ("verify", "live")
+
+
+def default_threads() -> int:
+    """cores − 1, at least 1: leave one core for the proxy itself."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) - 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    drain_s: float = 20.0
+    log_content: bool = False
+    log_format: str = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalSettings:
+    model_path: str = ""
+    n_threads: int = 0
+    n_ctx: int = 4096
+    timeout_s: float = 30.0
+    speculative: str = "off"
+    draft_model_path: str = ""
+    default_max_tokens: int = 512
+    max_queue: int = 16
+    seed: int = 0
+
+    @property
+    def threads(self) -> int:
+        return self.n_threads if self.n_threads > 0 else default_threads()
+
+
+@dataclass(frozen=True, kw_only=True)
+class FallbackSettings:
+    api_base: str = "https://api.openai.com/v1"
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = 60.0
+    connect_timeout_s: float = 5.0
+    max_retries: int = 2
+    models: dict[str, str] = field(default_factory=dict)
+
+    def api_key(self) -> str | None:
+        """The upstream key, read from the environment; None when it is not set."""
+        if not self.api_key_env:
+            return ""
+        value = os.environ.get(self.api_key_env, "")
+        return value or None
+
+    @property
+    def enabled(self) -> bool:
+        """A fallback exists when an upstream is named and its key (if one is needed) is set."""
+        return bool(self.api_base or self.models) and self.api_key() is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterSettings:
+    stream_mode: str = "verify"
+
+
+@dataclass(frozen=True, kw_only=True)
+class QualitySettings:
+    threshold: float = 0.6
+
+
+@dataclass(frozen=True, kw_only=True)
+class LedgerSettings:
+    path: str = "frugal.db"
+    flush_interval_s: float = 0.2
+    batch_size: int = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostSettings:
+    monthly_fixed_usd: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    local: LocalSettings = field(default_factory=LocalSettings)
+    fallback: FallbackSettings = field(default_factory=FallbackSettings)
+    router: RouterSettings = field(default_factory=RouterSettings)
+    quality: QualitySettings = field(default_factory=QualitySettings)
+    ledger: LedgerSettings = field(default_factory=LedgerSettings)
+    costs: CostSettings = field(default_factory=CostSettings)
+    source: str = "<defaults>"
+
+
+SECTIONS: dict[str, type] = {
+    "server": ServerSettings,
+    "local": LocalSettings,
+    "fallback": FallbackSettings,
+    "router": RouterSettings,
+    "quality": QualitySettings,
+    "ledger": LedgerSettings,
+    "costs": CostSettings,
+}
+
+
+def _type_name(tp: Any) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        tp, "a table of strings"
+    )
+
+
+def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
+    where = f"[{section}] {key}"
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} = {value!r}: expected true or false")
+    if isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} = {value!r}: expected an integer")
+    if isinstance(default, float):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where} = {value!r}: expected a number")
+    if isinstance(default, str):
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where} = {value!r}: expected a string")
+    if isinstance(default, dict):
+        if isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            return dict(value)
+        raise ConfigError(
+            f'{where} = {value!r}: expected a table of strings, e.g. name = "provider/model"'
+        )
+    raise ConfigError(f"{where}: unsupported setting")  # pragma: no cover
+
+
+def _build_section(name: str, cls: type, raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"[{name}] must be a table, got {raw!r}")
+    defaults = cls()
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(
+            f"[{name}] {unknown[0]}: unknown key; known keys are {', '.join(sorted(known))}"
+        )
+    values = {k: _coerce(name, k, v, getattr(defaults, k)) for k, v in raw.items()}
+    return cls(**values)
+
+
+def _check_range(where: str, value: float, low: float, high: float | None = None) -> None:
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ConfigError(f"{where} = {value!r}: expected a value {bound}")
+
+
+def validate(settings: Settings) -> Settings:
+    s = settings
+    _check_range("[server] port", s.server.port, 1, 65535)
+    _check_range("[server] drain_s", s.server.drain_s, 0.0, 600.0)
+    if s.server.log_format not in ("auto", "json", "console"):
+        raise ConfigError(
+            f'[server] log_format = {s.server.log_format!r}: expected "auto", "json" or "console"'
+        )
+    _check_range("[local] n_threads", s.local.n_threads, 0)
+    _check_range("[local] n_ctx", s.local.n_ctx, 256)
+    _check_range("[local] timeout_s", s.local.timeout_s, 0.1)
+    _check_range("[local] default_max_tokens", s.local.default_max_tokens, 1)
+    _check_range("[local] max_queue", s.local.max_queue, 1)
+    if s.local.speculative not in SPECULATIVE_MODES:
+        raise ConfigError(
+            f"[local] speculative = {s.local.speculative!r}: expected one of "
+            + ", ".join(f'"{m}"' for m in SPECULATIVE_MODES)
+        )
+    if s.local.speculative == "draft" and not s.local.draft_model_path:
+        raise ConfigError('[local] speculative = "draft" needs [local] draft_model_path')
+    _check_range("[fallback] timeout_s", s.fallback.timeout_s, 0.1)
+    _check_range("[fallback] connect_timeout_s", s.fallback.connect_timeout_s, 0.1)
+    _check_range("[fallback] max_retries", s.fallback.max_retries, 0, 10)
+    if s.fallback.api_base and not s.fallback.api_base.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"[fallback] api_base = {s.fallback.api_base!r}: expected an http:// or https:// URL"
+        )
+    if s.router.stream_mode not in STREAM_MODES:
+        raise ConfigError(
+            f'[router] stream_mode = {s.router.stream_mode!r}: expected "verify" or "live"'
+        )
+    _check_range("[quality] threshold", s.quality.threshold, 0.0, 1.0)
+    if not s.ledger.path:
+        raise ConfigError("[ledger] path: expected a file path, got an empty string")
+    _check_range("[ledger] flush_interval_s", s.ledger.flush_interval_s, 0.01, 10.0)
+    _check_range("[ledger] batch_size", s.ledger.batch_size, 1)
+    _check_range("[costs] monthly_fixed_usd", s.costs.monthly_fixed_usd, 0.0)
+    return settings
+
+
+def from_dict(raw: dict[str, Any], source: str = "<dict>") -> Settings:
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(
+            f"[{unknown[0]}]: unknown section; known sections are {', '.join(SECTIONS)}"
+        )
+    parts = {name: _build_section(name, cls, raw.get(name, {})) for name, cls in SECTIONS.items()}
+    return validate(Settings(**parts, source=source))
+
+
+def resolve_path(explicit: str | None) -> Path | None:
+    """--config, then $FRUGAL_CONFIG, then ./frugal.toml; None means built-in defaults."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("FRUGAL_CONFIG")
+    if env:
+        return Path(env)
+    local = Path("frugal.toml")
+    return local if local.is_file() else None
+
+
+def load(explicit: str | None = None) -> Settings:
+    path = resolve_path(explicit)
+    if path is None:
+        return validate(Settings())
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file not found: {path}") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    return from_dict(raw, source=str(path))

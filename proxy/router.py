@@ -1,0 +1,124 @@
+"""The cascade policy: which route a request takes, and whether a local answer is good enough.
+
+    plan()          forced route, model alias ``local``, or a feature the engine lacks
+    try_local()     run the engine before the deadline; classify what came back
+    accept?         score >= threshold  -> local;  otherwise the API, when there is one
+
+The router knows nothing of HTTP; ``proxy.chat`` turns its decisions into responses.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.config import Settings
+from proxy.engine.client import LocalEngine
+from proxy.errors import BadRequest, EngineError
+from proxy.validate import local_blocker
+
+LOCAL_ALIAS = "local"
+ROUTE_HEADER = "x-frugal-route"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    route: str  # "local" first, or "api" straight away
+    reason: str  # why it was pre-routed to the API, or "" for a local attempt
+    local_only: bool  # the client asked for the local model: never fall back
+    forced: bool = False
+
+
+@dataclass(kw_only=True)
+class LocalAttempt:
+    completion: dict[str, Any] | None = None
+    reason: str = ""  # accepted | low_quality | local_timeout | local_error | local_busy | ...
+    quality: float | None = None
+    quality_reasons: list[str] = field(default_factory=list)
+    error: str | None = None
+    elapsed_ms: float = 0.0
+
+    @property
+    def accepted(self) -> bool:
+        return self.reason == "accepted"
+
+
+class Router:
+    def __init__(self, settings: Settings, engine: LocalEngine, fallback_enabled: bool) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.fallback_enabled = fallback_enabled
+
+    def plan(self, body: dict[str, Any], forced_header: str | None) -> Plan:
+        model = body["model"]
+        local_only = model == LOCAL_ALIAS
+        forced = (forced_header or "").strip().lower()
+        if forced and forced not in ("local", "api"):
+            raise BadRequest(
+                f"header '{ROUTE_HEADER}' must be 'local' or 'api', got {forced_header!r}",
+                param=ROUTE_HEADER,
+            )
+        if forced == "api" and local_only:
+            raise BadRequest(
+                f"model 'local' cannot be sent to the API ({ROUTE_HEADER}: api)", param="model"
+            )
+        if forced == "api":
+            return Plan(route="api", reason="forced", local_only=False, forced=True)
+        blocker = local_blocker(body)
+        if blocker is not None:
+            if local_only or forced == "local":
+                raise BadRequest(
+                    f"the local model cannot serve this request ({blocker})",
+                    param="model",
+                    code="unsupported_locally",
+                )
+            return Plan(route="api", reason="unsupported", local_only=False)
+        if forced == "local":
+            return Plan(route="local", reason="", local_only=True, forced=True)
+        return Plan(route="local", reason="", local_only=local_only, forced=local_only)
+
+    def threshold(self, header: str | None) -> float:
+        if header is None:
+            return self.settings.quality.threshold
+        try:
+            value = float(header)
+        except ValueError:
+            value = -1.0
+        if not 0.0 <= value <= 1.0:
+            raise BadRequest(
+                "header 'x-frugal-min-quality' must be a number between 0 and 1",
+                param="x-frugal-min-quality",
+            )
+        return value
+
+    async def try_local(
+        self,
+        body: dict[str, Any],
+        *,
+        threshold: float,
+        on_token: Callable[[str], None] | None = None,
+    ) -> LocalAttempt:
+        started = time.perf_counter()
+        deadline = time.monotonic() + self.settings.local.timeout_s
+        attempt = LocalAttempt()
+        try:
+            completion = await self.engine.chat(body, deadline=deadline, on_token=on_token)
+        except EngineError as exc:
+            attempt.reason = exc.reason
+            attempt.error = str(exc)
+        else:
+            attempt.completion = completion
+            info = completion.get("frugal") or {}
+            verdict = info.get("quality") or {}
+            attempt.quality = verdict.get("value")
+            attempt.quality_reasons = list(verdict.get("reasons") or [])
+            if info.get("stop_cause") == "deadline":
+                attempt.reason = "local_timeout"
+            elif attempt.quality is not None and attempt.quality >= threshold:
+                attempt.reason = "accepted"
+            else:
+                attempt.reason = "low_quality"
+        attempt.elapsed_ms = (time.perf_counter() - started) * 1000
+        return attempt

@@ -1,0 +1,88 @@
+"""Shared fixtures: the fake API, the real local engine, and in-process apps built on them.
+
+The engine (the real SmolLM2 in a real worker process) is started once per session and lent to
+each in-process app, which does not own it; tests that crash or stop an engine start their own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy import config
+from proxy.app import create_app
+from proxy.engine.client import LocalEngine
+from tests.fake_api import FakeAPI
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+FAKE_KEY_ENV = "FRUGAL_TEST_UPSTREAM_KEY"
+FAKE_KEY = "sk-test-upstream-0123456789"
+
+
+def settings_for(
+    tmp_path: Path, api: FakeAPI | None = None, **sections: dict[str, Any]
+) -> config.Settings:
+    """Settings for a test: a fresh ledger in tmp_path, the fake API as fallback (if given)."""
+    raw: dict[str, Any] = {
+        "ledger": {"path": str(tmp_path / "ledger.db"), "flush_interval_s": 0.02},
+        "local": {"timeout_s": 30.0, "n_threads": 1},
+        "fallback": (
+            {"api_base": api.url, "api_key_env": FAKE_KEY_ENV, "max_retries": 1, "timeout_s": 5.0}
+            if api is not None
+            else {"api_base": "", "api_key_env": ""}
+        ),
+    }
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    return config.from_dict(raw, source="<test>")
+
+
+@pytest.fixture(scope="session")
+def fake_api_server() -> Iterator[FakeAPI]:
+    with FakeAPI() as api:
+        yield api
+
+
+@pytest.fixture
+def fake_api(fake_api_server: FakeAPI, monkeypatch: pytest.MonkeyPatch) -> FakeAPI:
+    fake_api_server.reset()
+    monkeypatch.setenv(FAKE_KEY_ENV, FAKE_KEY)
+    return fake_api_server
+
+
+@pytest.fixture(scope="session")
+async def engine() -> AsyncIterator[LocalEngine]:
+    shared = LocalEngine(config.LocalSettings(n_threads=1, timeout_s=30.0))
+    await shared.start()
+    yield shared
+    await shared.stop()
+
+
+AppFactory = Callable[..., Any]
+
+
+@pytest.fixture
+def make_client(tmp_path: Path, engine: LocalEngine) -> Callable[..., Any]:
+    """``async with make_client(settings) as client``: an httpx client on an in-process app."""
+
+    @asynccontextmanager
+    async def factory(
+        settings: config.Settings, *, own_engine: bool = False
+    ) -> AsyncIterator[httpx.AsyncClient]:
+        app = create_app(settings, engine=None if own_engine else engine)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://frugal.test", timeout=60
+            ) as client:
+                client.app = app  # type: ignore[attr-defined]
+                yield client
+
+    return factory
