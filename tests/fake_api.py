@@ -1,0 +1,451 @@
+"""A fake OpenAI-compatible API: the external provider in tests and benchmarks.
+
+It is a real HTTP server (Starlette on uvicorn) on a loopback port, run in a background thread, so
+the code under test talks to it over real sockets exactly as it would talk to the provider.
+
+    with FakeAPI() as api:            # or api = FakeAPI(); api.start(); ...; api.stop()
+        api.set(fail_status=429, fail_times=1, retry_after=1)
+        ...                           # point the client at api.url ("http://127.0.0.1:PORT/v1")
+        assert api.count == 2
+
+Knobs (plain attributes; ``set(**knobs)`` checks the names, ``reset()`` restores the defaults and
+forgets the recorded requests):
+
+- ``reply``: the assistant text; ``usage`` is derived from it (one token per word, see ``words``)
+- ``latency_s``: delay before the response headers; ``per_token_s``: delay between stream chunks
+- ``fail_status`` / ``fail_times``: answer that status to the next N requests (default -1: to all);
+  ``retry_after`` goes into the ``Retry-After`` header of a 429 or 503; ``error_message`` replaces
+  the default message of the error body (OpenAI's shape)
+- ``hang``: read the request and never answer (until the client goes away or the server stops)
+- ``cut_stream_after``: send N SSE events, then drop the connection without ``[DONE]``
+- ``require_key``: the bearer key expected; anything else gets OpenAI's 401
+- ``models``: what ``GET /v1/models`` lists
+
+Every request is recorded (unless ``FakeAPI(record=False)``, as the script runs it): ``requests``
+holds ``(path, headers, body)`` tuples (headers with lower-case names, the parsed JSON body or
+None), ``request_times`` the ``time.monotonic()`` of each arrival, and ``count`` how many there
+were. ``max_tokens`` cuts the reply (``finish_reason: "length"``); embeddings are deterministic
+8-dimensional vectors, as floats or base64 (what the openai client asks for by default).
+
+Run it alone for benchmarks: ``python -m tests.fake_api --port 9999 --latency 0``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import json
+import re
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, NamedTuple
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+DEFAULT_REPLY = "Paris is the capital of France."
+EMBEDDING_DIM = 8
+
+DEFAULTS: dict[str, Any] = {
+    "reply": DEFAULT_REPLY,
+    "latency_s": 0.0,
+    "per_token_s": 0.0,
+    "fail_status": None,
+    "fail_times": -1,
+    "retry_after": None,
+    "error_message": None,
+    "hang": False,
+    "cut_stream_after": None,
+    "require_key": None,
+    "models": ("gpt-4o-mini", "gpt-4o"),
+}
+
+_ERROR_TYPES = {
+    400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
+    404: ("invalid_request_error", "model_not_found"),
+    408: ("timeout", None),
+    429: ("requests", "rate_limit_exceeded"),
+}
+_WORD = re.compile(r"\s*\S+")
+
+
+class Recorded(NamedTuple):
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+def words(text: str) -> list[str]:
+    """``text`` cut into stream pieces, one per word with its leading space (the token count)."""
+    return _WORD.findall(text)
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """Words in every message (chat) or in the prompt (legacy completions)."""
+    if "messages" in body:
+        return sum(len(words(_text_of(m.get("content")))) for m in body.get("messages") or [])
+    prompt = body.get("prompt", "")
+    texts = prompt if isinstance(prompt, list) else [prompt]
+    return sum(len(words(t)) for t in texts if isinstance(t, str))
+
+
+def usage_for(body: dict[str, Any], completion_tokens: int) -> dict[str, int]:
+    prompt = prompt_tokens(body)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt + completion_tokens,
+    }
+
+
+def _error(status: int, message: str) -> dict[str, Any]:
+    type_, code = _ERROR_TYPES.get(status, ("server_error", None))
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+
+
+def _vector(text: str) -> list[float]:
+    digest = hashlib.sha256(text.encode()).digest()
+    return [round(b / 127.5 - 1.0, 6) for b in digest[:EMBEDDING_DIM]]
+
+
+class _SSE(Response):
+    """Streams prepared events; with ``cut_after`` it drops the connection after that many."""
+
+    def __init__(self, events: list[bytes], *, per_token_s: float, cut_after: int | None) -> None:
+        super().__init__(media_type="text/event-stream")
+        self.raw_headers = [h for h in self.raw_headers if h[0] != b"content-length"]
+        self.raw_headers.append((b"cache-control", b"no-cache"))
+        self.events = events
+        self.per_token_s = per_token_s
+        self.cut_after = cut_after
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        for i, data in enumerate(self.events):
+            if self.cut_after is not None and i >= self.cut_after:
+                # Returning without the final body message makes uvicorn close the socket:
+                # the client sees a chunked body that never ends.
+                return
+            if i and self.per_token_s:
+                await asyncio.sleep(self.per_token_s)
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class FakeAPI:
+    """An OpenAI-compatible server on ``host:port`` (port 0 picks a free one)."""
+
+    reply: str
+    latency_s: float
+    per_token_s: float
+    fail_status: int | None
+    fail_times: int
+    retry_after: float | str | None
+    error_message: str | None
+    hang: bool
+    cut_stream_after: int | None
+    require_key: str | None
+    models: tuple[str, ...]
+
+    def __init__(
+        self, *, host: str = "127.0.0.1", port: int = 0, record: bool = True, **knobs: Any
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.record = record
+        self.requests: list[Recorded] = []
+        self.request_times: list[float] = []
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._stopping = False
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.reset()
+        self.set(**knobs)
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/embeddings", self._embeddings, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+            ]
+        )
+
+    # -- knobs and records -------------------------------------------------------------------
+
+    def set(self, **knobs: Any) -> None:
+        unknown = sorted(set(knobs) - set(DEFAULTS))
+        if unknown:
+            raise TypeError(f"unknown FakeAPI knob {unknown[0]!r}; known: {', '.join(DEFAULTS)}")
+        for name, value in knobs.items():
+            setattr(self, name, value)
+
+    def reset(self) -> None:
+        """Default knobs, no recorded requests."""
+        with self._lock:
+            for name, value in DEFAULTS.items():
+                setattr(self, name, value)
+            self.requests.clear()
+            self.request_times.clear()
+
+    @property
+    def count(self) -> int:
+        return len(self.requests)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def start(self) -> FakeAPI:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            loop="asyncio",
+            http="h11",
+            lifespan="off",
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+        )
+        self._server = server = uvicorn.Server(config)
+        self._stopping = False
+        self._thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, name="fake-api", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                sock.close()
+                raise RuntimeError("the fake API did not start")
+            time.sleep(0.002)
+        return self
+
+    def stop(self) -> None:
+        if self._server is None or self._thread is None:
+            return
+        self._stopping = True
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._server = self._thread = None
+
+    def __enter__(self) -> FakeAPI:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- behaviour shared by every endpoint --------------------------------------------------
+
+    async def _enter(self, request: Request) -> tuple[Any, Response | None]:
+        """Record the request and apply the fault knobs; a Response means answer that instead."""
+        body: Any = None
+        if request.method == "POST":
+            raw = await request.body()
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = None
+        with self._lock:
+            if self.record:
+                self.requests.append(Recorded(request.url.path, dict(request.headers), body))
+                self.request_times.append(time.monotonic())
+            failing = self.fail_status is not None and self.fail_times != 0
+            if failing and self.fail_times > 0:
+                self.fail_times -= 1
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        if self.hang:
+            while not self._stopping and not await request.is_disconnected():
+                await asyncio.sleep(0.02)
+            return body, JSONResponse(_error(503, "the fake API is shutting down"), 503)
+        key = self.require_key
+        if key is not None and request.headers.get("authorization") != f"Bearer {key}":
+            shown = (request.headers.get("authorization") or "")[7:]
+            shown = shown[:3] + "*" * 4 + shown[-4:] if shown else "(none)"
+            message = f"Incorrect API key provided: {shown}."
+            return body, JSONResponse(_error(401, message), 401)
+        if failing and self.fail_status is not None:
+            status = self.fail_status
+            message = self.error_message or f"the fake API was told to fail with {status}"
+            headers = {}
+            if self.retry_after is not None and status in (429, 503):
+                headers["retry-after"] = str(self.retry_after)
+            return body, JSONResponse(_error(status, message), status, headers=headers)
+        if request.method == "POST" and not isinstance(body, dict):
+            return body, JSONResponse(_error(400, "the body is not a JSON object"), 400)
+        return body, None
+
+    def _next_id(self, prefix: str) -> str:
+        with self._lock:
+            self._seq += 1
+            return f"{prefix}-fake-{self._seq}"
+
+    def _pieces(self, body: dict[str, Any]) -> tuple[list[str], str]:
+        pieces = words(self.reply)
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        if isinstance(limit, int) and 0 < limit < len(pieces):
+            return pieces[:limit], "length"
+        return pieces, "stop"
+
+    # -- endpoints ---------------------------------------------------------------------------
+
+    async def _chat(self, request: Request) -> Response:
+        body, early = await self._enter(request)
+        if early is not None:
+            return early
+        pieces, finish = self._pieces(body)
+        base = {
+            "id": self._next_id("chatcmpl"),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", ""),
+            "system_fingerprint": "fp_fake",
+        }
+        usage = usage_for(body, len(pieces))
+        if not body.get("stream"):
+            message = {"role": "assistant", "content": "".join(pieces), "refusal": None}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            return JSONResponse({**base, "choices": [choice], "usage": usage})
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        events = list(self._chunks(base, pieces, finish, usage if include_usage else None))
+        return _SSE(events, per_token_s=self.per_token_s, cut_after=self.cut_stream_after)
+
+    @staticmethod
+    def _chunks(
+        base: dict[str, Any], pieces: list[str], finish: str, usage: dict[str, int] | None
+    ) -> Iterator[bytes]:
+        """The events OpenAI sends: role, one per piece, finish, [usage], [DONE]."""
+        base = {**base, "object": "chat.completion.chunk"}
+        tail = {"usage": None} if usage is not None else {}
+
+        def event(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            payload = {**base, "choices": [choice], **tail}
+            return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+        yield event({"role": "assistant", "content": "", "refusal": None})
+        for piece in pieces:
+            yield event({"content": piece})
+        yield event({}, finish)
+        if usage is not None:
+            payload = {**base, "choices": [], "usage": usage}
+            yield b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    async def _completions(self, request: Request) -> Response:
+        body, early = await self._enter(request)
+        if early is not None:
+            return early
+        pieces, finish = self._pieces(body)
+        choice = {"text": "".join(pieces), "index": 0, "logprobs": None, "finish_reason": finish}
+        return JSONResponse(
+            {
+                "id": self._next_id("cmpl"),
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body.get("model", ""),
+                "choices": [choice],
+                "usage": usage_for(body, len(pieces)),
+            }
+        )
+
+    async def _embeddings(self, request: Request) -> Response:
+        body, early = await self._enter(request)
+        if early is not None:
+            return early
+        inputs = body.get("input", "")
+        texts = [str(t) for t in inputs] if isinstance(inputs, list) else [str(inputs)]
+        as_base64 = body.get("encoding_format") == "base64"
+        data = []
+        for i, text in enumerate(texts):
+            vector = _vector(text)
+            embedding: Any = vector
+            if as_base64:
+                embedding = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": embedding})
+        tokens = sum(len(words(t)) for t in texts)
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "model": body.get("model", ""),
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    async def _models(self, request: Request) -> Response:
+        _, early = await self._enter(request)
+        if early is not None:
+            return early
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in self.models]
+        return JSONResponse({"object": "list", "data": data})
+
+
+def fake_api(**knobs: Any) -> FakeAPI:
+    """A not yet started server: ``with fake_api(latency_s=0.1) as api: ...``."""
+    return FakeAPI(**knobs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Serve the fake OpenAI-compatible API.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9999)
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds before each answer")
+    parser.add_argument("--per-token", type=float, default=0.0, help="seconds between chunks")
+    parser.add_argument("--reply", default=DEFAULT_REPLY)
+    parser.add_argument("--require-key", default=None)
+    args = parser.parse_args(argv)
+    api = FakeAPI(
+        host=args.host,
+        port=args.port,
+        record=False,
+        reply=args.reply,
+        latency_s=args.latency,
+        per_token_s=args.per_token,
+        require_key=args.require_key,
+    )
+    print(f"fake API on {api.url}", flush=True)
+    uvicorn.run(
+        api.app,
+        host=args.host,
+        port=args.port,
+        loop="asyncio",
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+    )
+
+
+if __name__ == "__main__":
+    main()
