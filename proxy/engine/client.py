@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import multiprocessing as mp
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +24,10 @@ from typing import Any
 import structlog
 
 from proxy.config import LocalSettings
+from proxy.engine import memory
 from proxy.engine.generate import ModelLoadError, bundled_model_path
+from proxy.engine.gguf import GGUFError, GGUFHeader, read_header
+from proxy.engine.rates import PendingWork, Rates, WorkTracker
 from proxy.engine.worker import worker_main
 from proxy.errors import EngineBusy, EngineCrashed, EngineError, EngineTimeout
 
@@ -55,17 +59,47 @@ class EngineStats:
     restarts: int = 0
     prefill_tok_s: float | None = None
     decode_tok_s: float | None = None
+    rates_source: str = "none"
+    speculated: int = 0  # requests that went through the speculative loop
+    drafted: int = 0
+    accepted: int = 0
+    prefix_cache: dict[str, Any] | None = None
     alpha: float = field(default=0.2, repr=False)
+
+    def calibrated(self, calibration: dict[str, Any] | None) -> None:
+        """Start from the worker's start-up measurements until real requests say otherwise."""
+        if not calibration or self.rates_source == "requests":
+            return
+        self.prefill_tok_s = float(calibration["prefill_tok_s"])
+        self.decode_tok_s = float(calibration["decode_tok_s"])
+        self.rates_source = "calibration"
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
 
     def observe(self, completion: dict[str, Any]) -> None:
         info = completion.get("frugal") or {}
+        spec = info.get("speculative")
+        if spec:
+            self.speculated += 1
+            self.drafted += int(spec.get("drafted", 0))
+            self.accepted += int(spec.get("accepted", 0))
+        if info.get("prefix_cache") is not None:
+            self.prefix_cache = info["prefix_cache"]
         prefill_s, decode_s = info.get("prefill_s", 0.0), info.get("decode_s", 0.0)
         prefilled = info.get("prefilled_tokens", 0)
         decoded = (completion.get("usage") or {}).get("completion_tokens", 0)
+        if decoded == 0 and info.get("stop_cause") in ("deadline", "cancelled"):
+            # Stopped during the prompt (or before it, a job whose deadline had passed in the
+            # queue): only part of it was evaluated, so its time says nothing of the rate.
+            prefilled = 0
         if prefilled >= 16 and prefill_s > 0:
             self.prefill_tok_s = self._ewma(self.prefill_tok_s, prefilled / prefill_s)
         if decoded >= 4 and decode_s > 0:
             self.decode_tok_s = self._ewma(self.decode_tok_s, (decoded - 1) / decode_s)
+        if (prefilled >= 16 and prefill_s > 0) or (decoded >= 4 and decode_s > 0):
+            self.rates_source = "requests"
 
     def _ewma(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.alpha * (new - old)
@@ -81,6 +115,10 @@ class LocalEngine:
         self.error: str | None = None
         self.info: dict[str, Any] = {}
         self.stats = EngineStats()
+        self.work = WorkTracker()
+        self.n_ctx = settings.n_ctx  # after the memory guard, what the worker really uses
+        self.memory: memory.MemoryPlan | None = None
+        self.max_token_bytes = 0
         self._ctx = mp.get_context("spawn")
         self._cancel: Any = self._ctx.Value("q", 0, lock=False)
         self._ids = itertools.count(1)
@@ -103,7 +141,39 @@ class LocalEngine:
         self._loop = asyncio.get_running_loop()
         if not self.model_path:
             self.model_path = bundled_model_path()
+        await asyncio.to_thread(self._guard_memory)
         await self._spawn()
+
+    def _guard_memory(self) -> None:
+        """Read the model's header, then fit n_ctx to the RAM available (see ``memory.py``)."""
+        header = _header(self.model_path)
+        draft: GGUFHeader | None = None
+        if self.settings.speculative == "draft" and self.settings.draft_model_path:
+            draft = _header(self.settings.draft_model_path)
+        self.max_token_bytes = header.max_token_bytes
+        plan = memory.plan(
+            header,
+            self.settings.n_ctx,
+            mode=self.settings.memory_guard,
+            draft=draft,
+            prefix_cache_mb=self.settings.prefix_cache_mb,
+        )
+        self.memory = plan
+        if not plan.fits:
+            self.state = "failed"
+            self.error = (
+                f"not enough memory for {self.model_path}: {'; '.join(plan.notes)}. To fix: "
+                + memory.advice(
+                    plan,
+                    has_draft=draft is not None,
+                    prefix_cache_mb=self.settings.prefix_cache_mb,
+                )
+                + ' (or set [local] memory_guard = "off" to start anyway)'
+            )
+            raise ModelLoadError(self.error)
+        if plan.shrunk:
+            log.warning("engine_context_reduced", detail=plan.notes[0], n_ctx=plan.n_ctx)
+        self.n_ctx = plan.n_ctx
 
     async def _spawn(self) -> None:
         assert self._loop is not None
@@ -114,11 +184,16 @@ class LocalEngine:
         parent, child = self._ctx.Pipe(duplex=True)
         options = {
             "model_path": self.model_path,
-            "n_ctx": self.settings.n_ctx,
+            "n_ctx": self.n_ctx,
             "n_threads": self.settings.threads,
             "seed": self.settings.seed,
             "speculative": self.settings.speculative,
             "default_max_tokens": self.settings.default_max_tokens,
+            "draft_model_path": self.settings.draft_model_path,
+            "draft_max_tokens": self.settings.draft_max_tokens,
+            "lookup_ngram": self.settings.lookup_ngram,
+            "prefix_cache_mb": self.settings.prefix_cache_mb,
+            "flash_attn": self.settings.flash_attn,
         }
         proc = self._ctx.Process(
             target=worker_main,
@@ -144,6 +219,7 @@ class LocalEngine:
             self.error = "the engine worker exited while loading the model"
             raise ModelLoadError(self.error)
         self.info = dict(message[1])
+        self.stats.calibrated(self.info.get("calibration"))
         self.state = "ready"
         self.error = None
         self._ready.set()
@@ -261,10 +337,43 @@ class LocalEngine:
         *,
         deadline: float,
         on_token: Callable[[str], None] | None = None,
+        kind: str = "chat",
     ) -> dict[str, Any]:
-        """Run one chat completion before ``deadline`` (a ``time.monotonic()`` value)."""
+        """Run one chat completion before ``deadline`` (a ``time.monotonic()`` value).
+
+        ``kind="complete"`` runs a legacy text completion instead (see :meth:`complete`).
+
+        A prompt that certainly cannot fit the context fails at once with ContextOverflow, and a
+        full queue with EngineBusy, without waiting. Cancelling the call (the client went away)
+        takes the request out of the queue, or stops its generation.
+        """
+        too_long = self.work.certainly_too_long(request, self.n_ctx, self.max_token_bytes)
+        if too_long is not None:
+            raise ContextOverflow(
+                f"a prompt of about {too_long} tokens does not fit a {self.n_ctx}-token context"
+            )
         if self._waiting >= self.settings.max_queue:
             raise EngineBusy(f"the local queue is full ({self._waiting} waiting)")
+        ticket = self.work.admit(request, self._answer_budget(request))
+        completion: dict[str, Any] | None = None
+        try:
+            completion = await self._queued(request, deadline, on_token, kind, ticket)
+            return completion
+        finally:
+            self.work.finish(ticket, request, completion)
+
+    def _answer_budget(self, request: dict[str, Any]) -> int:
+        asked = request.get("max_completion_tokens") or request.get("max_tokens")
+        return min(int(asked or self.settings.default_max_tokens), self.n_ctx)
+
+    async def _queued(
+        self,
+        request: dict[str, Any],
+        deadline: float,
+        on_token: Callable[[str], None] | None,
+        kind: str,
+        ticket: int,
+    ) -> dict[str, Any]:
         self._waiting += 1
         try:
             await asyncio.wait_for(self._lock.acquire(), timeout=_left(deadline))
@@ -279,21 +388,33 @@ class LocalEngine:
                     await asyncio.wait_for(self._ready.wait(), timeout=_left(deadline))
                 except TimeoutError as exc:
                     raise EngineCrashed(f"the local engine is not ready ({self.state})") from exc
-            return await self._run(request, deadline, on_token)
+            self.work.start(ticket)
+            return await self._run(request, deadline, on_token, kind)
         finally:
             self._lock.release()
+
+    async def complete(
+        self,
+        request: dict[str, Any],
+        *,
+        deadline: float,
+        on_token: Callable[[str], None] | None = None,
+    ) -> dict[str, Any]:
+        """Run one legacy text completion (``/v1/completions``) before ``deadline``."""
+        return await self.chat(request, deadline=deadline, on_token=on_token, kind="complete")
 
     async def _run(
         self,
         request: dict[str, Any],
         deadline: float,
         on_token: Callable[[str], None] | None,
+        kind: str = "chat",
     ) -> dict[str, Any]:
         assert self._loop is not None and self._conn is not None
         job = _Job(next(self._ids), self._loop.create_future(), on_token, deadline)
         self._job = job
         try:
-            self._conn.send(("job", job.job_id, request, on_token is not None, deadline))
+            self._conn.send(("job", job.job_id, request, on_token is not None, deadline, kind))
         except (OSError, ValueError) as exc:
             self._job = None
             raise EngineCrashed("the local engine is not reachable") from exc
@@ -328,13 +449,32 @@ class LocalEngine:
             log.warning("engine_killed", why=why, pid=proc.pid)
             proc.kill()
 
+    @property
+    def rates(self) -> Rates:
+        """Prefill and decode tok/s: calibrated at start, then a moving average of requests."""
+        return Rates(
+            prefill_tok_s=self.stats.prefill_tok_s,
+            decode_tok_s=self.stats.decode_tok_s,
+            source=self.stats.rates_source,
+        )
+
+    def pending_work(self) -> PendingWork:
+        """Tokens still to prefill and decode for the running job and those queued."""
+        return self.work.pending(self.rates)
+
+    def predicted_wait_s(self) -> float | None:
+        """Seconds until the work already in the engine is done (None while rates are unknown)."""
+        return self.pending_work().seconds(self.rates)
+
     def health(self) -> dict[str, Any]:
+        pending = self.pending_work()
+        acceptance = self.stats.acceptance_rate
         return {
             "state": self.state,
             "error": self.error,
             "model": self.info.get("model"),
             "pid": self.info.get("pid") if self.state == "ready" else None,
-            "n_ctx": self.info.get("n_ctx", self.settings.n_ctx),
+            "n_ctx": self.info.get("n_ctx", self.n_ctx),
             "n_threads": self.settings.threads,
             "busy": self.busy,
             "queue_depth": self._waiting,
@@ -345,6 +485,19 @@ class LocalEngine:
             "restarts": self.stats.restarts,
             "prefill_tok_s": _round(self.stats.prefill_tok_s),
             "decode_tok_s": _round(self.stats.decode_tok_s),
+            "rates_source": self.stats.rates_source,
+            "calibration": self.info.get("calibration"),
+            "pending": pending.as_dict(),
+            "predicted_wait_s": _round(pending.seconds(self.rates), 2),
+            "speculative": {
+                "mode": self.settings.speculative,
+                "requests": self.stats.speculated,
+                "drafted": self.stats.drafted,
+                "accepted": self.stats.accepted,
+                "acceptance_rate": None if acceptance is None else round(acceptance, 3),
+            },
+            "prefix_cache": self.stats.prefix_cache,
+            "memory": self.memory.as_dict() if self.memory is not None else None,
         }
 
 
@@ -352,8 +505,17 @@ def _left(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
 
 
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _header(path: str) -> GGUFHeader:
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"model file not found: {path}")
+    try:
+        return read_header(path)
+    except (GGUFError, OSError) as exc:
+        raise ModelLoadError(f"cannot read model {path}: {exc}") from exc
 
 
 def _resolve(future: asyncio.Future[Any], value: Any) -> None:

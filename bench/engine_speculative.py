@@ -1,0 +1,156 @@
+"""Benchmark 2: speculative decoding on vs off, on copy-heavy work and on free-form chat.
+
+Two copies of SmolLM2 in this process, one plain and one with ``speculative = "prompt-lookup"``
+(adaptive, as served), answer the same greedy requests in turn, each from an empty context. The
+answers must be token for token the same; the ratio is plain wall time / speculative wall time
+for the whole request (prefill included, as a client sees it), in wall time and in CPU time
+(the machine is shared: with one thread, CPU time is what an idle machine would take).
+
+    .venv/bin/python bench/engine_speculative.py [--reps 3] [--threads 1] [--max-tokens 160]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from engine_common import machine, median, smollm2_path
+
+TYPOS = (
+    "Teh annual report was finaly publised last week. It shows that the compnay grew by "
+    "twelve percent, mostly thanks to new custommers in the north. The board thanked the "
+    "staff for there hard work and anounced a bonus for everyone who stayed the hole year."
+)
+MEMO = (
+    "From: Dana Reyes, Operations. To: all staff. Date: 3 March. Subject: office move. "
+    "The Leeds office moves to 14 Canal Street on 28 March. Movers arrive at 8 am; please pack "
+    "your desks by 5 pm on 27 March. IT will reconnect computers on 29 March. Questions go to "
+    "Sam Patel on extension 4471."
+)
+CSV = (
+    "name,city,age\nAlice Martin,Paris,34\nBob Stone,Berlin,41\nCarol White,Madrid,29\n"
+    "Dave Brown,Rome,52\nErin Black,Lisbon,38\nFrank Green,Vienna,45"
+)
+TASKS: dict[str, list[dict[str, Any]]] = {
+    "copy: fix typos": [
+        {
+            "role": "user",
+            "content": "Rewrite this paragraph with its spelling mistakes corrected. Change "
+            f"nothing else.\n\n{TYPOS}",
+        }
+    ],
+    "copy: extract": [
+        {
+            "role": "user",
+            "content": "Copy the sentences of this memo that give a date or a time, word for "
+            f"word:\n\n{MEMO}",
+        }
+    ],
+    "copy: reformat": [
+        {
+            "role": "user",
+            "content": "Rewrite this CSV as a Markdown table with the same rows:\n\n" + CSV,
+        }
+    ],
+    "chat: poem": [{"role": "user", "content": "Write a short poem about autumn in the city."}],
+    "chat: advice": [
+        {"role": "user", "content": "How can I get better at waking up early? Give tips."}
+    ],
+    "chat: explain": [{"role": "user", "content": "Explain why the sky is blue to a child."}],
+}
+
+
+def run(
+    model: Any, messages: list[dict[str, Any]], max_tokens: int
+) -> tuple[float, float, float, Any]:
+    """CPU seconds of one request from an empty context, then wall and CPU seconds of the same
+    request again with its prompt in the KV cache: the decode phase alone."""
+    request = {"messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    model.forget()
+    cpu = time.process_time()
+    model.chat(request)
+    cold_cpu = time.process_time() - cpu
+    model.chat({**request, "max_tokens": 1})  # leaves exactly the prompt in the KV cache
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = model.chat(request)
+    return cold_cpu, time.perf_counter() - wall, time.process_time() - cpu, out
+
+
+def main() -> None:
+    from proxy.engine.generate import LocalModel
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--draft-max", type=int, default=8)
+    parser.add_argument("--ngram", type=int, default=3)
+    args = parser.parse_args()
+    path = smollm2_path()
+    plain = LocalModel.load(path, n_ctx=2048, n_threads=args.threads, calibrate=False)
+    spec = LocalModel.load(
+        path,
+        n_ctx=2048,
+        n_threads=args.threads,
+        speculative="prompt-lookup",
+        draft_max_tokens=args.draft_max,
+        lookup_ngram=args.ngram,
+    )
+    assert spec.calibration is not None
+    print(f"calibration: {spec.calibration.as_dict()}")
+    print(
+        f"SmolLM2-135M Q4_1, {args.threads} thread(s), greedy, max_tokens {args.max_tokens}, "
+        f"draft_max_tokens {args.draft_max}, lookup_ngram {args.ngram}, {args.reps} runs"
+    )
+    print(
+        "speed-up = off / on. request: whole request from an empty context, CPU time. decode: "
+        "the decode phase alone (prompt cached), wall and CPU time."
+    )
+    print(
+        f"{'task':18} {'tokens':>6} {'off s':>6} {'on s':>6} {'request':>8} {'dec wall':>8} "
+        f"{'dec cpu':>8} {'accepted/drafted':>17} {'same':>5}"
+    )
+    groups: dict[str, list[float]] = {"copy": [], "chat": []}
+    cpu_groups: dict[str, list[float]] = {"copy": [], "chat": []}
+    cold_groups: dict[str, list[float]] = {"copy": [], "chat": []}
+    for name, messages in TASKS.items():
+        ratios, off_t, on_t, cpu_ratios, cold_ratios = [], [], [], [], []
+        same = True
+        info: dict[str, Any] = {}
+        tokens = 0
+        for _ in range(args.reps):
+            cold_off, t_off, c_off, a = run(plain, messages, args.max_tokens)
+            cold_on, t_on, c_on, b = run(spec, messages, args.max_tokens)
+            cold_ratios.append(cold_off / cold_on)
+            same = same and a["choices"][0]["message"] == b["choices"][0]["message"]
+            ratios.append(t_off / t_on)
+            cpu_ratios.append(c_off / c_on)
+            off_t.append(t_off)
+            on_t.append(t_on)
+            info = b["frugal"]["speculative"] or {}
+            tokens = a["usage"]["completion_tokens"]
+        ratio, cpu_ratio, cold = median(ratios), median(cpu_ratios), median(cold_ratios)
+        group = name.split(":")[0]
+        groups[group].append(ratio)
+        cpu_groups[group].append(cpu_ratio)
+        cold_groups[group].append(cold)
+        acc = f"{info.get('accepted', 0)}/{info.get('drafted', 0)}"
+        print(
+            f"{name:18} {tokens:6d} {median(off_t):6.2f} {median(on_t):6.2f} {cold:7.2f}x "
+            f"{ratio:7.2f}x {cpu_ratio:7.2f}x {acc:>17} {'yes' if same else 'NO':>5}"
+        )
+    for group, values in groups.items():
+        cpu, cold = cpu_groups[group], cold_groups[group]
+        print(
+            f"{group}: median (min) speed-up: request {median(cold):.2f}x ({min(cold):.2f}x), "
+            f"decode wall {median(values):.2f}x ({min(values):.2f}x), "
+            f"decode CPU {median(cpu):.2f}x ({min(cpu):.2f}x)"
+        )
+    print(machine())
+    plain.close()
+    spec.close()
+
+
+if __name__ == "__main__":
+    main()

