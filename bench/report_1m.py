@@ -1,0 +1,185 @@
+"""``frugal report`` over a ledger of 1,000,000 requests in one month.
+
+    .venv/bin/python bench/report_1m.py [--rows 1000000] [--db PATH] [--repeat 3]
+
+Seeds a ledger (all migrations applied: the daily rollup is kept by its triggers) with
+``--rows`` rows spread over October 2026 plus 10% more in the months around it, with the mix
+a real proxy writes: 70% local, 25% API (a third of them after a rejected local attempt), 5%
+failed; four models, one of them unpriced; five client keys. Then it times the installed
+``frugal report`` command end to end (process start, upgrade check, queries, rendering) for
+each format and grouping, best of ``--repeat`` runs (wall time, and the CPU time of that run:
+the machine is shared, so wall time moves with its load), and checks that the JSON counts every
+row. ``--by key`` scans the rows: the client key is not in the rollup.
+An existing ``--db`` with the right row count is reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from proxy.ledger import COLUMNS, open_database  # noqa: E402
+
+FRUGAL = str(Path(sys.executable).with_name("frugal"))
+OCTOBER = datetime(2026, 10, 1, tzinfo=UTC).timestamp()
+MONTH_S = 31 * 86400
+MODELS = [
+    ("gpt-4o-mini", 150_000, 600_000),
+    ("gpt-4o", 2_500_000, 10_000_000),
+    ("claude-3-5-haiku-20241022", 800_000, 4_000_000),
+    ("my-finetune", None, None),
+]
+REASONS_API = ["low_quality", "local_timeout", "forced", "predicted_slow", "context_overflow"]
+
+
+def seed(db: Path, rows: int) -> None:
+    open_database(str(db))
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=OFF")
+    rng = random.Random(1)
+    insert = (
+        f"INSERT INTO requests ({', '.join(COLUMNS)}, key_name) "
+        f"VALUES ({', '.join('?' for _ in COLUMNS)}, ?)"
+    )
+    total = rows + rows // 10
+    batch = []
+    for i in range(total):
+        if i < rows:
+            ts = OCTOBER + MONTH_S * i / rows
+        else:  # September and November, outside the month
+            ts = (
+                OCTOBER
+                + (-1 if i % 2 else 1) * rng.uniform(1, 20 * 86400)
+                + (MONTH_S if i % 2 == 0 else 0)
+            )
+        model, p_in, p_out = MODELS[i % 4]
+        roll = rng.random()
+        prompt, completion = rng.randint(20, 2000), rng.randint(1, 500)
+        status, local_ms, tax = 200, rng.uniform(100, 3000), 0.0
+        if roll < 0.70:
+            route, reason, paid = "local", "accepted", 0
+        elif roll < 0.95:
+            route, reason = "api", REASONS_API[i % 5]
+            tax = local_ms if reason in ("low_quality", "local_timeout") else 0.0
+            local_ms = tax
+            paid = None if p_in is None else prompt * p_in + completion * p_out
+        else:
+            route, reason, status, paid, local_ms = "none", "bad_request", 400, 0, 0.0
+        cf = None if p_in is None or status >= 400 else prompt * p_in + completion * p_out
+        values = {
+            "request_id": f"{i:032x}",
+            "ts": ts,
+            "endpoint": "chat.completions",
+            "requested_model": model,
+            "route": route,
+            "reason": reason,
+            "status": status,
+            "stream": i % 3 == 0,
+            "quality": rng.random(),
+            "quality_reasons": "logprob_mean,format_ok",
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "local_prompt_tokens": prompt + 10,
+            "local_completion_tokens": completion,
+            "latency_ms": local_ms + 200,
+            "local_ms": local_ms,
+            "api_ms": 200.0 if route == "api" else 0.0,
+            "api_cost_pusd": paid,
+            "counterfactual_cost_pusd": cf,
+            "error": None,
+            "api_model": model,
+            "cached_tokens": 0,
+            "counterfactual_prompt_tokens": prompt,
+            "counterfactual_completion_tokens": completion,
+            "token_source": "tokenizer" if route == "local" else "usage",
+            "latency_tax_ms": tax,
+        }
+        batch.append([values[c] for c in COLUMNS] + [f"key-{i % 5}"])
+        if len(batch) == 50_000:
+            conn.execute("BEGIN")
+            conn.executemany(insert, batch)
+            conn.execute("COMMIT")
+            batch = []
+    if batch:
+        conn.execute("BEGIN")
+        conn.executemany(insert, batch)
+        conn.execute("COMMIT")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+
+
+def timed(args: list[str], repeat: int) -> tuple[float, float, str]:
+    """Best wall time and its CPU time (user + sys of the child) over ``repeat`` runs."""
+    best, cpu, out = float("inf"), 0.0, ""
+    for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        done = subprocess.run(
+            [FRUGAL, "report", *args], capture_output=True, text=True, check=False
+        )
+        wall = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if done.returncode != 0:
+            raise SystemExit(f"frugal report {' '.join(args)} failed: {done.stderr}")
+        if wall < best:
+            best = wall
+            cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        out = done.stdout
+    return best, cpu, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--db", help="ledger file to (re)use (default: a temporary one)")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(args.db) if args.db else Path(tmp) / "ledger.db"
+        have = 0
+        if db.exists():
+            have = sqlite3.connect(db).execute("SELECT COUNT(*) FROM requests").fetchone()[0]
+        if have != args.rows + args.rows // 10:
+            db.unlink(missing_ok=True)
+            started = time.perf_counter()
+            seed(db, args.rows)
+            took, size = time.perf_counter() - started, db.stat().st_size / 1e6
+            print(
+                f"seeded {args.rows:,} rows (+{args.rows // 10:,} outside the month): {took:.0f} s"
+            )
+            print(f"ledger file: {size:.0f} MB")
+        base = ["--db", str(db), "--month", "2026-10"]
+        _, _, out = timed([*base, "--format", "json"], 1)
+        assert json.loads(out)["requests"] == args.rows, "the report must count every row"
+        runs = [
+            ["--format", "table"],
+            ["--format", "json"],
+            ["--format", "csv"],
+            ["--format", "markdown"],
+            ["--by", "model"],
+            ["--by", "day"],
+            ["--by", "reason"],
+            ["--by", "key"],
+            ["--from", "2026-10-05", "--to", "2026-10-20", "--by", "model"],
+        ]
+        for extra in runs:
+            args_ = [*base, *extra] if extra[0] != "--from" else ["--db", str(db), *extra]
+            best, cpu, _ = timed(args_, args.repeat)
+            print(f"frugal report {' '.join(extra):<48} {best:5.2f} s wall, {cpu:5.2f} s CPU")
+
+
+if __name__ == "__main__":
+    main()
