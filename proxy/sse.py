@@ -1,4 +1,11 @@
-"""Server-sent events in OpenAI's ``chat.completion.chunk`` format."""
+"""Server-sent events in OpenAI's formats: ``chat.completion.chunk`` and legacy
+``text_completion`` streams.
+
+A finished answer (the local model's, scored before the first byte, or a legacy completion the
+API answered as JSON) is *replayed* as the chunks OpenAI would have streamed: for each choice a
+role chunk, its text (one chunk per token when the token logprobs are known) or its tool call,
+and a finish chunk; then the usage chunk when asked for, and ``[DONE]``.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 DONE = b"data: [DONE]\n\n"
+ARGUMENT_PIECE = 32  # characters of a tool call's arguments per chunk
 
 
 def event(payload: dict[str, Any]) -> bytes:
@@ -20,7 +28,7 @@ def error_event(message: str, *, type_: str = "upstream_error", code: str | None
 
 
 class ChunkWriter:
-    """Builds the chunks of one streamed answer."""
+    """Builds the chunks of one streamed chat answer."""
 
     def __init__(self, completion_id: str, model: str, created: int | None = None) -> None:
         self.base = {
@@ -37,30 +45,68 @@ class ChunkWriter:
         *,
         finish_reason: str | None = None,
         logprobs: dict[str, Any] | None = None,
+        index: int = 0,
     ) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {
+            "index": index,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
         return event({**self.base, "choices": [choice]})
 
-    def role(self) -> bytes:
-        return self.chunk({"role": "assistant", "content": "", "refusal": None})
+    def role(self, index: int = 0) -> bytes:
+        return self.chunk({"role": "assistant", "content": "", "refusal": None}, index=index)
 
-    def text(self, text: str, logprobs: dict[str, Any] | None = None) -> bytes:
-        return self.chunk({"content": text}, logprobs=logprobs)
+    def text(self, text: str, logprobs: dict[str, Any] | None = None, index: int = 0) -> bytes:
+        return self.chunk({"content": text}, logprobs=logprobs, index=index)
 
-    def finish(self, reason: str) -> bytes:
-        return self.chunk({}, finish_reason=reason)
+    def finish(self, reason: str, index: int = 0) -> bytes:
+        return self.chunk({}, finish_reason=reason, index=index)
 
     def usage(self, usage: dict[str, Any]) -> bytes:
         return event({**self.base, "choices": [], "usage": usage})
 
 
-def replay(
-    completion: dict[str, Any], *, include_usage: bool, with_logprobs: bool
+def _pieces(text: str, size: int = ARGUMENT_PIECE) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+def _replay_call(writer: ChunkWriter, message: dict[str, Any], index: int) -> Iterator[bytes]:
+    """A tool call (or a deprecated function call) as OpenAI streams it: name first, then the
+    arguments in pieces."""
+    if message.get("function_call"):
+        call = message["function_call"]
+        head = {"name": call["name"], "arguments": ""}
+        yield writer.chunk(
+            {"role": "assistant", "content": None, "function_call": head, "refusal": None},
+            index=index,
+        )
+        for piece in _pieces(call.get("arguments") or ""):
+            yield writer.chunk({"function_call": {"arguments": piece}}, index=index)
+        return
+    for k, call in enumerate(message["tool_calls"]):
+        fn = call["function"]
+        head = {
+            "index": k,
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": fn["name"], "arguments": ""},
+        }
+        delta: dict[str, Any] = {"tool_calls": [head]}
+        if k == 0:
+            delta = {"role": "assistant", "content": None, **delta, "refusal": None}
+        yield writer.chunk(delta, index=index)
+        for piece in _pieces(fn.get("arguments") or ""):
+            yield writer.chunk(
+                {"tool_calls": [{"index": k, "function": {"arguments": piece}}]}, index=index
+            )
+
+
+def _replay_text(
+    writer: ChunkWriter, choice: dict[str, Any], index: int, with_logprobs: bool
 ) -> Iterator[bytes]:
-    """A finished chat.completion as the chunks OpenAI would have streamed, one per token."""
-    writer = ChunkWriter(completion["id"], completion["model"], completion.get("created"))
-    choice = completion["choices"][0]
-    yield writer.role()
+    yield writer.role(index)
     entries = ((choice.get("logprobs") or {}).get("content")) or []
     content = choice["message"].get("content") or ""
     sent = 0
@@ -71,12 +117,68 @@ def replay(
         if not piece:
             continue
         sent += len(piece)
-        yield writer.text(piece, {"content": [entry], "refusal": None} if with_logprobs else None)
+        lp = {"content": [entry], "refusal": None} if with_logprobs else None
+        yield writer.text(piece, lp, index)
     if sent < len(content):
-        yield writer.text(content[sent:])
-    yield writer.finish(choice.get("finish_reason") or "stop")
+        yield writer.text(content[sent:], index=index)
+
+
+def replay(
+    completion: dict[str, Any], *, include_usage: bool, with_logprobs: bool
+) -> Iterator[bytes]:
+    """A finished chat.completion as the chunks OpenAI would have streamed."""
+    writer = ChunkWriter(completion["id"], completion["model"], completion.get("created"))
+    for choice in completion["choices"]:
+        index = int(choice.get("index") or 0)
+        message = choice["message"]
+        if message.get("tool_calls") or message.get("function_call"):
+            yield from _replay_call(writer, message, index)
+        else:
+            yield from _replay_text(writer, choice, index, with_logprobs)
+        yield writer.finish(choice.get("finish_reason") or "stop", index)
     if include_usage:
         yield writer.usage(public_usage(completion.get("usage") or {}))
+    yield DONE
+
+
+def replay_text_completion(
+    completion: dict[str, Any], *, include_usage: bool, with_logprobs: bool
+) -> Iterator[bytes]:
+    """A finished legacy ``text_completion`` as OpenAI streams it: text chunks (one per token
+    when the completion carries its tokens' logprobs, which go out ``with_logprobs``), then a
+    finish chunk per choice."""
+    base = {
+        "id": completion["id"],
+        "object": "text_completion",
+        "created": completion.get("created") or int(time.time()),
+        "model": completion["model"],
+    }
+
+    def chunk(index: int, text: str, logprobs: Any = None, finish: str | None = None) -> bytes:
+        choice = {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
+        return event({**base, "choices": [choice]})
+
+    for choice in completion["choices"]:
+        index = int(choice.get("index") or 0)
+        text = choice.get("text") or ""
+        lp = choice.get("logprobs")
+        tokens = (lp or {}).get("tokens") or []
+        sent = 0
+        if tokens and "".join(tokens) == text:
+            for k, token in enumerate(tokens):
+                one = {
+                    "tokens": [token],
+                    "token_logprobs": [lp["token_logprobs"][k]],
+                    "top_logprobs": [lp["top_logprobs"][k]] if lp.get("top_logprobs") else None,
+                    "text_offset": [lp["text_offset"][k]],
+                }
+                yield chunk(index, token, one if with_logprobs else None)
+            sent = len(text)
+        if sent < len(text):
+            yield chunk(index, text[sent:])
+        yield chunk(index, "", None, choice.get("finish_reason") or "stop")
+    if include_usage:
+        yield event({**base, "choices": [], "usage": public_usage(completion.get("usage") or {})})
     yield DONE
 
 
