@@ -7,7 +7,9 @@
         ├── Unauthorized        401 authentication_error
         ├── NotFound            404 not_found
         ├── MethodNotAllowed    405 invalid_request_error
+        ├── RequestTimeout      408 invalid_request_error  (the body came too slowly)
         ├── PayloadTooLarge     413 invalid_request_error
+        ├── TooManyRequests     429 requests                (carries Retry-After)
         ├── LocalUnavailable    503 local model cannot answer and no fallback is allowed
         ├── UpstreamError       502 the API failed after retries
         │   └── UpstreamTimeout 504 the API did not answer in time
@@ -83,6 +85,21 @@ class PayloadTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class RequestTimeout(ProxyError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class TooManyRequests(ProxyError):
+    """OpenAI's rate-limit shape; ``retry_after_s`` goes into the Retry-After header."""
+
+    status = 429
+    type = "requests"
+    code = "rate_limit_exceeded"
+    retry_after_s = 1
 
 
 class LocalUnavailable(ProxyError):
