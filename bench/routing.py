@@ -1,0 +1,354 @@
+"""Predictive routing against the naive cascade, on seed 000's burst, side by side in one run.
+
+    .venv/bin/python bench/routing.py                       # 16 requests, timeout auto
+    .venv/bin/python bench/routing.py --rounds 2 --timeout 40 --json /tmp/routing.json
+
+The burst (seed 000): ``--requests`` chat requests of about ``--prompt-tokens`` prompt tokens
+(each its own text, so no prompt is served from the prefix cache) asking for ``--max-tokens``
+answer tokens, sent ``--gap-ms`` apart. Each runs against an in-process app (the real
+``create_app``, ledger on) sharing one real engine (the bundled SmolLM2, ``--threads``):
+
+- ``naive``: ``[router] predictive = false``: every request waits in the local queue until it
+  is answered or its deadline (``[local] timeout_s``) passes, and then goes to the API;
+- ``predictive``: ``[router] predictive = true``: a request whose predicted local finish is
+  past the deadline goes to the API at once (``predicted_slow``).
+
+The API is ``tests/fake_api.py`` answering ``--max-tokens`` words after ``--api-latency`` +
+``--api-per-token`` x ``--max-tokens`` seconds (1.5 s + 20 ms per token by default). The quality
+threshold is 0, so that every local answer that finishes is used: this measures routing, not
+the gate. ``--timeout auto`` sets the local deadline to 3.5 times the time one request takes
+alone (measured in a warm-up), so that about three local answers fit in the deadline.
+
+Printed per variant: the burst's completion time (first request sent to last answer received),
+mean / p50 / p95 latency, the local share, dollars saved (counterfactual − paid, from the
+ledger, priced as gpt-4o-mini) and the median absolute percentage error of the predictions of
+the local answers (predicted time vs the time the answer took).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import httpx  # noqa: E402
+
+from proxy import config  # noqa: E402
+from proxy.app import create_app  # noqa: E402
+from proxy.engine.client import LocalEngine  # noqa: E402
+from proxy.engine.generate import bundled_model_path  # noqa: E402
+from tests.fake_api import FakeAPI  # noqa: E402
+
+MODEL = "gpt-4o-mini"
+KEY_ENV = "FRUGAL_BENCH_UPSTREAM_KEY"
+PICO = 10**12
+WORDS = (
+    "river mill bridge valley farmer wheat barley spring water meadow summer children weir "
+    "fisherman trout shade village market baker bread morning evening lantern road forest hill "
+    "harbour sailor storm lighthouse winter snow orchard apple cider festival music dancer "
+    "clock tower merchant silk caravan desert oasis camel star night owl fox garden rose"
+).split()
+
+
+@dataclass
+class Result:
+    index: int
+    sent: float
+    latency_s: float
+    route: str
+    reason: str
+
+
+@dataclass
+class Run:
+    variant: str
+    results: list[Result] = field(default_factory=list)
+    burst_s: float = 0.0
+    saved_usd: float = 0.0
+    errors: list[float] = field(default_factory=list)  # |predicted - actual| / actual, local
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+
+    def latencies(self) -> list[float]:
+        return [r.latency_s for r in self.results]
+
+    @property
+    def local_share(self) -> float:
+        return sum(r.route == "local" for r in self.results) / len(self.results)
+
+    def summary(self) -> dict[str, Any]:
+        lat = sorted(self.latencies())
+        reasons: dict[str, int] = {}
+        for r in self.results:
+            reasons[r.reason] = reasons.get(r.reason, 0) + 1
+        return {
+            "variant": self.variant,
+            "burst_s": round(self.burst_s, 2),
+            "mean_s": round(statistics.fmean(lat), 2),
+            "p50_s": round(statistics.median(lat), 2),
+            "p95_s": round(_nearest_rank(lat, 0.95), 2),
+            "local_share": round(self.local_share, 4),
+            "saved_usd": round(self.saved_usd, 6),
+            "mdape": round(statistics.median(self.errors), 4) if self.errors else None,
+            "predicted_local": len(self.errors),
+            "reasons": reasons,
+        }
+
+
+def _nearest_rank(values: list[float], q: float) -> float:
+    return values[max(0, min(len(values) - 1, int(-(-q * len(values) // 1)) - 1))]
+
+
+def make_prompts(count: int, tokens: int, seed: int) -> list[str]:
+    """``count`` different prompts of about ``tokens`` tokens (the local model's tokenizer)."""
+    import llama_cpp
+
+    vocab = llama_cpp.Llama(bundled_model_path(), vocab_only=True, verbose=False)
+    prompts = []
+    for i in range(count):
+        rnd = random.Random(seed * 1000 + i)
+        head = f"Notes from a travel diary (page {seed}-{i}):\n"
+        tail = "\n\nWrite a long, detailed story inspired by these notes."
+        budget = tokens - len(vocab.tokenize((head + tail).encode(), add_bos=False)) - 8
+        sentences: list[str] = []
+        while True:
+            sentence = " ".join(rnd.choice(WORDS) for _ in range(rnd.randint(6, 14))) + "."
+            text = " ".join([*sentences, sentence.capitalize()])
+            if len(vocab.tokenize(text.encode(), add_bos=False)) > budget:
+                break
+            sentences.append(sentence.capitalize())
+        prompts.append(head + " ".join(sentences) + tail)
+    return prompts
+
+
+def settings_for(
+    db: Path, api: FakeAPI, *, predictive: bool, timeout_s: float, threads: int
+) -> config.Settings:
+    return config.from_dict(
+        {
+            "server": {"api_keys_env": "", "max_concurrency": 256},
+            "local": {"timeout_s": timeout_s, "n_threads": threads, "max_queue": 64},
+            "fallback": {
+                "api_base": api.url,
+                "api_key_env": KEY_ENV,
+                "max_retries": 0,
+                "timeout_s": 120.0,
+            },
+            "router": {"predictive": predictive},
+            "quality": {"threshold": 0.0},
+            "ledger": {"path": str(db), "flush_interval_s": 0.05},
+        },
+        source="<bench>",
+    )
+
+
+async def run_burst(
+    variant: str,
+    engine: LocalEngine,
+    api: FakeAPI,
+    prompts: list[str],
+    args: argparse.Namespace,
+    timeout_s: float,
+    workdir: Path,
+) -> Run:
+    db = workdir / f"{variant}-{time.monotonic_ns()}.db"
+    settings = settings_for(
+        db, api, predictive=variant == "predictive", timeout_s=timeout_s, threads=args.threads
+    )
+    app = create_app(settings, engine=engine)
+    run = Run(variant)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://bench", timeout=600
+        ) as client:
+            start = time.perf_counter()
+
+            async def one(i: int, prompt: str) -> Result:
+                await asyncio.sleep(i * args.gap_ms / 1000)
+                sent = time.perf_counter()
+                response = await client.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": MODEL,
+                        "messages": [{"role": "user", "content": prompt}],
+                        "max_tokens": args.max_tokens,
+                    },
+                )
+                response.raise_for_status()
+                return Result(
+                    index=i,
+                    sent=sent - start,
+                    latency_s=time.perf_counter() - sent,
+                    route=response.headers["x-frugal-route"],
+                    reason=response.headers["x-frugal-reason"],
+                )
+
+            run.results = list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+            run.burst_s = max(r.sent + r.latency_s for r in run.results)
+    # The app is closed: every ledger row is written and counted.
+    conn = sqlite3.connect(db)
+    try:
+        cf, paid = conn.execute(
+            "SELECT COALESCE(SUM(counterfactual_cost_pusd), 0), COALESCE(SUM(api_cost_pusd), 0) "
+            "FROM requests"
+        ).fetchone()
+        run.saved_usd = (cf - paid) / PICO
+        run.rows = conn.execute(
+            "SELECT route, reason, local_ms, predicted_local_ms, actual_local_ms, "
+            "local_completion_tokens FROM requests ORDER BY ts"
+        ).fetchall()
+        run.errors = [
+            abs(p - a) / a
+            for p, a in conn.execute(
+                "SELECT predicted_local_ms, actual_local_ms FROM requests "
+                "WHERE route = 'local' AND predicted_local_ms IS NOT NULL "
+                "AND actual_local_ms > 0"
+            )
+        ]
+    finally:
+        conn.close()
+    return run
+
+
+async def warm_up(
+    engine: LocalEngine, api: FakeAPI, args: argparse.Namespace, workdir: Path
+) -> float:
+    """Two requests alone, one after the other: the rates and answer lengths settle, and the
+    second one's time is what one request takes alone."""
+    prompts = make_prompts(2, args.prompt_tokens, seed=999)
+    settings = settings_for(
+        workdir / "warmup.db", api, predictive=False, timeout_s=600, threads=args.threads
+    )
+    app = create_app(settings, engine=engine)
+    alone = 0.0
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://w", timeout=600) as c:
+            for prompt in prompts:
+                t = time.perf_counter()
+                response = await c.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": MODEL,
+                        "messages": [{"role": "user", "content": prompt}],
+                        "max_tokens": args.max_tokens,
+                    },
+                    headers={"x-frugal-route": "local"},
+                )
+                response.raise_for_status()
+                alone = time.perf_counter() - t
+    return alone
+
+
+def print_table(runs: list[Run]) -> None:
+    header = (
+        f"{'variant':<11} {'burst s':>8} {'mean s':>7} {'p50 s':>7} {'p95 s':>7} "
+        f"{'local':>6} {'saved $':>9} {'MdAPE':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for run in runs:
+        s = run.summary()
+        mdape = "-" if s["mdape"] is None else f"{s['mdape'] * 100:.1f}%"
+        print(
+            f"{s['variant']:<11} {s['burst_s']:>8.2f} {s['mean_s']:>7.2f} {s['p50_s']:>7.2f} "
+            f"{s['p95_s']:>7.2f} {s['local_share'] * 100:>5.1f}% {s['saved_usd']:>9.5f} "
+            f"{mdape:>6}"
+        )
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    api_latency = args.api_latency + args.api_per_token * args.max_tokens
+    reply = " ".join(random.Random(7).choice(WORDS) for _ in range(args.max_tokens))
+    os.environ[KEY_ENV] = "sk-bench-" + "0" * 16
+    workdir = Path(tempfile.mkdtemp(prefix="frugal-routing-"))
+    engine = LocalEngine(config.LocalSettings(n_threads=args.threads, max_queue=64))
+    with FakeAPI(record=False, reply=reply, latency_s=api_latency) as api:
+        await engine.start()
+        try:
+            alone = await warm_up(engine, api, args, workdir)
+            timeout_s = alone * 3.5 if args.timeout == "auto" else float(args.timeout)
+            rates = engine.rates
+            print(
+                f"one request alone: {alone:.2f} s; local timeout_s = {timeout_s:.1f} s; "
+                f"engine rates: prefill {rates.prefill_tok_s:.0f} tok/s, decode "
+                f"{rates.decode_tok_s:.1f} tok/s ({args.threads} thread); API latency "
+                f"{api_latency:.2f} s; load average {os.getloadavg()[0]:.1f} on "
+                f"{os.cpu_count()} CPUs",
+                flush=True,
+            )
+            runs: list[Run] = []
+            for round_ in range(args.rounds):
+                order = ["naive", "predictive"] if round_ % 2 == 0 else ["predictive", "naive"]
+                for variant in order:
+                    prompts = make_prompts(args.requests, args.prompt_tokens, seed=len(runs))
+                    run = await run_burst(variant, engine, api, prompts, args, timeout_s, workdir)
+                    runs.append(run)
+                    print(f"round {round_ + 1} {variant}: {run.summary()}", flush=True)
+                    await asyncio.sleep(1.0)
+        finally:
+            await engine.stop()
+    print()
+    print_table(runs)
+    naive = [r for r in runs if r.variant == "naive"]
+    predictive = [r for r in runs if r.variant == "predictive"]
+    mean_naive = statistics.fmean(statistics.fmean(r.latencies()) for r in naive)
+    mean_pred = statistics.fmean(statistics.fmean(r.latencies()) for r in predictive)
+    errors = [e for r in predictive for e in r.errors]
+    mdape = statistics.median(errors) if errors else None
+    print()
+    print(f"mean latency predictive / naive: {mean_pred / mean_naive:.2f} (target <= 0.5)")
+    print(
+        "local share predictive vs naive: "
+        f"{statistics.fmean(r.local_share for r in predictive) * 100:.1f}% vs "
+        f"{statistics.fmean(r.local_share for r in naive) * 100:.1f}%"
+    )
+    if mdape is not None:
+        print(
+            f"prediction MdAPE over the {len(errors)} local answers of the predictive runs: "
+            f"{mdape * 100:.1f}% (target <= 20%)"
+        )
+    return {
+        "alone_s": alone,
+        "timeout_s": timeout_s,
+        "runs": [r.summary() for r in runs],
+        "rows": {f"{i}-{r.variant}": r.rows for i, r in enumerate(runs)},
+        "mean_ratio": mean_pred / mean_naive,
+        "mdape": mdape,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--gap-ms", type=float, default=50.0)
+    parser.add_argument("--timeout", default="auto", help="local timeout_s, or 'auto'")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--api-latency", type=float, default=1.5)
+    parser.add_argument("--api-per-token", type=float, default=0.02)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--json", default=None, help="write the results to this file")
+    args = parser.parse_args()
+    result = asyncio.run(main_async(args))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,510 @@
+"""Remote local backends: other OpenAI-compatible llama.cpp servers (``[[local.backends]]``).
+
+``llama-server`` on another box or a GPU, or another ``frugal serve`` (asked for its model
+``local``, so that it answers locally and never through its own API).
+
+A remote backend answers ``max_concurrency`` requests at once; the others wait in its FIFO queue
+(at most ``max_queue``). Its rates are measured by timing its answers: llama-server's
+``timings`` object (``prompt_per_second``, ``predicted_per_second``) when the answer has one;
+otherwise the answer's wall time and ``usage``, with the prefill/decode ratio taken from the
+configured rates or the bundled engine's. Until it has answered, the configured rates stand in
+(``prefill_tok_s``/``decode_tok_s``), else the bundled engine's. Its answers are scored with
+``quality.score`` in a thread, with logprobs when the server gives them. The answer arrives
+whole (a ``live`` stream replays it), and only chat requests with one answer (``n`` = 1) go to
+a remote; legacy completions stay with the bundled engine.
+
+Faults: a backend is used only after a health probe (``GET {api_base}/models``) has answered.
+A call that fails to connect marks it down at once; a call that runs past twice its predicted
+time (and at least 2 s more) or past its deadline triggers a probe, and a failed probe marks it
+down. Marking a backend down fails its queued and running calls with
+:class:`~proxy.routing.base.BackendDown`, which the pool turns into a move to another backend
+that can still make the request's deadline, or into a local failure the router sends to the
+API. A down backend is probed again with backoff (0.5 s doubling to 30 s) and used again once a
+probe answers. No wait ever outlives the request's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import structlog
+
+from proxy.config import BackendSettings
+from proxy.engine.rates import PendingWork, Rates, WorkTracker
+from proxy.errors import EngineBusy, EngineCrashed, EngineTimeout
+from proxy.routing.base import Backend, BackendDown, left, rounded
+from proxy.routing.estimator import Ewma, Prediction, PrefixMemory, answer_cap, predict
+
+log = structlog.get_logger(__name__)
+
+PROBE_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+DEFAULT_RATIO = 10.0  # prefill tok/s per decode tok/s, when nothing better is known
+# Fields of a chat request a remote llama.cpp server is not sent (the proxy's own business).
+_NOT_FORWARDED = ("stream", "stream_options", "user", "metadata", "store", "service_tier")
+
+
+class _Slots:
+    """``n`` places to run, and a FIFO of those waiting for one; the waiters can all be failed
+    at once (the backend went down)."""
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def acquire(self, deadline: float, what: str) -> None:
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        try:
+            await asyncio.wait({future}, timeout=left(deadline))
+        except asyncio.CancelledError:
+            self._leave(future)
+            raise
+        if not future.done():
+            self._leave(future)
+            raise EngineTimeout(f"the deadline passed while waiting for {what}")
+        future.result()  # BackendDown when the backend went down meanwhile
+
+    def _leave(self, future: asyncio.Future[None]) -> None:
+        """Give up a place in the queue, or the slot it was just handed."""
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(future)
+        if not future.done():
+            future.cancel()
+        elif not future.cancelled() and future.exception() is None:
+            self.release()
+
+    def release(self) -> None:
+        while self._waiters:
+            future = self._waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+                return
+        self.free += 1
+
+    def fail_all(self, make: Callable[[], BaseException]) -> None:
+        while self._waiters:
+            future = self._waiters.popleft()
+            if not future.done():
+                future.set_exception(make())
+
+
+@dataclass
+class RemoteStats:
+    completed: int = 0
+    failures: int = 0
+    timeouts: int = 0
+    downs: int = 0
+    handed_on: int = 0
+
+
+class RemoteBackend(Backend):
+    """Another OpenAI-compatible llama.cpp server; see the module docstring."""
+
+    kind = "remote"
+
+    def __init__(
+        self,
+        settings: BackendSettings,
+        *,
+        timeout_s: float,
+        default_max_tokens: int,
+        prior: Callable[[], Rates],
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self.timeout_s = settings.timeout_s or timeout_s
+        self.slots = settings.max_concurrency
+        self.default_max_tokens = default_max_tokens
+        self.state = "probing"  # probing | up | down | closed
+        self.error: str | None = None
+        self.work = WorkTracker()
+        self.memory = PrefixMemory()
+        self.stats = RemoteStats()
+        self.logprobs = settings.logprobs
+        self._prior = prior
+        self._transport = transport
+        self._prefill: float | None = settings.prefill_tok_s or None
+        self._decode: float | None = settings.decode_tok_s or None
+        self._source = "config" if self._prefill and self._decode else "none"
+        self._overhead = Ewma()
+        self._alpha = 0.3
+        self._slots = _Slots(settings.max_concurrency)
+        self._calls: set[asyncio.Task[httpx.Response]] = set()  # POSTs in flight
+        self._client: httpx.AsyncClient | None = None
+        self._prober: asyncio.Task[None] | None = None
+        self._checks: set[asyncio.Task[None]] = set()
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        headers = {}
+        key = self.settings.api_key()
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        self._client = httpx.AsyncClient(
+            base_url=self.settings.api_base.rstrip("/") + "/",
+            headers=headers,
+            timeout=httpx.Timeout(None, connect=self.settings.probe_timeout_s),
+            limits=httpx.Limits(max_connections=self.slots + 4),
+            transport=self._transport,
+            trust_env=False,
+        )
+        self._probe_until_up()
+
+    async def close(self) -> None:
+        self.state = "closed"
+        tasks: list[asyncio.Task[Any]] = [t for t in (self._prober, *self._checks) if t]
+        tasks += self._calls
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        self._slots.fail_all(lambda: BackendDown(f"backend {self.name} is closed"))
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # -- health ------------------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        return self.state == "up"
+
+    def admits(self, request: dict[str, Any], kind: str) -> bool:
+        n = request.get("n")
+        room = self._slots.free > 0 or self._slots.waiting < self.settings.max_queue
+        return self.ready() and kind == "chat" and (n is None or n == 1) and room
+
+    async def probe(self) -> bool:
+        """One health probe: does ``GET {api_base}/models`` answer in time?"""
+        if self._client is None:
+            return False
+        try:
+            response = await asyncio.wait_for(
+                self._client.get("models"), timeout=self.settings.probe_timeout_s
+            )
+        except (httpx.HTTPError, TimeoutError) as exc:
+            self.error = f"health probe: {type(exc).__name__}"
+            return False
+        if response.status_code >= 500:
+            self.error = f"health probe: HTTP {response.status_code}"
+            return False
+        return True
+
+    def _probe_until_up(self) -> None:
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.create_task(self._probe_loop(), name=f"probe-{self.name}")
+
+    async def _probe_loop(self) -> None:
+        attempt = 0
+        while self.state != "closed":
+            if await self.probe() and self.state != "closed":
+                if self.state in ("down", "probing"):
+                    log.info("backend_up", backend=self.name, after_probes=attempt + 1)
+                self.state = "up"
+                self.error = None
+                return
+            if self.state == "probing":
+                self.state = "down"
+                log.warning("backend_down", backend=self.name, why=self.error)
+            await asyncio.sleep(PROBE_BACKOFF_S[min(attempt, len(PROBE_BACKOFF_S) - 1)])
+            attempt += 1
+
+    def mark_down(self, why: str) -> None:
+        """Stop using the backend: fail what waits for it and what runs on it, probe again."""
+        if self.state in ("down", "closed"):
+            return
+        self.state = "down"
+        self.error = why
+        self.stats.downs += 1
+        log.warning("backend_down", backend=self.name, why=why, queued=self._slots.waiting)
+        self._slots.fail_all(lambda: BackendDown(f"backend {self.name} is down ({why})"))
+        for call in list(self._calls):
+            call.cancel()
+        self._probe_until_up()
+
+    def _check_soon(self, why: str) -> None:
+        """Probe now, in the background; mark the backend down if the probe fails."""
+
+        async def check() -> None:
+            if self.state == "up" and not await self.probe():
+                self.mark_down(why)
+
+        task = asyncio.create_task(check(), name=f"check-{self.name}")
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    # -- prediction --------------------------------------------------------------------------
+
+    @property
+    def rates(self) -> Rates:
+        if self._prefill and self._decode:
+            return Rates(
+                prefill_tok_s=self._prefill, decode_tok_s=self._decode, source=self._source
+            )
+        prior = self._prior()
+        return Rates(
+            prefill_tok_s=self._prefill or prior.prefill_tok_s,
+            decode_tok_s=self._decode or prior.decode_tok_s,
+            source="assumed",
+        )
+
+    def pending_work(self) -> PendingWork:
+        return self.work.pending(self.rates)
+
+    def predict(self, request: dict[str, Any], completion_tokens: float) -> Prediction:
+        prompt = self.work.estimate_prompt_tokens(request)
+        return predict(
+            self.name,
+            rates=self.rates,
+            pending=self.pending_work(),
+            prompt_tokens=prompt * (1.0 - self.memory.cached_share(request)),
+            completion_tokens=completion_tokens,
+            slots=self.slots,
+            overhead_s=self._overhead.value or 0.0,
+        )
+
+    # -- one request -------------------------------------------------------------------------
+
+    async def chat(
+        self,
+        request: dict[str, Any],
+        *,
+        deadline: float,
+        on_token: Callable[[str], None] | None = None,
+        kind: str = "chat",
+    ) -> dict[str, Any]:
+        """Answer through the remote server before ``deadline``. The answer arrives whole:
+        ``on_token`` is not called (a live stream replays it)."""
+        if self.state != "up":
+            raise BackendDown(f"backend {self.name} is {self.state}")
+        if self._slots.free <= 0 and self._slots.waiting >= self.settings.max_queue:
+            raise EngineBusy(f"the queue of backend {self.name} is full")
+        cap = answer_cap(request, self.default_max_tokens, kind)
+        expected = self.predict(request, cap).own_s
+        ticket = self.work.admit(request, cap)
+        completion: dict[str, Any] | None = None
+        try:
+            await self._slots.acquire(deadline, f"backend {self.name}")
+            try:
+                if self.state != "up":
+                    raise BackendDown(f"backend {self.name} is {self.state}")
+                self.work.start(ticket)
+                self.memory.remember(request)
+                completion = await self._answer(request, deadline, expected, cap)
+                return completion
+            finally:
+                self._slots.release()
+        except BackendDown:
+            self.stats.handed_on += 1
+            raise
+        finally:
+            self.work.finish(ticket, request, completion)
+
+    def _body(self, request: dict[str, Any], cap: int) -> dict[str, Any]:
+        body = {k: v for k, v in request.items() if k not in _NOT_FORWARDED}
+        body["model"] = self.settings.model
+        if not (body.get("max_tokens") or body.get("max_completion_tokens")):
+            body["max_tokens"] = cap  # [local] default_max_tokens, as the engine would
+        if self.logprobs:
+            body["logprobs"] = True
+            if not request.get("logprobs"):
+                body.pop("top_logprobs", None)
+        return body
+
+    async def _answer(
+        self, request: dict[str, Any], deadline: float, expected_s: float, cap: int
+    ) -> dict[str, Any]:
+        body = self._body(request, cap)
+        started = time.perf_counter()
+        response = await self._call(body, deadline, expected_s)
+        if response.status_code == 400 and body.get("logprobs") and not request.get("logprobs"):
+            # A server that refuses logprobs: ask again without, and stop asking.
+            self.logprobs = False
+            body = self._body(request, cap)
+            response = await self._call(body, deadline, expected_s)
+        elapsed = time.perf_counter() - started
+        if response.status_code >= 500:
+            self.stats.failures += 1
+            self._check_soon(f"HTTP {response.status_code}")
+            raise EngineCrashed(f"backend {self.name} answered HTTP {response.status_code}")
+        if response.status_code != 200:
+            self.stats.failures += 1
+            raise EngineCrashed(f"backend {self.name} refused the request: {_error_of(response)}")
+        try:
+            completion = response.json()
+            completion["choices"][0]["message"]  # noqa: B018 - the shape is checked here
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            self.stats.failures += 1
+            raise EngineCrashed(f"backend {self.name} sent a malformed answer") from exc
+        self.stats.completed += 1
+        info = self._observe(completion, elapsed)
+        info["stop_cause"] = _stop_cause(completion, cap)
+        try:
+            verdict = await asyncio.to_thread(_score, request, {**completion, "frugal": info})
+        except Exception as exc:  # noqa: BLE001 - as a failure in the engine worker's gate
+            raise EngineCrashed(f"scoring the answer of backend {self.name} failed") from exc
+        info["quality"] = verdict
+        info["backend"] = self.name
+        completion["frugal"] = info
+        completion.pop("timings", None)
+        return dict(completion)
+
+    async def _call(
+        self, body: dict[str, Any], deadline: float, expected_s: float
+    ) -> httpx.Response:
+        """POST the request; ends early with BackendDown when the backend is found dead, and
+        with EngineTimeout at the deadline."""
+        assert self._client is not None
+        call = asyncio.create_task(self._client.post("chat/completions", json=body))
+        self._calls.add(call)
+        watch = asyncio.create_task(self._watch(expected_s))
+        try:
+            done, _ = await asyncio.wait(
+                {call, watch}, timeout=left(deadline), return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            self._calls.discard(call)
+            for task in (watch, call):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+        if call in done and not call.cancelled():
+            try:
+                return call.result()
+            except httpx.TransportError as exc:
+                self.stats.failures += 1
+                self.mark_down(f"{type(exc).__name__}")
+                raise BackendDown(f"backend {self.name} is unreachable: {exc!r}") from exc
+            except Exception as exc:  # noqa: BLE001 - any client failure is a local failure
+                self.stats.failures += 1
+                raise EngineCrashed(f"backend {self.name}: {type(exc).__name__}") from exc
+        if call in done or watch in done:  # cancelled by mark_down, or found dead
+            raise BackendDown(f"backend {self.name} stopped answering")
+        self.stats.timeouts += 1
+        self._check_soon("no answer before the deadline")
+        raise EngineTimeout(f"backend {self.name} did not answer before the deadline")
+
+    async def _watch(self, expected_s: float) -> None:
+        """Returns when the backend is found dead while a call runs: after twice the call's
+        predicted time (at least 2 s more), then at doubling intervals, a probe must answer."""
+        wait = max(2 * expected_s, expected_s + 2.0)
+        while True:
+            await asyncio.sleep(wait)
+            if self.state != "up":
+                return
+            if not await self.probe():
+                self.mark_down("no answer to a health probe during a call")
+                return
+            wait *= 2
+
+    def _observe(self, completion: dict[str, Any], elapsed: float) -> dict[str, Any]:
+        """Update the rates from one answer; returns the engine-style timing details."""
+        usage = completion.get("usage") or {}
+        timings = completion.get("timings")
+        prompt = int(usage.get("prompt_tokens") or 0)
+        decoded = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or {}
+        cached = int(details.get("cached_tokens") or 0)
+        if isinstance(timings, dict) and timings.get("cache_n") is not None:
+            cached = int(timings["cache_n"])
+        prefilled = max(prompt - cached, 0)
+        info: dict[str, Any] = {"cached_tokens": cached, "prefilled_tokens": prefilled}
+        if isinstance(timings, dict) and timings.get("predicted_per_second"):
+            prompt_n = int(timings.get("prompt_n") or 0)
+            predicted_n = int(timings.get("predicted_n") or 0)
+            prompt_rate = float(timings.get("prompt_per_second") or 0.0)
+            decode_rate = float(timings.get("predicted_per_second") or 0.0)
+            if prompt_n >= 16 and prompt_rate > 0:
+                self._prefill = self._ewma(self._prefill, prompt_rate)
+            if predicted_n >= 4 and decode_rate > 0:
+                self._decode = self._ewma(self._decode, decode_rate)
+            prefill_s = float(timings.get("prompt_ms") or 0.0) / 1000
+            decode_s = float(timings.get("predicted_ms") or 0.0) / 1000
+            self._overhead.add(max(0.0, elapsed - prefill_s - decode_s))
+            self._source = "timings"
+            info.update(prefill_s=prefill_s, decode_s=decode_s)
+            return info
+        # No timings: split the wall time by the prefill/decode ratio known so far.
+        rates = self.rates
+        ratio = DEFAULT_RATIO
+        if rates.prefill_tok_s and rates.decode_tok_s:
+            ratio = rates.prefill_tok_s / rates.decode_tok_s
+        work = prefilled / ratio + decoded  # in decode-token equivalents
+        if work >= 4 and elapsed > 0:
+            self._decode = self._ewma(self._decode, work / elapsed)
+            self._prefill = self._decode * ratio
+            self._source = "requests"
+        prefill_s = elapsed * (prefilled / ratio) / work if work > 0 else 0.0
+        info.update(prefill_s=prefill_s, decode_s=elapsed - prefill_s)
+        return info
+
+    def _ewma(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self._alpha * (new - old)
+
+    def health(self) -> dict[str, Any]:
+        rates = self.rates
+        pending = self.pending_work()
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "api_base": self.settings.api_base,
+            "state": self.state,
+            "error": self.error,
+            "running": self.slots - max(self._slots.free, 0) if self.state != "closed" else 0,
+            "queue_depth": self._slots.waiting,
+            "max_concurrency": self.slots,
+            "max_queue": self.settings.max_queue,
+            "prefill_tok_s": rounded(rates.prefill_tok_s),
+            "decode_tok_s": rounded(rates.decode_tok_s),
+            "rates_source": rates.source,
+            "overhead_s": rounded(self._overhead.value, 3),
+            "predicted_wait_s": rounded(pending.seconds(rates), 2),
+            "logprobs": self.logprobs,
+            "completed": self.stats.completed,
+            "failures": self.stats.failures,
+            "timeouts": self.stats.timeouts,
+            "downs": self.stats.downs,
+            "handed_on": self.stats.handed_on,
+        }
+
+
+def _score(request: dict[str, Any], completion: dict[str, Any]) -> dict[str, Any]:
+    import quality
+
+    verdict = quality.score(request, completion)
+    return {"value": verdict.value, "reasons": verdict.reasons, "signals": verdict.signals}
+
+
+def _stop_cause(completion: dict[str, Any], cap: int) -> str:
+    """Why the remote stopped, in the engine's words: a cut by the client's own cap is not the
+    backend's fault (``max_tokens``), a cut short of it is (``context_full``)."""
+    choice = completion["choices"][0]
+    if choice.get("finish_reason") != "length":
+        return "eos"
+    tokens = int((completion.get("usage") or {}).get("completion_tokens") or 0)
+    return "max_tokens" if tokens >= cap else "context_full"
+
+
+def _error_of(response: httpx.Response) -> str:
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = ""
+    return f"HTTP {response.status_code} {str(message)[:200]}".strip()

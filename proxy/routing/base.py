@@ -1,0 +1,79 @@
+"""What every local backend is to the router (see ``proxy.routing.pool``).
+
+    Backend        admits(), predict(), chat(), health(): one place local answers come from
+    Choice         a backend picked for a request, with its predicted finish there
+    BackendDown    the backend stopped answering: the request may move to another one
+
+The bundled engine and the remote servers implement it in ``proxy.routing.pool`` and
+``proxy.backends``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.errors import EngineCrashed
+from proxy.routing.estimator import Prediction
+
+
+class BackendDown(EngineCrashed):
+    """The backend stopped answering; the request may move to another backend."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Choice:
+    """A backend picked for a request, with its predicted finish there."""
+
+    backend: Backend
+    prediction: Prediction
+    timeout_s: float
+
+
+class Backend:
+    """The interface of one local backend: the bundled engine, or a remote server."""
+
+    name: str = ""
+    kind: str = ""
+    timeout_s: float = 30.0
+    slots: int = 1
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def admits(self, request: dict[str, Any], kind: str) -> bool:
+        """Up, not full, and able to serve this kind of request."""
+        raise NotImplementedError
+
+    def predict(self, request: dict[str, Any], completion_tokens: float) -> Prediction:
+        raise NotImplementedError
+
+    async def chat(
+        self,
+        request: dict[str, Any],
+        *,
+        deadline: float,
+        on_token: Callable[[str], None] | None = None,
+        kind: str = "chat",
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def health(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+def left(deadline: float) -> float:
+    """Seconds until ``deadline`` (a ``time.monotonic()`` value), never negative."""
+    return max(0.0, deadline - time.monotonic())
+
+
+def rounded(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)

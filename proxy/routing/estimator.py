@@ -1,0 +1,414 @@
+"""Predicted finish time of a local answer, and what the predictions are learned from.
+
+Seed 000's estimate for a backend, counting the work already running and queued on it::
+
+    finish = (prefill tokens ahead + own uncached prompt tokens) / prefill rate
+           + (decode tokens ahead + own expected answer tokens)  / decode rate
+
+The rates are the backend's live, profiled ones (:class:`proxy.engine.rates.Rates`); the work
+ahead is its :class:`~proxy.engine.rates.PendingWork`. This module adds the request's own part:
+
+* :class:`AnswerLengths`: how long an answer to a request is expected to be. ``max_tokens`` (or
+  the engine's default) is a cap, and the expected length under that cap is learned per
+  requested model from recent answers: seeded from the ledger at start-up, then kept current
+  from finished requests. An answer cut short (by its own cap or a deadline) at n tokens only
+  says "at least n": it counts as reaching a cap of n or less, and says nothing about a higher
+  one. With nothing to go on, an answer is expected to be ``DEFAULT_ANSWER_TOKENS`` long (at
+  most the cap): expecting every answer to run to a large default cap would predict even an
+  idle engine too slow, and the lengths would never be learned.
+* :class:`PrefixMemory`: which share of a prompt the backend has probably cached (the longest
+  prefix it shares with one of the last prompts the backend ran), so that only the uncached
+  part is counted as prefill.
+* :class:`PredictionErrors`: absolute percentage errors of the predictions of local answers that
+  ran to their end, for ``/metrics`` (the ledger keeps every prediction for ``frugal report``).
+* :class:`Ewma`: the API's observed latency, for ``[router] objective = "latency"``.
+* :class:`Predictor`: the decision (``predicted_slow``) and the learning, for the router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import statistics
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from proxy.config import RouterSettings
+from proxy.engine.rates import PendingWork, Rates
+
+log = structlog.get_logger(__name__)
+
+LEGACY_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+DEFAULT_ANSWER_TOKENS = 128  # expected answer length before any answer has been seen
+LENGTH_WINDOW = 64  # answers remembered per model
+SEED_ROWS = 5000  # ledger rows read at start-up
+ERROR_WINDOW = 500  # predictions the live MdAPE is taken over
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """What one backend is predicted to take for one request, from now."""
+
+    backend: str
+    seconds: float | None  # None while the backend's rates are unknown
+    wait_s: float  # the work ahead of the request
+    own_s: float  # the request's own prefill and decode
+    prompt_tokens: float  # own uncached prompt tokens
+    completion_tokens: float  # own expected answer tokens (all answers, for n > 1)
+    jobs_ahead: int
+    rates_source: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "seconds": None if self.seconds is None else round(self.seconds, 3),
+            "wait_s": round(self.wait_s, 3),
+            "own_s": round(self.own_s, 3),
+            "prompt_tokens": round(self.prompt_tokens),
+            "completion_tokens": round(self.completion_tokens),
+            "jobs_ahead": self.jobs_ahead,
+            "rates": self.rates_source,
+        }
+
+
+def predict(
+    backend: str,
+    *,
+    rates: Rates,
+    pending: PendingWork,
+    prompt_tokens: float,
+    completion_tokens: float,
+    slots: int = 1,
+    overhead_s: float = 0.0,
+) -> Prediction:
+    """Seed 000's finish time on one backend. With ``slots`` requests served at once, a new one
+    waits only when every slot is taken, and then for the work ahead shared among the slots."""
+    own = rates.seconds(prompt_tokens, completion_tokens)
+    ahead = pending.seconds(rates)
+    wait = 0.0
+    if ahead is not None and pending.jobs >= slots:
+        wait = ahead / max(slots, 1)
+    seconds = None if own is None else wait + own + overhead_s
+    return Prediction(
+        backend=backend,
+        seconds=seconds,
+        wait_s=wait,
+        own_s=own or 0.0,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        jobs_ahead=pending.jobs,
+        rates_source=rates.source,
+    )
+
+
+def answer_cap(request: dict[str, Any], default_max_tokens: int, kind: str = "chat") -> int:
+    """The most tokens one answer may have: the request's own cap, else the default."""
+    asked = request.get("max_completion_tokens") or request.get("max_tokens")
+    if isinstance(asked, int) and asked > 0:
+        return asked
+    return LEGACY_DEFAULT_MAX_TOKENS if kind == "complete" else default_max_tokens
+
+
+def answers_per_request(request: dict[str, Any]) -> int:
+    """``n`` answers, for each prompt of a legacy completion."""
+    n = request.get("n")
+    count = n if isinstance(n, int) and n > 0 else 1
+    prompt = request.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        count *= len(prompt)
+    return count
+
+
+class AnswerLengths:
+    """Expected answer tokens per requested model, learned from recent answers."""
+
+    def __init__(self, window: int = LENGTH_WINDOW) -> None:
+        self.window = window
+        self._by_model: dict[str, deque[tuple[int, bool]]] = {}
+        self._all: deque[tuple[int, bool]] = deque(maxlen=window)
+        self.seeded = 0
+
+    def expected(self, model: str | None, cap: int) -> float:
+        """Mean answer length under ``cap``, from the model's answers (else every model's):
+        one that stopped on its own counts as its length (at most ``cap``), one cut short at
+        ``cap`` tokens or more as ``cap``; one cut short of ``cap`` says nothing and is left
+        out."""
+        for seen in (self._by_model.get(model or ""), self._all):
+            useful = [min(n, cap) for n, cut in seen or () if not cut or n >= cap]
+            if useful:
+                return sum(useful) / len(useful)
+        return float(min(cap, DEFAULT_ANSWER_TOKENS))
+
+    def observe(self, model: str | None, tokens: int, *, cut: bool) -> None:
+        if tokens < 0:
+            return
+        key = model or ""
+        if key not in self._by_model:
+            self._by_model[key] = deque(maxlen=self.window)
+        self._by_model[key].append((tokens, cut))
+        self._all.append((tokens, cut))
+
+    def seed(self, rows: list[tuple[str | None, int]]) -> None:
+        """Fill the models nothing has been observed for yet from ``(model, tokens)`` rows,
+        oldest first (as :func:`read_ledger` returns them)."""
+        fresh: dict[str, deque[tuple[int, bool]]] = {}
+        for model, tokens in rows:
+            key = model or ""
+            if key in self._by_model:
+                continue
+            fresh.setdefault(key, deque(maxlen=self.window)).append((int(tokens), False))
+        for key, seen in fresh.items():
+            self._by_model[key] = seen
+        if not self._all:
+            for _, tokens in rows[-self.window :]:
+                self._all.append((int(tokens), False))
+        self.seeded = len(rows)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "models": len(self._by_model),
+            "seeded_from_ledger": self.seeded,
+        }
+
+
+def read_ledger(path: str, limit: int = SEED_ROWS) -> list[tuple[str | None, int]]:
+    """``(requested_model, local answer tokens)`` of the last ``limit`` local answers that ran to
+    their end, oldest first. Blocking: run it in a thread. An unreadable ledger gives []."""
+    if not Path(path).is_file():
+        return []
+    try:
+        conn = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return []
+    try:
+        rows = conn.execute(
+            "SELECT requested_model, local_completion_tokens FROM requests "
+            "WHERE local_completion_tokens IS NOT NULL AND status < 400 "
+            "AND reason NOT IN ('local_timeout', 'local_error') "
+            "ORDER BY id DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+    except sqlite3.Error:
+        return []
+    finally:
+        conn.close()
+    return [(model, int(tokens)) for model, tokens in reversed(rows)]
+
+
+def prompt_text(request: dict[str, Any]) -> str:
+    """The prompt as one string, in the order the model reads it (for prefix matching)."""
+    prompt = request.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    parts: list[str] = []
+    for message in request.get("messages") or ():
+        if not isinstance(message, dict):
+            continue
+        parts.append(str(message.get("role") or ""))
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(
+                str(p.get("text") or "") for p in content if isinstance(p, dict) and "text" in p
+            )
+    return "\x00".join(parts)
+
+
+def shared_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of two strings: chunk by chunk (C comparisons),
+    then a binary search inside the first chunk that differs."""
+    n = min(len(a), len(b))
+    low, step = 0, 1024
+    while low < n and a[low : min(low + step, n)] == b[low : min(low + step, n)]:
+        low += step
+    if low >= n:
+        return n
+    high = min(low + step, n) - 1  # a difference lies in [low, high]: the prefix ends there
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[low:mid] == b[low:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+class PrefixMemory:
+    """The last prompts a backend ran: the share of a new prompt it has probably cached."""
+
+    def __init__(self, size: int = 8) -> None:
+        self._recent: deque[str] = deque(maxlen=size)
+
+    def remember(self, request: dict[str, Any]) -> None:
+        text = prompt_text(request)
+        if text:
+            self._recent.append(text)
+
+    def cached_share(self, request: dict[str, Any]) -> float:
+        text = prompt_text(request)
+        if not text or not self._recent:
+            return 0.0
+        best = max(shared_prefix(text, old) for old in self._recent)
+        # The last token is always run again, to get the logits of the first answer token.
+        return min(best / len(text), 0.99)
+
+
+class PredictionErrors:
+    """Absolute percentage errors of recent predictions; ``mdape`` is their median."""
+
+    def __init__(self, window: int = ERROR_WINDOW) -> None:
+        self._errors: deque[float] = deque(maxlen=window)
+        self.count = 0
+
+    def add(self, predicted_s: float, actual_s: float) -> None:
+        if actual_s <= 0:
+            return
+        self._errors.append(abs(predicted_s - actual_s) / actual_s)
+        self.count += 1
+
+    @property
+    def samples(self) -> int:
+        return len(self._errors)
+
+    def mdape(self) -> float | None:
+        return statistics.median(self._errors) if self._errors else None
+
+
+class Ewma:
+    """Exponentially weighted moving average; None until the first value."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.value: float | None = None
+        self.count = 0
+
+    def add(self, value: float) -> None:
+        self.value = value if self.value is None else self.value + self.alpha * (value - self.value)
+        self.count += 1
+
+
+# Stop causes after which an answer's length and time say nothing about a finished answer.
+_CUT_SHORT = frozenset({"deadline", "cancelled"})
+
+
+class Predictor:
+    """Decides whether a predicted finish is too slow, and learns from what happened.
+
+    ``[router] predictive = false`` keeps the predictions (they are still recorded, and the
+    error still measured) but never acts on them: the naive cascade.
+    """
+
+    def __init__(self, settings: RouterSettings) -> None:
+        self.settings = settings
+        self.lengths = AnswerLengths()
+        self.errors = PredictionErrors()
+        self.api_latency = Ewma()
+        self._seeding: asyncio.Task[None] | None = None
+
+    def start(self, ledger_path: str) -> None:
+        """Learn answer lengths from the ledger, in a thread, without holding start-up."""
+        self._seeding = asyncio.create_task(self._seed(ledger_path), name="seed-answer-lengths")
+
+    async def _seed(self, ledger_path: str) -> None:
+        rows = await asyncio.to_thread(read_ledger, ledger_path)
+        self.lengths.seed(rows)
+        log.info("answer_lengths_seeded", rows=len(rows))
+
+    async def close(self) -> None:
+        if self._seeding is not None and not self._seeding.done():
+            self._seeding.cancel()
+            try:
+                await self._seeding
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - only stopping it
+                pass
+
+    def too_slow(self, seconds: float | None, timeout_s: float) -> bool:
+        """True when a local answer predicted to take ``seconds`` should go to the API now: past
+        the local deadline, or (objective "latency") slower than the API plus the margin."""
+        if not self.settings.predictive or seconds is None:
+            return False
+        if seconds > timeout_s:
+            return True
+        api = self.api_latency.value
+        if self.settings.objective == "latency" and api is not None:
+            return seconds > api + self.settings.latency_margin_s
+        return False
+
+    def learn(
+        self,
+        request: dict[str, Any],
+        completion: dict[str, Any] | None,
+        *,
+        predicted_s: float | None,
+        elapsed_s: float,
+        comparable: bool,
+    ) -> float | None:
+        """Learn from one local attempt. Returns the actual time when it is comparable with the
+        prediction (the answer ran to its end on the predicted backend), else None."""
+        if completion is None:
+            return None
+        info = completion.get("frugal") or {}
+        usage = completion.get("usage") or {}
+        tokens = usage.get("completion_tokens")
+        cut_short = info.get("stop_cause") in _CUT_SHORT
+        if isinstance(tokens, int):
+            answers = answers_per_request(request)
+            finishes = {c.get("finish_reason") for c in completion.get("choices") or ()}
+            model = request.get("model")
+            self.lengths.observe(
+                model if isinstance(model, str) else None,
+                round(tokens / answers),
+                cut=cut_short or "length" in finishes,
+            )
+        if predicted_s is None or not comparable or cut_short:
+            return None
+        self.errors.add(predicted_s, elapsed_s)
+        return elapsed_s
+
+    def observe(self, row: dict[str, Any]) -> None:
+        """One finished request (its ledger row): the API's latency, when it answered."""
+        if row.get("route") == "api" and (row.get("status") or 0) < 400:
+            api_ms = row.get("api_ms") or 0.0
+            if api_ms > 0:
+                self.api_latency.add(api_ms / 1000)
+
+    def health(self) -> dict[str, Any]:
+        mdape = self.errors.mdape()
+        return {
+            "predictive": self.settings.predictive,
+            "objective": self.settings.objective,
+            "api_latency_s": None
+            if self.api_latency.value is None
+            else round(self.api_latency.value, 3),
+            "prediction_mdape": None if mdape is None else round(mdape, 4),
+            "prediction_samples": self.errors.samples,
+            "answer_lengths": self.lengths.as_dict(),
+        }
+
+    def metrics(self) -> Iterator[Metric]:
+        mdape = self.errors.mdape()
+        if mdape is not None:
+            yield GaugeMetricFamily(
+                "frugal_prediction_error_ratio",
+                "Median absolute percentage error of predicted local finish times (0.1 = 10%), "
+                f"over the last {ERROR_WINDOW} local answers that ran to their end.",
+                value=mdape,
+            )
+        yield GaugeMetricFamily(
+            "frugal_prediction_samples",
+            "Local answers the prediction error is measured on.",
+            value=float(self.errors.samples),
+        )
+        if self.api_latency.value is not None:
+            yield GaugeMetricFamily(
+                "frugal_api_latency_seconds",
+                "Moving average of the API's observed latency.",
+                value=self.api_latency.value,
+            )

@@ -1,0 +1,236 @@
+"""Every local backend, and the choice between them by predicted finish time (seed 000).
+
+    EngineBackend    the bundled engine (``proxy.engine.client.LocalEngine``, one job at a time;
+                     its queue and rates are the engine's own, ``proxy.engine.rates``)
+    RemoteBackend    another OpenAI-compatible llama.cpp server (``[[local.backends]]``, in
+                     ``proxy.backends``)
+    BackendPool      picks the backend with the lowest predicted finish, and moves a request to
+                     another backend when its own is down or full, if that one can still finish
+                     before the request's deadline
+
+The bundled engine is always the first backend, and the one a request falls to when no backend
+can take it (its own queue then says ``local_busy``, as without other backends).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import structlog
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from proxy.backends import RemoteBackend
+from proxy.config import Settings
+from proxy.engine.client import LocalEngine
+from proxy.errors import EngineBusy
+from proxy.routing.base import Backend, BackendDown, Choice, left, rounded
+from proxy.routing.estimator import (
+    AnswerLengths,
+    Prediction,
+    PrefixMemory,
+    answer_cap,
+    answers_per_request,
+    predict,
+)
+
+log = structlog.get_logger(__name__)
+
+ENGINE = "engine"
+
+
+class EngineBackend(Backend):
+    """The bundled engine: its queue and rates are the engine's own (``rates.py``)."""
+
+    kind = "engine"
+
+    def __init__(self, engine: LocalEngine, *, timeout_s: float) -> None:
+        self.name = ENGINE
+        self.engine = engine
+        self.timeout_s = timeout_s
+        self.memory = PrefixMemory()
+
+    def ready(self) -> bool:
+        return self.engine.state == "ready"
+
+    def admits(self, request: dict[str, Any], kind: str) -> bool:
+        return self.ready() and self.engine.queue_depth < self.engine.settings.max_queue
+
+    def predict(self, request: dict[str, Any], completion_tokens: float) -> Prediction:
+        rates = self.engine.rates
+        prompt = self.engine.work.estimate_prompt_tokens(request)
+        return predict(
+            self.name,
+            rates=rates,
+            pending=self.engine.pending_work(),
+            prompt_tokens=prompt * (1.0 - self.memory.cached_share(request)),
+            completion_tokens=completion_tokens,
+        )
+
+    async def chat(
+        self,
+        request: dict[str, Any],
+        *,
+        deadline: float,
+        on_token: Callable[[str], None] | None = None,
+        kind: str = "chat",
+    ) -> dict[str, Any]:
+        self.memory.remember(request)
+        return await self.engine.chat(request, deadline=deadline, on_token=on_token, kind=kind)
+
+    def health(self) -> dict[str, Any]:
+        pending = self.engine.pending_work()
+        rates = self.engine.rates
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "state": self.engine.state,
+            "queue_depth": self.engine.queue_depth,
+            "busy": self.engine.busy,
+            "prefill_tok_s": rounded(rates.prefill_tok_s),
+            "decode_tok_s": rounded(rates.decode_tok_s),
+            "rates_source": rates.source,
+            "predicted_wait_s": rounded(pending.seconds(rates), 2),
+        }
+
+
+class BackendPool:
+    """Every local backend; the bundled engine is always the first."""
+
+    def __init__(
+        self, backends: list[Backend], lengths: AnswerLengths, *, default_max_tokens: int
+    ) -> None:
+        self.backends = backends
+        self.lengths = lengths
+        self.default_max_tokens = default_max_tokens
+        self.moves = 0
+
+    @classmethod
+    def build(cls, settings: Settings, engine: LocalEngine, lengths: AnswerLengths) -> BackendPool:
+        local = settings.local
+        backends: list[Backend] = [EngineBackend(engine, timeout_s=local.timeout_s)]
+        for entry in local.backends:
+            backends.append(
+                RemoteBackend(
+                    entry,
+                    timeout_s=local.timeout_s,
+                    default_max_tokens=local.default_max_tokens,
+                    prior=lambda: engine.rates,
+                )
+            )
+        return cls(backends, lengths, default_max_tokens=local.default_max_tokens)
+
+    async def start(self) -> None:
+        for backend in self.backends:
+            await backend.start()
+
+    async def close(self) -> None:
+        for backend in self.backends:
+            await backend.close()
+
+    def expected_tokens(self, request: dict[str, Any], kind: str = "chat") -> float:
+        cap = answer_cap(request, self.default_max_tokens, kind)
+        model = request.get("model")
+        per_answer = self.lengths.expected(model if isinstance(model, str) else None, cap)
+        return per_answer * answers_per_request(request)
+
+    def choose(self, request: dict[str, Any], kind: str = "chat") -> Choice:
+        """The backend with the lowest predicted finish; the engine when none can take it."""
+        choice = self.alternative(request, kind, exclude=frozenset())
+        if choice is None:
+            engine = self.backends[0]
+            expected = self.expected_tokens(request, kind)
+            choice = self._choice(engine, engine.predict(request, expected))
+        return choice
+
+    def alternative(
+        self, request: dict[str, Any], kind: str, exclude: frozenset[str]
+    ) -> Choice | None:
+        expected = self.expected_tokens(request, kind)
+        scored = [
+            (b, b.predict(request, expected))
+            for b in self.backends
+            if b.name not in exclude and b.admits(request, kind)
+        ]
+        if not scored:
+            return None
+        known = [(b, p) for b, p in scored if p.seconds is not None]
+        backend, prediction = (
+            min(known, key=lambda bp: bp[1].seconds or 0.0) if known else scored[0]
+        )
+        return self._choice(backend, prediction)
+
+    def _choice(self, backend: Backend, prediction: Prediction) -> Choice:
+        return Choice(backend=backend, prediction=prediction, timeout_s=backend.timeout_s)
+
+    async def run(
+        self,
+        request: dict[str, Any],
+        choice: Choice,
+        *,
+        deadline: float,
+        on_token: Callable[[str], None] | None = None,
+        kind: str = "chat",
+    ) -> tuple[dict[str, Any], Choice]:
+        """Run on the chosen backend; when it is down or full, on the next best one that can
+        still finish before ``deadline``. Returns the answer and where it ran."""
+        tried: set[str] = set()
+        while True:
+            try:
+                completion = await choice.backend.chat(
+                    request, deadline=deadline, on_token=on_token, kind=kind
+                )
+                return completion, choice
+            except (BackendDown, EngineBusy) as exc:
+                tried.add(choice.backend.name)
+                remaining = left(deadline)
+                nxt = self.alternative(request, kind, frozenset(tried))
+                seconds = None if nxt is None else nxt.prediction.seconds
+                if nxt is None or remaining <= 0 or (seconds is not None and seconds > remaining):
+                    raise
+                self.moves += 1
+                log.info(
+                    "request_moved",
+                    source=choice.backend.name,
+                    target=nxt.backend.name,
+                    why=type(exc).__name__,
+                )
+                choice = nxt
+
+    def health(self) -> list[dict[str, Any]]:
+        return [b.health() for b in self.backends]
+
+    def metrics(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "frugal_backend_up", "1 when the local backend takes requests.", labels=["backend"]
+        )
+        wait = GaugeMetricFamily(
+            "frugal_backend_predicted_wait_seconds",
+            "Predicted seconds of work queued and running on the local backend.",
+            labels=["backend"],
+        )
+        prefill = GaugeMetricFamily(
+            "frugal_backend_prefill_tokens_per_second",
+            "Profiled prompt-processing rate of the local backend.",
+            labels=["backend"],
+        )
+        decode = GaugeMetricFamily(
+            "frugal_backend_decode_tokens_per_second",
+            "Profiled generation rate of the local backend.",
+            labels=["backend"],
+        )
+        queue = GaugeMetricFamily(
+            "frugal_backend_queue_depth",
+            "Requests waiting for the local backend.",
+            labels=["backend"],
+        )
+        for health in self.health():
+            name = [str(health["name"])]
+            up.add_metric(name, 1.0 if health["state"] in ("ready", "up") else 0.0)
+            queue.add_metric(name, float(health.get("queue_depth") or 0))
+            for family, key in ((wait, "predicted_wait_s"), (prefill, "prefill_tok_s")):
+                if health.get(key) is not None:
+                    family.add_metric(name, float(health[key]))
+            if health.get("decode_tok_s") is not None:
+                decode.add_metric(name, float(health["decode_tok_s"]))
+        yield from (up, wait, prefill, decode, queue)
