@@ -21,11 +21,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy import metrics as metrics_mod
+from proxy.auth import Authenticator, AuthMiddleware
 from proxy.chat import ChatHandler
+from proxy.completions import CompletionsHandler, EmbeddingsHandler
 from proxy.config import Settings
+from proxy.disconnect import CancelOnDisconnect
 from proxy.engine.client import LocalEngine
 from proxy.errors import MethodNotAllowed, NotFound, ProxyError
 from proxy.ledger import Ledger
+from proxy.limits import InFlight, LimitsMiddleware
+from proxy.openapi import openapi_spec
 from proxy.pricing import PriceBook, load_price_map
 from proxy.router import LOCAL_ALIAS, Router
 from proxy.upstream import Upstream
@@ -79,9 +85,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 404:
         return error_response(NotFound(f"no such endpoint: {request.method} {request.url.path}"))
     if exc.status_code == 405:
-        return error_response(
+        response = error_response(
             MethodNotAllowed(f"method {request.method} is not allowed on {request.url.path}")
         )
+        response.headers.update(exc.headers or {})  # Allow: the methods that are
+        return response
     return JSONResponse(
         {
             "error": {
@@ -117,13 +125,17 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
         state = app.state
         state.settings = settings
         state.started_at = time.time()
-        state.prices = PriceBook(load_price_map())
+        state.prices = PriceBook.from_settings(load_price_map(), settings.pricing)
         state.ledger = Ledger(
             settings.ledger.path,
+            prices=state.prices,
             flush_interval_s=settings.ledger.flush_interval_s,
             batch_size=settings.ledger.batch_size,
+            busy_timeout_s=settings.ledger.busy_timeout_s,
         )
         await state.ledger.start()
+        state.auth = Authenticator(settings)
+        await state.auth.start()
         state.upstream = Upstream(settings.fallback)
         await state.upstream.start()
         owns_engine = engine is None
@@ -132,7 +144,13 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             if owns_engine:
                 await state.engine.start()
             state.router = Router(settings, state.engine, state.upstream.enabled)
+            await state.router.start()
             state.chat = ChatHandler(state)
+            state.completions = CompletionsHandler(state)
+            state.embeddings = EmbeddingsHandler(state)
+            # litellm (the ledger's token counter) imported alongside the engine's start; serve
+            # once it is in, so that the import never competes with requests for the GIL.
+            await state.ledger.counter_ready()
             if not state.upstream.enabled:
                 log.warning(
                     "local_only",
@@ -141,17 +159,32 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
                 )
             log.info(
                 "serving",
+                auth=state.auth.enabled,
                 fallback=state.upstream.enabled,
                 threshold=settings.quality.threshold,
                 stream_mode=settings.router.stream_mode,
             )
             yield
         finally:
+            if getattr(state, "router", None) is not None:
+                await state.router.close()
             if owns_engine:
                 await state.engine.stop()
             await state.upstream.aclose()
+            await state.auth.stop()
             await state.ledger.close()
             log.info("stopped", ledger_rows_written=state.ledger.written)
+
+    async def completions(request: Request) -> Response:
+        handler: CompletionsHandler = request.app.state.completions
+        return await handler(request)
+
+    async def embeddings(request: Request) -> Response:
+        handler: EmbeddingsHandler = request.app.state.embeddings
+        return await handler(request)
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(openapi_spec())
 
     async def chat_completions(request: Request) -> Response:
         handler: ChatHandler = request.app.state.chat
@@ -174,29 +207,38 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             "mode": "cascade" if state.upstream.enabled else "local_only",
         }
         ok = engine_health["state"] == "ready"
+        status = 200 if ok or state.upstream.enabled else 503
+        if not getattr(request.state, "authenticated", True):
+            # Open to health checks, which carry no key: the status, not the details.
+            return JSONResponse({"status": "ok" if ok else "degraded"}, status_code=status)
         body: dict[str, Any] = {
             "status": "ok" if ok else "degraded",
             "engine": engine_health,
             "fallback": fallback,
             "quality_threshold": settings.quality.threshold,
             "stream_mode": settings.router.stream_mode,
+            "routing": state.router.health(),
             "ledger": {
                 "path": settings.ledger.path,
-                "written": state.ledger.written,
-                "pending": state.ledger.pending,
-                "write_failures": state.ledger.write_failures,
+                **state.ledger.health(),
             },
             "uptime_s": round(time.time() - state.started_at, 1),
         }
-        return JSONResponse(body, status_code=200 if ok or state.upstream.enabled else 503)
+        return JSONResponse(body, status_code=status)
 
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/completions", completions, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
+            Route("/embeddings", embeddings, methods=["POST"]),
+            Route("/openapi.json", openapi, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/models", models, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics_mod.endpoint, methods=["GET"]),
         ],
         exception_handlers={
             ProxyError: _proxy_error,
@@ -205,5 +247,16 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
         },
         lifespan=lifespan,
     )
+    app.state.in_flight = InFlight()
+    app.state.metrics = metrics_mod.Metrics(app.state)
+    # Outermost last: request id, then auth (a stranger takes no concurrency slot), then limits.
+    # Innermost: a client that leaves before its answer is ready cancels the handler (and so
+    # its place in the engine's queue, or its generation).
+    app.add_middleware(
+        CancelOnDisconnect,
+        paths=("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"),
+    )
+    app.add_middleware(LimitsMiddleware, settings=settings.server, state=app.state)
+    app.add_middleware(AuthMiddleware, state=app.state)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -25,10 +26,15 @@ from proxy.errors import (
     ProxyError,
     map_upstream_exception,
 )
-from proxy.router import LocalAttempt, Plan, Router
+from proxy.params import live_streamable
+from proxy.pricing import CountJob, estimate_costs
+from proxy.router import LOCAL_ALIAS, LocalAttempt, Plan, Router
+from proxy.routing.estimator import Prediction
 from proxy.validate import chat_request, parse_json
 
 log = structlog.get_logger("frugal.request")
+
+PUSD_PER_USD = 10**12
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -38,6 +44,7 @@ class Exchange:
     """What one request did, gathered as it goes, for the headers, the log and the ledger."""
 
     request_id: str
+    endpoint: str = "chat.completions"  # the ledger's name: chat.completions | completions | ...
     started: float = field(default_factory=time.perf_counter)
     arrived: float = field(default_factory=time.time)
     model: str | None = None
@@ -56,6 +63,15 @@ class Exchange:
     api_ms: float = 0.0
     api_usage_model: str | None = None
     error: str | None = None
+    body: dict[str, Any] | None = None  # the validated request, for the ledger's token count
+    local_completion: dict[str, Any] | None = None
+    key_name: str | None = None  # the client key's name, never the key
+    content_in: Any = None  # messages and answer text: kept only when [server] log_content
+    content_out: list[str] | None = None
+    predicted_local_ms: float | None = None  # the router's prediction (proxy.routing)
+    actual_local_ms: float | None = None
+    backend: str | None = None
+    predicted_completion_tokens: int | None = None
 
     def headers(self) -> dict[str, str]:
         return {
@@ -65,8 +81,25 @@ class Exchange:
             "x-frugal-quality": "none" if self.quality is None else f"{self.quality:.3f}",
         }
 
+    def take_plan(self, plan: Plan) -> None:
+        if plan.choice is not None:
+            self.take_prediction(plan.choice.prediction)
+
+    def take_prediction(self, prediction: Prediction) -> None:
+        self.backend = prediction.backend
+        self.predicted_completion_tokens = round(prediction.completion_tokens)
+        if prediction.seconds is not None:
+            self.predicted_local_ms = round(prediction.seconds * 1000, 2)
+
     def take_local(self, attempt: LocalAttempt) -> None:
         self.local_ms = attempt.elapsed_ms
+        if attempt.prediction is not None:
+            self.take_prediction(attempt.prediction)
+        if attempt.choice is not None:
+            self.backend = attempt.choice.backend.name  # where it ran, if it was moved
+        if attempt.actual_s is not None:
+            self.actual_local_ms = round(attempt.actual_s * 1000, 2)
+        self.local_completion = attempt.completion
         self.quality = attempt.quality
         self.quality_reasons = attempt.quality_reasons
         if attempt.completion is not None:
@@ -81,6 +114,21 @@ class Exchange:
             details = usage.get("prompt_tokens_details") or {}
             self.cached_tokens = int(details.get("cached_tokens") or 0)
 
+    def keep(self, completion: dict[str, Any]) -> None:
+        """Keep the answer's text for the content log (only when it is on)."""
+        if self.content_out is not None:
+            for choice in completion.get("choices") or []:
+                self.content_out.append(str((choice.get("message") or {}).get("content") or ""))
+
+    def keep_sse(self, chunk: bytes) -> None:
+        if self.content_out is None:
+            return
+        for line in chunk.split(b"\n"):
+            if line.startswith(b"data: {"):
+                with contextlib.suppress(ValueError, AttributeError, IndexError, TypeError):
+                    delta = json.loads(line[6:])["choices"][0]["delta"]
+                    self.content_out.append(str(delta.get("content") or ""))
+
 
 class ChatHandler:
     def __init__(self, state: Any) -> None:
@@ -90,13 +138,23 @@ class ChatHandler:
     # -- entry ------------------------------------------------------------------------------
 
     async def __call__(self, request: Request) -> Response:
-        ex = Exchange(request_id=request.state.request_id)
+        ex = Exchange(
+            request_id=request.state.request_id,
+            key_name=getattr(request.state, "key_name", None),
+        )
+        log_content = self.state.settings.server.log_content
+        if log_content:
+            ex.content_out = []
         streaming = False
         try:
             body = chat_request(parse_json(await request.body()))
+            if log_content:
+                ex.content_in = body.get("messages")
             ex.model = body["model"]
+            ex.body = body
             ex.stream = bool(body.get("stream"))
             plan = self.router.plan(body, request.headers.get("x-frugal-route"))
+            ex.take_plan(plan)
             threshold = self.router.threshold(request.headers.get("x-frugal-min-quality"))
             if ex.stream:
                 response = await self._stream(body, plan, threshold, ex)
@@ -108,6 +166,11 @@ class ChatHandler:
             ex.error = exc.code or exc.type
             if isinstance(exc, BadRequest):
                 ex.reason = "bad_request"
+            raise
+        except asyncio.CancelledError:
+            # The client disconnected before its answer was ready (see proxy/disconnect.py).
+            ex.status = 499
+            ex.error = "client_gone"
             raise
         except BaseException:
             ex.status = 500
@@ -123,10 +186,11 @@ class ChatHandler:
         self, body: dict[str, Any], plan: Plan, threshold: float, ex: Exchange
     ) -> Response:
         if plan.route == "local":
-            attempt = await self.router.try_local(body, threshold=threshold)
+            attempt = await self.router.try_local(body, threshold=threshold, plan=plan)
             ex.take_local(attempt)
             answer = self._local_answer(body, attempt, plan, ex)
             if answer is not None:
+                ex.keep(answer)
                 return JSONResponse(answer, headers=ex.headers())
         else:
             ex.reason = plan.reason
@@ -139,7 +203,9 @@ class ChatHandler:
         finally:
             ex.api_ms = (time.perf_counter() - ex.started) * 1000 - ex.local_ms
         ex.take_usage(reply.body.get("usage"))
-        return JSONResponse(reply.body, headers=ex.headers())
+        ex.keep(reply.body)
+        # Upstream's bytes go back as they came: parsed once for the usage, not encoded again.
+        return Response(reply.raw, media_type="application/json", headers=ex.headers())
 
     def _local_answer(
         self, body: dict[str, Any], attempt: LocalAttempt, plan: Plan, ex: Exchange
@@ -178,15 +244,16 @@ class ChatHandler:
         with_logprobs = bool(body.get("logprobs"))
         if plan.route == "local":
             mode = self.state.settings.router.stream_mode
-            if mode == "live":
+            if mode == "live" and live_streamable(body):
                 live = await self._live(body, plan, threshold, ex, include_usage)
                 if live is not None:
                     return live
             else:
-                attempt = await self.router.try_local(body, threshold=threshold)
+                attempt = await self.router.try_local(body, threshold=threshold, plan=plan)
                 ex.take_local(attempt)
                 answer = self._local_answer(body, attempt, plan, ex)
                 if answer is not None:
+                    ex.keep(answer)
                     chunks = sse.replay(
                         answer, include_usage=include_usage, with_logprobs=with_logprobs
                     )
@@ -205,6 +272,7 @@ class ChatHandler:
     async def _relay(self, stream: Any, ex: Exchange, started: float) -> AsyncIterator[bytes]:
         try:
             async for chunk in stream:
+                ex.keep_sse(chunk)
                 yield chunk
         except (ProxyError, Exception) as exc:
             err = map_upstream_exception(exc)
@@ -228,7 +296,7 @@ class ChatHandler:
         """Stream local tokens as they come; only a failure before the first one falls back."""
         queue: asyncio.Queue[str] = asyncio.Queue()
         task = asyncio.create_task(
-            self.router.try_local(body, threshold=threshold, on_token=queue.put_nowait)
+            self.router.try_local(body, threshold=threshold, on_token=queue.put_nowait, plan=plan)
         )
         first = asyncio.ensure_future(queue.get())
         await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
@@ -243,6 +311,7 @@ class ChatHandler:
                 answer = self._local_answer(body, attempt, plan, ex)
                 if answer is None:
                     return None
+                ex.keep(answer)
                 chunks = sse.replay(answer, include_usage=include_usage, with_logprobs=False)
                 return self._sse(_aiter(chunks), ex)
             queue.put_nowait(attempt.completion["choices"][0]["message"]["content"])
@@ -286,6 +355,7 @@ class ChatHandler:
                 yield sse.DONE
                 return
             ex.take_usage(completion.get("usage"))
+            ex.keep(completion)
             if attempt.reason == "local_timeout":
                 ex.reason = "local_timeout"
             yield writer.finish(completion["choices"][0].get("finish_reason") or "stop")
@@ -322,42 +392,56 @@ class ChatHandler:
 
     def _finish(self, ex: Exchange) -> None:
         latency_ms = (time.perf_counter() - ex.started) * 1000
-        prices = self.state.prices
         model = ex.model or ""
-        counterfactual = api_cost = None
-        if ex.prompt_tokens is not None:
-            tokens = (ex.prompt_tokens, ex.completion_tokens or 0)
-            counterfactual = prices.cost(model, *tokens)
-            if ex.route == "api":
-                target = self.state.upstream.target(model)
-                api_cost = prices.cost(target, *tokens, ex.cached_tokens)
-                if api_cost is not None and counterfactual is None:
-                    counterfactual = api_cost
-        if ex.route == "local":
-            api_cost = 0
-        self.state.ledger.record(
-            {
-                "request_id": ex.request_id,
-                "ts": ex.arrived,
-                "endpoint": "chat.completions",
-                "requested_model": ex.model,
-                "route": ex.route,
-                "reason": ex.reason,
-                "status": ex.status,
-                "stream": int(ex.stream),
-                "quality": ex.quality,
-                "quality_reasons": ",".join(ex.quality_reasons[:3]) or None,
-                "prompt_tokens": ex.prompt_tokens,
-                "completion_tokens": ex.completion_tokens,
-                "local_prompt_tokens": ex.local_prompt_tokens,
-                "local_completion_tokens": ex.local_completion_tokens,
-                "latency_ms": round(latency_ms, 2),
-                "local_ms": round(ex.local_ms, 2),
-                "api_ms": round(ex.api_ms, 2),
-                "api_cost_pusd": api_cost if ex.status < 400 else None,
-                "counterfactual_cost_pusd": counterfactual,
-                "error": ex.error,
-            }
+        row = {
+            "request_id": ex.request_id,
+            "ts": ex.arrived,
+            "endpoint": ex.endpoint,
+            "requested_model": ex.model,
+            "route": ex.route,
+            "reason": ex.reason,
+            "status": ex.status,
+            "stream": int(ex.stream),
+            "quality": ex.quality,
+            "quality_reasons": ",".join(ex.quality_reasons[:3]) or None,
+            "prompt_tokens": ex.prompt_tokens,
+            "completion_tokens": ex.completion_tokens,
+            "local_prompt_tokens": ex.local_prompt_tokens,
+            "local_completion_tokens": ex.local_completion_tokens,
+            "latency_ms": round(latency_ms, 2),
+            "local_ms": round(ex.local_ms, 2),
+            "api_ms": round(ex.api_ms, 2),
+            "error": ex.error,
+            "key_name": ex.key_name,
+            "api_model": self.state.upstream.target(model) if model != LOCAL_ALIAS else None,
+            "cached_tokens": ex.cached_tokens,
+            "predicted_local_ms": ex.predicted_local_ms,
+            "actual_local_ms": ex.actual_local_ms,
+            "backend": ex.backend,
+            "predicted_completion_tokens": ex.predicted_completion_tokens,
+        }
+        # Costs for the log and the metrics now; the ledger prices the row itself, recounting
+        # a local answer with the requested model's tokenizer off the request path.
+        api_cost, counterfactual = estimate_costs(row, self.state.prices)
+        count = None
+        if ex.route == "local" and ex.status < 400 and ex.body and ex.local_completion:
+            count = CountJob(model=model, body=ex.body, completion=ex.local_completion)
+        self.state.ledger.record(row, count=count)
+        self.router.observe(row)
+        paid = api_cost if ex.status < 400 else None
+        self.state.metrics.observe(
+            endpoint=ex.endpoint,
+            route=ex.route,
+            reason=ex.reason,
+            status=ex.status,
+            latency_s=latency_ms / 1000,
+            prompt_tokens=ex.prompt_tokens,
+            completion_tokens=ex.completion_tokens,
+            local_prompt_tokens=ex.local_prompt_tokens,
+            local_completion_tokens=ex.local_completion_tokens,
+            quality=ex.quality,
+            api_cost_pusd=paid,
+            counterfactual_pusd=counterfactual,
         )
         log.info(
             "request",
@@ -372,8 +456,18 @@ class ChatHandler:
             local_ms=round(ex.local_ms, 1),
             prompt_tokens=ex.prompt_tokens,
             completion_tokens=ex.completion_tokens,
+            cost_usd=None if paid is None else paid / PUSD_PER_USD,
+            counterfactual_usd=None if counterfactual is None else counterfactual / PUSD_PER_USD,
+            key=ex.key_name,
             error=ex.error,
         )
+        if ex.content_out is not None:  # [server] log_content: the operator asked for it
+            log.debug(
+                "request_content",
+                request_id=ex.request_id,
+                messages=ex.content_in,
+                completion="".join(ex.content_out),
+            )
 
 
 def public_completion(completion: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:

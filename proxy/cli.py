@@ -1,16 +1,23 @@
 """The ``frugal`` command line.
 
-    frugal serve  [--config PATH] [--host H] [--port P]
-    frugal report [--config PATH | --db PATH] [--month YYYY-MM] [--format table|json|csv|markdown]
+    frugal serve  [--config PATH] [--host H] [--port P] [--insecure-public]
+    frugal report [--config PATH | --db PATH] [--month YYYY-MM | --from DAY [--to DAY]]
+                  [--format table|json|csv|markdown] [--by model|day|key|reason] [--chart FILE]
+    frugal keys   create NAME | list | revoke NAME  [--config PATH | --db PATH]
+    frugal check  [--config PATH]
+    frugal quantize IN.gguf OUT.gguf [--type Q4_K_M] [--force]
 
 Errors meant for the user (a bad config, a missing database) print one clean line and exit
-non-zero: 2 for a usage or config error, 3 when there is no ledger to read.
+non-zero: 2 for a usage or config error, 3 when there is no ledger to read, 4 when the ledger
+has no request in the period asked for (``frugal report``; the zero report is still printed),
+1 when a ``frugal keys`` request cannot be done (a name taken, or no such key).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import signal
 import sys
@@ -18,7 +25,9 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
+from proxy import check as check_mod
 from proxy import config as config_mod
+from proxy import keys
 from proxy.engine.generate import ModelLoadError
 from proxy.errors import ConfigError
 
@@ -33,17 +42,59 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
+    check_mod.add_parser(sub)
+    quantize = sub.add_parser(
+        "quantize", help="requantize a GGUF with llama.cpp (Q4_K_M is recommended on a CPU)"
+    )
+    quantize.add_argument("source", metavar="IN.gguf")
+    quantize.add_argument("target", metavar="OUT.gguf")
+    quantize.add_argument("--type", default="Q4_K_M", help="target format (default Q4_K_M)")
+    quantize.add_argument("--force", action="store_true", help="overwrite OUT.gguf")
+
     serve = sub.add_parser("serve", help="run the proxy")
     serve.add_argument("--config", help="TOML config (default: $FRUGAL_CONFIG, ./frugal.toml)")
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default 8080)")
+    serve.add_argument(
+        "--insecure-public",
+        action="store_true",
+        help="listen on a public address even with no client keys (see [server] "
+        "allow_public_without_keys)",
+    )
 
-    report = sub.add_parser("report", help="print the month's savings from the ledger")
+    report = sub.add_parser(
+        "report",
+        help="print the savings of a month (or any range of days) from the ledger",
+        epilog=REPORT_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     source = report.add_mutually_exclusive_group()
     source.add_argument("--config", help="TOML config whose [ledger] path to read")
     source.add_argument("--db", help="ledger database file to read")
-    report.add_argument("--month", help="YYYY-MM (default: this month, UTC)")
+    when = report.add_mutually_exclusive_group()
+    when.add_argument("--month", help="YYYY-MM (default: this month, UTC)")
+    when.add_argument(
+        "--from", dest="first", metavar="YYYY-MM-DD", help="first day of a range (UTC)"
+    )
+    report.add_argument(
+        "--to",
+        dest="last",
+        metavar="YYYY-MM-DD",
+        help="last day of the range, included (default: today); needs --from",
+    )
     report.add_argument("--format", choices=("table", "json", "csv", "markdown"), default="table")
+    report.add_argument(
+        "--by",
+        choices=("model", "day", "key", "reason"),
+        help="one row per requested model, UTC day, client key name or routing reason",
+    )
+    report.add_argument(
+        "--chart",
+        metavar="FILE",
+        help="also draw the daily savings and local share to FILE.png or FILE.svg "
+        "(needs matplotlib: pip install 'frugal-proxy[chart]')",
+    )
+    keys.add_parser(sub)
     return parser
 
 
@@ -52,7 +103,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     from proxy import logs
     from proxy.app import create_app
+    from proxy.auth import check_bind
     from proxy.engine.generate import bundled_model_path
+    from proxy.ledger import open_database
+    from proxy.limits import guarded_protocol
 
     settings = config_mod.load(args.config)
     server = settings.server
@@ -61,7 +115,10 @@ def _serve(args: argparse.Namespace) -> int:
             server, host=args.host or server.host, port=args.port or server.port
         )
         settings = dataclasses.replace(settings, server=server)
-    logs.configure(server.log_format)
+    logs.configure(server.log_format, logging.DEBUG if server.log_content else logging.INFO)
+    # A corrupt or locked ledger is a clear error now, not a failed start-up later.
+    open_database(settings.ledger.path, busy_timeout_s=settings.ledger.busy_timeout_s)
+    check_bind(settings, insecure_public=args.insecure_public)
     model_path = settings.local.model_path or bundled_model_path()
     if not os.path.isfile(model_path):
         raise ConfigError(f"[local] model_path = {model_path!r}: no such file")
@@ -73,7 +130,8 @@ def _serve(args: argparse.Namespace) -> int:
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=max(1, round(server.drain_s)),
-        timeout_keep_alive=30,
+        timeout_keep_alive=server.keep_alive_s,
+        http=guarded_protocol(server.header_timeout_s),
     )
     _GracefulServer(config).run()
     return 0
@@ -97,11 +155,40 @@ class _GracefulServer:
                 if sig == signal.SIGTERM and sig in self._captured_signals:
                     self._captured_signals.remove(sig)
 
+            async def startup(self, sockets: Any = None) -> None:
+                await super().startup(sockets)
+                _freeze_heap()
+
         return Server(config)
 
 
+def _freeze_heap() -> None:
+    """Put what start-up made out of the cyclic garbage collector's reach.
+
+    After start-up the process holds about 400,000 objects that live as long as it does
+    (litellm, llama.cpp's bindings, the app). Every full collection walked all of them, about
+    200 ms of CPU with the event loop standing still, and under load one came every few seconds:
+    that was the p99 of the API path (bench/README.md, "API pass-through overhead"). Collect
+    once, then freeze (``gc.freeze``): later collections only look at newer objects.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
+REPORT_EXIT_CODES = """exit codes:
+  0  the report was printed
+  2  a bad option or config (e.g. --month 2026-13, --by key on a ledger without key names)
+  3  no ledger to read: no database file at the path, or not a readable ledger
+  4  the ledger has no request in the period (the zero report is printed all the same)
+"""
+
+
 def _report(args: argparse.Namespace) -> int:
-    from proxy import report
+    from datetime import UTC, datetime
+
+    from proxy import chart, report
 
     if args.db:
         db_path, fixed = args.db, 0.0
@@ -110,16 +197,33 @@ def _report(args: argparse.Namespace) -> int:
     else:
         settings = config_mod.load(args.config)
         db_path, fixed = settings.ledger.path, settings.costs.monthly_fixed_usd
+    now = datetime.now(UTC)
     try:
-        period = report.Period.month(args.month)
-        data = report.build(db_path, period, fixed)
+        if args.last and not args.first:
+            raise report.ReportError("--to needs --from", report.EXIT_USAGE)
+        if args.chart:
+            chart.check_path(args.chart)
+        period = (
+            report.Period.between(args.first, args.last, now)
+            if args.first
+            else report.Period.month(args.month, now)
+        )
+        data = report.build(db_path, period, fixed, by=args.by, daily=bool(args.chart), now=now)
+        print(report.render(data, args.format))
+        if data["requests"] == 0:
+            print(
+                f"frugal report: no requests recorded from {data['from']} to {data['to']} "
+                f"in {db_path}",
+                file=sys.stderr,
+            )
+            return report.EXIT_EMPTY
+        if args.chart:
+            chart.draw(data, args.chart)
+            print(f"frugal report: chart written to {args.chart}", file=sys.stderr)
     except report.ReportError as exc:
         print(f"frugal report: {exc}", file=sys.stderr)
         return exc.exit_code
-    print(report.render(data, args.format))
-    if data["requests"] == 0 and args.format == "table":
-        print(f"No requests recorded in {data['month']}.", file=sys.stderr)
-    return 0
+    return report.EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,6 +231,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "keys":
+            return keys.run(args)
+        if args.command == "check":
+            return check_mod.run(args)
+        if args.command == "quantize":
+            from proxy.engine import quantize
+
+            return quantize.run(args.source, args.target, args.type, args.force)
         return _report(args)
     except ConfigError as exc:
         print(f"frugal: config error: {exc}", file=sys.stderr)

@@ -9,13 +9,16 @@ from __future__ import annotations
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from proxy.errors import ConfigError
 
 SPECULATIVE_MODES = ("off", "prompt-lookup", "draft")
+MEMORY_GUARDS = ("shrink", "refuse", "off")
 STREAM_MODES = ("verify", "live")
+OBJECTIVES = ("cost", "latency")
 
 
 def default_threads() -> int:
@@ -31,6 +34,38 @@ class ServerSettings:
     drain_s: float = 20.0
     log_content: bool = False
     log_format: str = "auto"
+    api_keys_env: str = "FRUGAL_API_KEYS"
+    allow_public_without_keys: bool = False
+    metrics_open: bool = False
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_concurrency: int = 64
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_s: int = 30
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendSettings:
+    """``[[local.backends]]``: another OpenAI-compatible llama.cpp server (``llama-server``, or
+    another ``frugal serve``) that local answers may come from."""
+
+    name: str
+    api_base: str
+    api_key_env: str = ""
+    model: str = "local"
+    max_concurrency: int = 1
+    max_queue: int = 16
+    timeout_s: float = 0.0  # 0: [local] timeout_s
+    prefill_tok_s: float = 0.0  # 0: unknown until measured
+    decode_tok_s: float = 0.0
+    logprobs: bool = True
+    probe_timeout_s: float = 2.0
+
+    def api_key(self) -> str | None:
+        """The backend's bearer key, read from the environment; None when there is none."""
+        if not self.api_key_env:
+            return None
+        return os.environ.get(self.api_key_env) or None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +79,12 @@ class LocalSettings:
     default_max_tokens: int = 512
     max_queue: int = 16
     seed: int = 0
+    draft_max_tokens: int = 8
+    lookup_ngram: int = 3
+    flash_attn: bool = True
+    prefix_cache_mb: int = 256
+    memory_guard: str = "shrink"
+    backends: tuple[BackendSettings, ...] = ()  # [[local.backends]]
 
     @property
     def threads(self) -> int:
@@ -75,6 +116,9 @@ class FallbackSettings:
 @dataclass(frozen=True, kw_only=True)
 class RouterSettings:
     stream_mode: str = "verify"
+    predictive: bool = True
+    objective: str = "cost"
+    latency_margin_s: float = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,11 +131,22 @@ class LedgerSettings:
     path: str = "frugal.db"
     flush_interval_s: float = 0.2
     batch_size: int = 256
+    busy_timeout_s: float = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
 class CostSettings:
     monthly_fixed_usd: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelPrice:
+    """``[pricing."<model>"]``: the price of one model in USD per million tokens. It replaces
+    litellm's price for that name (requested model or ``[fallback] models`` target)."""
+
+    input_per_mtok: float
+    output_per_mtok: float
+    cached_input_per_mtok: float | None = None  # None: cached prompt tokens cost the input price
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +158,7 @@ class Settings:
     quality: QualitySettings = field(default_factory=QualitySettings)
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     costs: CostSettings = field(default_factory=CostSettings)
+    pricing: dict[str, ModelPrice] = field(default_factory=dict)
     source: str = "<defaults>"
 
 
@@ -141,6 +197,8 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
         if isinstance(value, str):
             return value
         raise ConfigError(f"{where} = {value!r}: expected a string")
+    if isinstance(default, tuple):
+        return _build_backends(value)
     if isinstance(default, dict):
         if isinstance(value, dict) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in value.items()
@@ -150,6 +208,33 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
             f'{where} = {value!r}: expected a table of strings, e.g. name = "provider/model"'
         )
     raise ConfigError(f"{where}: unsupported setting")  # pragma: no cover
+
+
+def _build_backends(raw: Any) -> tuple[BackendSettings, ...]:
+    """``[[local.backends]]`` tables: name and api_base required, every other key optional."""
+    example = '[[local.backends]] name = "gpu", api_base = "http://10.0.0.2:8080/v1"'
+    if not isinstance(raw, list):
+        raise ConfigError(f"[local] backends = {raw!r}: expected [[local.backends]] tables")
+    defaults = {f.name: f.default for f in fields(BackendSettings)}
+    backends: list[BackendSettings] = []
+    for i, entry in enumerate(raw):
+        where = f"[[local.backends]] #{i + 1}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where} = {entry!r}: expected a table, e.g. {example}")
+        unknown = sorted(set(entry) - set(defaults))
+        if unknown:
+            raise ConfigError(
+                f"{where} {unknown[0]}: unknown key; known keys are {', '.join(defaults)}"
+            )
+        for key in ("name", "api_base"):
+            if not isinstance(entry.get(key), str) or not entry[key]:
+                raise ConfigError(f"{where} {key}: missing; expected a string, e.g. {example}")
+        values = {
+            k: v if k in ("name", "api_base") else _coerce("local.backends", k, v, defaults[k])
+            for k, v in entry.items()
+        }
+        backends.append(BackendSettings(**values))
+    return tuple(backends)
 
 
 def _build_section(name: str, cls: type, raw: Any) -> Any:
@@ -176,6 +261,17 @@ def validate(settings: Settings) -> Settings:
     s = settings
     _check_range("[server] port", s.server.port, 1, 65535)
     _check_range("[server] drain_s", s.server.drain_s, 0.0, 600.0)
+    _check_range("[server] max_body_bytes", s.server.max_body_bytes, 1024)
+    _check_range("[server] max_concurrency", s.server.max_concurrency, 1)
+    _check_range("[server] header_timeout_s", s.server.header_timeout_s, 0.1, 600.0)
+    _check_range("[server] body_timeout_s", s.server.body_timeout_s, 0.1, 3600.0)
+    _check_range("[server] keep_alive_s", s.server.keep_alive_s, 1, 3600)
+    if s.server.api_keys_env and not s.server.api_keys_env.replace("_", "").isalnum():
+        raise ConfigError(
+            f"[server] api_keys_env = {s.server.api_keys_env!r}: expected the name of an "
+            'environment variable, e.g. "FRUGAL_API_KEYS" (the keys themselves go in the '
+            "environment, never in this file)"
+        )
     if s.server.log_format not in ("auto", "json", "console"):
         raise ConfigError(
             f'[server] log_format = {s.server.log_format!r}: expected "auto", "json" or "console"'
@@ -192,6 +288,15 @@ def validate(settings: Settings) -> Settings:
         )
     if s.local.speculative == "draft" and not s.local.draft_model_path:
         raise ConfigError('[local] speculative = "draft" needs [local] draft_model_path')
+    _check_range("[local] draft_max_tokens", s.local.draft_max_tokens, 1, 32)
+    _check_range("[local] lookup_ngram", s.local.lookup_ngram, 1, 8)
+    _check_range("[local] prefix_cache_mb", s.local.prefix_cache_mb, 0)
+    if s.local.memory_guard not in MEMORY_GUARDS:
+        raise ConfigError(
+            f"[local] memory_guard = {s.local.memory_guard!r}: expected one of "
+            + ", ".join(f'"{m}"' for m in MEMORY_GUARDS)
+        )
+    _validate_backends(s.local.backends)
     _check_range("[fallback] timeout_s", s.fallback.timeout_s, 0.1)
     _check_range("[fallback] connect_timeout_s", s.fallback.connect_timeout_s, 0.1)
     _check_range("[fallback] max_retries", s.fallback.max_retries, 0, 10)
@@ -203,23 +308,88 @@ def validate(settings: Settings) -> Settings:
         raise ConfigError(
             f'[router] stream_mode = {s.router.stream_mode!r}: expected "verify" or "live"'
         )
+    if s.router.objective not in OBJECTIVES:
+        raise ConfigError(
+            f'[router] objective = {s.router.objective!r}: expected "cost" or "latency"'
+        )
+    _check_range("[router] latency_margin_s", s.router.latency_margin_s, 0.0, 600.0)
     _check_range("[quality] threshold", s.quality.threshold, 0.0, 1.0)
     if not s.ledger.path:
         raise ConfigError("[ledger] path: expected a file path, got an empty string")
     _check_range("[ledger] flush_interval_s", s.ledger.flush_interval_s, 0.01, 10.0)
     _check_range("[ledger] batch_size", s.ledger.batch_size, 1)
+    _check_range("[ledger] busy_timeout_s", s.ledger.busy_timeout_s, 0.01, 600.0)
     _check_range("[costs] monthly_fixed_usd", s.costs.monthly_fixed_usd, 0.0)
     return settings
 
 
+def _validate_backends(backends: tuple[BackendSettings, ...]) -> None:
+    names = set()
+    for b in backends:
+        where = f'[[local.backends]] name = "{b.name}":'
+        if b.name == "engine" or b.name in names:
+            raise ConfigError(
+                f'{where} expected a unique name other than "engine" (the bundled engine)'
+            )
+        names.add(b.name)
+        if not b.api_base.startswith(("http://", "https://")):
+            raise ConfigError(f"{where} api_base = {b.api_base!r}: expected an http(s) URL")
+        _check_range(f"{where} max_concurrency", b.max_concurrency, 1, 256)
+        _check_range(f"{where} max_queue", b.max_queue, 0)
+        _check_range(f"{where} timeout_s", b.timeout_s, 0.0)
+        _check_range(f"{where} prefill_tok_s", b.prefill_tok_s, 0.0)
+        _check_range(f"{where} decode_tok_s", b.decode_tok_s, 0.0)
+        _check_range(f"{where} probe_timeout_s", b.probe_timeout_s, 0.1, 60.0)
+
+
+def _build_pricing(raw: Any) -> dict[str, ModelPrice]:
+    """``[pricing."<model>"]`` tables: input and output required, cached input optional, in USD
+    per million tokens, exact to a pico-dollar per token (six decimals)."""
+    example = '[pricing."gpt-4o-mini"] input_per_mtok = 0.15, output_per_mtok = 0.6'
+    if not isinstance(raw, dict):
+        raise ConfigError(f"[pricing] = {raw!r}: expected one table per model, e.g. {example}")
+    known = [f.name for f in fields(ModelPrice)]
+    prices = {}
+    for model, entry in raw.items():
+        where = f'[pricing."{model}"]'
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where} = {entry!r}: expected a table, e.g. {example}")
+        unknown = sorted(set(entry) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"{where} {unknown[0]}: unknown key; known keys are {', '.join(known)}"
+            )
+        for key in known:
+            if key not in entry:
+                if key == "cached_input_per_mtok":
+                    continue
+                raise ConfigError(f"{where} {key}: missing; expected USD per million tokens")
+            value = entry[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ConfigError(
+                    f"{where} {key} = {value!r}: expected a number of USD per million tokens, "
+                    "at least 0"
+                )
+            per_token_pico = Decimal(str(value)) * 10**6
+            if per_token_pico != per_token_pico.to_integral_value():
+                raise ConfigError(
+                    f"{where} {key} = {value!r}: more precise than the ledger can count (one "
+                    "pico-dollar per token, i.e. six decimals of USD per million tokens)"
+                )
+        prices[model] = ModelPrice(**{k: float(v) for k, v in entry.items()})
+    return prices
+
+
 def from_dict(raw: dict[str, Any], source: str = "<dict>") -> Settings:
-    unknown = sorted(set(raw) - set(SECTIONS))
+    unknown = sorted(set(raw) - set(SECTIONS) - {"pricing"})
     if unknown:
         raise ConfigError(
-            f"[{unknown[0]}]: unknown section; known sections are {', '.join(SECTIONS)}"
+            f"[{unknown[0]}]: unknown section; known sections are "
+            f"{', '.join([*SECTIONS, 'pricing'])}"
         )
     parts = {name: _build_section(name, cls, raw.get(name, {})) for name, cls in SECTIONS.items()}
-    return validate(Settings(**parts, source=source))
+    pricing = _build_pricing(raw.get("pricing", {}))
+    return validate(Settings(**parts, pricing=pricing, source=source))
 
 
 def resolve_path(explicit: str | None) -> Path | None:

@@ -1,7 +1,9 @@
 """The cascade policy: which route a request takes, and whether a local answer is good enough.
 
-    plan()          forced route, model alias ``local``, or a feature the engine lacks
-    try_local()     run the engine before the deadline; classify what came back
+    plan()          forced route, model alias ``local``, or a feature the engine lacks;
+                    the local backend with the lowest predicted finish (``proxy.routing``),
+                    and ``predicted_slow`` when even that one cannot make the deadline
+    try_local()     run that backend before the deadline; classify what came back
     accept?         score >= threshold  -> local;  otherwise the API, when there is one
 
 The router knows nothing of HTTP; ``proxy.chat`` turns its decisions into responses.
@@ -10,13 +12,18 @@ The router knows nothing of HTTP; ``proxy.chat`` turns its decisions into respon
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from prometheus_client.core import Metric
 
 from proxy.config import Settings
 from proxy.engine.client import LocalEngine
 from proxy.errors import BadRequest, EngineError
+from proxy.routing.base import Choice
+from proxy.routing.estimator import Prediction, Predictor
+from proxy.routing.pool import BackendPool
 from proxy.validate import local_blocker
 
 LOCAL_ALIAS = "local"
@@ -29,6 +36,7 @@ class Plan:
     reason: str  # why it was pre-routed to the API, or "" for a local attempt
     local_only: bool  # the client asked for the local model: never fall back
     forced: bool = False
+    choice: Choice | None = None  # the local backend picked, with its predicted finish
 
 
 @dataclass(kw_only=True)
@@ -39,6 +47,9 @@ class LocalAttempt:
     quality_reasons: list[str] = field(default_factory=list)
     error: str | None = None
     elapsed_ms: float = 0.0
+    choice: Choice | None = None  # where it ran (another backend if its own went down)
+    prediction: Prediction | None = None  # the prediction it was routed on
+    actual_s: float | None = None  # when it ran to its end where predicted
 
     @property
     def accepted(self) -> bool:
@@ -50,6 +61,17 @@ class Router:
         self.settings = settings
         self.engine = engine
         self.fallback_enabled = fallback_enabled
+        self.predictor = Predictor(settings.router)
+        self.pool = BackendPool.build(settings, engine, self.predictor.lengths)
+
+    async def start(self) -> None:
+        """Probe the remote backends and learn answer lengths from the ledger (background)."""
+        await self.pool.start()
+        self.predictor.start(self.settings.ledger.path)
+
+    async def close(self) -> None:
+        await self.predictor.close()
+        await self.pool.close()
 
     def plan(self, body: dict[str, Any], forced_header: str | None) -> Plan:
         model = body["model"]
@@ -75,9 +97,20 @@ class Router:
                     code="unsupported_locally",
                 )
             return Plan(route="api", reason="unsupported", local_only=False)
+        kind = "chat" if "messages" in body else "complete"
+        choice = self.pool.choose(body, kind)
         if forced == "local":
-            return Plan(route="local", reason="", local_only=True, forced=True)
-        return Plan(route="local", reason="", local_only=local_only, forced=local_only)
+            return Plan(route="local", reason="", local_only=True, forced=True, choice=choice)
+        if (
+            not local_only
+            and self.fallback_enabled
+            and choice.backend.admits(body, kind)  # a full queue says so itself: local_busy
+            and self.predictor.too_slow(choice.prediction.seconds, choice.timeout_s)
+        ):
+            return Plan(route="api", reason="predicted_slow", local_only=False, choice=choice)
+        return Plan(
+            route="local", reason="", local_only=local_only, forced=local_only, choice=choice
+        )
 
     def threshold(self, header: str | None) -> float:
         if header is None:
@@ -99,12 +132,20 @@ class Router:
         *,
         threshold: float,
         on_token: Callable[[str], None] | None = None,
+        kind: str = "chat",
+        plan: Plan | None = None,
     ) -> LocalAttempt:
+        """Ask the backend ``plan`` picked (or the best one now); ``kind="complete"`` for a
+        legacy text completion."""
         started = time.perf_counter()
-        deadline = time.monotonic() + self.settings.local.timeout_s
-        attempt = LocalAttempt()
+        choice = plan.choice if plan is not None and plan.choice is not None else None
+        choice = choice or self.pool.choose(body, kind)
+        deadline = time.monotonic() + choice.timeout_s
+        attempt = LocalAttempt(choice=choice, prediction=choice.prediction)
         try:
-            completion = await self.engine.chat(body, deadline=deadline, on_token=on_token)
+            completion, attempt.choice = await self.pool.run(
+                body, choice, deadline=deadline, on_token=on_token, kind=kind
+            )
         except EngineError as exc:
             attempt.reason = exc.reason
             attempt.error = str(exc)
@@ -121,4 +162,22 @@ class Router:
             else:
                 attempt.reason = "low_quality"
         attempt.elapsed_ms = (time.perf_counter() - started) * 1000
+        attempt.actual_s = self.predictor.learn(
+            body,
+            attempt.completion,
+            predicted_s=choice.prediction.seconds,
+            elapsed_s=attempt.elapsed_ms / 1000,
+            comparable=attempt.choice is choice,
+        )
         return attempt
+
+    def observe(self, row: dict[str, Any]) -> None:
+        """A finished request's ledger row (the API's latency, for objective "latency")."""
+        self.predictor.observe(row)
+
+    def health(self) -> dict[str, Any]:
+        return {**self.predictor.health(), "backends": self.pool.health()}
+
+    def metrics(self) -> Iterator[Metric]:
+        yield from self.predictor.metrics()
+        yield from self.pool.metrics()

@@ -32,6 +32,8 @@ def settings_for(
     """Settings for a test: a fresh ledger in tmp_path, the fake API as fallback (if given)."""
     raw: dict[str, Any] = {
         "ledger": {"path": str(tmp_path / "ledger.db"), "flush_interval_s": 0.02},
+        # No client keys unless a test asks: a $FRUGAL_API_KEYS in the shell must not 401 them.
+        "server": {"api_keys_env": ""},
         "local": {"timeout_s": 30.0, "n_threads": 1},
         "fallback": (
             {"api_base": api.url, "api_key_env": FAKE_KEY_ENV, "max_retries": 1, "timeout_s": 5.0}

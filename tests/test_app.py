@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tiktoken
 
 from proxy.engine.client import LocalEngine
 from tests.conftest import FAKE_KEY, settings_for
@@ -59,10 +60,19 @@ async def test_accepted_local_answer_has_routing_headers_and_a_ledger_row(
     assert row["prompt_tokens"] == body["usage"]["prompt_tokens"]
     assert row["completion_tokens"] == body["usage"]["completion_tokens"]
     assert row["api_cost_pusd"] == 0
-    # gpt-4o-mini is in the price map: the counterfactual is priced, and exact.
-    assert row["counterfactual_cost_pusd"] == (
-        row["prompt_tokens"] * 150_000 + row["completion_tokens"] * 600_000
+    # The counterfactual counts the tokens gpt-4o-mini would have used (o200k, with OpenAI's
+    # 3 tokens per message and 3 to prime the reply), not the local model's.
+    o200k = tiktoken.get_encoding("o200k_base")
+    prompt = 3 + len(o200k.encode("user")) + len(o200k.encode(FACT[0]["content"])) + 3
+    answer = len(o200k.encode(body["choices"][0]["message"]["content"]))
+    assert (row["counterfactual_prompt_tokens"], row["counterfactual_completion_tokens"]) == (
+        prompt,
+        answer,
     )
+    assert row["token_source"] == "tokenizer"
+    assert row["counterfactual_prompt_tokens"] != row["local_prompt_tokens"]
+    # gpt-4o-mini is in the price map: the counterfactual is priced, and exact.
+    assert row["counterfactual_cost_pusd"] == prompt * 150_000 + answer * 600_000
     assert row["local_ms"] > 0 and row["latency_ms"] >= row["local_ms"]
 
 
@@ -92,6 +102,8 @@ async def test_answer_below_the_threshold_goes_to_the_api_with_the_requested_mod
     assert row["api_cost_pusd"] == expected
     assert row["counterfactual_cost_pusd"] == expected
     assert row["local_ms"] > 0  # the latency tax of the rejected attempt
+    assert row["latency_tax_ms"] == row["local_ms"]
+    assert (row["api_model"], row["token_source"]) == ("gpt-4o-mini", "usage")
 
 
 async def test_forced_api_route_skips_the_local_model(

@@ -49,17 +49,19 @@ class Served:
     db: Path
     log: Path
     sent: int = 0
+    key: str | None = None  # the client key this server wants, if it has keys
     _client: openai.OpenAI | None = None
 
     def client(self) -> openai.OpenAI:
         if self._client is None:
             self._client = openai.OpenAI(
-                base_url=self.base + "/v1", api_key="sk-client-unused", max_retries=0
+                base_url=self.base + "/v1", api_key=self.key or "sk-client-unused", max_retries=0
             )
         return self._client
 
     def health(self) -> dict[str, Any]:
-        return dict(httpx.get(self.base + "/healthz", timeout=5).json())
+        auth = {"authorization": f"Bearer {self.key}"} if self.key else None
+        return dict(httpx.get(self.base + "/healthz", headers=auth, timeout=5).json())
 
     def chat(self, headers: dict[str, str] | None = None, **kwargs: Any) -> Any:
         """One counted chat request; returns the raw response (headers + parsed body)."""
@@ -71,7 +73,18 @@ class Served:
         )
 
 
-def start_server(tmp: Path, api: FakeAPI, **local: Any) -> Served:
+def start_server(
+    tmp: Path,
+    api: FakeAPI,
+    *,
+    server_toml: str = "",
+    router_toml: str = "",
+    env: dict[str, str] | None = None,
+    client_key: str | None = None,
+    **local: Any,
+) -> Served:
+    """``server_toml`` is added to [server], ``router_toml`` to [router], ``env`` to the
+    process's environment; ``client_key`` is the key the returned :class:`Served` sends."""
     port = free_port()
     db = tmp / "ledger.db"
     config = tmp / "frugal.toml"
@@ -81,6 +94,7 @@ def start_server(tmp: Path, api: FakeAPI, **local: Any) -> Served:
 [server]
 port = {port}
 log_format = "json"
+{server_toml}
 
 [local]
 n_threads = 1
@@ -92,6 +106,9 @@ api_key_env = "{FAKE_KEY_ENV}"
 max_retries = 1
 timeout_s = 10
 
+[router]
+{router_toml}
+
 [ledger]
 path = "{db}"
 
@@ -100,7 +117,12 @@ monthly_fixed_usd = 40
 """
     )
     log = tmp / "serve.log"
-    env = {**os.environ, FAKE_KEY_ENV: FAKE_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "FRUGAL_API_KEYS"},
+        FAKE_KEY_ENV: FAKE_KEY,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        **(env or {}),
+    }
     with log.open("w") as sink:
         proc = subprocess.Popen(
             [FRUGAL, "serve", "--config", str(config)],
@@ -109,7 +131,7 @@ monthly_fixed_usd = 40
             env=env,
             text=True,
         )
-    served = Served(proc, f"http://127.0.0.1:{port}", config, db, log)
+    served = Served(proc, f"http://127.0.0.1:{port}", config, db, log, key=client_key)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -147,7 +169,9 @@ def api() -> Iterator[FakeAPI]:
 
 @pytest.fixture(scope="module")
 def served(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    server = start_server(tmp_path_factory.mktemp("serve"), api)
+    # The naive cascade: the crash test's long answer must be tried locally, not predicted too
+    # slow for the deadline and sent to the API at once (tests/test_routing.py tests that).
+    server = start_server(tmp_path_factory.mktemp("serve"), api, router_toml="predictive = false")
     yield server
     stop_server(server)
 
@@ -264,7 +288,9 @@ def test_engine_crash_falls_back_and_the_engine_restarts(served: Served, api: Fa
 def test_deadline_falls_back_and_frees_the_cpu(
     api: FakeAPI, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    quick = start_server(tmp_path_factory.mktemp("deadline"), api, timeout_s=2.0)
+    quick = start_server(
+        tmp_path_factory.mktemp("deadline"), api, router_toml="predictive = false", timeout_s=2.0
+    )
     try:
         raw = quick.chat(
             messages=[{"role": "user", "content": "Write a very long story about the sea."}],
