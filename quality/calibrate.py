@@ -1,0 +1,256 @@
+"""Fit the combiner's weights on graded local answers: ``python -m quality.calibrate``.
+
+Reads the dev set (train split only: the held-out split is never seen here) and the cached local
+answers, grades them with the checkers, turns each answer into the signals' features and fits two
+L2-regularised logistic regressions with Newton's method (IRLS) in numpy: ``full`` (with the
+confidence and task features) and ``no_logprobs`` (without). The L2 strength is picked by
+stratified k-fold cross-validation on the train split. Features that describe a fault (a
+refusal, a broken instruction, a loop, a wrong sum…) may only lower the score: a fault whose
+fitted weight comes out positive on this small sample is pinned to 0 and the rest refitted.
+Answers that a hard gate already rejects are left out of the fit: the gate decides those, and
+they would only teach the weights about garbage.
+
+Operating point: the fitted probability is then shifted down by an offset (subtracted from the
+intercept) chosen on the cross-validated train scores, the smallest that makes the default
+threshold 0.6 accept answers with at least ``TARGET_PRECISION`` precision. A wrong local answer
+reaching a client costs more than a needless API call, so the score is a cautious estimate of
+the answer being right rather than a neutral one; the offsets are written in weights.json.
+Writes ``quality/weights.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from quality import signals
+from quality.answers import ANSWERS_PATH, Graded, grade, load_answers, request_for
+from quality.combiner import (
+    CONFIDENCE_FEATURES,
+    FULL_FEATURES,
+    HARD_CAP,
+    NO_LOGPROBS_FEATURES,
+    WEIGHTS_PATH,
+    Combiner,
+    Model,
+)
+from quality.devset import DEV_PATH, load
+from quality.metrics import roc_auc
+
+Array = npt.NDArray[np.float64]
+LAMBDAS = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
+FOLDS = 5
+FAULTS = frozenset(
+    {
+        "rep_ratio",
+        "wrong_language",
+        "refusal",
+        "copy_share",
+        "restate_ratio",
+        "fmt_fail",
+        "arith_wrong",
+        "arith_mismatch",
+    }
+)
+"""Features whose weight must not be positive."""
+DEFAULT_THRESHOLD = 0.6
+TARGET_PRECISION = 0.9
+OFFSETS = tuple(round(0.1 * i, 1) for i in range(41))
+
+
+def fit_logistic(x: Array, y: Array, lam: float, iters: int = 50) -> tuple[Array, float]:
+    """L2-penalised logistic regression by Newton's method; the intercept is not penalised."""
+    n, d = x.shape
+    xa = np.hstack([np.ones((n, 1)), x])
+    w = np.zeros(d + 1)
+    penalty = np.full(d + 1, lam)
+    penalty[0] = 0.0
+    for _ in range(iters):
+        z = xa @ w
+        p = 1.0 / (1.0 + np.exp(-z))
+        grad = xa.T @ (p - y) + penalty * w
+        hess = (xa * (p * (1 - p))[:, None]).T @ xa + np.diag(penalty) + 1e-9 * np.eye(d + 1)
+        step = np.linalg.solve(hess, grad)
+        w -= step
+        if float(np.abs(step).max()) < 1e-8:
+            break
+    return w[1:], float(w[0])
+
+
+def fit_constrained(x: Array, y: Array, lam: float, features: Sequence[str]) -> tuple[Array, float]:
+    """``fit_logistic`` with fault weights held at or below zero (active set)."""
+    active = np.ones(len(features), dtype=bool)
+    while True:
+        coef_active, b = fit_logistic(x[:, active], y, lam)
+        coef = np.zeros(len(features))
+        coef[active] = coef_active
+        bad = [i for i, f in enumerate(features) if f in FAULTS and coef[i] > 0]
+        if not bad:
+            return coef, b
+        active[bad] = False
+
+
+def _log_loss(x: Array, y: Array, coef: Array, intercept: float) -> float:
+    z = x @ coef + intercept
+    p = np.clip(1.0 / (1.0 + np.exp(-z)), 1e-6, 1 - 1e-6)
+    return float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean())
+
+
+def _folds(kinds: Sequence[str], k: int) -> list[int]:
+    """Fold of each example, stratified by kind (round-robin within each kind)."""
+    seen: dict[str, int] = {}
+    fold = []
+    for kind in kinds:
+        fold.append(seen.get(kind, 0) % k)
+        seen[kind] = seen.get(kind, 0) + 1
+    return fold
+
+
+def standardise(x: Array) -> tuple[Array, Array]:
+    mean = x.mean(axis=0)
+    scale = x.std(axis=0)
+    scale[scale < 1e-6] = 1.0
+    return mean, scale
+
+
+def operating_offset(cv_logits: Array, y: Array) -> float:
+    """Smallest logit offset giving ``TARGET_PRECISION`` at the default threshold (cross-valid.)."""
+    cut = math.log(DEFAULT_THRESHOLD / (1 - DEFAULT_THRESHOLD))
+    best = (-1.0, OFFSETS[-1])
+    for offset in OFFSETS:
+        accepted = cv_logits - offset >= cut
+        if accepted.sum() < 5:
+            break
+        precision = float(y[accepted].mean())
+        if precision >= TARGET_PRECISION:
+            return offset
+        best = max(best, (precision, offset))
+    return best[1]
+
+
+@dataclass(frozen=True)
+class Fit:
+    model: Model
+    lam: float
+    cv_auc: float
+    offset: float
+
+
+def fit_model(
+    features: Sequence[str], rows: Sequence[dict[str, float]], y: Array, kinds: Sequence[str]
+) -> Fit:
+    """Fit one model: lambda by cross-validated log loss, then the operating offset."""
+    x = np.array([[r[f] for f in features] for r in rows], dtype=float)
+    fold = np.array(_folds(kinds, FOLDS))
+    best: tuple[float, float, float, Array] | None = None
+    for lam in LAMBDAS:
+        losses, cv_scores = [], np.zeros(len(y))
+        for f in range(FOLDS):
+            tr, te = fold != f, fold == f
+            mean, scale = standardise(x[tr])
+            coef, b = fit_constrained((x[tr] - mean) / scale, y[tr], lam, features)
+            xs = (x[te] - mean) / scale
+            losses.append(_log_loss(xs, y[te], coef, b) * te.sum())
+            cv_scores[te] = xs @ coef + b
+        loss = sum(losses) / len(y)
+        auc = roc_auc(cv_scores.tolist(), (y > 0.5).tolist())
+        if best is None or loss < best[0]:
+            best = (loss, lam, auc, cv_scores)
+    assert best is not None
+    _, lam, auc, cv_logits = best
+    offset = operating_offset(cv_logits, y)
+    mean, scale = standardise(x)
+    coef, b = fit_constrained((x - mean) / scale, y, lam, features)
+    model = Model(
+        features=tuple(features),
+        mean=tuple(float(v) for v in mean),
+        scale=tuple(float(v) for v in scale),
+        coef=tuple(float(v) for v in coef),
+        intercept=b - offset,
+    )
+    return Fit(model, lam, auc, offset)
+
+
+def feature_rows(graded: Sequence[Graded]) -> tuple[list[dict[str, float]], list[bool]]:
+    """Combiner features of each answer, and whether a hard gate rejects it."""
+    placeholder = Combiner(full=Model((), (), (), (), 0.0), no_logprobs=Model((), (), (), (), 0.0))
+    rows, hard = [], []
+    for g in graded:
+        sigs = signals(request_for(g.prompt), g.completion)
+        rows.append(placeholder.features(sigs))
+        hard.append(any(s.hard for s in sigs))
+    return rows, hard
+
+
+def calibrate(graded: Sequence[Graded]) -> tuple[dict[str, Any], list[str]]:
+    rows, hard = feature_rows(graded)
+    keep = [i for i, h in enumerate(hard) if not h]
+    y = np.array([1.0 if graded[i].correct else 0.0 for i in keep])
+    kinds = [graded[i].prompt.kind for i in keep]
+    kept_rows = [rows[i] for i in keep]
+    full_rows = [r for r in kept_rows if all(f in r for f in CONFIDENCE_FEATURES)]
+    if len(full_rows) != len(kept_rows):
+        raise ValueError("every local answer should carry logprobs")
+    fits = {
+        "full": fit_model(FULL_FEATURES, kept_rows, y, kinds),
+        "no_logprobs": fit_model(NO_LOGPROBS_FEATURES, kept_rows, y, kinds),
+    }
+    hard_right = sum(1 for g, h in zip(graded, hard, strict=True) if h and g.correct)
+    report = [
+        f"train answers: {len(graded)} ({sum(g.correct for g in graded)} right); "
+        f"hard-gated: {sum(hard)} (of which right: {hard_right}); fitted on {len(keep)}",
+    ]
+    for name, fit in fits.items():
+        report.append(
+            f"{name}: lambda={fit.lam:g}  cross-validated AUC={fit.cv_auc:.3f}  "
+            f"operating offset={fit.offset:.1f}"
+        )
+    for name, fit in fits.items():
+        m = fit.model
+        report.append(f"{name} standardised coefficients (intercept {m.intercept:+.2f}):")
+        for f, c in sorted(zip(m.features, m.coef, strict=True), key=lambda fc: fc[1]):
+            report.append(f"  {f:<18} {c:+.3f}")
+    weights = {
+        "version": 1,
+        "note": "fitted by python -m quality.calibrate on the train split; do not edit by hand",
+        "trained_on": {
+            "answers": len(graded),
+            "fitted": len(keep),
+            "right": int(sum(g.correct for g in graded)),
+            "lambda": {name: fit.lam for name, fit in fits.items()},
+            "cv_auc": {name: round(fit.cv_auc, 4) for name, fit in fits.items()},
+            "operating_offset": {name: fit.offset for name, fit in fits.items()},
+            "target_precision_at_default_threshold": TARGET_PRECISION,
+        },
+        "hard_cap": HARD_CAP,
+        "models": {name: fit.model.to_dict() for name, fit in fits.items()},
+    }
+    return weights, report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m quality.calibrate", description=__doc__)
+    parser.add_argument("--dev", default=str(DEV_PATH))
+    parser.add_argument("--answers", default=str(ANSWERS_PATH))
+    parser.add_argument("--out", default=str(WEIGHTS_PATH))
+    args = parser.parse_args(argv)
+    prompts = [p for p in load(args.dev) if p.split == "train"]
+    graded = grade(prompts, load_answers(args.answers))
+    weights, report = calibrate(graded)
+    Path(args.out).write_text(json.dumps(weights, indent=2) + "\n", encoding="utf-8")
+    print("\n".join(report))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,251 @@
+"""Explicit answer-shape instructions in the prompt, checked cheaply against the answer.
+
+Each check has a trigger (a pattern in the system or last user message) and a test of the
+answer. A broken instruction is a fault, since the API would have kept it; but the triggers are
+heuristics, so these failures feed the calibrated combiner (``fmt_fail``) rather than a hard gate.
+Reasons are ``format:<check>``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+from quality._types import Signal
+from quality._view import View
+
+_NUMBERS = {
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+    "twelve": 12,
+    "fifteen": 15,
+    "twenty": 20,
+    "thirty": 30,
+    "fifty": 50,
+    "hundred": 100,
+}
+_NUM = r"(\d+|" + "|".join(_NUMBERS) + r")"
+
+_WORD = re.compile(r"[\w'’-]+", re.UNICODE)
+_FENCE = re.compile(r"^```[\w-]*\s*\n?(.*?)\n?```$", re.S)
+_NUMBER_ANSWER = re.compile(r"^[-+−]?[$€£]?\s?\d[\d,  ]*(?:\.\d+)?\s?%?$")
+_SENTENCE_END = re.compile(r"[.!?。！？]+(?:\s+|$)")
+_LIST_LINE = re.compile(r"^\s*(?:[-*•+]|\d+[.)])\s+\S")
+
+T_ONE_WORD = re.compile(
+    r"\b(?:in|with|using|as)\s+(?:only\s+|just\s+)?(?:one|a\s+single|1|a)\s+word\b"
+    r"|\bone[- ]word\b|\bsingle[- ]word\b",
+    re.I,
+)
+T_NUMBER = re.compile(
+    r"\b(?:just|only)\s+(?:the|a)\s+(?:final\s+|resulting\s+)?(?:number|integer|numeric\s+\w+)\b"
+    r"|\b(?:answer|reply|respond)\s+with\s+(?:only\s+|just\s+)?(?:a|the|one)\s+"
+    r"(?:single\s+)?(?:number|integer)\b"
+    r"|\bnumber\s+only\b|\bonly\s+(?:a\s+)?number\b|\bas\s+a\s+(?:single\s+)?number\b"
+    r"|\bsingle\s+number\b",
+    re.I,
+)
+T_YES_NO = re.compile(r"\byes\s+or\s+no\b|\b\"yes\"\s+or\s+\"no\"", re.I)
+T_YES_NO_STRICT = re.compile(
+    r"\b(?:only|just|exactly)\s+(?:with\s+)?\"?yes\"?\s+or\s+\"?no\b", re.I
+)
+T_COMMA = re.compile(r"\bcomma[- ]separated\b|\bseparated\s+by\s+commas\b", re.I)
+T_MAX_WORDS = re.compile(
+    rf"\b(?:at\s+most|no\s+more\s+than|not\s+more\s+than|fewer\s+than|less\s+than|under|"
+    rf"maximum\s+(?:of\s+)?|max\.?|up\s+to)\s+{_NUM}\s+words\b"
+    rf"|\b(?:in\s+)?{_NUM}\s+words\s+or\s+(?:less|fewer)\b",
+    re.I,
+)
+T_EXACT_WORDS = re.compile(rf"\b(?:in|with|using)\s+exactly\s+{_NUM}\s+words\b", re.I)
+T_SENTENCES = re.compile(
+    rf"\b(?:in|with|using|as)\s+(?:exactly\s+|only\s+|just\s+)?(?:a\s+single|{_NUM})\s+sentences?\b"
+    rf"|\bone[- ]sentence\b",
+    re.I,
+)
+T_LABELS = (
+    re.compile(
+        r"\b(?:one\s+of|choose\s+(?:from|between|among)|pick\s+(?:from|one\s+of)|"
+        r"(?:labels?|options?|categories)\s*(?:are|:))\s*:?\s*\[?([^.\n\]?]+)",
+        re.I,
+    ),
+    re.compile(
+        r"\b(?:classify|label|categori[sz]e|tag)\b[^.?\n]*?\b(?:as|into)\s+(?:either\s+)?"
+        r"((?:[\"']?[\w-]+[\"']?,\s*)*[\"']?[\w-]+[\"']?,?\s+or\s+[\"']?[\w-]+[\"']?)",
+        re.I,
+    ),
+    re.compile(r"\b(true\s+or\s+false)\b", re.I),
+    re.compile(r"((?:[\w-]+,\s*)*(?:an?\s+)?[\w-]+,?\s+or\s+(?:an?\s+)?[\w-]+)\s*\?", re.I),
+)
+T_JSON = re.compile(
+    r"\b(?:respond|reply|answer|output|return|format|give)\b[^.\n]{0,40}?\b(?:in|as|with)\s+"
+    r"(?:a\s+|an\s+)?(?:valid\s+)?json\b|\bjson\s+only\b|\bonly\s+(?:valid\s+)?json\b",
+    re.I,
+)
+T_LOWER = re.compile(r"\b(?:in\s+)?(?:all\s+)?lower[- ]?case\b", re.I)
+T_UPPER = re.compile(r"\b(?:in\s+)?(?:all\s+caps|all\s+capital\s+letters|all\s+uppercase)\b", re.I)
+T_LIST = re.compile(r"\b(?:bullet(?:ed)?\s+(?:list|points)|as\s+a\s+(?:numbered\s+)?list)\b", re.I)
+
+
+def _num(text: str) -> int:
+    return int(text) if text.isdigit() else _NUMBERS[text.lower()]
+
+
+def _bare(answer: str) -> str:
+    """The answer without surrounding quotes, markdown emphasis and end punctuation."""
+    return answer.strip().strip("\"'`*_ ").rstrip(".!。").strip()
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text)
+
+
+def _check_one_word(answer: str, _: re.Match[str]) -> bool:
+    return len(_words(_bare(answer))) == 1
+
+
+def _check_number(answer: str, _: re.Match[str]) -> bool:
+    return bool(_NUMBER_ANSWER.match(_bare(answer)))
+
+
+def _check_comma(answer: str, _: re.Match[str]) -> bool:
+    body = answer.strip()
+    return "\n" not in body and "," in body
+
+
+def _check_max_words(answer: str, match: re.Match[str]) -> bool:
+    n = _num(next(g for g in match.groups() if g))
+    strict = re.search(r"fewer\s+than|less\s+than", match.group(0), re.I) is not None
+    count = len(_words(answer))
+    return count < n if strict else count <= n
+
+
+def _check_sentences(answer: str, match: re.Match[str]) -> bool:
+    groups = [g for g in match.groups() if g]
+    n = _num(groups[0]) if groups else 1
+    parts = [p for p in _SENTENCE_END.split(answer.strip()) if p.strip()]
+    return len(parts) <= n
+
+
+def _check_exact_words(answer: str, match: re.Match[str]) -> bool:
+    return len(_words(answer)) == _num(next(g for g in match.groups() if g))
+
+
+def _check_lower(answer: str, _: re.Match[str]) -> bool:
+    letters = [c for c in answer if c.isalpha()]
+    return bool(letters) and not any(c.isupper() for c in letters)
+
+
+def _check_upper(answer: str, _: re.Match[str]) -> bool:
+    letters = [c for c in answer if c.isalpha()]
+    return bool(letters) and all(c.isupper() for c in letters)
+
+
+def _check_list(answer: str, _: re.Match[str]) -> bool:
+    return sum(1 for line in answer.splitlines() if _LIST_LINE.match(line)) >= 2
+
+
+def _check_json(answer: str, _: re.Match[str]) -> bool:
+    body = answer.strip()
+    fenced = _FENCE.match(body)
+    if fenced:
+        body = fenced.group(1)
+    try:
+        json.loads(body)
+    except ValueError:
+        return False
+    return True
+
+
+_CHECKS: tuple[tuple[str, re.Pattern[str], Callable[[str, re.Match[str]], bool]], ...] = (
+    ("one_word", T_ONE_WORD, _check_one_word),
+    ("number", T_NUMBER, _check_number),
+    ("comma_separated", T_COMMA, _check_comma),
+    ("max_words", T_MAX_WORDS, _check_max_words),
+    ("exact_words", T_EXACT_WORDS, _check_exact_words),
+    ("sentences", T_SENTENCES, _check_sentences),
+    ("uppercase", T_UPPER, _check_upper),
+    ("lowercase", T_LOWER, _check_lower),
+    ("list", T_LIST, _check_list),
+    ("json", T_JSON, _check_json),
+)
+
+
+def _labels(instructions: str) -> list[str] | None:
+    for pattern in T_LABELS:
+        match = pattern.search(instructions)
+        if match:
+            raw = re.split(r",|/|\bor\b|\|", match.group(1))
+            labels = [re.sub(r"[^\w\s-]", "", x).strip().lower() for x in raw]
+            labels = [re.sub(r"^(?:an?|the|either)\s+", "", x) for x in labels]
+            labels = [x for x in labels if x and len(x.split()) <= 3]
+            if len(labels) >= 2:
+                return labels
+    return None
+
+
+LABEL_SPAN = 25
+"""An answer to a choice must name one of the options early: within this many words."""
+
+
+def _check_labels(answer: str, labels: list[str]) -> bool:
+    bare = _bare(answer).lower()
+    if bare in labels:
+        return True
+    head = " ".join(_words(bare)[:LABEL_SPAN])
+    return any(re.search(rf"\b{re.escape(lab)}s?\b", head) for lab in labels)
+
+
+def _check_yes_no(answer: str, strict: bool) -> bool:
+    words = [w.lower() for w in _words(answer)]
+    if not words or words[0] not in ("yes", "no"):
+        return False
+    return len(words) == 1 if strict else True
+
+
+def failed_instructions(instructions: str, answer: str) -> tuple[list[str], int]:
+    """(names of the instructions the answer breaks, how many instructions were checked)."""
+    failed: list[str] = []
+    checked = 0
+    json_asked = T_JSON.search(instructions) is not None
+    for name, trigger, check in _CHECKS:
+        if json_asked and name in ("one_word", "number", "comma_separated"):
+            continue  # "a JSON object with one word per field" is about the fields
+        match = trigger.search(instructions)
+        if match is None:
+            continue
+        checked += 1
+        if not check(answer, match):
+            failed.append(name)
+    if T_YES_NO.search(instructions):
+        checked += 1
+        if not _check_yes_no(answer, T_YES_NO_STRICT.search(instructions) is not None):
+            failed.append("yes_no")
+    labels = None if json_asked else _labels(instructions)
+    if labels is not None:
+        checked += 1
+        if not _check_labels(answer, labels):
+            failed.append("label")
+    return failed, checked
+
+
+_NAME = "instructions"
+
+
+def instruction_compliance(view: View) -> Signal:
+    if view.tool_calls or not view.content.strip():
+        return Signal(_NAME, applied=False)
+    failed, checked = failed_instructions(view.instructions, view.content)
+    if not checked:
+        return Signal(_NAME, applied=False)
+    soft = {f"format:{name}": "fmt_fail" for name in failed}
+    features = {"fmt_fail": float(len(failed))}
+    return Signal(_NAME, applied=True, features=features, soft=soft)
