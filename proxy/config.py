@@ -173,12 +173,6 @@ SECTIONS: dict[str, type] = {
 }
 
 
-def _type_name(tp: Any) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
-        tp, "a table of strings"
-    )
-
-
 def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
     where = f"[{section}] {key}"
     if isinstance(default, bool):

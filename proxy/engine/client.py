@@ -133,6 +133,7 @@ class LocalEngine:
         self._closing = False
         self._restart_task: asyncio.Task[None] | None = None
         self._crash_streak = 0
+        self._killed_generation = 0  # a worker we stopped on purpose is not a crash
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -273,10 +274,11 @@ class LocalEngine:
             return
         self.state = "restarting"
         self._ready.clear()
-        self.stats.crashes += 1
-        self._crash_streak += 1
         code = self._proc.exitcode if self._proc is not None else None
-        log.warning("engine_exited", exitcode=code, restarts=self.stats.restarts)
+        if generation != self._killed_generation:
+            self.stats.crashes += 1
+            self._crash_streak += 1
+            log.warning("engine_exited", exitcode=code, restarts=self.stats.restarts)
         if self._job is not None:
             _fail(self._job.future, EngineCrashed(f"the engine worker exited (code {code})"))
         if self._restart_task is None or self._restart_task.done():
@@ -285,8 +287,9 @@ class LocalEngine:
     async def _restart(self) -> None:
         await asyncio.to_thread(self._reap)
         while not self._closing:
-            delay = RESTART_BACKOFF_S[min(self._crash_streak, len(RESTART_BACKOFF_S)) - 1]
-            await asyncio.sleep(delay)
+            if self._crash_streak:
+                streak = min(self._crash_streak, len(RESTART_BACKOFF_S))
+                await asyncio.sleep(RESTART_BACKOFF_S[streak - 1])
             try:
                 self.stats.restarts += 1
                 await self._spawn()
@@ -447,6 +450,7 @@ class LocalEngine:
         proc = self._proc
         if proc is not None and proc.is_alive():
             log.warning("engine_killed", why=why, pid=proc.pid)
+            self._killed_generation = self._generation
             proc.kill()
 
     @property
