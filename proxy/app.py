@@ -216,6 +216,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             "engine": engine_health,
             "fallback": fallback,
             "quality_threshold": settings.quality.threshold,
+            "quality_thresholds_by_model": settings.quality.models,
             "stream_mode": settings.router.stream_mode,
             "routing": state.router.health(),
             "ledger": {

@@ -155,7 +155,9 @@ class ChatHandler:
             ex.stream = bool(body.get("stream"))
             plan = self.router.plan(body, request.headers.get("x-frugal-route"))
             ex.take_plan(plan)
-            threshold = self.router.threshold(request.headers.get("x-frugal-min-quality"))
+            threshold = self.router.threshold(
+                request.headers.get("x-frugal-min-quality"), body["model"]
+            )
             if ex.stream:
                 response = await self._stream(body, plan, threshold, ex)
                 streaming = isinstance(response, StreamingResponse)

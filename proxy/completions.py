@@ -121,7 +121,9 @@ class CompletionsHandler(_Handler):
         ex.model = body["model"]
         ex.stream = bool(body.get("stream"))
         plan = self.router.plan(body, request.headers.get(ROUTE_HEADER))
-        threshold = self.router.threshold(request.headers.get("x-frugal-min-quality"))
+        threshold = self.router.threshold(
+            request.headers.get("x-frugal-min-quality"), body["model"]
+        )
         if plan.route == "local":
             attempt = await self.router.try_local(
                 body, threshold=threshold, kind="complete", plan=plan

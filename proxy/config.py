@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 from proxy.errors import ConfigError
 
@@ -124,6 +124,7 @@ class RouterSettings:
 @dataclass(frozen=True, kw_only=True)
 class QualitySettings:
     threshold: float = 0.6
+    models: dict[str, float] = field(default_factory=dict)  # requested model -> its threshold
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,7 +174,8 @@ SECTIONS: dict[str, type] = {
 }
 
 
-def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
+def _coerce(section: str, key: str, value: Any, default: Any, hint: Any = None) -> Any:
+    """``value`` as the type of ``default``; ``hint`` is the field's type, for tables."""
     where = f"[{section}] {key}"
     if isinstance(default, bool):
         if isinstance(value, bool):
@@ -194,14 +196,18 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
     if isinstance(default, tuple):
         return _build_backends(value)
     if isinstance(default, dict):
-        if isinstance(value, dict) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-        ):
-            return dict(value)
-        raise ConfigError(
-            f'{where} = {value!r}: expected a table of strings, e.g. name = "provider/model"'
-        )
+        return _coerce_table(section, key, value, get_args(hint)[1])
     raise ConfigError(f"{where}: unsupported setting")  # pragma: no cover
+
+
+def _coerce_table(section: str, key: str, value: Any, item: type) -> dict[str, Any]:
+    """A ``[section.key]`` table of name = value, each value coerced like a setting of type
+    ``item``: ``[fallback.models]`` maps names to strings, ``[quality.models]`` to numbers."""
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"[{section}] {key} = {value!r}: expected a table, e.g. [{section}.{key}]"
+        )
+    return {str(k): _coerce(f"{section}.{key}", f'"{k}"', v, item()) for k, v in value.items()}
 
 
 def _build_backends(raw: Any) -> tuple[BackendSettings, ...]:
@@ -241,7 +247,8 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
         raise ConfigError(
             f"[{name}] {unknown[0]}: unknown key; known keys are {', '.join(sorted(known))}"
         )
-    values = {k: _coerce(name, k, v, getattr(defaults, k)) for k, v in raw.items()}
+    hints = get_type_hints(cls)
+    values = {k: _coerce(name, k, v, getattr(defaults, k), hints[k]) for k, v in raw.items()}
     return cls(**values)
 
 
@@ -308,6 +315,8 @@ def validate(settings: Settings) -> Settings:
         )
     _check_range("[router] latency_margin_s", s.router.latency_margin_s, 0.0, 600.0)
     _check_range("[quality] threshold", s.quality.threshold, 0.0, 1.0)
+    for model, threshold in s.quality.models.items():
+        _check_range(f'[quality.models] "{model}"', threshold, 0.0, 1.0)
     if not s.ledger.path:
         raise ConfigError("[ledger] path: expected a file path, got an empty string")
     _check_range("[ledger] flush_interval_s", s.ledger.flush_interval_s, 0.01, 10.0)

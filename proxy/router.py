@@ -112,9 +112,12 @@ class Router:
             route="local", reason="", local_only=local_only, forced=local_only, choice=choice
         )
 
-    def threshold(self, header: str | None) -> float:
+    def threshold(self, header: str | None, model: str) -> float:
+        """The bar a local answer must reach: the ``x-frugal-min-quality`` header, else the
+        requested model's ``[quality.models]`` entry, else ``[quality] threshold``."""
         if header is None:
-            return self.settings.quality.threshold
+            quality = self.settings.quality
+            return quality.models.get(model, quality.threshold)
         try:
             value = float(header)
         except ValueError:

@@ -106,6 +106,51 @@ async def test_answer_below_the_threshold_goes_to_the_api_with_the_requested_mod
     assert (row["api_model"], row["token_source"]) == ("gpt-4o-mini", "usage")
 
 
+async def test_quality_models_set_the_threshold_per_requested_model_and_the_header_wins(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    fake_api.set(reply="Paris.")
+    thresholds = {"strict-model": 1.0, "lenient-model": 0.0}
+    settings = settings_for(tmp_path, fake_api, quality={"threshold": 0.6, "models": thresholds})
+    chat = {"messages": FACT, "max_tokens": 16}
+    async with make_client(settings) as client:
+        lenient = await client.post("/v1/chat/completions", json={"model": "lenient-model", **chat})
+        strict = await client.post("/v1/chat/completions", json={"model": "strict-model", **chat})
+        header = await client.post(
+            "/v1/chat/completions",
+            json={"model": "strict-model", **chat},
+            headers={"x-frugal-min-quality": "0"},
+        )
+        legacy = await client.post(
+            "/v1/completions",
+            json={"model": "strict-model", "prompt": "The capital of France is", "max_tokens": 8},
+        )
+        health = (await client.get("/healthz")).json()
+    got = [(r.headers["x-frugal-route"], r.headers["x-frugal-reason"]) for r in (lenient, strict)]
+    assert got == [("local", "accepted"), ("api", "low_quality")]
+    assert (header.headers["x-frugal-route"], header.headers["x-frugal-reason"]) == (
+        "local",
+        "accepted",
+    )
+    assert (legacy.headers["x-frugal-route"], legacy.headers["x-frugal-reason"]) == (
+        "api",
+        "low_quality",
+    )
+    assert [sent["model"] for _, _, sent in fake_api.requests] == ["strict-model"] * 2
+    ledger = [
+        (row["requested_model"], row["route"], row["reason"])
+        for row in rows(tmp_path / "ledger.db")
+    ]
+    assert ledger == [
+        ("lenient-model", "local", "accepted"),
+        ("strict-model", "api", "low_quality"),
+        ("strict-model", "local", "accepted"),
+        ("strict-model", "api", "low_quality"),
+    ]
+    assert health["quality_threshold"] == 0.6
+    assert health["quality_thresholds_by_model"] == thresholds
+
+
 async def test_forced_api_route_skips_the_local_model(
     tmp_path: Path, fake_api: FakeAPI, make_client: Any, engine: LocalEngine
 ) -> None:

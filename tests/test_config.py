@@ -21,7 +21,7 @@ def test_example_config_documents_every_field_with_a_comment() -> None:
         assert section in raw, f"[{section}] missing from config.example.toml"
         for f in fields(cls):
             if f.name == "models":
-                assert re.search(r"^\[fallback\.models\]", text, re.M)
+                assert re.search(rf"^\[{section}\.models\]", text, re.M), section
                 continue
             assert f.name in raw[section], f"[{section}] {f.name} missing from the example"
             # A comment must sit right above the key, or above the group of keys it is in.
@@ -46,6 +46,7 @@ def test_defaults_match_the_design() -> None:
     assert (s.server.host, s.server.port) == ("127.0.0.1", 8080)
     assert s.local.n_ctx == 4096
     assert s.quality.threshold == 0.6
+    assert s.quality.models == {}
     assert s.local.threads >= 1
     assert s.local.threads == max(1, config.default_threads())
 
@@ -59,7 +60,17 @@ def test_defaults_match_the_design() -> None:
         ({"local": {"speculative": "draft"}}, "needs [local] draft_model_path"),
         ({"quality": {"threshold": 1.5}}, "[quality] threshold = 1.5"),
         ({"fallback": {"api_base": "ftp://x"}}, "[fallback] api_base = 'ftp://x'"),
-        ({"fallback": {"models": {"a": 1}}}, "[fallback] models"),
+        (
+            {"quality": {"models": {"gpt-4o": "high"}}},
+            "[quality.models] \"gpt-4o\" = 'high': expected a number",
+        ),
+        (
+            {"quality": {"models": {"gpt-4o": 1.5}}},
+            '[quality.models] "gpt-4o" = 1.5: expected a value between 0.0 and 1.0',
+        ),
+        ({"quality": {"models": 0.8}}, "[quality] models = 0.8: expected a table"),
+        ({"quality": {"model": {}}}, "[quality] model: unknown key"),
+        ({"fallback": {"models": {"a": 1}}}, '[fallback.models] "a" = 1: expected a string'),
         ({"ledger": {"pathh": "x"}}, "[ledger] pathh: unknown key"),
         ({"costs": {"monthly_fixed_usd": -1}}, "[costs] monthly_fixed_usd = -1.0"),
         ({"nonsense": {}}, "[nonsense]: unknown section"),
@@ -71,6 +82,17 @@ def test_bad_values_name_the_key_the_value_and_the_expectation(
     with pytest.raises(ConfigError) as info:
         config.from_dict(raw)
     assert needle in str(info.value)
+
+
+def test_quality_models_table_maps_requested_models_to_thresholds(tmp_path: Path) -> None:
+    path = tmp_path / "frugal.toml"
+    path.write_text(
+        '[quality]\nthreshold = 0.6\n[quality.models]\n"gpt-4o" = 0.8\n"gpt-4o-mini" = 0\n'
+    )
+    quality = config.load(str(path)).quality
+    assert quality.threshold == 0.6
+    assert quality.models == {"gpt-4o": 0.8, "gpt-4o-mini": 0.0}
+    assert all(isinstance(v, float) for v in quality.models.values())
 
 
 def test_config_path_comes_from_flag_then_env_then_cwd(
