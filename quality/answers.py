@@ -2,6 +2,9 @@
 
 The gate is calibrated on exactly what the server produces: the same ``LocalModel.chat`` (greedy,
 logprobs from the last position's logits of each sampled token), the same bundled model. The
+engine starts every answer from an empty KV cache: llama.cpp's numbers depend slightly on how a
+prompt was split into batches, so an answer that reused the previous prompt's prefix can differ
+from a cold one, and the cache would then depend on the order of the dev set. The
 cache (``tests/data/quality_answers_smollm2.jsonl``) lets calibration and tests re-run without
 the model; ``python -m quality.evaluate`` regenerates by default and says how many answers
 differ from the cache.
@@ -53,6 +56,7 @@ def generate(
     items = list(prompts)
     started = time.perf_counter()
     for i, prompt in enumerate(items, 1):
+        model.forget()  # each answer as a cold request gets it, whatever came before
         answers[prompt.id] = model.chat(request_for(prompt))
         if verbose and (i % 25 == 0 or i == len(items)):
             elapsed = time.perf_counter() - started
