@@ -15,6 +15,7 @@ from typing import Any
 
 from quality._types import Score, Signal
 from quality._view import View, view_of
+from quality.code_check import code_check
 from quality.combiner import Combiner, default_combiner
 from quality.confidence import confidence
 from quality.degeneration import degeneration
@@ -34,6 +35,7 @@ SIGNALS = (
     format_compliance,
     instruction_compliance,
     verify,
+    code_check,
     task,
 )
 

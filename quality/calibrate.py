@@ -11,8 +11,9 @@ Answers that a hard gate already rejects are left out of the fit: the gate decid
 they would only teach the weights about garbage.
 
 Operating point: the fitted probability is then shifted down by an offset (subtracted from the
-intercept) chosen on the cross-validated train scores, the smallest that makes the default
-threshold 0.6 accept answers with at least ``TARGET_PRECISION`` precision. A wrong local answer
+intercept) chosen on the cross-validated train scores: the smallest from which the default
+threshold 0.6 accepts answers with at least ``TARGET_PRECISION`` precision at every stricter
+offset too. A wrong local answer
 reaching a client costs more than a needless API call, so the score is a cautious estimate of
 the answer being right rather than a neutral one; the offsets are written in weights.json.
 Writes ``quality/weights.json``.
@@ -55,16 +56,22 @@ FAULTS = frozenset(
         "wrong_language",
         "refusal",
         "copy_share",
+        "quote_copy",
         "restate_ratio",
         "fmt_fail",
         "arith_wrong",
         "arith_mismatch",
+        "code_broken",
+        "code_mismatch",
+        "code_unchanged",
     }
 )
 """Features whose weight must not be positive."""
 DEFAULT_THRESHOLD = 0.6
 TARGET_PRECISION = 0.9
 OFFSETS = tuple(round(0.1 * i, 1) for i in range(41))
+MIN_ACCEPTED = 10
+"""Fewest cross-validated answers a precision is read from."""
 
 
 def fit_logistic(x: Array, y: Array, lam: float, iters: int = 50) -> tuple[Array, float]:
@@ -123,18 +130,29 @@ def standardise(x: Array) -> tuple[Array, Array]:
 
 
 def operating_offset(cv_logits: Array, y: Array) -> float:
-    """Smallest logit offset giving ``TARGET_PRECISION`` at the default threshold (cross-valid.)."""
+    """Logit offset for ``TARGET_PRECISION`` at the default threshold, on cross-validated scores.
+
+    The smallest offset from which every stricter one still reaches the target: precision over
+    a few dozen answers wobbles as single answers cross the line, and an offset that only
+    reaches the target at one lucky step would not hold on new answers.
+    """
     cut = math.log(DEFAULT_THRESHOLD / (1 - DEFAULT_THRESHOLD))
-    best = (-1.0, OFFSETS[-1])
+    steps: list[tuple[float, float]] = []
     for offset in OFFSETS:
         accepted = cv_logits - offset >= cut
-        if accepted.sum() < 5:
+        if accepted.sum() < MIN_ACCEPTED:
             break
-        precision = float(y[accepted].mean())
-        if precision >= TARGET_PRECISION:
-            return offset
-        best = max(best, (precision, offset))
-    return best[1]
+        steps.append((offset, float(y[accepted].mean())))
+    chosen = None
+    for offset, precision in reversed(steps):
+        if precision < TARGET_PRECISION:
+            break
+        chosen = offset
+    if chosen is not None:
+        return chosen
+    if not steps:
+        return OFFSETS[-1]
+    return max(steps, key=lambda step: (step[1], step[0]))[0]
 
 
 @dataclass(frozen=True)

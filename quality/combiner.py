@@ -41,9 +41,13 @@ ANSWER_FEATURES = (
     "refusal",
     "restate_ratio",
     "copy_share",
+    "quote_copy",
     "fmt_fail",
     "arith_wrong",
     "arith_mismatch",
+    "code_broken",
+    "code_mismatch",
+    "code_unchanged",
 )
 TASK_FEATURES = tuple(f"task_{k}" for k in KINDS)
 FULL_CONFIDENCE = ("conf_head", "conf_head_min", "conf_worst_window")

@@ -105,8 +105,8 @@ def repeat_ratio(text: str) -> float:
     if len(words) >= REPEAT_MIN_WORDS:
         grams = [tuple(words[i : i + REPEAT_N]) for i in range(len(words) - REPEAT_N + 1)]
         ratio = 1.0 - len(set(grams)) / len(grams)
-    elif len(text) >= 60:
-        # Few word boundaries (CJK, or one long token run): use character 6-grams.
+    elif len(text) >= 24:
+        # Few word boundaries (CJK, emoji, one long token run): use character 6-grams.
         compact = "".join(text.split())
         grams_c = [compact[i : i + 6] for i in range(len(compact) - 5)]
         if grams_c:

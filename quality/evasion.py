@@ -6,6 +6,10 @@
 - ``copies_input``: the answer reproduces most of a long prompt (a passage to summarise, a
   sentence to extract from, code to fix) instead of working on it (``copy_share``: share of
   the prompt's word 4-grams found in the answer; 0 for prompts under ``COPY_MIN_WORDS``).
+- ``echoes_quote``: the answer repeats a passage the prompt quotes (``'…'``, ``"…"``, or the
+  text after a colon and a line break) rather than picking the asked part out of it or judging
+  it (``quote_copy``: the largest share of one quoted passage's word trigrams found in the
+  answer; 0 when nothing of at least ``QUOTE_MIN_WORDS`` words is quoted).
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ RESTATE_FLAG = 0.6
 COPY_N = 4
 COPY_MIN_WORDS = 12
 COPY_FLAG = 0.6
+QUOTE_N = 3
+QUOTE_MIN_WORDS = 5
+QUOTE_FLAG = 0.8
+_QUOTED = re.compile(
+    r"'([^'\n]{12,})'|\"([^\"\n]{12,})\"|“([^”]{12,})”|‘([^’]{12,})’|:[ \t]*\n+(.{40,})\Z", re.S
+)
 _NAME = "evasion"
 
 
@@ -71,6 +81,20 @@ def copy_share(answer: str, prompt: str) -> float:
     return len(q_grams & a_grams) / len(q_grams)
 
 
+def quote_copy(answer: str, prompt: str) -> float:
+    """Largest share of one quoted passage's word trigrams that the answer repeats."""
+    a = _WORD.findall(answer.lower())
+    a_grams = {tuple(a[i : i + QUOTE_N]) for i in range(len(a) - QUOTE_N + 1)}
+    best = 0.0
+    for m in _QUOTED.finditer(prompt):
+        q = _WORD.findall(next(g for g in m.groups() if g).lower())
+        if len(q) < QUOTE_MIN_WORDS:
+            continue
+        q_grams = {tuple(q[i : i + QUOTE_N]) for i in range(len(q) - QUOTE_N + 1)}
+        best = max(best, len(q_grams & a_grams) / len(q_grams))
+    return best
+
+
 def evasion(view: View) -> Signal:
     text = view.content.strip()
     if not text:
@@ -85,5 +109,13 @@ def evasion(view: View) -> Signal:
     copied = copy_share(text, view.prompt)
     if copied >= COPY_FLAG:
         soft["copies_input"] = "copy_share"
-    features = {"refusal": refused, "restate_ratio": restate, "copy_share": copied}
+    quoted = quote_copy(text, view.prompt)
+    if quoted >= QUOTE_FLAG:
+        soft["echoes_quote"] = "quote_copy"
+    features = {
+        "refusal": refused,
+        "restate_ratio": restate,
+        "copy_share": copied,
+        "quote_copy": quoted,
+    }
     return Signal(_NAME, applied=True, features=features, soft=soft)

@@ -54,6 +54,19 @@ T_NUMBER = re.compile(
     r"|\bsingle\s+number\b",
     re.I,
 )
+_LONG_ANSWERS = (
+    r"(?:number|integer|json|word|translation|code|sentence|summary|list|query|function|"
+    r"paragraph|text|email|poem|letter|corrected|fixed|rewritten|steps?|answer)\b"
+)
+T_SHORT = re.compile(
+    r"\b(?:answer|reply|respond)\s+(?:with\s+)?(?:only|just)\s+(?:the|a|an)\s+"
+    rf"(?!{_LONG_ANSWERS})\w+"
+    r"|\b(?:answer|reply|respond)\s+with\s+the\s+\w+(?:\s+\w+)?\s+only\b"
+    rf"|\b(?:give|write|say)\s+(?:me\s+)?(?:only|just)\s+the\s+(?!{_LONG_ANSWERS})\w+\s*[,.;:!?]",
+    re.I,
+)
+"""A bare answer asked for ("answer with the symbol only", "just the name, nothing else")."""
+SHORT_MAX_WORDS = 6
 T_YES_NO = re.compile(r"\byes\s+or\s+no\b|\b\"yes\"\s+or\s+\"no\"", re.I)
 T_YES_NO_STRICT = re.compile(
     r"\b(?:only|just|exactly)\s+(?:with\s+)?\"?yes\"?\s+or\s+\"?no\b", re.I
@@ -92,6 +105,35 @@ T_JSON = re.compile(
 )
 T_LOWER = re.compile(r"\b(?:in\s+)?(?:all\s+)?lower[- ]?case\b", re.I)
 T_UPPER = re.compile(r"\b(?:in\s+)?(?:all\s+caps|all\s+capital\s+letters|all\s+uppercase)\b", re.I)
+T_COUNT = re.compile(
+    rf"\b(?:give|list|name|write|suggest|share|provide|offer)\s+(?:me\s+|us\s+)?(?:exactly\s+)?"
+    rf"{_NUM}\s+(?:[\w-]+\s+){{0,2}}?(?:tips|ideas|ways|reasons|examples|items|things|names|"
+    rf"facts|steps|benefits|questions|advantages|rules|suggestions|points)\b",
+    re.I,
+)
+"""A number of items asked for: checked only when the answer is a list (two list lines or more),
+since prose can hold any number of items."""
+_QUOTED_WORD = r"[\"'‘“]?([\w-]+)[\"'’”]?"
+T_INCLUDE = re.compile(
+    r"(?<!n't )(?<!not )(?<!never )(?<!without )"
+    rf"\b(?:includes?|including|uses?|using|contains?|containing|with)\s+the\s+words?\s+{_QUOTED_WORD}",
+    re.I,
+)
+T_AVOID = re.compile(
+    rf"\b(?:don'?t|do\s+not|never|without)\s+(?:use|using|say|saying|mention|mentioning|include|"
+    rf"including)?\s*the\s+words?\s+{_QUOTED_WORD}|\bavoid\s+(?:using\s+)?the\s+words?\s+"
+    rf"{_QUOTED_WORD}",
+    re.I,
+)
+T_MAX_CHARS = re.compile(
+    rf"\b(?:under|at\s+most|no\s+more\s+than|fewer\s+than|less\s+than|max(?:imum)?\.?|up\s+to)\s+"
+    rf"{_NUM}\s+(?:characters|chars)\b",
+    re.I,
+)
+T_LINES = re.compile(
+    rf"\b{_NUM}[- ]line\s+(?:poem|verse|stanza|rhyme|song)\b|\b(haiku|limerick)\b", re.I
+)
+_FORM_LINES = {"haiku": 3, "limerick": 5}
 T_LIST = re.compile(r"\b(?:bullet(?:ed)?\s+(?:list|points)|as\s+a\s+(?:numbered\s+)?list)\b", re.I)
 
 
@@ -114,6 +156,11 @@ def _check_one_word(answer: str, _: re.Match[str]) -> bool:
 
 def _check_number(answer: str, _: re.Match[str]) -> bool:
     return bool(_NUMBER_ANSWER.match(_bare(answer)))
+
+
+def _check_short(answer: str, _: re.Match[str]) -> bool:
+    body = _bare(answer)
+    return "\n" not in body and len(_words(body)) <= SHORT_MAX_WORDS
 
 
 def _check_comma(answer: str, _: re.Match[str]) -> bool:
@@ -153,6 +200,37 @@ def _check_list(answer: str, _: re.Match[str]) -> bool:
     return sum(1 for line in answer.splitlines() if _LIST_LINE.match(line)) >= 2
 
 
+def _check_count(answer: str, match: re.Match[str]) -> bool:
+    items = sum(1 for line in answer.splitlines() if _LIST_LINE.match(line))
+    return items < 2 or items == _num(match.group(1))
+
+
+def _word_in(word: str, answer: str) -> bool:
+    return re.search(rf"\b{re.escape(word)}", answer, re.I) is not None
+
+
+def _check_include(answer: str, match: re.Match[str]) -> bool:
+    return _word_in(match.group(1), answer)
+
+
+def _check_avoid(answer: str, match: re.Match[str]) -> bool:
+    return not _word_in(next(g for g in match.groups() if g), answer)
+
+
+def _check_max_chars(answer: str, match: re.Match[str]) -> bool:
+    return len(answer.strip()) <= _num(match.group(1))
+
+
+def _check_lines(answer: str, match: re.Match[str]) -> bool:
+    form = match.group(2)
+    wanted = _FORM_LINES[form.lower()] if form else _num(match.group(1))
+    body = answer.strip()
+    fenced = _FENCE.match(body)
+    lines = [line for line in (fenced.group(1) if fenced else body).splitlines() if line.strip()]
+    # a title line, or a closing remark after the poem, is common and harmless
+    return wanted <= len(lines) <= wanted + 1 if len(lines) > 1 else False
+
+
 def _check_json(answer: str, _: re.Match[str]) -> bool:
     body = answer.strip()
     fenced = _FENCE.match(body)
@@ -168,6 +246,7 @@ def _check_json(answer: str, _: re.Match[str]) -> bool:
 _CHECKS: tuple[tuple[str, re.Pattern[str], Callable[[str, re.Match[str]], bool]], ...] = (
     ("one_word", T_ONE_WORD, _check_one_word),
     ("number", T_NUMBER, _check_number),
+    ("short", T_SHORT, _check_short),
     ("comma_separated", T_COMMA, _check_comma),
     ("max_words", T_MAX_WORDS, _check_max_words),
     ("exact_words", T_EXACT_WORDS, _check_exact_words),
@@ -175,6 +254,11 @@ _CHECKS: tuple[tuple[str, re.Pattern[str], Callable[[str, re.Match[str]], bool]]
     ("uppercase", T_UPPER, _check_upper),
     ("lowercase", T_LOWER, _check_lower),
     ("list", T_LIST, _check_list),
+    ("count", T_COUNT, _check_count),
+    ("include_word", T_INCLUDE, _check_include),
+    ("avoid_word", T_AVOID, _check_avoid),
+    ("max_chars", T_MAX_CHARS, _check_max_chars),
+    ("lines", T_LINES, _check_lines),
     ("json", T_JSON, _check_json),
 )
 
@@ -217,7 +301,7 @@ def failed_instructions(instructions: str, answer: str) -> tuple[list[str], int]
     checked = 0
     json_asked = T_JSON.search(instructions) is not None
     for name, trigger, check in _CHECKS:
-        if json_asked and name in ("one_word", "number", "comma_separated"):
+        if json_asked and name in ("one_word", "number", "comma_separated", "short"):
             continue  # "a JSON object with one word per field" is about the fields
         match = trigger.search(instructions)
         if match is None:

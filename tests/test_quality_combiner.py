@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from quality import Score, Signal, score
-from quality.calibrate import FAULTS, fit_constrained, fit_logistic, operating_offset
+from quality.calibrate import (
+    FAULTS,
+    MIN_ACCEPTED,
+    fit_constrained,
+    fit_logistic,
+    operating_offset,
+)
 from quality.combiner import (
     FULL_FEATURES,
     NO_LOGPROBS_FEATURES,
@@ -160,14 +166,26 @@ def test_a_fault_feature_that_would_fit_positive_is_pinned_to_zero() -> None:
 
 
 def test_the_operating_offset_is_the_smallest_that_reaches_the_target_precision() -> None:
-    # logits of 20 answers: the 10 highest hold 2 wrong ones, so precision at 0.6 (logit 0.405)
-    logits = np.array([3.0, 2.8, 2.6, 2.4, 2.2, 2.0, 1.8, 1.6, 1.4, 1.2] + [-1.0] * 10)
-    y = np.array([1, 1, 1, 1, 1, 1, 1, 1, 0, 0] + [0] * 10, dtype=float)
+    # 40 answers: the 12 highest right, then 2 wrong, 8 right, and 20 wrong far below
+    logits = np.array(
+        [4.0 - 0.1 * i for i in range(12)] + [2.8, 2.7] + [2.6 - 0.1 * i for i in range(8)]
+    )
+    logits = np.concatenate([logits, np.full(20, -1.0)])
+    y = np.array([1] * 12 + [0, 0] + [1] * 8 + [0] * 20, dtype=float)
+    cut = np.log(0.6 / 0.4)
+
+    def precision(offset: float) -> float:
+        return float(y[logits - offset >= cut].mean())
+
+    # accepting all 22 high answers happens to reach 0.9 (20/22), but stricter offsets that
+    # accept 14 (12/14) do not: that lucky step is not taken
+    assert precision(1.4) >= 0.9
+    assert precision(2.2) < 0.9
     offset = operating_offset(logits, y)
-    accepted = logits - offset >= np.log(0.6 / 0.4)
-    assert y[accepted].mean() >= 0.9
-    smaller = logits - (offset - 0.1) >= np.log(0.6 / 0.4)
-    assert y[smaller].mean() < 0.9
+    assert offset == pytest.approx(2.3)
+    for stricter in np.arange(offset, 4.0, 0.1):
+        if (logits - stricter >= cut).sum() >= MIN_ACCEPTED:
+            assert precision(stricter) >= 0.9
 
 
 def test_committed_weights_are_what_calibration_fits_on_the_cached_answers() -> None:

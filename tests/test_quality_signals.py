@@ -321,6 +321,24 @@ def test_a_label_taken_from_the_question_is_not_a_restatement() -> None:
     assert evasion(view_of(request(q), completion("Positive"))).features["restate_ratio"] == 0.0
 
 
+def test_an_answer_that_repeats_the_quoted_passage_is_flagged() -> None:
+    q = "Which day of the week is mentioned: 'The shop is closed on Wednesday afternoons.'"
+    echo = evasion(view_of(request(q), completion("The shop is closed on Wednesday afternoons.")))
+    picked = evasion(view_of(request(q), completion("Wednesday.")))
+    assert echo.features["quote_copy"] == 1.0
+    assert "echoes_quote" in echo.soft
+    assert picked.features["quote_copy"] == 0.0
+    assert "echoes_quote" not in picked.soft
+
+
+def test_a_passage_after_a_colon_counts_as_quoted_but_short_quotes_do_not() -> None:
+    passage = "The council voted to close the old pool and build a new leisure centre by 2027."
+    q = f"Summarise in one sentence:\n\n{passage}"
+    assert evasion(view_of(request(q), completion(passage))).features["quote_copy"] == 1.0
+    short = "Translate 'good morning' into French."
+    assert evasion(view_of(request(short), completion("good morning"))).features["quote_copy"] == 0
+
+
 # --- format: response_format and tools --------------------------------------------------------
 
 PERSON_SCHEMA = {
@@ -493,6 +511,54 @@ def test_required_tool_choice_without_a_call_fails() -> None:
             "label",
         ),
         ("True or false: the Sun is a star.", "True.", "The Sun is very hot.", "label"),
+        (
+            "What is the chemical symbol for oxygen? Answer with the symbol only.",
+            "O",
+            "The chemical symbol for oxygen is O.",
+            "short",
+        ),
+        (
+            "Where was she born? Reply with just the city.",
+            "Lagos.",
+            "She was born in the city of Lagos, in the south-west of Nigeria.",
+            "short",
+        ),
+        (
+            "Give me three tips for sleeping well.",
+            "1. Keep a schedule.\n2. Avoid screens.\n3. Cut caffeine.",
+            "1. Keep a schedule.\n2. Avoid screens.\n3. Cut caffeine.\n4. Exercise.",
+            "count",
+        ),
+        (
+            "Write a short poem about friendship that includes the word 'lantern'.",
+            "A friend is a lantern in the dark.",
+            "A friend is a light in the dark.",
+            "include_word",
+        ),
+        (
+            "Write a quote about mistakes. Don't use the word 'failure'.",
+            "Every mistake is a lesson in disguise.",
+            "Failure is only the first step.",
+            "avoid_word",
+        ),
+        (
+            "Write a tweet (under 40 characters) about voting.",
+            "Vote on Thursday!",
+            "Please remember to go and vote on Thursday, every voice counts!",
+            "max_chars",
+        ),
+        (
+            "Write a haiku about coffee.",
+            "Dark cup in my hands\nsteam rising over the page\nmorning finds its voice",
+            "Coffee is a warm drink that many people enjoy in the morning.",
+            "lines",
+        ),
+        (
+            "Write a four-line poem about a city at night.",
+            "Neon hums\nstreets exhale\ntrains sigh home\nthe city sleeps",
+            "Neon hums\nstreets exhale",
+            "lines",
+        ),
     ],
 )
 def test_explicit_instructions_are_checked(prompt: str, good: str, bad: str, name: str) -> None:
@@ -609,3 +675,26 @@ def test_a_role_name_left_by_a_detokenized_turn_marker_is_a_template_leak() -> N
     assert leaked_tokens("Paris.\nрованиеuser\nWhat is") == ["role:user"]
     assert leaked_tokens("Paris.\nmodel\nSure") == ["role:model"]
     assert leaked_tokens("In this design the user model stores names.") == []
+
+
+def test_a_number_of_items_is_only_counted_in_a_list_and_a_negated_word_is_not_required() -> None:
+    prose = "Keep a schedule, avoid screens at night and cut caffeine after noon."
+    assert failed_instructions("Give me three tips for sleeping well.", prose) == ([], 1)
+    # "don't use the word X" is an avoid instruction, never an include one
+    assert failed_instructions("Write a quote. Don't use the word 'failure'.", "Try again.") == (
+        [],
+        1,
+    )
+    # "just the translation" asks for no commentary, not for a short answer
+    assert failed_instructions("Reply with just the translation.", "Je voudrais un café.") == (
+        [],
+        0,
+    )
+
+
+def test_a_short_run_of_one_emoji_is_a_loop() -> None:
+    loop = "👏🏼" * 14
+    assert repeat_ratio(loop) >= 0.75
+    s = score(request("Write a tweet encouraging people to vote."), completion(loop))
+    assert "repetition" in s.reasons
+    assert s.value <= 0.1

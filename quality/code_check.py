@@ -1,0 +1,374 @@
+"""Code: checks on Python in the question or the answer that the gate can settle itself.
+
+- ``code_never_returns`` (hard): a function in the answer calls itself on every path (no ``if``,
+  loop, ``try``, ``and``/``or`` or conditional expression anywhere in its body), so calling it
+  can only end in ``RecursionError``. Small models write ``return n * factorial(n - 1)`` with no
+  base case.
+- ``code_syntax`` (feature ``code_broken``): a closed block the answer labels as Python, or an
+  unlabelled one holding a ``def`` when the question is about Python, does not parse. (A block
+  cut off by the token limit is the truncation check's business.)
+- ``code_unchanged`` (feature ``code_unchanged``): the question asks to fix a function it quotes,
+  and the answer gives back the same function (same syntax tree).
+- ``code_wrong_output`` (feature ``code_mismatch``): the question asks what a Python expression
+  prints or returns (``print(len('hello'))``, "the result of ``'abc'.upper()``"), the expression
+  is small and pure, and the answer never states its value once the expression itself is taken
+  out of it.
+
+Expressions are evaluated by walking their syntax tree with a short list of pure builtins and
+string methods, and size limits on every intermediate value; nothing is ever passed to ``eval``,
+and nothing in the answer is run. The signal does not apply when none of this is present.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from quality._types import Signal
+from quality._view import View
+
+_NAME = "code"
+_MAX_LEN = 1000
+_BLOCK = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)(```|\Z)", re.S)
+_BRANCHES = (
+    ast.If,
+    ast.IfExp,
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.Try,
+    ast.BoolOp,
+    ast.Match,
+    ast.comprehension,
+)
+_BINOPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_CMPOPS: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
+_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "len": len,
+    "bool": bool,
+    "int": int,
+    "float": float,
+    "str": str,
+    "abs": abs,
+    "min": min,
+    "max": max,
+    "sum": sum,
+    "sorted": sorted,
+    "list": list,
+    "tuple": tuple,
+    "set": set,
+    "type": type,
+    "round": round,
+    "range": range,
+}
+_METHODS = frozenset(
+    {
+        "upper",
+        "lower",
+        "title",
+        "capitalize",
+        "swapcase",
+        "strip",
+        "lstrip",
+        "rstrip",
+        "split",
+        "join",
+        "replace",
+        "count",
+        "find",
+        "index",
+        "startswith",
+        "endswith",
+        "isdigit",
+        "isalpha",
+        "isupper",
+        "islower",
+        "zfill",
+        "get",
+        "keys",
+        "values",
+    }
+)
+_QUESTION = re.compile(
+    r"(?:result|value|output)\s+of\s+(.+?)(?:\s+in\s+python\b|\s*\?|$)"
+    r"|\bdoes\s+(.+?)\s+(?:return|evaluate\s+to|give|output|print)\b",
+    re.I,
+)
+_ANSWER_NUM = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\d])")
+
+
+class _Unsafe(Exception):
+    """The expression is not one the checker evaluates."""
+
+
+def _sized(value: Any) -> Any:
+    if isinstance(value, str | list | tuple | set | dict | range) and len(value) > _MAX_LEN:
+        raise _Unsafe
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        raise _Unsafe
+    return value
+
+
+def _eval(node: ast.AST) -> Any:  # noqa: PLR0911, PLR0912 (one branch per node type)
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, bool | int | float | str) or node.value is None:
+            return _sized(node.value)
+        raise _Unsafe
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        items = [_eval(e) for e in node.elts]
+        kind = {ast.List: list, ast.Tuple: tuple, ast.Set: set}[type(node)]
+        return _sized(kind(items))
+    if isinstance(node, ast.Dict):
+        if any(k is None for k in node.keys):
+            raise _Unsafe
+        return _sized({_eval(k): _eval(v) for k, v in zip(node.keys, node.values, strict=True)})  # type: ignore[arg-type]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow) and (
+            not isinstance(right, int | float) or abs(right) > 64 or abs(left) > 10**6
+        ):
+            raise _Unsafe
+        if isinstance(node.op, ast.Mult) and (
+            isinstance(left, str | list | tuple) or isinstance(right, str | list | tuple)
+        ):
+            count = right if isinstance(left, str | list | tuple) else left
+            if not isinstance(count, int) or count > _MAX_LEN:
+                raise _Unsafe
+        return _sized(_BINOPS[type(node.op)](left, right))
+    if isinstance(node, ast.UnaryOp):
+        value = _eval(node.operand)
+        if isinstance(node.op, ast.USub):
+            return -value
+        if isinstance(node.op, ast.UAdd):
+            return +value
+        if isinstance(node.op, ast.Not):
+            return not value
+        raise _Unsafe
+    if isinstance(node, ast.BoolOp):
+        values = [_eval(v) for v in node.values]
+        result = values[0]
+        for v in values[1:]:
+            result = (result and v) if isinstance(node.op, ast.And) else (result or v)
+        return result
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left)
+        for op, comparator in zip(node.ops, node.comparators, strict=True):
+            if type(op) not in _CMPOPS:
+                raise _Unsafe
+            right = _eval(comparator)
+            if not _CMPOPS[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.Subscript):
+        target = _eval(node.value)
+        if isinstance(node.slice, ast.Slice):
+            parts = (node.slice.lower, node.slice.upper, node.slice.step)
+            bounds = [None if p is None else _eval(p) for p in parts]
+            return _sized(target[slice(*bounds)])
+        return _sized(target[_eval(node.slice)])
+    if isinstance(node, ast.Call) and not node.keywords:
+        args = [_eval(a) for a in node.args]
+        if isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS:
+            if node.func.id == "range" and any(abs(a) > _MAX_LEN for a in args):
+                raise _Unsafe
+            return _sized(_FUNCTIONS[node.func.id](*args))
+        if isinstance(node.func, ast.Attribute) and node.func.attr in _METHODS:
+            owner = _eval(node.func.value)
+            if not isinstance(owner, str | list | tuple | dict):
+                raise _Unsafe
+            return _sized(getattr(owner, node.func.attr)(*args))
+    raise _Unsafe
+
+
+def evaluate(source: str) -> tuple[bool, Any]:
+    """``(True, value)`` for a small pure Python expression, else ``(False, None)``."""
+    try:
+        tree = ast.parse(source.strip(), mode="eval")
+        return True, _eval(tree.body)
+    except (_Unsafe, SyntaxError, ValueError, TypeError, ArithmeticError, LookupError):
+        return False, None
+    except (RecursionError, MemoryError):
+        return False, None
+
+
+def _interesting(tree: ast.expr) -> bool:
+    return isinstance(tree, ast.Call | ast.BinOp | ast.Subscript | ast.Compare | ast.UnaryOp)
+
+
+def _print_arguments(prompt: str) -> Iterator[str]:
+    """The argument of each ``print(...)`` call written in the prompt."""
+    for m in re.finditer(r"\bprint\s*\(", prompt):
+        start = m.end()
+        for end in range(start, min(len(prompt), start + 300)):
+            if prompt[end] != ")":
+                continue
+            inner = prompt[start:end]
+            try:
+                ast.parse(inner.strip(), mode="eval")
+            except SyntaxError:
+                continue
+            yield inner
+            break
+
+
+def asked_expression(prompt: str) -> tuple[str, Any, bool] | None:
+    """``(source, value, printed)`` of the expression whose output the question asks for."""
+    if not re.search(r"\bpython\b|\bprint\s*\(", prompt, re.I):
+        return None
+    for inner in _print_arguments(prompt):
+        ok, value = evaluate(inner)
+        if ok:
+            return inner.strip(), value, True
+    for m in _QUESTION.finditer(prompt):
+        candidate = (m.group(1) or m.group(2) or "").strip().strip("`")
+        try:
+            tree = ast.parse(candidate, mode="eval").body
+        except SyntaxError:
+            continue
+        if _interesting(tree):
+            ok, value = evaluate(candidate)
+            if ok:
+                return candidate, value, False
+    return None
+
+
+def _spellings(value: Any, printed: bool) -> set[str]:
+    if isinstance(value, type):
+        return {value.__name__, f"<class '{value.__name__}'>"}
+    found = {str(value)}
+    if not printed or isinstance(value, str):
+        found.add(repr(value))
+    if isinstance(value, str):
+        found |= {f'"{value}"', f"'{value}'"}
+    return {s for s in found if s}
+
+
+def states_value(answer: str, source: str, value: Any, printed: bool) -> bool:
+    """The answer, with the expression itself taken out, states ``value``."""
+    text = answer
+    for echo in (f"print({source})", source):
+        text = text.replace(echo, " ")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return any(
+            math.isclose(float(n), float(value), rel_tol=1e-3)
+            or round(float(n), 2) == round(value, 2)
+            for n in _ANSWER_NUM.findall(text)
+        )
+    for spelling in _spellings(value, printed):
+        pattern = re.escape(spelling)
+        if re.search(rf"(?<![\w]){pattern}(?![\w])" if spelling[0].isalnum() else pattern, text):
+            return True
+    return False
+
+
+def _python_blocks(view: View) -> Iterator[tuple[str, bool]]:
+    """Each Python block of the answer, and whether it is closed (not cut off by the limit)."""
+    about_python = bool(re.search(r"\bpython\b", view.instructions, re.I))
+    for lang, body, end in _BLOCK.findall(view.content):
+        lang = lang.lower()
+        if lang in ("python", "py", "python3") or (
+            not lang and about_python and re.search(r"^\s*def\s+\w+\s*\(", body, re.M)
+        ):
+            yield body, bool(end)
+
+
+_FIX = re.compile(r"\b(?:bug|fix|correct|debug|wrong|broken|doesn't\s+work)\w*", re.I)
+_DEF = re.compile(r"\bdef\s+\w+\s*\(")
+
+
+def _functions(tree: ast.AST) -> list[str]:
+    return [
+        ast.dump(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+
+
+def quoted_functions(prompt: str) -> list[str]:
+    """Syntax trees of the functions written in the prompt (inline or on their own lines)."""
+    found: list[str] = []
+    for m in _DEF.finditer(prompt):
+        rest = prompt[m.start() :]
+        ends = [e.start() for e in re.finditer(r"\n\s*\n|\.\s|\?|$", rest)]
+        for end in sorted(set(ends), reverse=True):
+            try:
+                found.extend(_functions(ast.parse(rest[:end].strip())))
+                break
+            except SyntaxError:
+                continue
+    return found
+
+
+def never_returns(tree: ast.AST) -> bool:
+    """A function in ``tree`` calls itself and has no branch that could stop the recursion."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        inner = list(ast.walk(node))
+        if any(isinstance(n, _BRANCHES) for n in inner):
+            continue
+        if any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == node.name
+            for n in inner
+        ):
+            return True
+    return False
+
+
+def code_check(view: View) -> Signal:
+    blocks = list(_python_blocks(view)) if "```" in view.content else []
+    asked = asked_expression(view.prompt)
+    if not blocks and asked is None:
+        return Signal(_NAME, applied=False)
+    hard: list[str] = []
+    broken = unchanged = 0.0
+    to_fix = quoted_functions(view.prompt) if blocks and _FIX.search(view.prompt) else []
+    for body, closed in blocks:
+        try:
+            tree = ast.parse(body)
+        except (SyntaxError, ValueError):
+            broken = max(broken, float(closed))  # a block cut off by the limit is truncation's
+            continue
+        if never_returns(tree) and "code_never_returns" not in hard:
+            hard.append("code_never_returns")
+        if to_fix and any(f in to_fix for f in _functions(tree)):
+            unchanged = 1.0
+    mismatch = 0.0
+    if asked is not None and view.content.strip():
+        mismatch = 0.0 if states_value(view.content, *asked) else 1.0
+    soft: dict[str, str] = {}
+    if broken:
+        soft["code_syntax"] = "code_broken"
+    if mismatch:
+        soft["code_wrong_output"] = "code_mismatch"
+    if unchanged:
+        soft["code_unchanged"] = "code_unchanged"
+    return Signal(
+        _NAME,
+        applied=True,
+        features={"code_broken": broken, "code_mismatch": mismatch, "code_unchanged": unchanged},
+        hard=tuple(hard),
+        soft=soft,
+    )
