@@ -119,6 +119,18 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     )
 
 
+def _no_fallback_detail(settings: Settings) -> str:
+    """Why there is no API fallback, and what to set."""
+    fallback = settings.fallback
+    if not (fallback.api_base or fallback.models):
+        return "no API fallback: [fallback] api_base is empty"
+    return (
+        f"no API fallback: the environment variable {fallback.api_key_env} (named by "
+        '[fallback] api_key_env) is not set; set it, or set [fallback] api_key_env = "" '
+        "for an upstream that needs no key"
+    )
+
+
 def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -152,11 +164,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             # once it is in, so that the import never competes with requests for the GIL.
             await state.ledger.counter_ready()
             if not state.upstream.enabled:
-                log.warning(
-                    "local_only",
-                    detail="no API fallback: set the key named by [fallback] api_key_env "
-                    f"({settings.fallback.api_key_env or 'none'}) or [fallback] api_base",
-                )
+                log.warning("local_only", detail=_no_fallback_detail(settings))
             log.info(
                 "serving",
                 auth=state.auth.enabled,

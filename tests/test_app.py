@@ -419,3 +419,16 @@ async def test_every_request_has_a_request_id(
         bad = await client.post("/v1/chat/completions", content=b"{")
     assert len(ok.headers["x-request-id"]) >= 16
     assert bad.headers["x-request-id"] != ok.headers["x-request-id"]
+
+
+def test_the_no_fallback_warning_names_what_to_set() -> None:
+    from proxy.app import _no_fallback_detail
+    from proxy.config import FallbackSettings, Settings
+
+    keyless = Settings(
+        fallback=FallbackSettings(api_base="http://127.0.0.1:1/v1", api_key_env="K9")
+    )
+    assert "K9" in _no_fallback_detail(keyless)
+    assert 'api_key_env = ""' in _no_fallback_detail(keyless)
+    nothing = Settings(fallback=FallbackSettings(api_base=""))
+    assert _no_fallback_detail(nothing) == "no API fallback: [fallback] api_base is empty"
