@@ -9,8 +9,9 @@ failed; four models, one of them unpriced; five client keys. Then it times the i
 ``frugal report`` command end to end (process start, upgrade check, queries, rendering) for
 each format and grouping, best of ``--repeat`` runs (wall time, and the CPU time of that run:
 the machine is shared, so wall time moves with its load), and checks that the JSON counts every
-row. ``--by key`` scans the rows: the client key is not in the rollup.
-An existing ``--db`` with the right row count is reused.
+row, in total and across the client keys. Every grouping reads the daily rollup, the client key
+included (0005_key_rollup.sql). An existing ``--db`` with the right row count is reused (and
+upgraded by the first report if an older proxy wrote it).
 """
 
 from __future__ import annotations
@@ -164,6 +165,9 @@ def main() -> None:
         base = ["--db", str(db), "--month", "2026-10"]
         _, _, out = timed([*base, "--format", "json"], 1)
         assert json.loads(out)["requests"] == args.rows, "the report must count every row"
+        _, _, out = timed([*base, "--by", "key", "--format", "json"], 1)
+        by_key = sum(group["requests"] for group in json.loads(out)["groups"])
+        assert by_key == args.rows, "the client keys must count every row"
         runs = [
             ["--format", "table"],
             ["--format", "json"],

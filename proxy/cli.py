@@ -179,7 +179,7 @@ def _freeze_heap() -> None:
 
 REPORT_EXIT_CODES = """exit codes:
   0  the report was printed
-  2  a bad option or config (e.g. --month 2026-13, --by key on a ledger without key names)
+  2  a bad option or config (e.g. --month 2026-13, --to without --from)
   3  no ledger to read: no database file at the path, or not a readable ledger
   4  the ledger has no request in the period (the zero report is printed all the same)
 """

@@ -2,9 +2,10 @@
 
 Money is summed as integers (pico-dollars) by SQLite and in Python, and becomes a Decimal only
 for display, so the totals equal the sum of the rows exactly (shown to the micro-dollar in
-JSON, CSV and markdown, to 1/100 of a cent in the table). One scan of the covering index
-``requests_report`` gives every group at once; the p95 of the latency tax is a second, sorted
-query on the same index.
+JSON, CSV and markdown, to 1/100 of a cent in the table). Every grouping, and the totals, are
+read from the daily rollup ``requests_daily`` (per UTC day, model, client key, reason, route and
+outcome; triggers keep it equal to the sum of the rows); the p95 of the latency tax is a sorted
+query on the partial index of the taxed rows.
 
 - counterfactual: what every answered request would have cost on the API (the requested model's
   price, see :func:`proxy.pricing.apply_costs`); paid: what the API calls cost; saved: the
@@ -215,9 +216,16 @@ def money(pico: int) -> str:
     return str((Decimal(pico) / PICO).quantize(_MICRO, rounding=ROUND_HALF_EVEN))
 
 
-# Every grouping but the client key reads the daily rollup (migration 0002), kept equal to the
-# sum of the rows by triggers: a few thousand rows a month, however many requests there were.
-_ROLLUP_GROUP = {None: "NULL", "model": "model", "day": "day", "reason": "reason"}
+# Every grouping reads the daily rollup (migrations 0002 and 0005: per UTC day, model, client
+# key, reason, route and outcome), kept equal to the sum of the rows by triggers: a few thousand
+# rows a month, however many requests there were.
+_ROLLUP_GROUP = {
+    None: "NULL",
+    "model": "model",
+    "day": "day",
+    "key": "key_name",
+    "reason": "reason",
+}
 _ROLLUP = """
 SELECT {group} AS grp, reason,
        SUM(requests),
@@ -231,22 +239,6 @@ SELECT {group} AS grp, reason,
        SUM(taxed)
 FROM requests_daily
 WHERE day >= ? AND day < ?
-GROUP BY grp, reason
-"""
-# The client key is not in the rollup (its column comes with a later migration): scan the rows.
-_SCAN_KEY = """
-SELECT key_name AS grp, reason,
-       COUNT(*),
-       SUM(route = 'local'),
-       SUM(route = 'api'),
-       SUM(status >= 400),
-       SUM(api_cost_pusd),
-       SUM(counterfactual_cost_pusd),
-       SUM(status < 400 AND counterfactual_cost_pusd IS NULL),
-       SUM(latency_tax_ms),
-       SUM(latency_tax_ms > 0)
-FROM requests
-WHERE ts >= ? AND ts < ?
 GROUP BY grp, reason
 """
 
@@ -299,18 +291,9 @@ def build(
     conn = _connect(db_path)
     try:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(requests)")}
-        if by == "key" and "key_name" not in columns:
-            raise ReportError(
-                "--by key: this ledger records no client key names yet (the key_name column "
-                "comes with client keys, `frugal keys`); use --by model, day or reason",
-                EXIT_USAGE,
-            )
         bounds = (period.start.timestamp(), period.end.timestamp())
         days_range = (int(bounds[0]) // 86400, int(bounds[1]) // 86400)
-        if by == "key":
-            groups = _aggregate(conn, _SCAN_KEY, bounds)
-        else:
-            groups = _aggregate(conn, _ROLLUP.format(group=_ROLLUP_GROUP[by]), days_range)
+        groups = _aggregate(conn, _ROLLUP.format(group=_ROLLUP_GROUP[by]), days_range)
         days = None
         if by == "day":
             days = groups
@@ -347,11 +330,9 @@ def build(
     return report
 
 
-def _aggregate(
-    conn: sqlite3.Connection, query: str, bounds: tuple[float, float] | tuple[int, int]
-) -> dict[Any, Totals]:
+def _aggregate(conn: sqlite3.Connection, query: str, days: tuple[int, int]) -> dict[Any, Totals]:
     groups: dict[Any, Totals] = {}
-    for row in conn.execute(query, bounds):
+    for row in conn.execute(query, days):
         key, reason, n, local, api, failed, paid, cf, uncosted, tax_ms, taxed = row
         part = Totals(
             requests=n,

@@ -157,49 +157,55 @@ def test_migrating_from_every_earlier_version_reaches_the_same_schema(
     conn.close()
 
 
+# A migration that builds on earlier ones cannot have run without them.
+REQUIRES = {"0005_key_rollup.sql": {"0002_costs.sql", "0003_keys.sql"}}
+
+
 @pytest.mark.parametrize("missing", NAMES[1:])
 def test_a_migration_missed_out_of_order_is_applied_later(tmp_path: Path, missing: str) -> None:
-    """A database that has every migration but one (say a branch landed 0003 before 0002)."""
+    """A database that has every migration but one (say a branch landed 0003 before 0002) and
+    those that build on it."""
+    skipped = [n for n in NAMES if n == missing or missing in REQUIRES.get(n, set())]
     conn = connect(tmp_path / "gap.db")
     conn.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
     for name, sql in migration_files():
-        if name != missing:
+        if name not in skipped:
             conn.executescript(sql)
             conn.execute("INSERT INTO _migrations VALUES (?, ?)", (name, time.time()))
-    assert migrate(conn) == [missing]
+    assert migrate(conn) == skipped
     assert schema(conn) == fresh_schema(tmp_path)
     conn.close()
 
 
 ROLLUP_FROM_ROWS = """
-SELECT CAST(ts / 86400 AS INTEGER), COALESCE(requested_model, ''), reason, route, status >= 400,
+SELECT CAST(ts / 86400 AS INTEGER), COALESCE(requested_model, ''), COALESCE(key_name, ''),
+       reason, route, status >= 400,
        COUNT(*), COALESCE(SUM(api_cost_pusd), 0), COALESCE(SUM(counterfactual_cost_pusd), 0),
        SUM(status < 400 AND counterfactual_cost_pusd IS NULL),
        SUM(status < 400 AND counterfactual_cost_pusd IS NULL
            AND counterfactual_prompt_tokens IS NULL),
        TOTAL(latency_tax_ms), SUM(latency_tax_ms > 0)
-FROM requests GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5
+FROM requests GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 2, 3, 4, 5, 6
 """
+KEYS = ["alice", "bob", "ci", None, ""]  # None: the proxy ran without keys
 
 
-def test_the_daily_rollup_stays_the_sum_of_the_rows(tmp_path: Path) -> None:
-    """Inserts, updates (a count arriving late, a status fixed) and deletes (pruning)."""
-    conn = connect(tmp_path / "ledger.db")
-    migrate(conn)
-    rng = random.Random(2)
+def insert_random_rows(conn: sqlite3.Connection, rng: random.Random, n: int, days: int) -> None:
     models = ["gpt-4o-mini", "gpt-4o", None, "my-finetune"]
+    first = conn.execute("SELECT COALESCE(MAX(id), 0) FROM requests").fetchone()[0]
     conn.execute("BEGIN")
-    for i in range(2000):
+    for i in range(first, first + n):
         route = rng.choice(["local", "api", "none"])
         conn.execute(
-            "INSERT INTO requests (request_id, ts, endpoint, requested_model, route, reason, "
-            "status, latency_ms, api_cost_pusd, counterfactual_cost_pusd, "
+            "INSERT INTO requests (request_id, ts, endpoint, requested_model, key_name, route, "
+            "reason, status, latency_ms, api_cost_pusd, counterfactual_cost_pusd, "
             "counterfactual_prompt_tokens, latency_tax_ms) VALUES (?, ?, 'chat.completions', "
-            "?, ?, ?, ?, 1, ?, ?, ?, ?)",
+            "?, ?, ?, ?, ?, 1, ?, ?, ?, ?)",
             (
                 f"r{i}",
-                1_790_000_000 + rng.uniform(0, 10 * 86400),
+                1_790_000_000 + rng.uniform(0, days * 86400),
                 rng.choice(models),
+                rng.choice(KEYS),
                 route,
                 rng.choice(["accepted", "low_quality", "forced"]),
                 rng.choice([200, 200, 200, 400, 502]),
@@ -210,18 +216,53 @@ def test_the_daily_rollup_stays_the_sum_of_the_rows(tmp_path: Path) -> None:
             ),
         )
     conn.execute("COMMIT")
+
+
+def assert_rollup_is_the_sum_of_the_rows(conn: sqlite3.Connection) -> int:
+    """Every rollup row equals a GROUP BY over the rows; returns how many there are."""
+    rollup = conn.execute("SELECT * FROM requests_daily ORDER BY 1, 2, 3, 4, 5, 6").fetchall()
+    expected = conn.execute(ROLLUP_FROM_ROWS).fetchall()
+    assert len(rollup) == len(expected)
+    for got, want in zip(rollup, expected, strict=True):
+        assert (got[:11], got[12]) == (want[:11], want[12])
+        assert got[11] == pytest.approx(want[11])  # the latency tax, a float
+    return len(rollup)
+
+
+def test_the_daily_rollup_stays_the_sum_of_the_rows(tmp_path: Path) -> None:
+    """Inserts, updates (a count arriving late, a status fixed, a key renamed) and deletes
+    (pruning)."""
+    conn = connect(tmp_path / "ledger.db")
+    migrate(conn)
+    insert_random_rows(conn, random.Random(2), 2000, days=10)
     conn.execute(
         "UPDATE requests SET counterfactual_cost_pusd = 777, counterfactual_prompt_tokens = 3 "
         "WHERE id % 7 = 0"
     )
     conn.execute("UPDATE requests SET status = 200, ts = ts + 86400 WHERE id % 11 = 0")
+    conn.execute("UPDATE requests SET key_name = 'renamed' WHERE id % 13 = 0")
     conn.execute("DELETE FROM requests WHERE id % 5 = 0")
-    rollup = conn.execute("SELECT * FROM requests_daily ORDER BY 1, 2, 3, 4, 5").fetchall()
-    expected = conn.execute(ROLLUP_FROM_ROWS).fetchall()
-    assert len(rollup) == len(expected) > 50
-    for got, want in zip(rollup, expected, strict=True):
-        assert (got[:10], got[11]) == (want[:10], want[11])
-        assert got[10] == pytest.approx(want[10])  # the latency tax, a float
+    assert assert_rollup_is_the_sum_of_the_rows(conn) > 50
+    conn.close()
+
+
+def test_upgrading_to_the_key_rollup_sums_the_rows_of_every_key(tmp_path: Path) -> None:
+    """A ledger at 0004 (the rollup without the key) with rows of several keys, one of them
+    NULL: 0005 rebuilds the rollup from the rows, and its triggers keep it equal after."""
+    conn = connect(tmp_path / "v4.db")
+    migrate(conn, upto="0004_prediction.sql")
+    rng = random.Random(3)
+    insert_random_rows(conn, rng, 1500, days=5)
+    assert migrate(conn) == ["0005_key_rollup.sql"]
+    assert assert_rollup_is_the_sum_of_the_rows(conn) > 50
+    keys = {r[0] for r in conn.execute("SELECT DISTINCT key_name FROM requests_daily")}
+    assert keys == {"alice", "bob", "ci", ""}  # NULL and '' are both "no key", like model
+    # After the upgrade: the writer's inserts, a late count, pruning.
+    insert_random_rows(conn, rng, 500, days=6)
+    conn.execute("UPDATE requests SET counterfactual_cost_pusd = 5 WHERE id % 9 = 0")
+    conn.execute("DELETE FROM requests WHERE id % 4 = 0 OR key_name = 'bob'")
+    assert assert_rollup_is_the_sum_of_the_rows(conn) > 50
+    assert "bob" not in {r[0] for r in conn.execute("SELECT key_name FROM requests_daily")}
     conn.close()
 
 

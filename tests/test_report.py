@@ -68,8 +68,14 @@ OCTOBER = [
 ]  # fmt: skip
 
 
-def seed(db: Path, rows: list[dict[str, Any]]) -> None:
-    open_database(str(db))
+def seed(db: Path, rows: list[dict[str, Any]], *, upto: str | None = None) -> None:
+    """A ledger with ``rows``, at the latest version or (``upto``) at an earlier one."""
+    if upto is None:
+        open_database(str(db))
+    else:
+        old = sqlite3.connect(db, isolation_level=None)
+        migrate(old, upto=upto)
+        old.close()
     conn = sqlite3.connect(db)
     with conn:
         for r in rows:
@@ -215,18 +221,23 @@ def test_by_reason_and_by_key(ledger: Path, capsys: pytest.CaptureFixture[str]) 
     assert keys == {"alice": (2, "2.000000"), "ci": (2, "1.250000"), None: (2, "0.000000")}
 
 
-def test_by_key_on_a_ledger_without_key_names(
-    ledger: Path, capsys: pytest.CaptureFixture[str]
+def test_by_key_on_a_ledger_from_before_client_keys_is_one_group_without_a_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    conn = sqlite3.connect(ledger)
-    conn.execute("ALTER TABLE requests DROP COLUMN key_name")
-    conn.close()
-    code, out, err = report(capsys, "--month", "2026-10", "--by", "key")
-    assert (code, out) == (2, "")
-    assert err == (
-        "frugal report: --by key: this ledger records no client key names yet (the key_name "
-        "column comes with client keys, `frugal keys`); use --by model, day or reason\n"
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "old.db"
+    seed(db, [{k: v for k, v in r.items() if k != "key_name"} for r in OCTOBER],
+         upto="0002_costs.sql")  # fmt: skip
+    code, out, _ = report(capsys, "--db", str(db), "--month", "2026-10", "--format", "json")
+    total = json.loads(out)
+    code, out, err = report(
+        capsys, "--db", str(db), "--month", "2026-10", "--by", "key", "--format", "json"
     )
+    assert (code, err) == (0, "")
+    [group] = json.loads(out)["groups"]
+    assert group.pop("key") is None
+    assert group == {k: v for k, v in total.items() if k in group}
+    assert (group["requests"], group["saved_usd"]) == (6, "3.250000")
 
 
 def test_csv_and_markdown(ledger: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -329,6 +340,85 @@ def test_totals_equal_the_sum_of_the_rows_to_the_cent(
     assert round(sum(Decimal(g["saved_usd"]) for g in groups), 2) == round(
         Decimal(data["saved_usd"]), 2
     )
+
+
+# What `--by key` showed when it scanned the rows: one GROUP BY over the period's rows, the key
+# NULL or '' being "no key".
+BY_KEY_FROM_ROWS = """
+SELECT NULLIF(key_name, ''), COUNT(*), SUM(route = 'local'), SUM(route = 'api'),
+       SUM(status >= 400), COALESCE(SUM(api_cost_pusd), 0),
+       COALESCE(SUM(counterfactual_cost_pusd), 0),
+       SUM(status < 400 AND counterfactual_cost_pusd IS NULL), TOTAL(latency_tax_ms),
+       SUM(latency_tax_ms > 0)
+FROM requests WHERE ts >= ? AND ts < ? GROUP BY 1
+"""
+
+
+def usd6(pico: int) -> str:
+    return str((Decimal(pico) / PICO).quantize(Decimal(10) ** -6))
+
+
+def test_by_key_equals_a_group_by_over_the_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ledger written at 0004 (before the key was in the rollup), upgraded by the report."""
+    monkeypatch.chdir(tmp_path)
+    rng = random.Random(7)
+    rows = []
+    for i in range(3000):
+        route = rng.choice(["local", "local", "api", "none"])
+        status = 400 if route == "none" else rng.choice([200, 200, 200, 502])
+        paid = rng.randrange(0, 3 * 10**10) if route == "api" else 0
+        tax = float(rng.randrange(1, 9000)) if route == "api" and i % 3 == 0 else 0.0
+        day = {0: "2026-09-30", 1: "2026-11-01"}.get(i % 50, f"2026-10-{1 + i % 31:02d}")
+        rows.append(
+            row(
+                f"{day} {i % 24:02d}:{i % 60:02d}:{i % 59:02d}",
+                route,
+                rng.choice(["accepted", "low_quality", "forced"]),
+                rng.choice(["gpt-4o-mini", "gpt-4o", "my-finetune"]),
+                request_id=f"r{i}",
+                status=status,
+                key_name=rng.choice(["alice", "bob", "ci", None, ""]),
+                api_cost_pusd=paid,
+                counterfactual_cost_pusd=rng.choice([None, paid + rng.randrange(0, 10**10)]),
+                local_ms=tax,
+                latency_tax_ms=tax,
+            )
+        )
+    db = tmp_path / "keys.db"
+    seed(db, rows, upto="0004_prediction.sql")
+    code, out, _ = report(
+        capsys, "--db", str(db), "--month", "2026-10", "--by", "key", "--format", "json"
+    )
+    assert code == 0
+    data = json.loads(out)
+    conn = sqlite3.connect(db)
+    bounds = (ts("2026-10-01 00:00:00"), ts("2026-11-01 00:00:00"))
+    expected = {}
+    for key, n, local, api, failed, paid, cf, uncosted, tax_ms, taxed in conn.execute(
+        BY_KEY_FROM_ROWS, bounds
+    ):
+        expected[key] = {
+            "requests": n,
+            "local_requests": local,
+            "api_requests": api,
+            "failed_requests": failed,
+            "unpriced_requests": uncosted,
+            "local_share": round(local / (local + api), 4),
+            "api_cost_usd": usd6(paid),
+            "counterfactual_cost_usd": usd6(cf),
+            "saved_usd": usd6(cf - paid),
+            "latency_tax_s": round(tax_ms / 1000, 3),
+            "latency_tax_requests": taxed,
+            "latency_tax_share": round(taxed / (local + api), 4),
+        }
+    conn.close()
+    assert set(expected) == {"alice", "bob", "ci", None}
+    order = sorted(expected, key=lambda k: (-expected[k]["requests"], str(k)))
+    assert [g["key"] for g in data["groups"]] == order
+    assert {g.pop("key"): g for g in data["groups"]} == expected
+    assert data["requests"] == sum(e["requests"] for e in expected.values()) == 2880
 
 
 # -- latency tax ----------------------------------------------------------------------------------
