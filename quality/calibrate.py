@@ -36,6 +36,7 @@ import numpy.typing as npt
 from quality import signals
 from quality.answers import ANSWERS_PATH, Graded, grade, load_answers, request_for
 from quality.combiner import (
+    ANSWER_FEATURES,
     CONFIDENCE_FEATURES,
     FULL_FEATURES,
     HARD_CAP,
@@ -50,23 +51,9 @@ from quality.metrics import roc_auc
 Array = npt.NDArray[np.float64]
 LAMBDAS = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 FOLDS = 5
-FAULTS = frozenset(
-    {
-        "rep_ratio",
-        "wrong_language",
-        "refusal",
-        "copy_share",
-        "quote_copy",
-        "restate_ratio",
-        "fmt_fail",
-        "arith_wrong",
-        "arith_mismatch",
-        "code_broken",
-        "code_mismatch",
-        "code_unchanged",
-    }
-)
-"""Features whose weight must not be positive."""
+FAULTS = frozenset(ANSWER_FEATURES) - {"len_log"}
+"""Features whose weight must not be positive: every answer feature describes a fault, but the
+length."""
 DEFAULT_THRESHOLD = 0.6
 TARGET_PRECISION = 0.9
 OFFSETS = tuple(round(0.1 * i, 1) for i in range(41))

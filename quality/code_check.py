@@ -22,7 +22,6 @@ and nothing in the answer is run. The signal does not apply when none of this is
 from __future__ import annotations
 
 import ast
-import math
 import operator
 import re
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from typing import Any
 
 from quality._types import Signal
 from quality._view import View
+from quality.verify import close, numbers_in
 
 _NAME = "code"
 _MAX_LEN = 1000
@@ -115,7 +115,6 @@ _QUESTION = re.compile(
     r"|\bdoes\s+(.+?)\s+(?:return|evaluate\s+to|give|output|print)\b",
     re.I,
 )
-_ANSWER_NUM = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\d])")
 
 
 class _Unsafe(Exception):
@@ -207,9 +206,16 @@ def evaluate(source: str) -> tuple[bool, Any]:
     try:
         tree = ast.parse(source.strip(), mode="eval")
         return True, _eval(tree.body)
-    except (_Unsafe, SyntaxError, ValueError, TypeError, ArithmeticError, LookupError):
-        return False, None
-    except (RecursionError, MemoryError):
+    except (
+        _Unsafe,
+        SyntaxError,
+        ValueError,
+        TypeError,
+        ArithmeticError,
+        LookupError,
+        RecursionError,
+        MemoryError,
+    ):
         return False, None
 
 
@@ -271,11 +277,7 @@ def states_value(answer: str, source: str, value: Any, printed: bool) -> bool:
     for echo in (f"print({source})", source):
         text = text.replace(echo, " ")
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return any(
-            math.isclose(float(n), float(value), rel_tol=1e-3)
-            or round(float(n), 2) == round(value, 2)
-            for n in _ANSWER_NUM.findall(text)
-        )
+        return any(close(n, float(value)) for n in numbers_in(text))
     for spelling in _spellings(value, printed):
         pattern = re.escape(spelling)
         if re.search(rf"(?<![\w]){pattern}(?![\w])" if spelling[0].isalnum() else pattern, text):

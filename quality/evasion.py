@@ -55,6 +55,10 @@ _QUOTED = re.compile(
 _NAME = "evasion"
 
 
+def _grams(words: list[str], n: int) -> set[tuple[str, ...]]:
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
 def refusal(text: str) -> bool:
     return _REFUSAL.search(text[:REFUSAL_SPAN]) is not None
 
@@ -65,7 +69,7 @@ def restate_ratio(answer: str, question: str) -> float:
     q = _WORD.findall(question.lower())
     if len(a) < RESTATE_N + RESTATE_MIN_GRAMS - 1 or len(q) < RESTATE_N:
         return 0.0
-    q_grams = {tuple(q[i : i + RESTATE_N]) for i in range(len(q) - RESTATE_N + 1)}
+    q_grams = _grams(q, RESTATE_N)
     a_grams = [tuple(a[i : i + RESTATE_N]) for i in range(len(a) - RESTATE_N + 1)]
     return sum(1 for g in a_grams if g in q_grams) / len(a_grams)
 
@@ -75,22 +79,19 @@ def copy_share(answer: str, prompt: str) -> float:
     q = _WORD.findall(prompt.lower())
     if len(q) < COPY_MIN_WORDS:
         return 0.0
-    a = _WORD.findall(answer.lower())
-    q_grams = {tuple(q[i : i + COPY_N]) for i in range(len(q) - COPY_N + 1)}
-    a_grams = {tuple(a[i : i + COPY_N]) for i in range(len(a) - COPY_N + 1)}
-    return len(q_grams & a_grams) / len(q_grams)
+    q_grams = _grams(q, COPY_N)
+    return len(q_grams & _grams(_WORD.findall(answer.lower()), COPY_N)) / len(q_grams)
 
 
 def quote_copy(answer: str, prompt: str) -> float:
     """Largest share of one quoted passage's word trigrams that the answer repeats."""
-    a = _WORD.findall(answer.lower())
-    a_grams = {tuple(a[i : i + QUOTE_N]) for i in range(len(a) - QUOTE_N + 1)}
+    a_grams = _grams(_WORD.findall(answer.lower()), QUOTE_N)
     best = 0.0
     for m in _QUOTED.finditer(prompt):
         q = _WORD.findall(next(g for g in m.groups() if g).lower())
         if len(q) < QUOTE_MIN_WORDS:
             continue
-        q_grams = {tuple(q[i : i + QUOTE_N]) for i in range(len(q) - QUOTE_N + 1)}
+        q_grams = _grams(q, QUOTE_N)
         best = max(best, len(q_grams & a_grams) / len(q_grams))
     return best
 

@@ -72,9 +72,13 @@ T_YES_NO_STRICT = re.compile(
     r"\b(?:only|just|exactly)\s+(?:with\s+)?\"?yes\"?\s+or\s+\"?no\b", re.I
 )
 T_COMMA = re.compile(r"\bcomma[- ]separated\b|\bseparated\s+by\s+commas\b", re.I)
+_AT_MOST = (
+    r"\b(?:at\s+most|no\s+more\s+than|not\s+more\s+than|fewer\s+than|less\s+than|under|"
+    r"maximum\s+(?:of\s+)?|max\.?|up\s+to)"
+)
+"""An upper bound, as in "under 50 words", "at most 280 characters"."""
 T_MAX_WORDS = re.compile(
-    rf"\b(?:at\s+most|no\s+more\s+than|not\s+more\s+than|fewer\s+than|less\s+than|under|"
-    rf"maximum\s+(?:of\s+)?|max\.?|up\s+to)\s+{_NUM}\s+words\b"
+    rf"{_AT_MOST}\s+{_NUM}\s+words\b"
     rf"|\b(?:in\s+)?{_NUM}\s+words\s+or\s+(?:less|fewer)\b",
     re.I,
 )
@@ -125,11 +129,7 @@ T_AVOID = re.compile(
     rf"{_QUOTED_WORD}",
     re.I,
 )
-T_MAX_CHARS = re.compile(
-    rf"\b(?:under|at\s+most|no\s+more\s+than|fewer\s+than|less\s+than|max(?:imum)?\.?|up\s+to)\s+"
-    rf"{_NUM}\s+(?:characters|chars)\b",
-    re.I,
-)
+T_MAX_CHARS = re.compile(rf"{_AT_MOST}\s+{_NUM}\s+(?:characters|chars)\b", re.I)
 T_LINES = re.compile(
     rf"\b{_NUM}[- ]line\s+(?:poem|verse|stanza|rhyme|song)\b|\b(haiku|limerick)\b", re.I
 )
@@ -228,7 +228,7 @@ def _check_lines(answer: str, match: re.Match[str]) -> bool:
     fenced = _FENCE.match(body)
     lines = [line for line in (fenced.group(1) if fenced else body).splitlines() if line.strip()]
     # a title line, or a closing remark after the poem, is common and harmless
-    return wanted <= len(lines) <= wanted + 1 if len(lines) > 1 else False
+    return len(lines) > 1 and wanted <= len(lines) <= wanted + 1
 
 
 def _check_json(answer: str, _: re.Match[str]) -> bool:

@@ -112,8 +112,14 @@ def evaluate(expression: str) -> float | None:
     return values[0] if len(values) == 1 and math.isfinite(values[0]) else None
 
 
-def _close(a: float, b: float) -> bool:
+def close(a: float, b: float) -> bool:
+    """Equal for an answer's purposes: to a relative 1e-6, or when both round to the same cent."""
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6) or round(a, 2) == round(b, 2)
+
+
+def numbers_in(text: str) -> list[float]:
+    """Every number written in ``text``, in order (thousands commas allowed)."""
+    return [_number(n) for n in _ANSWER_NUM.findall(text)]
 
 
 def false_equations(text: str) -> int:
@@ -121,7 +127,7 @@ def false_equations(text: str) -> int:
     wrong = 0
     for m in _EQUATION.finditer(text):
         value = evaluate(m.group(1))
-        if value is not None and not _close(value, _number(m.group(2))):
+        if value is not None and not close(value, _number(m.group(2))):
             wrong += 1
     return wrong
 
@@ -143,10 +149,10 @@ def states_result(answer: str, expected: float) -> bool:
     found = _ANSWER_NUM.findall(answer)
     if not found:
         return False
-    if _close(_number(found[-1]), expected):
+    if close(_number(found[-1]), expected):
         return True
     first = {_number(n) for n in _ANSWER_NUM.findall(answer.strip().split("\n", 1)[0])}
-    return len(first) == 1 and _close(first.pop(), expected)
+    return len(first) == 1 and close(first.pop(), expected)
 
 
 _NAME = "verify"
