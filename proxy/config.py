@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from pathlib import Path
@@ -221,11 +222,7 @@ def _build_backends(raw: Any) -> tuple[BackendSettings, ...]:
         where = f"[[local.backends]] #{i + 1}"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where} = {entry!r}: expected a table, e.g. {example}")
-        unknown = sorted(set(entry) - set(defaults))
-        if unknown:
-            raise ConfigError(
-                f"{where} {unknown[0]}: unknown key; known keys are {', '.join(defaults)}"
-            )
+        _reject_unknown(where, entry, defaults)
         for key in ("name", "api_base"):
             if not isinstance(entry.get(key), str) or not entry[key]:
                 raise ConfigError(f"{where} {key}: missing; expected a string, e.g. {example}")
@@ -237,16 +234,19 @@ def _build_backends(raw: Any) -> tuple[BackendSettings, ...]:
     return tuple(backends)
 
 
+def _reject_unknown(where: str, table: dict[str, Any], known: Iterable[str]) -> None:
+    """A clear error for the first key of ``table`` that is not in ``known`` (listed in order)."""
+    names = list(known)
+    unknown = sorted(set(table) - set(names))
+    if unknown:
+        raise ConfigError(f"{where} {unknown[0]}: unknown key; known keys are {', '.join(names)}")
+
+
 def _build_section(name: str, cls: type, raw: Any) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"[{name}] must be a table, got {raw!r}")
     defaults = cls()
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(
-            f"[{name}] {unknown[0]}: unknown key; known keys are {', '.join(sorted(known))}"
-        )
+    _reject_unknown(f"[{name}]", raw, sorted(f.name for f in fields(cls)))
     hints = get_type_hints(cls)
     values = {k: _coerce(name, k, v, getattr(defaults, k), hints[k]) for k, v in raw.items()}
     return cls(**values)
@@ -357,11 +357,7 @@ def _build_pricing(raw: Any) -> dict[str, ModelPrice]:
         where = f'[pricing."{model}"]'
         if not isinstance(entry, dict):
             raise ConfigError(f"{where} = {entry!r}: expected a table, e.g. {example}")
-        unknown = sorted(set(entry) - set(known))
-        if unknown:
-            raise ConfigError(
-                f"{where} {unknown[0]}: unknown key; known keys are {', '.join(known)}"
-            )
+        _reject_unknown(where, entry, known)
         for key in known:
             if key not in entry:
                 if key == "cached_input_per_mtok":
