@@ -22,6 +22,7 @@ and nothing in the answer is run. The signal does not apply when none of this is
 from __future__ import annotations
 
 import ast
+import itertools
 import operator
 import re
 from collections.abc import Callable, Iterator
@@ -33,6 +34,12 @@ from quality.verify import close, numbers_in
 
 _NAME = "code"
 _MAX_LEN = 1000
+MAX_QUOTED = 5
+"""Most ``print(`` calls or ``def`` lines of a prompt read: scoring stays cheap on any prompt."""
+MAX_FUNCTION_CHARS = 2000
+"""A function quoted for fixing is read from at most this many characters after its ``def``..."""
+MAX_CUTS = 12
+"""...cut at the last of these sentence or paragraph ends that parses."""
 _BLOCK = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)(```|\Z)", re.S)
 _BRANCHES = (
     ast.If,
@@ -111,8 +118,8 @@ _METHODS = frozenset(
     }
 )
 _QUESTION = re.compile(
-    r"(?:result|value|output)\s+of\s+(.+?)(?:\s+in\s+python\b|\s*\?|$)"
-    r"|\bdoes\s+(.+?)\s+(?:return|evaluate\s+to|give|output|print)\b",
+    r"(?:result|value|output)\s+of\s+(.{1,200}?)(?:\s+in\s+python\b|\s*\?|$)"
+    r"|\bdoes\s+(.{1,200}?)\s+(?:return|evaluate\s+to|give|output|print)\b",
     re.I,
 )
 
@@ -201,21 +208,30 @@ def _eval(node: ast.AST) -> Any:  # noqa: PLR0911, PLR0912 (one branch per node 
     raise _Unsafe
 
 
+_UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError)
+"""What ``ast.parse`` raises on text that is not Python, or nested too deep for the parser."""
+
+
+def _parse(source: str, mode: str = "exec") -> ast.AST | None:
+    try:
+        return ast.parse(source.strip(), mode=mode)
+    except _UNPARSABLE:
+        return None
+
+
+def _expression(source: str) -> ast.expr | None:
+    tree = _parse(source, "eval")
+    return tree.body if isinstance(tree, ast.Expression) else None
+
+
 def evaluate(source: str) -> tuple[bool, Any]:
     """``(True, value)`` for a small pure Python expression, else ``(False, None)``."""
+    tree = _expression(source)
+    if tree is None:
+        return False, None
     try:
-        tree = ast.parse(source.strip(), mode="eval")
-        return True, _eval(tree.body)
-    except (
-        _Unsafe,
-        SyntaxError,
-        ValueError,
-        TypeError,
-        ArithmeticError,
-        LookupError,
-        RecursionError,
-        MemoryError,
-    ):
+        return True, _eval(tree)
+    except (_Unsafe, TypeError, ArithmeticError, LookupError, *_UNPARSABLE):
         return False, None
 
 
@@ -225,18 +241,15 @@ def _interesting(tree: ast.expr) -> bool:
 
 def _print_arguments(prompt: str) -> Iterator[str]:
     """The argument of each ``print(...)`` call written in the prompt."""
-    for m in re.finditer(r"\bprint\s*\(", prompt):
+    for m in itertools.islice(re.finditer(r"\bprint\s*\(", prompt), MAX_QUOTED):
         start = m.end()
         for end in range(start, min(len(prompt), start + 300)):
             if prompt[end] != ")":
                 continue
             inner = prompt[start:end]
-            try:
-                ast.parse(inner.strip(), mode="eval")
-            except SyntaxError:
-                continue
-            yield inner
-            break
+            if _expression(inner) is not None:
+                yield inner
+                break
 
 
 def asked_expression(prompt: str) -> tuple[str, Any, bool] | None:
@@ -249,11 +262,8 @@ def asked_expression(prompt: str) -> tuple[str, Any, bool] | None:
             return inner.strip(), value, True
     for m in _QUESTION.finditer(prompt):
         candidate = (m.group(1) or m.group(2) or "").strip().strip("`")
-        try:
-            tree = ast.parse(candidate, mode="eval").body
-        except SyntaxError:
-            continue
-        if _interesting(tree):
+        tree = _expression(candidate)
+        if tree is not None and _interesting(tree):
             ok, value = evaluate(candidate)
             if ok:
                 return candidate, value, False
@@ -301,25 +311,27 @@ _DEF = re.compile(r"\bdef\s+\w+\s*\(")
 
 
 def _functions(tree: ast.AST) -> list[str]:
-    return [
-        ast.dump(node)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-    ]
+    try:
+        return [
+            ast.dump(node)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        ]
+    except RecursionError:
+        return []
 
 
 def quoted_functions(prompt: str) -> list[str]:
     """Syntax trees of the functions written in the prompt (inline or on their own lines)."""
     found: list[str] = []
-    for m in _DEF.finditer(prompt):
-        rest = prompt[m.start() :]
+    for m in itertools.islice(_DEF.finditer(prompt), MAX_QUOTED):
+        rest = prompt[m.start() : m.start() + MAX_FUNCTION_CHARS]
         ends = [e.start() for e in re.finditer(r"\n\s*\n|\.\s|\?|$", rest)]
-        for end in sorted(set(ends), reverse=True):
-            try:
-                found.extend(_functions(ast.parse(rest[:end].strip())))
+        for end in sorted(set(ends), reverse=True)[:MAX_CUTS]:
+            tree = _parse(rest[:end])
+            if tree is not None:
+                found.extend(_functions(tree))
                 break
-            except SyntaxError:
-                continue
     return found
 
 
@@ -348,9 +360,8 @@ def code_check(view: View) -> Signal:
     broken = unchanged = 0.0
     to_fix = quoted_functions(view.prompt) if blocks and _FIX.search(view.prompt) else []
     for body, closed in blocks:
-        try:
-            tree = ast.parse(body)
-        except (SyntaxError, ValueError):
+        tree = _parse(body)
+        if tree is None:
             broken = max(broken, float(closed))  # a block cut off by the limit is truncation's
             continue
         if never_returns(tree) and "code_never_returns" not in hard:

@@ -133,3 +133,18 @@ def test_blocks_in_other_languages_are_left_alone() -> None:
 
 def test_the_signal_does_not_apply_without_code_or_an_expression() -> None:
     assert not check("What is the capital of France?", "Paris.")[2]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "answer"),
+    [
+        ("In Python, what is the value of " + "(" * 1600 + "1?", "1"),
+        ("What does print(" + "(" * 3000 + "1" + ")" * 3000 + ") output in Python?", "1"),
+        ("Fix the bug in this Python function.", "```python\n" + "(" * 5000 + "\n```"),
+        ("Fix this: def f(x): return x", "```python\nx = " + "1+" * 20000 + "1\n```"),
+        ("python " + "result of x " * 1300, "x"),
+    ],
+)
+def test_python_nested_past_the_parser_limit_is_not_a_crash(prompt: str, answer: str) -> None:
+    s = score(request(prompt), completion(answer))
+    assert 0.0 <= s.value <= 1.0
