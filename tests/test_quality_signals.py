@@ -698,3 +698,11 @@ def test_a_short_run_of_one_emoji_is_a_loop() -> None:
     s = score(request("Write a tweet encouraging people to vote."), completion(loop))
     assert "repetition" in s.reasons
     assert s.value <= 0.1
+
+
+def test_a_chain_longer_than_the_limit_is_not_checked_by_its_tail() -> None:
+    thirty = " + ".join(["1"] * 30) + " = 30"
+    assert false_equations(thirty) == 0
+    assert false_equations("2 + 3 = 5 and 4 * 4 = 15") == 1
+    loop = "1+" * 5000 + "1 = 5"  # no equation of 16 operations or fewer: nothing checked
+    assert false_equations(loop) == 0
