@@ -88,6 +88,7 @@ T_SENTENCES = re.compile(
     rf"|\bone[- ]sentence\b",
     re.I,
 )
+MAX_OPTIONS = 20
 T_LABELS = (
     re.compile(
         r"\b(?:one\s+of|choose\s+(?:from|between|among)|pick\s+(?:from|one\s+of)|"
@@ -100,7 +101,14 @@ T_LABELS = (
         re.I,
     ),
     re.compile(r"\b(true\s+or\s+false)\b", re.I),
-    re.compile(r"((?:[\w-]+,\s*)*(?:an?\s+)?[\w-]+,?\s+or\s+(?:an?\s+)?[\w-]+)\s*\?", re.I),
+    # from a word's start only, and at most MAX_OPTIONS options: unbounded, a long run of
+    # words or digits with no "or" made this search quadratic (seconds for a 16,000-character
+    # prompt)
+    re.compile(
+        rf"(?<![\w-])((?:[\w-]+,\s*){{0,{MAX_OPTIONS}}}(?:an?\s+)?[\w-]+,?\s+or\s+(?:an?\s+)?"
+        r"[\w-]+)\s*\?",
+        re.I,
+    ),
 )
 T_JSON = re.compile(
     r"\b(?:respond|reply|answer|output|return|format|give)\b[^.\n]{0,40}?\b(?:in|as|with)\s+"

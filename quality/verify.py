@@ -44,10 +44,12 @@ _TOKEN = re.compile(
     rf"({_NUM})|(" + "|".join(re.escape(w) for w in _OP_WORDS) + r")(?=\s|\d|$)", re.I
 )
 MAX_TERMS = 16
-"""Longest chain of operations checked. Unbounded, a long run like ``1+1+1+…`` with no ``=``
-made the search quadratic (half a second for 4,000 characters)."""
+"""Longest chain of operations checked. Unbounded, and from any digit rather than a number's
+first, a long run like ``1+1+1+…`` or ``1111…`` with no ``=`` made the search quadratic (half a
+second for 4,000 characters)."""
 _EQUATION = re.compile(
-    rf"((?:{_NUM})(?:\s*(?:[-+*/×÷x−^]|\*\*)\s*(?:{_NUM})){{1,{MAX_TERMS}}})\s*=\s*(-?{_NUM})"
+    rf"(?<![\d.,])((?:{_NUM})(?:\s*(?:[-+*/×÷x−^]|\*\*)\s*(?:{_NUM})){{1,{MAX_TERMS}}})\s*=\s*"
+    rf"(-?{_NUM})"
     r"(?!\s*[-+*/×÷^]\s*\d)"
 )
 _CHAINED = re.compile(r"[-+*/×÷−^]\s*$")

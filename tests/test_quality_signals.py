@@ -706,3 +706,9 @@ def test_a_chain_longer_than_the_limit_is_not_checked_by_its_tail() -> None:
     assert false_equations("2 + 3 = 5 and 4 * 4 = 15") == 1
     loop = "1+" * 5000 + "1 = 5"  # no equation of 16 operations or fewer: nothing checked
     assert false_equations(loop) == 0
+
+
+def test_an_equation_is_read_from_the_start_of_a_number_not_from_inside_one() -> None:
+    # "12 / 10 = 2" is one false equation; "2 / 10 = 2", read from inside "12", is not another
+    assert false_equations("Two fifths of 60 is 2 * 60 / 100 = 12 / 10 = 2.") == 1
+    assert false_equations("1" * 5000) == 0
