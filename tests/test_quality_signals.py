@@ -712,3 +712,23 @@ def test_an_equation_is_read_from_the_start_of_a_number_not_from_inside_one() ->
     # "12 / 10 = 2" is one false equation; "2 / 10 = 2", read from inside "12", is not another
     assert false_equations("Two fifths of 60 is 2 * 60 / 100 = 12 / 10 = 2.") == 1
     assert false_equations("1" * 5000) == 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1" * 4000,
+        "a, " * 1300,
+        "1.5" * 1300,
+        "1,000" * 800,
+        "1 + " * 1000,
+        "classify as " + "a, " * 1300,
+        "'" + "ab " * 1300,
+        "(" * 4000,
+        "```python\n" * 400,
+    ],
+)
+def test_long_degenerate_prompts_and_answers_get_a_score(text: str) -> None:
+    for prompt, answer in ((text, "An answer."), ("What is this?", text), (text, text)):
+        s = score(request(prompt), completion(answer, logprobs=sure(answer[:200])))
+        assert 0.0 <= s.value <= 1.0
