@@ -2,7 +2,10 @@
 
 - ``empty``: nothing but whitespace (and no tool call).
 - ``truncated``: the engine stopped for reasons of its own (full context, deadline). A cut by
-  the client's own ``max_tokens`` is not a fault: the API would cut it too.
+  the client's own ``max_tokens`` is not a hard fault: the API would cut it too.
+- ``cut_off`` (feature ``cut_mid``): the client's ``max_tokens`` cut the answer mid-sentence. Soft:
+  a short task that a small model turns into a ramble ends this way, while an API model would
+  usually have finished inside the same budget; the combiner weighs it from data.
 - ``template_leak``: chat-template or control tokens in the text, or a line that is nothing but
   a role name (``user``, ``model``…: what is left of a turn marker once the special tokens are
   detokenized away), the mark of a model that is not chat-tuned or a template that does not fit.
@@ -137,6 +140,10 @@ def is_engine_truncation(view: View) -> bool:
     return view.completion_tokens < view.max_tokens
 
 
+_FINISHED = re.compile(r"[.!?。！？…)\]}\"'`”’*]\s*$")
+"""An answer that ends here ended a sentence, a quote or a code block."""
+
+
 def degeneration(view: View) -> Signal:
     text = view.content
     hard: list[str] = []
@@ -168,8 +175,14 @@ def degeneration(view: View) -> Signal:
             wrong = 1.0
             soft["wrong_language"] = "wrong_language"
 
+    cut = 0.0
+    if view.finish_reason == "length" and not _FINISHED.search(stripped):
+        cut = 1.0
+        soft["cut_off"] = "cut_mid"
+
     words = len(_WORD.findall(stripped))
     features = {
+        "cut_mid": cut,
         "rep_ratio": rep,
         "wrong_language": wrong,
         "len_log": math.log1p(words),

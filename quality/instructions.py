@@ -88,6 +88,14 @@ T_SENTENCES = re.compile(
     rf"|\bone[- ]sentence\b",
     re.I,
 )
+T_SENTENCE_COUNT = re.compile(
+    rf"\b(?:write|give|compose|tell)\s+(?:me\s+|us\s+)?(?:exactly\s+|only\s+|just\s+)?{_NUM}\s+"
+    r"(?:short\s+|full\s+|complete\s+|simple\s+)?sentences?\b"
+    rf"|\b{_NUM}-sentences?\b",
+    re.I,
+)
+"""A number of sentences to write ("write two sentences", "a three-sentence story"): the count is
+the task, not only an upper bound."""
 MAX_OPTIONS = 20
 T_LABELS = (
     re.compile(
@@ -190,6 +198,12 @@ def _check_sentences(answer: str, match: re.Match[str]) -> bool:
     return len(parts) <= n
 
 
+def _check_sentence_count(answer: str, match: re.Match[str]) -> bool:
+    n = _num(next(g for g in match.groups() if g))
+    parts = [p for p in _SENTENCE_END.split(answer.strip()) if p.strip()]
+    return len(parts) == n
+
+
 def _check_exact_words(answer: str, match: re.Match[str]) -> bool:
     return len(_words(answer)) == _num(next(g for g in match.groups() if g))
 
@@ -259,6 +273,7 @@ _CHECKS: tuple[tuple[str, re.Pattern[str], Callable[[str, re.Match[str]], bool]]
     ("max_words", T_MAX_WORDS, _check_max_words),
     ("exact_words", T_EXACT_WORDS, _check_exact_words),
     ("sentences", T_SENTENCES, _check_sentences),
+    ("sentence_count", T_SENTENCE_COUNT, _check_sentence_count),
     ("uppercase", T_UPPER, _check_upper),
     ("lowercase", T_LOWER, _check_lower),
     ("list", T_LIST, _check_list),
@@ -306,14 +321,18 @@ def _check_yes_no(answer: str, strict: bool) -> bool:
 def failed_instructions(instructions: str, answer: str) -> tuple[list[str], int]:
     """(names of the instructions the answer breaks, how many instructions were checked)."""
     failed: list[str] = []
+    seen: set[str] = set()
     checked = 0
     json_asked = T_JSON.search(instructions) is not None
     for name, trigger, check in _CHECKS:
         if json_asked and name in ("one_word", "number", "comma_separated", "short"):
             continue  # "a JSON object with one word per field" is about the fields
+        if name == "sentence_count" and "sentences" in seen:
+            continue  # "write it in two sentences" is the upper bound already checked
         match = trigger.search(instructions)
         if match is None:
             continue
+        seen.add(name)
         checked += 1
         if not check(answer, match):
             failed.append(name)

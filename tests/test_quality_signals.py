@@ -172,6 +172,25 @@ def test_engine_truncation_counts_but_the_clients_own_max_tokens_does_not() -> N
     assert score(req, full_ctx).value < 0.2
 
 
+def test_an_answer_the_clients_limit_cut_mid_sentence_is_flagged_soft() -> None:
+    req = request("Write a thank-you note to a friend.", max_tokens=12)
+    mid = "Dear Sam, thank you so much for helping me move the boxes and"
+    done = "Dear Sam, thank you so much for all your help with the move!"
+    at_limit = {"finish_reason": "length", "stop_cause": "max_tokens", "completion_tokens": 12}
+    cut = degeneration(view_of(req, completion(mid, **at_limit)))
+    ended = degeneration(view_of(req, completion(done, **at_limit)))
+    short = degeneration(view_of(req, completion(mid, finish_reason="stop")))
+    assert cut.features["cut_mid"] == 1.0 and cut.soft == {"cut_off": "cut_mid"}
+    assert cut.hard == ()
+    assert ended.features["cut_mid"] == 0.0
+    assert short.features["cut_mid"] == 0.0
+
+
+def test_a_count_of_sentences_inside_an_upper_bound_is_checked_once() -> None:
+    failed, checked = failed_instructions("Summarise it in two sentences.", "It rained.")
+    assert (failed, checked) == ([], 1)
+
+
 def test_without_stop_cause_length_at_the_clients_limit_is_the_clients_cut() -> None:
     text = "Photosynthesis turns light, water and carbon dioxide into sugar and"
     at_limit = completion(text, finish_reason="length", completion_tokens=12)
@@ -466,6 +485,18 @@ def test_required_tool_choice_without_a_call_fails() -> None:
             "Gravity pulls masses toward each other.",
             "Gravity pulls masses together. It keeps us on Earth.",
             "sentences",
+        ),
+        (
+            "Write two sentences encouraging people to recycle.",
+            "Recycling saves resources. Sort your bins today!",
+            "By recycling we all reduce waste and help the planet.",
+            "sentence_count",
+        ),
+        (
+            "Write a three-sentence story about a lost key.",
+            "Mia lost her key. She searched all day. It was in her pocket.",
+            "Mia lost her key. It was in her pocket.",
+            "sentence_count",
         ),
         (
             "Classify the sentiment as positive, negative or neutral: The food was cold.",
