@@ -22,11 +22,12 @@ from quality.degeneration import degeneration
 from quality.evasion import evasion
 from quality.format import format_compliance
 from quality.instructions import instruction_compliance
+from quality.relevance import Embedder, relevance
 from quality.schema import check_schema
 from quality.task import task
 from quality.verify import verify
 
-__all__ = ["Score", "Signal", "check_schema", "score", "signals"]
+__all__ = ["Embedder", "Score", "Signal", "check_schema", "score", "signals"]
 
 SIGNALS = (
     confidence,
@@ -40,14 +41,21 @@ SIGNALS = (
 )
 
 
-def signals(request: dict[str, Any], completion: dict[str, Any]) -> list[Signal]:
-    """Every signal's view of one answer (applied or not), in a fixed order."""
+def signals(
+    request: dict[str, Any], completion: dict[str, Any], *, embedder: Embedder | None = None
+) -> list[Signal]:
+    """Every signal's view of one answer (applied or not), in a fixed order. Relevance applies
+    only with an ``embedder`` (see ``quality.relevance``)."""
     view: View = view_of(request, completion)
-    return [signal(view) for signal in SIGNALS]
+    return [*(signal(view) for signal in SIGNALS), relevance(view, embedder)]
 
 
 def score(
-    request: dict[str, Any], completion: dict[str, Any], *, combiner: Combiner | None = None
+    request: dict[str, Any],
+    completion: dict[str, Any],
+    *,
+    combiner: Combiner | None = None,
+    embedder: Embedder | None = None,
 ) -> Score:
     """Score ``completion`` (an OpenAI chat.completion dict) as an answer to ``request``."""
-    return (combiner or default_combiner()).combine(signals(request, completion))
+    return (combiner or default_combiner()).combine(signals(request, completion, embedder=embedder))

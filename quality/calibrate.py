@@ -1,12 +1,14 @@
 """Fit the combiner's weights on graded local answers: ``python -m quality.calibrate``.
 
 Reads the dev set (train split only: the held-out split is never seen here) and the cached local
-answers, grades them with the checkers, turns each answer into the signals' features and fits two
-L2-regularised logistic regressions with Newton's method (IRLS) in numpy: ``full`` (with the
-confidence and task features) and ``no_logprobs`` (without). The L2 strength is picked by
-stratified k-fold cross-validation on the train split. Features that describe a fault (a
-refusal, a broken instruction, a loop, a wrong sum…) may only lower the score: a fault whose
-fitted weight comes out positive on this small sample is pinned to 0 and the rest refitted.
+answers, grades them with the checkers, turns each answer into the signals' features (with the
+relevance signal's embedding model) and fits four L2-regularised logistic regressions with
+Newton's method (IRLS) in numpy: ``full`` (with the confidence and task features) and
+``no_logprobs`` (without), each also without ``rel_max`` for a server that has no embedder.
+The L2 strength is picked by stratified k-fold cross-validation on the train split. Features
+that describe a fault (a refusal, a broken instruction, a loop, a wrong sum…) may only lower the
+score: a fault whose fitted weight comes out positive on this small sample is pinned to 0 and
+the rest refitted.
 Answers that a hard gate already rejects are left out of the fit: the gate decides those, and
 they would only teach the weights about garbage.
 
@@ -38,15 +40,15 @@ from quality.answers import ANSWERS_PATH, Graded, grade, load_answers, request_f
 from quality.combiner import (
     ANSWER_FEATURES,
     CONFIDENCE_FEATURES,
-    FULL_FEATURES,
     HARD_CAP,
-    NO_LOGPROBS_FEATURES,
+    MODEL_FEATURES,
     WEIGHTS_PATH,
     Combiner,
     Model,
 )
 from quality.devset import DEV_PATH, load
 from quality.metrics import roc_auc
+from quality.relevance import Embedder, RelevanceUnavailable
 
 Array = npt.NDArray[np.float64]
 LAMBDAS = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
@@ -185,19 +187,21 @@ def fit_model(
     return Fit(model, lam, auc, offset)
 
 
-def feature_rows(graded: Sequence[Graded]) -> tuple[list[dict[str, float]], list[bool]]:
+def feature_rows(
+    graded: Sequence[Graded], embedder: Embedder | None
+) -> tuple[list[dict[str, float]], list[bool]]:
     """Combiner features of each answer, and whether a hard gate rejects it."""
     placeholder = Combiner(full=Model((), (), (), (), 0.0), no_logprobs=Model((), (), (), (), 0.0))
     rows, hard = [], []
     for g in graded:
-        sigs = signals(request_for(g.prompt), g.completion)
+        sigs = signals(request_for(g.prompt), g.completion, embedder=embedder)
         rows.append(placeholder.features(sigs))
         hard.append(any(s.hard for s in sigs))
     return rows, hard
 
 
-def calibrate(graded: Sequence[Graded]) -> tuple[dict[str, Any], list[str]]:
-    rows, hard = feature_rows(graded)
+def calibrate(graded: Sequence[Graded], embedder: Embedder) -> tuple[dict[str, Any], list[str]]:
+    rows, hard = feature_rows(graded, embedder)
     keep = [i for i, h in enumerate(hard) if not h]
     y = np.array([1.0 if graded[i].correct else 0.0 for i in keep])
     kinds = [graded[i].prompt.kind for i in keep]
@@ -205,10 +209,9 @@ def calibrate(graded: Sequence[Graded]) -> tuple[dict[str, Any], list[str]]:
     full_rows = [r for r in kept_rows if all(f in r for f in CONFIDENCE_FEATURES)]
     if len(full_rows) != len(kept_rows):
         raise ValueError("every local answer should carry logprobs")
-    fits = {
-        "full": fit_model(FULL_FEATURES, kept_rows, y, kinds),
-        "no_logprobs": fit_model(NO_LOGPROBS_FEATURES, kept_rows, y, kinds),
-    }
+    if any("rel_max" not in r for r in kept_rows):
+        raise ValueError("every answer should have a relevance score: is the embedder loaded?")
+    fits = {name: fit_model(feats, kept_rows, y, kinds) for name, feats in MODEL_FEATURES.items()}
     hard_right = sum(1 for g, h in zip(graded, hard, strict=True) if h and g.correct)
     report = [
         f"train answers: {len(graded)} ({sum(g.correct for g in graded)} right); "
@@ -250,7 +253,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     prompts = [p for p in load(args.dev) if p.split == "train"]
     graded = grade(prompts, load_answers(args.answers))
-    weights, report = calibrate(graded)
+    try:
+        embedder = Embedder.load()
+    except RelevanceUnavailable as exc:
+        print(f"calibrate: {exc}", file=sys.stderr)
+        return 1
+    weights, report = calibrate(graded, embedder)
     Path(args.out).write_text(json.dumps(weights, indent=2) + "\n", encoding="utf-8")
     print("\n".join(report))
     print(f"wrote {args.out}", file=sys.stderr)

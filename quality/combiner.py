@@ -55,8 +55,19 @@ FULL_CONFIDENCE = ("conf_head", "conf_head_min", "conf_worst_window")
 """The confidence features the full model weighs: of the six the signal reports, this subset
 has the better cross-validated AUC on the train split (0.797 against 0.789 with all six); the
 others add nothing the combiner can use on this model, and are kept for inspection."""
-FULL_FEATURES = FULL_CONFIDENCE + ANSWER_FEATURES + TASK_FEATURES
-NO_LOGPROBS_FEATURES = ANSWER_FEATURES
+RELEVANCE_FEATURES = ("rel_max",)
+FULL_NO_RELEVANCE_FEATURES = FULL_CONFIDENCE + ANSWER_FEATURES + TASK_FEATURES
+NO_LOGPROBS_NO_RELEVANCE_FEATURES = ANSWER_FEATURES
+FULL_FEATURES = FULL_NO_RELEVANCE_FEATURES + RELEVANCE_FEATURES
+NO_LOGPROBS_FEATURES = NO_LOGPROBS_NO_RELEVANCE_FEATURES + RELEVANCE_FEATURES
+MODEL_FEATURES: dict[str, tuple[str, ...]] = {
+    "full": FULL_FEATURES,
+    "no_logprobs": NO_LOGPROBS_FEATURES,
+    "full_no_relevance": FULL_NO_RELEVANCE_FEATURES,
+    "no_logprobs_no_relevance": NO_LOGPROBS_NO_RELEVANCE_FEATURES,
+}
+"""The four models ``weights.json`` holds: with or without logprobs, with or without the
+relevance signal (which needs the embedding model)."""
 
 FEATURE_DEFAULTS: dict[str, float] = dict.fromkeys(ANSWER_FEATURES + TASK_FEATURES, 0.0)
 """Value of a feature whose signal did not apply (no instruction to check means none broken)."""
@@ -112,14 +123,22 @@ class Combiner:
     full: Model
     no_logprobs: Model
     hard_cap: float = HARD_CAP
+    full_no_relevance: Model | None = None
+    no_logprobs_no_relevance: Model | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Combiner:
         models = data["models"]
+
+        def optional(name: str) -> Model | None:
+            return Model.from_dict(models[name]) if name in models else None
+
         return cls(
             full=Model.from_dict(models["full"]),
             no_logprobs=Model.from_dict(models["no_logprobs"]),
             hard_cap=float(data.get("hard_cap", HARD_CAP)),
+            full_no_relevance=optional("full_no_relevance"),
+            no_logprobs_no_relevance=optional("no_logprobs_no_relevance"),
         )
 
     @classmethod
@@ -134,7 +153,12 @@ class Combiner:
         return x
 
     def model_for(self, signals: Sequence[Signal]) -> Model:
-        has_confidence = any(s.name == "confidence" and s.applied for s in signals)
+        applied = {s.name for s in signals if s.applied}
+        has_confidence = "confidence" in applied
+        if "relevance" not in applied:
+            fallback = self.full_no_relevance if has_confidence else self.no_logprobs_no_relevance
+            if fallback is not None:
+                return fallback
         return self.full if has_confidence else self.no_logprobs
 
     def combine(self, signals: Sequence[Signal]) -> Score:

@@ -32,6 +32,7 @@ from quality.answers import (
 )
 from quality.devset import DEV_PATH, load
 from quality.metrics import AtThreshold, at_threshold, roc_auc, threshold_for_precision
+from quality.relevance import Embedder, RelevanceUnavailable
 
 DEFAULT_THRESHOLD = 0.6
 SWEEP = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
@@ -52,9 +53,11 @@ def _without_logprobs(completion: dict[str, Any]) -> dict[str, Any]:
     return {**completion, "choices": choices}
 
 
-def report(graded: Sequence[Graded], threshold: float) -> list[str]:
+def report(
+    graded: Sequence[Graded], threshold: float, embedder: Embedder | None = None
+) -> list[str]:
     started = time.perf_counter()
-    scores = [score(request_for(g.prompt), g.completion) for g in graded]
+    scores = [score(request_for(g.prompt), g.completion, embedder=embedder) for g in graded]
     per_answer_ms = (time.perf_counter() - started) * 1000 / max(1, len(graded))
     values = [s.value for s in scores]
     labels = [g.correct for g in graded]
@@ -64,9 +67,20 @@ def report(graded: Sequence[Graded], threshold: float) -> list[str]:
         f"at default {_fmt(at_threshold(values, labels, threshold))}",
         f"for precision >= 0.90: {_fmt(threshold_for_precision(values, labels, 0.90))}",
         f"for precision >= 0.95: {_fmt(threshold_for_precision(values, labels, 0.95))}",
-        f"mean scoring time: {per_answer_ms:.2f} ms/answer (see bench/quality_speed.py for p50)",
+        f"mean scoring time: {per_answer_ms:.2f} ms/answer"
+        + (" with the relevance signal" if embedder is not None else "")
+        + " (see bench/quality_speed.py for p50)",
     ]
-    bare = [score(request_for(g.prompt), _without_logprobs(g.completion)).value for g in graded]
+    if embedder is not None:
+        plain = [score(request_for(g.prompt), g.completion).value for g in graded]
+        lines.append(
+            f"same answers without the relevance signal: ROC AUC {roc_auc(plain, labels):.3f}; "
+            f"at default {_fmt(at_threshold(plain, labels, threshold))}"
+        )
+    bare = [
+        score(request_for(g.prompt), _without_logprobs(g.completion), embedder=embedder).value
+        for g in graded
+    ]
     lines += [
         f"same answers without logprobs (no confidence, no task kind: how an API answer is "
         f"scored): ROC AUC {roc_auc(bare, labels):.3f}; "
@@ -120,7 +134,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dev", default=str(DEV_PATH))
     parser.add_argument("--answers", default=str(ANSWERS_PATH))
+    parser.add_argument(
+        "--no-relevance", action="store_true", help="score without the embedding model"
+    )
     args = parser.parse_args(argv)
+    embedder: Embedder | None = None
+    if not args.no_relevance:
+        try:
+            embedder = Embedder.load()
+        except RelevanceUnavailable as exc:
+            print(f"relevance signal off: {exc}", file=sys.stderr)
 
     prompts = [p for p in load(args.dev) if args.split == "all" or p.split == args.split]
     cached = load_answers(args.answers)
@@ -138,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             save_answers(answers, args.answers)
     graded = grade(prompts, answers)
     print(f"split: {args.split}")
-    print("\n".join(report(graded, args.threshold)))
+    print("\n".join(report(graded, args.threshold, embedder)))
     return 0
 
 

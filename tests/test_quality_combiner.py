@@ -17,8 +17,7 @@ from quality.calibrate import (
     operating_offset,
 )
 from quality.combiner import (
-    FULL_FEATURES,
-    NO_LOGPROBS_FEATURES,
+    MODEL_FEATURES,
     WEIGHTS_PATH,
     Combiner,
     Model,
@@ -120,14 +119,18 @@ def test_score_accepts_an_explicit_combiner() -> None:
 
 def test_committed_weights_cover_exactly_the_features_the_signals_produce() -> None:
     weights = json.loads(WEIGHTS_PATH.read_text())
-    assert tuple(weights["models"]["full"]["features"]) == FULL_FEATURES
-    assert tuple(weights["models"]["no_logprobs"]["features"]) == NO_LOGPROBS_FEATURES
+    assert set(weights["models"]) == set(MODEL_FEATURES)
+    for name, features in MODEL_FEATURES.items():
+        assert tuple(weights["models"][name]["features"]) == features
     assert "calibrate" in weights["note"]
 
 
 def test_committed_weights_never_reward_a_fault() -> None:
     combiner = default_combiner()
-    for m in (combiner.full, combiner.no_logprobs):
+    models = [combiner.full, combiner.no_logprobs]
+    models += [m for m in (combiner.full_no_relevance, combiner.no_logprobs_no_relevance) if m]
+    assert len(models) == 4
+    for m in models:
         for name, coef in zip(m.features, m.coef, strict=True):
             if name in FAULTS:
                 assert coef <= 0.0, name
@@ -192,11 +195,12 @@ def test_committed_weights_are_what_calibration_fits_on_the_cached_answers() -> 
     from quality.answers import grade, load_answers
     from quality.calibrate import calibrate
     from quality.devset import load
+    from quality.relevance import Embedder
 
     prompts = [p for p in load() if p.split == "train"]
-    weights, _ = calibrate(grade(prompts, load_answers()))
+    weights, _ = calibrate(grade(prompts, load_answers()), Embedder.load())
     committed = json.loads(WEIGHTS_PATH.read_text())
-    for name in ("full", "no_logprobs"):
+    for name in MODEL_FEATURES:
         fresh, saved = weights["models"][name], committed["models"][name]
         assert fresh["features"] == saved["features"]
         assert fresh["coef"] == pytest.approx(saved["coef"], abs=1e-9)

