@@ -151,7 +151,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
         state.upstream = Upstream(settings.fallback)
         await state.upstream.start()
         owns_engine = engine is None
-        state.engine = engine or LocalEngine(settings.local)
+        state.engine = engine or LocalEngine(settings.local, relevance=settings.quality.relevance)
         try:
             if owns_engine:
                 await state.engine.start()

@@ -126,6 +126,7 @@ class RouterSettings:
 class QualitySettings:
     threshold: float = 0.6
     models: dict[str, float] = field(default_factory=dict)  # requested model -> its threshold
+    relevance: bool = True  # the embedding-model signal, when its package is installed
 
 
 @dataclass(frozen=True, kw_only=True)

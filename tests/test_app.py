@@ -406,6 +406,7 @@ async def test_healthz_and_models(tmp_path: Path, fake_api: FakeAPI, make_client
     body = health.json()
     assert body["engine"]["state"] == "ready"
     assert body["engine"]["n_ctx"] == 4096
+    assert body["engine"]["relevance"]["enabled"] is True, body["engine"]["relevance"]
     assert body["fallback"]["configured"] is True
     assert body["fallback"]["api_base"] == fake_api.url
     assert [m["id"] for m in models.json()["data"]][0] == "local"

@@ -108,8 +108,9 @@ class EngineStats:
 class LocalEngine:
     """Async client of one worker process."""
 
-    def __init__(self, settings: LocalSettings) -> None:
+    def __init__(self, settings: LocalSettings, *, relevance: bool = True) -> None:
         self.settings = settings
+        self.relevance = relevance  # load the quality gate's embedding model in the worker
         self.model_path = settings.model_path or ""
         self.state = "stopped"
         self.error: str | None = None
@@ -195,6 +196,7 @@ class LocalEngine:
             "lookup_ngram": self.settings.lookup_ngram,
             "prefix_cache_mb": self.settings.prefix_cache_mb,
             "flash_attn": self.settings.flash_attn,
+            "relevance": self.relevance,
         }
         proc = self._ctx.Process(
             target=worker_main,
@@ -225,6 +227,9 @@ class LocalEngine:
         self.error = None
         self._ready.set()
         log.info("engine_ready", **{k: v for k, v in self.info.items() if k != "model_path"})
+        relevance = self.info.get("relevance") or {}
+        if self.relevance and not relevance.get("enabled"):
+            log.warning("quality_relevance_off", detail=relevance.get("reason"))
 
     def _read(
         self, conn: Connection, generation: int, first: asyncio.Future[tuple[Any, ...]]
@@ -491,6 +496,7 @@ class LocalEngine:
             "decode_tok_s": _round(self.stats.decode_tok_s),
             "rates_source": self.stats.rates_source,
             "calibration": self.info.get("calibration"),
+            "relevance": self.info.get("relevance"),
             "pending": pending.as_dict(),
             "predicted_wait_s": _round(pending.seconds(self.rates), 2),
             "speculative": {

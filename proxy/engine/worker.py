@@ -50,6 +50,8 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
         return
     import quality  # noqa: F401 - imported now, not on the first job's clock
 
+    relevance = _load_embedder(bool(options.get("relevance", True)))
+
     conn.send(
         (
             "ready",
@@ -64,6 +66,7 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
                 "calibration": (
                     model.calibration.as_dict() if model.calibration is not None else None
                 ),
+                "relevance": relevance,
             },
         )
     )
@@ -120,11 +123,35 @@ def _run_job(
         conn.send(("done", job_id, completion))
 
 
+_embedder: Any = None
+"""The relevance signal's embedding model (``quality.relevance.Embedder``), when loaded."""
+
+
+def _load_embedder(wanted: bool) -> dict[str, Any]:
+    """Load the relevance signal's model in this process; what happened, for ``/healthz``."""
+    global _embedder
+    if not wanted:
+        return {"enabled": False, "reason": "[quality] relevance = false"}
+    from quality.relevance import Embedder, RelevanceUnavailable
+
+    started = time.perf_counter()
+    try:
+        _embedder = Embedder.load()
+    except RelevanceUnavailable as exc:
+        return {"enabled": False, "reason": str(exc)}
+    return {
+        "enabled": True,
+        "model_path": _embedder.path,
+        "n_threads": _embedder.n_threads,
+        "load_s": round(time.perf_counter() - started, 3),
+    }
+
+
 def _score(request: dict[str, Any], completion: dict[str, Any]) -> dict[str, Any]:
     import quality
 
     if completion["frugal"].get("stop_cause") == "cancelled":
         # Its client is gone: answer the proxy at once, nobody will read a score.
         return {"value": None, "reasons": ["cancelled"], "signals": {}}
-    verdict = quality.score(request, completion)
+    verdict = quality.score(request, completion, embedder=_embedder)
     return {"value": verdict.value, "reasons": verdict.reasons, "signals": verdict.signals}
