@@ -128,6 +128,9 @@ def relevance(view: View, embedder: Embedder | None) -> Signal:
     sentences = answer_head(view.content)
     if embedder is None or not question or not sentences:
         return Signal(_NAME, applied=False)
-    vectors = embedder.embed([question, *sentences])
+    try:
+        vectors = embedder.embed([question, *sentences])
+    except (RuntimeError, ValueError):  # llama.cpp refused the batch: judge without it
+        return Signal(_NAME, applied=False)
     best = float((vectors[1:] @ vectors[0]).max())
     return Signal(_NAME, applied=True, features={"rel_max": best})

@@ -103,6 +103,18 @@ def test_without_an_embedder_or_an_answer_the_signal_does_not_apply(embedder: Em
     assert relevance(chat(QUESTION), answer("Canberra."), embedder).applied
 
 
+def test_an_embedder_that_fails_leaves_the_answer_to_the_other_signals(embedder: Embedder) -> None:
+    class Refusing(Embedder):
+        def embed(self, texts: list[str]) -> np.ndarray:  # type: ignore[type-arg]
+            raise RuntimeError("llama_decode returned -1")
+
+    broken = Refusing(embedder.llm, embedder.path, embedder.n_threads)
+    s = score(chat(QUESTION), answer("Canberra is the capital."), embedder=broken)
+    assert "relevance" not in s.signals
+    plain = score(chat(QUESTION), answer("Canberra is the capital."))
+    assert s.value == plain.value and s.reasons == plain.reasons
+
+
 def test_the_combiner_uses_the_models_without_relevance_when_it_is_off() -> None:
     def only(name: str, intercept: float) -> Model:
         return Model((), (), (), (), intercept)
