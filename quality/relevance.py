@@ -69,12 +69,14 @@ def gguf_path(*, build: bool = True) -> Path:
     out = cache_dir() / GGUF_NAME
     if out.is_file() or not build:
         return out
-    from quality.embed_gguf import convert
-
     try:
+        from quality.embed_gguf import convert
+
         convert(src, out)
     except OSError as exc:
         raise RelevanceUnavailable(f"cannot write {out}: {exc.strerror or exc}") from exc
+    except (ImportError, ValueError, KeyError) as exc:  # no gguf package, or unexpected files
+        raise RelevanceUnavailable(f"cannot convert {src}: {exc}") from exc
     return out
 
 

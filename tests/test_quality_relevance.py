@@ -162,6 +162,25 @@ def test_an_unwritable_cache_is_a_clear_error(
         gguf_path()
 
 
+def test_a_package_with_unexpected_weights_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = package_dir()
+    assert src is not None
+    odd = tmp_path / "model"
+    odd.mkdir()
+    for name in ("config.json", "vocab.txt"):
+        (odd / name).write_bytes((src / name).read_bytes())
+    header = b'{"encoder.mystery.weight":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
+    (odd / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
+    module = importlib.import_module("quality.relevance")
+    monkeypatch.setattr(module, "package_dir", lambda: odd)
+    monkeypatch.setenv("FRUGAL_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(RelevanceUnavailable, match="cannot convert .*encoder.mystery.weight"):
+        gguf_path()
+    assert not list((tmp_path / "cache").glob("*"))  # no half-written file left behind
+
+
 def test_a_corrupt_model_file_is_a_clear_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 64)

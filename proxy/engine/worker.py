@@ -139,6 +139,8 @@ def _load_embedder(wanted: bool) -> dict[str, Any]:
         _embedder = Embedder.load()
     except RelevanceUnavailable as exc:
         return {"enabled": False, "reason": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - an optional signal must never stop the engine
+        return {"enabled": False, "reason": f"{type(exc).__name__}: {exc}"}
     return {
         "enabled": True,
         "model_path": _embedder.path,
