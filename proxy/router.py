@@ -2,7 +2,10 @@
 
     plan()          forced route, model alias ``local``, or a feature the engine lacks;
                     the local backend with the lowest predicted finish (``proxy.routing``),
-                    and ``predicted_slow`` when even that one cannot make the deadline
+                    ``context_overflow`` when the prompt certainly cannot fit it, and
+                    ``predicted_slow`` when even that one cannot make the deadline.
+                    Definite reasons (forced, unsupported, context_overflow) always win over
+                    the predicted one.
     try_local()     run that backend before the deadline; classify what came back
     accept?         score >= threshold  -> local;  otherwise the API, when there is one
 
@@ -99,6 +102,11 @@ class Router:
             return Plan(route="api", reason="unsupported", local_only=False)
         kind = "chat" if "messages" in body else "complete"
         choice = self.pool.choose(body, kind)
+        # Definite reasons win over predicted ones: a prompt that cannot fit is not "slow".
+        overflow = choice.backend.cannot_fit(body)
+        if overflow is not None and not (local_only or forced == "local"):
+            if self.fallback_enabled:
+                return Plan(route="api", reason="context_overflow", local_only=False, choice=choice)
         if forced == "local":
             return Plan(route="local", reason="", local_only=True, forced=True, choice=choice)
         if (

@@ -187,3 +187,54 @@ def test_router_settings_are_checked() -> None:
         settings_for(Path("/tmp"), router={"latency_margin_s": -1})
     with pytest.raises(ConfigError, match=r"\[router\] predictive = 'yes'"):
         settings_for(Path("/tmp"), router={"predictive": "yes"})
+
+
+def _overflowing(engine: LocalEngine) -> list[dict[str, str]]:
+    """A conversation whose bytes alone prove it cannot fit the engine's context."""
+    per_token = max(engine.max_token_bytes, 1)
+    return [{"role": "user", "content": "word " * (per_token * engine.n_ctx // 5 + 10)}]
+
+
+async def test_a_prompt_that_cannot_fit_is_context_overflow_even_behind_a_long_queue(
+    tmp_path: Path, fake_api: FakeAPI, engine: LocalEngine, make_client: Callable[..., Any]
+) -> None:
+    """The definite reason wins over the predicted one: the report must say why it went."""
+    async with queue_ahead(engine) as wait:
+        settings = settings_for(tmp_path, fake_api, local={"timeout_s": max(0.2, wait / 2)})
+        async with make_client(settings) as client:
+            body = {"model": "gpt-4o-mini", "messages": _overflowing(engine), "max_tokens": 8}
+            response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    assert response.headers["x-frugal-route"] == "api"
+    assert response.headers["x-frugal-reason"] == "context_overflow"
+    (row,) = ledger_rows(tmp_path / "ledger.db")
+    assert row["reason"] == "context_overflow" and row["local_ms"] == 0
+
+
+@pytest.mark.parametrize(
+    ("headers", "extra", "reason"),
+    [
+        ({"x-frugal-route": "api"}, {}, "forced"),
+        ({}, {"audio": {"voice": "alloy", "format": "wav"}}, "unsupported"),
+        ({}, {}, "context_overflow"),
+    ],
+    ids=["forced", "unsupported", "context_overflow"],
+)
+async def test_definite_reasons_take_precedence_over_a_predicted_one(
+    tmp_path: Path,
+    fake_api: FakeAPI,
+    engine: LocalEngine,
+    make_client: Callable[..., Any],
+    headers: dict[str, str],
+    extra: dict[str, Any],
+    reason: str,
+) -> None:
+    async with queue_ahead(engine) as wait:
+        settings = settings_for(tmp_path, fake_api, local={"timeout_s": max(0.2, wait / 2)})
+        body = {"model": "gpt-4o-mini", "messages": _overflowing(engine), "max_tokens": 8}
+        async with make_client(settings) as client:
+            response = await client.post(
+                "/v1/chat/completions", json={**body, **extra}, headers=headers
+            )
+    assert response.headers["x-frugal-route"] == "api"
+    assert response.headers["x-frugal-reason"] == reason

@@ -47,6 +47,14 @@ class Backend:
         """Up, not full, and able to serve this kind of request."""
         raise NotImplementedError
 
+    def cannot_fit(self, request: dict[str, Any]) -> str | None:
+        """Why the request certainly cannot fit this backend's context, or None when it may.
+
+        A definite fact, checked before any prediction: a prompt that cannot fit is a
+        ``context_overflow``, never a ``predicted_slow``.
+        """
+        return None
+
     def predict(self, request: dict[str, Any], completion_tokens: float) -> Prediction:
         raise NotImplementedError
 

@@ -56,6 +56,13 @@ class EngineBackend(Backend):
     def admits(self, request: dict[str, Any], kind: str) -> bool:
         return self.ready() and self.engine.queue_depth < self.engine.settings.max_queue
 
+    def cannot_fit(self, request: dict[str, Any]) -> str | None:
+        engine = self.engine
+        too_long = engine.work.certainly_too_long(request, engine.n_ctx, engine.max_token_bytes)
+        if too_long is None:
+            return None
+        return f"a prompt of about {too_long} tokens does not fit a {engine.n_ctx}-token context"
+
     def predict(self, request: dict[str, Any], completion_tokens: float) -> Prediction:
         rates = self.engine.rates
         prompt = self.engine.work.estimate_prompt_tokens(request)
