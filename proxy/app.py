@@ -8,7 +8,9 @@ and flushes the ledger.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
+import traceback
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,7 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy import metrics as metrics_mod
-from proxy.auth import Authenticator, AuthMiddleware
+from proxy.auth import Authenticator, AuthMiddleware, RequestGuard
 from proxy.chat import ChatHandler
 from proxy.completions import CompletionsHandler, EmbeddingsHandler
 from proxy.config import Settings
@@ -39,9 +41,22 @@ from proxy.upstream import Upstream
 log = structlog.get_logger("frugal.app")
 
 
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
 class RequestIdMiddleware:
-    """Gives every request an id (the client's own ``x-request-id`` if it sent one) and echoes
-    it on every response, errors included."""
+    """Gives every request an id and echoes it on every response, errors included.
+
+    The id is the client's own ``x-request-id`` when that is 1 to 128 of ``A-Z a-z 0-9 . _ -``
+    (so it is safe in logs, headers and the ledger), else a fresh uuid4 hex.
+
+    It is also the last line of defence: an exception that no handler took becomes OpenAI's
+    500 here, inside the middleware, so that the 500 carries the id too (Starlette's own
+    ``Exception`` handler runs outside every middleware). It is logged once, with the request id,
+    the exception's class and where it was raised: never its message or a traceback's locals,
+    which may hold request content. It is not raised further, so the server does not log it
+    again. If the response had already started, the connection is closed unfinished.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -53,21 +68,61 @@ class RequestIdMiddleware:
         request_id = ""
         for name, value in scope.get("headers", ()):
             if name == b"x-request-id":
-                request_id = value.decode("latin-1")[:128]
+                request_id = value.decode("latin-1")
                 break
-        if not request_id:
+        if not REQUEST_ID_RE.fullmatch(request_id):
             request_id = uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         encoded = request_id.encode("latin-1")
+        started = False
 
         async def send_with_id(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 headers = [(k, v) for k, v in message.get("headers", []) if k != b"x-request-id"]
                 headers.append((b"x-request-id", encoded))
                 message["headers"] = headers
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        except ProxyError as exc:  # raised by a middleware, outside the handlers
+            if not started:
+                await error_response(exc)(scope, receive, send_with_id)
+        except Exception as exc:  # noqa: BLE001 - rendered and logged once, here
+            _log_unexpected(exc, request_id, scope, started)
+            if not started:
+                await internal_error()(scope, receive, send_with_id)
+
+
+def internal_error() -> JSONResponse:
+    """OpenAI's 500 for an unexpected exception: no detail, the request id is in the header."""
+    return JSONResponse(
+        {
+            "error": {
+                "message": "internal error; see the server log for this request id",
+                "type": "server_error",
+                "param": None,
+                "code": "internal_error",
+            }
+        },
+        status_code=500,
+    )
+
+
+def _log_unexpected(exc: Exception, request_id: str | None, scope: Scope, started: bool) -> None:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
+    log.error(
+        "unhandled_error",
+        request_id=request_id,
+        error=type(exc).__name__,
+        where=where,
+        method=scope.get("method"),
+        path=str(scope.get("path", ""))[:100],
+        response_started=started,
+    )
 
 
 def error_response(exc: ProxyError, request_id: str | None = None) -> JSONResponse:
@@ -104,19 +159,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
+    """Starlette's outermost handler: reached only by an exception raised outside
+    :class:`RequestIdMiddleware` (which renders every other one itself)."""
     request_id = getattr(request.state, "request_id", None)
-    log.error("unhandled_error", request_id=request_id, error=type(exc).__name__)
-    return JSONResponse(
-        {
-            "error": {
-                "message": "internal error; see the server log for this request id",
-                "type": "server_error",
-                "param": None,
-                "code": "internal_error",
-            }
-        },
-        status_code=500,
-    )
+    _log_unexpected(exc, request_id, request.scope, False)
+    response = internal_error()
+    if request_id:
+        response.headers["x-request-id"] = request_id
+    return response
 
 
 def _no_fallback_detail(settings: Settings) -> str:
@@ -258,14 +308,16 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
     )
     app.state.in_flight = InFlight()
     app.state.metrics = metrics_mod.Metrics(app.state)
-    # Outermost last: request id, then auth (a stranger takes no concurrency slot), then limits.
-    # Innermost: a client that leaves before its answer is ready cancels the handler (and so
-    # its place in the engine's queue, or its generation).
+    # Outermost last: request id (and the 500 for anything unexpected), then auth (a stranger
+    # takes no concurrency slot), then the guard (JSON only; a loopback Host when keyless), then
+    # limits. Innermost: a client that leaves before its answer is ready cancels the handler
+    # (and so its place in the engine's queue, or its generation).
     app.add_middleware(
         CancelOnDisconnect,
         paths=("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"),
     )
     app.add_middleware(LimitsMiddleware, settings=settings.server, state=app.state)
+    app.add_middleware(RequestGuard, state=app.state)
     app.add_middleware(AuthMiddleware, state=app.state)
     app.add_middleware(RequestIdMiddleware)
     return app

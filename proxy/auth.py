@@ -15,6 +15,28 @@ Stored keys are re-read every :data:`REFRESH_S` seconds, so ``frugal keys create
 ``revoke`` take effect on a running server within that time. Keys are "configured" once the
 database has ever held one, revoked or not: revoking the last key locks the proxy, it does not
 open it.
+
+Failing closed: when the stored keys cannot be read at start (a damaged or locked database),
+``frugal serve`` stops with a config error (:func:`check_bind`), and an :class:`Authenticator`
+that still cannot read them counts as "keys configured, none known": every request needs a key
+and only the environment's keys match, until a later read succeeds. A read that fails later
+keeps the last keys read. Nothing turns authentication off once it was on.
+
+Keyless mode (no key configured, a loopback bind) trusts whoever can reach the port, and a web
+page in the operator's browser can reach a loopback port too. :class:`RequestGuard` stops it:
+
+- a POST must say ``Content-Type: application/json`` (parameters such as ``charset`` allowed),
+  else a 415. A page can send a cross-origin POST without asking first only with a "simple"
+  content type (``text/plain``, a form); ``application/json`` makes the browser ask (CORS
+  preflight), and this proxy never says yes. The rule holds with keys too: OpenAI's SDKs always
+  send it, and one rule for both modes means a client that works against a keyless proxy on a
+  laptop works against the keyed one in production.
+- in keyless mode on a loopback bind, the ``Host`` header must name a loopback address
+  (``localhost``, ``127.x.x.x``, ``[::1]``, any port) or the configured ``[server] host``, else
+  a 421, on every method: a page that rebinds its own host name to 127.0.0.1 (DNS rebinding)
+  sends its own name as ``Host``. A request without ``Host`` (HTTP/1.0) is let through: browsers
+  always send one. With keys, a page has no key to send, so the header is not checked (a TLS
+  proxy in front forwards the public name).
 """
 
 from __future__ import annotations
@@ -31,7 +53,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import keys as keys_mod
 from proxy.config import Settings
-from proxy.errors import ConfigError, Unauthorized
+from proxy.errors import ConfigError, ProxyError, Unauthorized
 
 log = structlog.get_logger("frugal.auth")
 
@@ -48,11 +70,14 @@ class Authenticator:
         self._db_path = settings.ledger.path
         self._stored: list[keys_mod.ClientKey] = []
         self._ever_stored = 0
+        self._read_once = False  # a read of the stored keys has succeeded
+        self._unreadable = False  # no read has succeeded yet, and one has failed
         self._task: asyncio.Task[None] | None = None
 
     @property
     def enabled(self) -> bool:
-        return bool(self._env) or self._ever_stored > 0
+        """Whether requests need a key: keys are configured, or might be (see the module)."""
+        return bool(self._env) or self._ever_stored > 0 or self._unreadable
 
     async def start(self) -> None:
         """Read the stored keys (the ledger has created the table), then keep them fresh."""
@@ -67,12 +92,27 @@ class Authenticator:
             self._task = None
 
     async def refresh(self) -> None:
+        """Re-read the stored keys. A failed read keeps the last good set; a failed first read
+        locks the proxy (only the environment's keys match) until a read succeeds."""
         try:
             stored, ever = await asyncio.to_thread(keys_mod.load_active, self._db_path)
-        except Exception as exc:  # noqa: BLE001 - keep the last good set and say so
-            log.warning("keys_refresh_failed", error=type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 - fail closed, whatever the error
+            if not self._read_once:
+                if not self._unreadable:
+                    log.error(
+                        "keys_unreadable",
+                        error=type(exc).__name__,
+                        detail="the stored client keys cannot be read; every request needs a "
+                        "key, and only keys from the environment are accepted until they can",
+                    )
+                self._unreadable = True
+            else:
+                log.warning("keys_refresh_failed", error=type(exc).__name__)
             return
+        if self._unreadable:
+            log.info("keys_readable", stored=ever)
         self._stored, self._ever_stored = stored, max(ever, self._ever_stored)
+        self._read_once, self._unreadable = True, False
 
     async def _refresher(self) -> None:
         while True:
@@ -152,6 +192,113 @@ class AuthMiddleware:
         if metrics is not None:
             metrics.rejected("unauthorized")
         await send_error(send, error.status, error.body(), {b"www-authenticate": b"Bearer"})
+
+
+class UnsupportedMediaType(ProxyError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class MisdirectedRequest(ProxyError):
+    status = 421
+    type = "invalid_request_error"
+    code = "misdirected_request"
+
+
+class RequestGuard:
+    """415 for a POST that is not ``application/json``; 421 for a foreign ``Host`` in keyless
+    mode on a loopback bind (see the module docstring for why)."""
+
+    def __init__(self, app: ASGIApp, state: Any) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        error, reason = self._check(scope)
+        if error is None:
+            await self.app(scope, receive, send)
+            return
+        scope_state = scope.get("state", {})
+        log.info(
+            "rejected",
+            request_id=scope_state.get("request_id"),
+            method=scope.get("method"),
+            path=str(scope.get("path", ""))[:100],
+            status=error.status,
+            reason=reason,
+        )
+        metrics = getattr(self.state, "metrics", None)
+        if metrics is not None:
+            metrics.rejected(reason)
+        await send_error(send, error.status, error.body())
+
+    def _check(self, scope: Scope) -> tuple[ProxyError | None, str]:
+        headers = scope.get("headers", ())
+        auth: Authenticator | None = getattr(self.state, "auth", None)
+        server = self.state.settings.server
+        if (auth is None or not auth.enabled) and is_loopback(server.host):
+            host = _header(headers, b"host")
+            if host is not None and not host_is_local(host, server.host):
+                return (
+                    MisdirectedRequest(
+                        "This proxy has no client keys, so it answers only requests addressed "
+                        "to a loopback name (localhost, 127.0.0.1, [::1]). To serve other host "
+                        "names (a TLS proxy in front), create a key: frugal keys create NAME."
+                    ),
+                    "misdirected",
+                )
+        if scope.get("method") == "POST" and not is_json(_header(headers, b"content-type")):
+            return (
+                UnsupportedMediaType(
+                    "Send the request body as JSON with the header "
+                    "'Content-Type: application/json'."
+                ),
+                "unsupported_media_type",
+            )
+        return None, ""
+
+
+def _header(headers: Any, name: bytes) -> str | None:
+    for key, value in headers:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def is_json(content_type: str | None) -> bool:
+    """``application/json``, in any case, with or without parameters (``; charset=utf-8``)."""
+    if content_type is None:
+        return False
+    return content_type.partition(";")[0].strip().lower() == "application/json"
+
+
+def host_is_local(host: str, bound: str) -> bool:
+    """Whether a ``Host`` header names a loopback address, or ``bound`` (the configured host),
+    with or without a port."""
+    host = host.strip().lower()
+    if host.startswith("["):  # [::1] or [::1]:8080
+        name, close, rest = host[1:].partition("]")
+        if not close or (rest and not _is_port(rest)):
+            return False
+    else:
+        name, colon, port = host.rpartition(":") if ":" in host else (host, "", "")
+        if colon and not port.isdigit():
+            return False
+        if ":" in name:  # a bare IPv6 address is not a valid Host
+            return False
+    name = name.removesuffix(".")
+    if not name:
+        return False
+    bound = bound.strip().lower().strip("[]")
+    return name == bound or is_loopback(name)
+
+
+def _is_port(text: str) -> bool:
+    return text.startswith(":") and text[1:].isdigit()
 
 
 async def send_error(

@@ -188,13 +188,29 @@ def load_active(db_path: str) -> tuple[list[ClientKey], int]:
 
 
 def stored_count(db_path: str) -> int:
-    """Keys ever stored (revoked ones included); 0 when there is no database yet."""
-    if not Path(db_path).is_file():
+    """Keys ever stored (revoked ones included); 0 when there is no database yet.
+
+    A database that exists but whose keys cannot be read (damaged, locked, not a database) is a
+    :class:`ConfigError`, never "no keys": taking it for none would start an open proxy.
+    """
+    if not Path(db_path).exists():
         return 0
     try:
         return load_active(db_path)[1]
-    except sqlite3.OperationalError:  # a database from before 0003: no keys
-        return 0
+    except sqlite3.OperationalError as exc:
+        if "no such table: api_keys" in str(exc):  # a database from before 0003: no keys
+            return 0
+        raise _unreadable(db_path, exc) from exc
+    except (sqlite3.Error, ValueError) as exc:  # ValueError: a key_hash that is not hex
+        raise _unreadable(db_path, exc) from exc
+
+
+def _unreadable(db_path: str, exc: Exception) -> ConfigError:
+    return ConfigError(
+        f"[ledger] path = {db_path!r}: the stored client keys cannot be read "
+        f"({type(exc).__name__}: {exc}); not starting, since without them anyone could use "
+        "the proxy. Repair or restore the database, or stop whatever holds it locked"
+    )
 
 
 def _iso(ts: float | None) -> str | None:

@@ -82,7 +82,7 @@ def make_client(tmp_path: Path, engine: LocalEngine) -> Callable[..., Any]:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(
-                transport=transport, base_url="http://frugal.test", timeout=60
+                transport=transport, base_url="http://localhost", timeout=60
             ) as client:
                 client.app = app  # type: ignore[attr-defined]
                 yield client

@@ -417,7 +417,9 @@ async def test_every_request_has_a_request_id(
 ) -> None:
     async with make_client(settings_for(tmp_path, fake_api)) as client:
         ok = await client.get("/healthz")
-        bad = await client.post("/v1/chat/completions", content=b"{")
+        bad = await client.post(
+            "/v1/chat/completions", content=b"{", headers={"content-type": "application/json"}
+        )
     assert len(ok.headers["x-request-id"]) >= 16
     assert bad.headers["x-request-id"] != ok.headers["x-request-id"]
 

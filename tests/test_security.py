@@ -451,7 +451,7 @@ def test_the_log_holds_no_prompt_completion_or_key(guarded: Served, api: FakeAPI
     not_json = httpx.post(
         guarded.base + "/v1/chat/completions",
         content=b'{"model": "' + SECRETS.add("not json").encode() + b'", oops',
-        headers={"authorization": f"Bearer {ALICE}"},
+        headers={"authorization": f"Bearer {ALICE}", "content-type": "application/json"},
         timeout=10,
     )
     assert not_json.status_code == 400
