@@ -1,10 +1,10 @@
 """The combiner: signals in, one :class:`Score` out.
 
 A logistic regression over the signals' features, with weights fitted on graded answers by
-``python -m quality.calibrate`` and read from ``weights.json``. Two models are fitted on the same
-answers: ``full`` (with the confidence features) and ``no_logprobs`` (without them), so an answer
-that carries no logprobs — the API's, or a backend's that lacks them — is judged by the signals
-that apply, on the same scale.
+``python -m quality.dev.calibrate`` and read from ``weights.json``. Four models are fitted on the
+same answers, with and without the confidence (logprob) features and with and without the
+relevance feature, so an answer that lacks either (the API's has no logprobs; a server without
+the embedder has no relevance) is judged by the signals that apply, on the same scale.
 
 Hard failures (``Signal.hard``) make an answer unusable whatever its other features say: the
 value is then scaled into ``[0, HARD_CAP]``, below any sensible threshold, keeping the order.
@@ -182,5 +182,5 @@ class Combiner:
 
 @lru_cache(maxsize=1)
 def default_combiner() -> Combiner:
-    """The combiner fitted by ``python -m quality.calibrate`` (read once, never mutated)."""
+    """The combiner fitted by ``python -m quality.dev.calibrate`` (read once, never mutated)."""
     return Combiner.load()

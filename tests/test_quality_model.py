@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from quality import score
-from quality.answers import generate, load_answers, request_for, same_text
-from quality.devset import load
+from quality.dev.answers import generate, load_answers, request_for, same_text
+from quality.dev.devset import load
 
 
 def test_regenerated_answers_match_the_cached_ones_and_score_with_confidence() -> None:
@@ -15,8 +15,8 @@ def test_regenerated_answers_match_the_cached_ones_and_score_with_confidence() -
     for p in prompts:
         assert same_text(fresh[p.id], cached[p.id]), (
             f"{p.id}: the engine now answers differently from the cached answers the gate was "
-            "calibrated on; run `python -m quality.evaluate --split all` then "
-            "`python -m quality.calibrate`"
+            "calibrated on; run `python -m quality.dev.evaluate --split all` then "
+            "`python -m quality.dev.calibrate`"
         )
         s = score(request_for(p), fresh[p.id])
         assert "confidence" in s.signals

@@ -6,7 +6,7 @@ engine starts every answer from an empty KV cache: llama.cpp's numbers depend sl
 prompt was split into batches, so an answer that reused the previous prompt's prefix can differ
 from a cold one, and the cache would then depend on the order of the dev set. The
 cache (``tests/data/quality_answers_smollm2.jsonl``) lets calibration and tests re-run without
-the model; ``python -m quality.evaluate`` regenerates by default and says how many answers
+the model; ``python -m quality.dev.evaluate`` regenerates by default and says how many answers
 differ from the cache.
 """
 
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quality.devset import Prompt, answer_text, is_correct
+from quality.dev.devset import Prompt, answer_text, is_correct
 
 ANSWERS_PATH = (
-    Path(__file__).resolve().parent.parent / "tests" / "data" / "quality_answers_smollm2.jsonl"
+    Path(__file__).resolve().parents[2] / "tests" / "data" / "quality_answers_smollm2.jsonl"
 )
 N_CTX = 2048
 
@@ -107,6 +107,6 @@ def grade(prompts: Iterable[Prompt], answers: dict[str, dict[str, Any]]) -> list
     for prompt in prompts:
         completion = answers.get(prompt.id)
         if completion is None:
-            raise KeyError(f"no cached answer for {prompt.id}: run python -m quality.evaluate")
+            raise KeyError(f"no cached answer for {prompt.id}: run python -m quality.dev.evaluate")
         graded.append(Graded(prompt, completion, is_correct(prompt.check, answer_text(completion))))
     return graded

@@ -1,4 +1,4 @@
-"""Evaluate the gate on the held-out split: ``python -m quality.evaluate``.
+"""Evaluate the gate on the held-out split: ``python -m quality.dev.evaluate``.
 
 By default it regenerates the local model's answers to the held-out prompts with the proxy's own
 engine (greedy), grades them with the dev set's checkers, scores them with the committed weights
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from quality import score
-from quality.answers import (
+from quality.dev.answers import (
     ANSWERS_PATH,
     Graded,
     generate,
@@ -30,8 +30,8 @@ from quality.answers import (
     same_text,
     save_answers,
 )
-from quality.devset import DEV_PATH, load
-from quality.metrics import AtThreshold, at_threshold, roc_auc, threshold_for_precision
+from quality.dev.devset import DEV_PATH, load
+from quality.dev.metrics import AtThreshold, at_threshold, roc_auc, threshold_for_precision
 from quality.relevance import Embedder, RelevanceUnavailable
 
 DEFAULT_THRESHOLD = 0.6
@@ -126,7 +126,7 @@ def report(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m quality.evaluate", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m quality.dev.evaluate", description=__doc__)
     parser.add_argument("--cached", action="store_true", help="use cached answers, no model")
     parser.add_argument("--split", choices=("heldout", "train", "all"), default="heldout")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)

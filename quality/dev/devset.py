@@ -29,7 +29,7 @@ from quality import language
 from quality import schema as schema_mod
 from quality.degeneration import repeat_ratio
 
-DEV_PATH = Path(__file__).resolve().parent.parent / "tests" / "data" / "quality_dev.jsonl"
+DEV_PATH = Path(__file__).resolve().parents[2] / "tests" / "data" / "quality_dev.jsonl"
 
 _NUMBER = re.compile(r"(?<![\w.])[-−]?\d[\d,]*(?:\.\d+)?(?![\d])")
 _NUMBER_WORDS = {

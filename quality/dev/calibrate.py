@@ -1,4 +1,4 @@
-"""Fit the combiner's weights on graded local answers: ``python -m quality.calibrate``.
+"""Fit the combiner's weights on graded local answers: ``python -m quality.dev.calibrate``.
 
 Reads the dev set (train split only: the held-out split is never seen here) and the cached local
 answers, grades them with the checkers, turns each answer into the signals' features (with the
@@ -36,7 +36,6 @@ import numpy as np
 import numpy.typing as npt
 
 from quality import signals
-from quality.answers import ANSWERS_PATH, Graded, grade, load_answers, request_for
 from quality.combiner import (
     ANSWER_FEATURES,
     CONFIDENCE_FEATURES,
@@ -46,8 +45,9 @@ from quality.combiner import (
     Combiner,
     Model,
 )
-from quality.devset import DEV_PATH, load
-from quality.metrics import roc_auc
+from quality.dev.answers import ANSWERS_PATH, Graded, grade, load_answers, request_for
+from quality.dev.devset import DEV_PATH, load
+from quality.dev.metrics import roc_auc
 from quality.relevance import Embedder, RelevanceUnavailable
 
 Array = npt.NDArray[np.float64]
@@ -229,7 +229,7 @@ def calibrate(graded: Sequence[Graded], embedder: Embedder) -> tuple[dict[str, A
             report.append(f"  {f:<18} {c:+.3f}")
     weights = {
         "version": 1,
-        "note": "fitted by python -m quality.calibrate on the train split; do not edit by hand",
+        "note": "fitted by python -m quality.dev.calibrate on the train split; do not edit by hand",
         "trained_on": {
             "answers": len(graded),
             "fitted": len(keep),
@@ -246,7 +246,7 @@ def calibrate(graded: Sequence[Graded], embedder: Embedder) -> tuple[dict[str, A
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m quality.calibrate", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m quality.dev.calibrate", description=__doc__)
     parser.add_argument("--dev", default=str(DEV_PATH))
     parser.add_argument("--answers", default=str(ANSWERS_PATH))
     parser.add_argument("--out", default=str(WEIGHTS_PATH))
