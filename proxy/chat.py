@@ -1,8 +1,11 @@
 """``POST /v1/chat/completions``: the cascade as HTTP.
 
 Every path through here ends in exactly one ledger row, written from a ``finally`` so that
-failures are counted too. Streams record their row when the last byte has gone out (or the
-client left).
+failures are counted too. A stream's row is written by its response (:class:`proxy.sse.EventStream`)
+when the last byte has gone out, or when the client left, even before the stream's first byte:
+then its status is 499 and its error ``client_gone``. A client that leaves stops the work done
+for it in every mode: a local generation is cancelled (``live`` streams included), an upstream
+stream is closed.
 """
 
 from __future__ import annotations
@@ -11,13 +14,13 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from proxy import sse
 from proxy.errors import (
@@ -72,6 +75,8 @@ class Exchange:
     actual_local_ms: float | None = None
     backend: str | None = None
     predicted_completion_tokens: int | None = None
+    upstream_attempts: int | None = None  # HTTP attempts made upstream, retries included
+    recorded: bool = False  # its ledger row is written (once, whatever happens after)
 
     def headers(self) -> dict[str, str]:
         return {
@@ -160,7 +165,7 @@ class ChatHandler:
             )
             if ex.stream:
                 response = await self._stream(body, plan, threshold, ex)
-                streaming = isinstance(response, StreamingResponse)
+                streaming = isinstance(response, sse.EventStream)
                 return response
             return await self._json(body, plan, threshold, ex)
         except ProxyError as exc:
@@ -201,9 +206,11 @@ class ChatHandler:
         try:
             reply = await upstream.chat(body, request_id=ex.request_id)
         except Exception as exc:
+            ex.upstream_attempts = getattr(exc, "attempts", None)
             raise map_upstream_exception(exc) from exc
         finally:
             ex.api_ms = (time.perf_counter() - ex.started) * 1000 - ex.local_ms
+        ex.upstream_attempts = reply.attempts
         ex.take_usage(reply.body.get("usage"))
         ex.keep(reply.body)
         # Upstream's bytes go back as they came: parsed once for the usage, not encoded again.
@@ -268,24 +275,39 @@ class ChatHandler:
             upstream_stream = await self.state.upstream.chat_stream(body, request_id=ex.request_id)
         except Exception as exc:
             ex.api_ms = (time.perf_counter() - started) * 1000
+            ex.upstream_attempts = getattr(exc, "attempts", None)
             raise map_upstream_exception(exc) from exc
-        return self._sse(self._relay(upstream_stream, ex, started), ex)
+        ex.upstream_attempts = getattr(upstream_stream, "attempts", None)
+        closed = False
 
-    async def _relay(self, stream: Any, ex: Exchange, started: float) -> AsyncIterator[bytes]:
+        async def close() -> None:
+            """Once: the upstream connection closed, its time and usage noted."""
+            nonlocal closed
+            if closed:
+                return
+            closed = True
+            ex.api_ms = (time.perf_counter() - started) * 1000
+            try:
+                await upstream_stream.aclose()
+            finally:
+                ex.take_usage(getattr(upstream_stream, "usage", None))
+
+        return self._sse(self._relay(upstream_stream, ex, close), ex, cleanups=(close,))
+
+    async def _relay(
+        self, stream: AsyncIterator[bytes], ex: Exchange, close: sse.Cleanup
+    ) -> AsyncGenerator[bytes, None]:
         try:
             async for chunk in stream:
                 ex.keep_sse(chunk)
                 yield chunk
-        except (ProxyError, Exception) as exc:
+        except Exception as exc:
             err = map_upstream_exception(exc)
             ex.error = err.code or "stream_cut"
             yield sse.error_event(err.message, code=err.code)
             yield sse.DONE
         finally:
-            ex.api_ms = (time.perf_counter() - started) * 1000
-            ex.take_usage(getattr(stream, "usage", None))
-            with contextlib.suppress(Exception):
-                await stream.aclose()
+            await close()
 
     async def _live(
         self,
@@ -301,7 +323,13 @@ class ChatHandler:
             self.router.try_local(body, threshold=threshold, on_token=queue.put_nowait, plan=plan)
         )
         first = asyncio.ensure_future(queue.get())
-        await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            # The client left before the first token: stop the generation made for it.
+            first.cancel()
+            await _cancel(task)
+            raise
         if not first.done():
             first.cancel()
             attempt = task.result()
@@ -320,7 +348,11 @@ class ChatHandler:
         else:
             queue.put_nowait(first.result())
         ex.route, ex.reason = "local", "forced" if plan.forced else "live"
-        return self._sse(self._live_chunks(task, queue, ex, include_usage), ex)
+
+        async def stop() -> None:
+            await _cancel(task)
+
+        return self._sse(self._live_chunks(task, queue, ex, include_usage), ex, cleanups=(stop,))
 
     async def _live_chunks(
         self,
@@ -328,7 +360,7 @@ class ChatHandler:
         queue: asyncio.Queue[str],
         ex: Exchange,
         include_usage: bool,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         writer = sse.ChunkWriter("chatcmpl-live-" + ex.request_id[:16], "local")
         yield writer.role()
         try:
@@ -339,7 +371,11 @@ class ChatHandler:
                 if task.done():
                     break
                 getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+                try:
+                    await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+                except BaseException:
+                    getter.cancel()
+                    raise
                 if getter.done():
                     yield writer.text(getter.result())
                 else:
@@ -365,34 +401,48 @@ class ChatHandler:
                 yield writer.usage(sse.public_usage(completion.get("usage") or {}))
             yield sse.DONE
         finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+            await _cancel(task)
 
-    def _sse(self, chunks: AsyncIterator[bytes], ex: Exchange) -> StreamingResponse:
-        async def body() -> AsyncIterator[bytes]:
+    def _sse(
+        self,
+        chunks: AsyncGenerator[bytes, None],
+        ex: Exchange,
+        *,
+        cleanups: Iterable[sse.Cleanup] = (),
+    ) -> sse.EventStream:
+        """The SSE response of ``chunks``; it writes the row when it ends, however it ends."""
+
+        async def body() -> AsyncGenerator[bytes, None]:
             try:
                 async for chunk in chunks:
                     yield chunk
-            except asyncio.CancelledError:
-                ex.error = ex.error or "client_gone"
-                raise
             except Exception as exc:  # noqa: BLE001 - the status line is already out
                 ex.error = "stream_failed"
                 log.error("stream_failed", request_id=ex.request_id, error=type(exc).__name__)
                 yield sse.error_event("the stream failed", type_="server_error")
                 yield sse.DONE
             finally:
-                self._finish(ex)
+                await chunks.aclose()
 
-        return StreamingResponse(
-            body(), media_type="text/event-stream", headers={**SSE_HEADERS, **ex.headers()}
+        def on_end(finished: bool) -> None:
+            if not finished:  # the client left before the end (or before the first byte)
+                ex.status, ex.error = 499, "client_gone"
+            self._finish(ex)
+
+        return sse.EventStream(
+            body(),
+            headers={**SSE_HEADERS, **ex.headers()},
+            on_end=on_end,
+            cleanups=tuple(cleanups),
         )
 
     # -- ledger and log ---------------------------------------------------------------------
 
     def _finish(self, ex: Exchange) -> None:
+        """Write the exchange's ledger row, log line and metrics; once, later calls do nothing."""
+        if ex.recorded:
+            return
+        ex.recorded = True
         latency_ms = (time.perf_counter() - ex.started) * 1000
         model = ex.model or ""
         row = {
@@ -421,6 +471,7 @@ class ChatHandler:
             "actual_local_ms": ex.actual_local_ms,
             "backend": ex.backend,
             "predicted_completion_tokens": ex.predicted_completion_tokens,
+            "upstream_attempts": ex.upstream_attempts,
         }
         # Costs for the log and the metrics now; the ledger prices the row itself, recounting
         # a local answer with the requested model's tokenizer off the request path.
@@ -430,7 +481,8 @@ class ChatHandler:
             count = CountJob(model=model, body=ex.body, completion=ex.local_completion)
         self.state.ledger.record(row, count=count)
         self.router.observe(row)
-        paid = api_cost if ex.status < 400 else None
+        # A client that left mid-stream still cost what upstream reported for it.
+        paid = api_cost if ex.status < 400 or ex.status == 499 else None
         self.state.metrics.observe(
             endpoint=ex.endpoint,
             route=ex.route,
@@ -486,6 +538,17 @@ def public_completion(completion: dict[str, Any], body: dict[str, Any]) -> dict[
     return out
 
 
-async def _aiter(chunks: Any) -> AsyncIterator[bytes]:
+async def _aiter(chunks: Any) -> AsyncGenerator[bytes, None]:
     for chunk in chunks:
         yield chunk
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` (once) and wait until it has ended: a local generation stopped."""
+    if task.done():
+        if not task.cancelled():
+            task.exception()  # retrieved; whoever needed its result has read it
+        return
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task

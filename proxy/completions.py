@@ -14,8 +14,9 @@ the log line and exactly one ledger row, whose ``endpoint`` is ``completions`` o
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 from starlette.requests import Request
@@ -79,13 +80,18 @@ class _Handler:
         streaming = False
         try:
             response = await self.handle(request, ex)
-            streaming = ex.stream and response.media_type == "text/event-stream"
+            streaming = isinstance(response, sse.EventStream)  # it writes the row itself
             return response
         except ProxyError as exc:
             ex.status = exc.status
             ex.error = exc.code or exc.type
             if isinstance(exc, BadRequest):
                 ex.reason = "bad_request"
+            raise
+        except asyncio.CancelledError:
+            # The client disconnected before its answer was ready (see proxy/disconnect.py).
+            ex.status = 499
+            ex.error = "client_gone"
             raise
         except BaseException:
             ex.status = 500
@@ -105,9 +111,11 @@ class _Handler:
         try:
             reply = await self.state.upstream.post_json(path, body, request_id=ex.request_id)
         except Exception as exc:
+            ex.upstream_attempts = getattr(exc, "attempts", None)
             raise map_upstream_exception(exc) from exc
         finally:
             ex.api_ms = (time.perf_counter() - started) * 1000
+        ex.upstream_attempts = reply.attempts
         ex.take_usage(reply.body.get("usage"))
         result: dict[str, Any] = reply.body
         return result
@@ -192,6 +200,6 @@ class EmbeddingsHandler(_Handler):
         return JSONResponse(reply, headers=ex.headers())
 
 
-async def _aiter(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+async def _aiter(chunks: Iterator[bytes]) -> AsyncGenerator[bytes, None]:
     for chunk in chunks:
         yield chunk

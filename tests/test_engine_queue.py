@@ -95,8 +95,10 @@ def _send_and_leave_open(port: int, body: dict[str, Any]) -> socket.socket:
     payload = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
-        b"x-frugal-route: local\r\n" + f"content-length: {len(payload)}\r\n\r\n".encode() + payload
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        b"content-type: application/json\r\nx-frugal-route: local\r\n"
+        + f"content-length: {len(payload)}\r\n\r\n".encode()
+        + payload
     )
     return sock
 
@@ -150,7 +152,7 @@ def test_a_client_that_disconnects_stops_its_generation_and_leaves_the_queue(
             {"model": "local", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
         ).encode()
         sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\nconnection: close\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n"
             b"content-type: application/json\r\n"
             + f"content-length: {len(payload)}\r\n\r\n".encode()
             + payload
