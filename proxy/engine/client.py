@@ -16,7 +16,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -29,6 +29,7 @@ from proxy.engine.generate import ModelLoadError, bundled_model_path
 from proxy.engine.gguf import GGUFError, GGUFHeader, read_header
 from proxy.engine.rates import PendingWork, Rates, WorkTracker
 from proxy.engine.worker import worker_main
+from proxy.engine.worker_env import WorkerProcess
 from proxy.errors import EngineBusy, EngineCrashed, EngineError, EngineTimeout
 
 log = structlog.get_logger(__name__)
@@ -108,8 +109,17 @@ class EngineStats:
 class LocalEngine:
     """Async client of one worker process."""
 
-    def __init__(self, settings: LocalSettings, *, relevance: bool = True) -> None:
+    def __init__(
+        self,
+        settings: LocalSettings,
+        *,
+        relevance: bool = True,
+        private_env: Collection[str] = (),
+    ) -> None:
         self.settings = settings
+        # Variables the worker must not inherit beyond worker_env's own rules: the config's key
+        # variables (the app passes [fallback] and [server] ones; the backends' are added here).
+        self.private_env = (*private_env, *(b.api_key_env for b in settings.backends))
         self.relevance = relevance  # load the quality gate's embedding model in the worker
         self.model_path = settings.model_path or ""
         self.state = "stopped"
@@ -198,11 +208,13 @@ class LocalEngine:
             "flash_attn": self.settings.flash_attn,
             "relevance": self.relevance,
         }
-        proc = self._ctx.Process(
+        # Started with an allow-listed environment, never the proxy's keys (worker_env.py).
+        proc = WorkerProcess(
             target=worker_main,
             args=(child, self._cancel, options),
             name="frugal-engine",
             daemon=True,
+            private_env=self.private_env,
         )
         await asyncio.to_thread(proc.start)
         child.close()
