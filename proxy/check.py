@@ -189,7 +189,8 @@ def _relevance(report: Report, settings: config_mod.Settings) -> None:
     if not settings.quality.relevance:
         report.ok("relevance: off ([quality] relevance = false)")
         return
-    from quality.relevance import PACKAGE_PIN, RelevanceUnavailable, gguf_path
+    from quality.embed_gguf import PACKAGE_PIN
+    from quality.relevance import RelevanceUnavailable, gguf_path
 
     try:
         path = gguf_path()
