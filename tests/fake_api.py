@@ -18,14 +18,21 @@ forgets the recorded requests):
   the default message of the error body (OpenAI's shape)
 - ``hang``: read the request and never answer (until the client goes away or the server stops)
 - ``cut_stream_after``: send N SSE events, then drop the connection without ``[DONE]``
+- ``usage``: a dict merged over the derived usage (``{"prompt_tokens": 2**70}``: a provider that
+  sends an absurd count), in plain answers and in the usage chunk of a stream
+- ``reset_after_request``: read the whole request, then abort the connection with a TCP RST
+  (SO_LINGER 0) instead of answering: the provider took the request and its reply was lost
 - ``require_key``: the bearer key expected; anything else gets OpenAI's 401
 - ``models``: what ``GET /v1/models`` lists
 
 Every request is recorded (unless ``FakeAPI(record=False)``, as the script runs it): ``requests``
 holds ``(path, headers, body)`` tuples (headers with lower-case names, the parsed JSON body or
 None), ``request_times`` the ``time.monotonic()`` of each arrival, and ``count`` how many there
-were. ``max_tokens`` cuts the reply (``finish_reason: "length"``); embeddings are deterministic
-8-dimensional vectors, as floats or base64 (what the openai client asks for by default).
+were. ``disconnects`` counts the requests whose client went away before the answer was
+complete (a ``hang``, or a stream still being sent), and ``resets`` the connections aborted by
+``reset_after_request``. ``max_tokens`` cuts the reply (``finish_reason: "length"``);
+embeddings are deterministic 8-dimensional vectors, as floats or base64 (what the openai
+client asks for by default).
 
 Run it alone for benchmarks: ``python -m tests.fake_api --port 9999 --latency 0``.
 """
@@ -35,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import re
@@ -66,6 +74,8 @@ DEFAULTS: dict[str, Any] = {
     "error_message": None,
     "hang": False,
     "cut_stream_after": None,
+    "usage": None,
+    "reset_after_request": False,
     "require_key": None,
     "models": ("gpt-4o-mini", "gpt-4o"),
 }
@@ -128,10 +138,19 @@ def _vector(text: str) -> list[float]:
 
 
 class _SSE(Response):
-    """Streams prepared events; with ``cut_after`` it drops the connection after that many."""
+    """Streams prepared events; with ``cut_after`` it drops the connection after that many.
+    A client that leaves before the last event is counted in ``api.disconnects``."""
 
-    def __init__(self, events: list[bytes], *, per_token_s: float, cut_after: int | None) -> None:
+    def __init__(
+        self,
+        events: list[bytes],
+        *,
+        per_token_s: float,
+        cut_after: int | None,
+        api: FakeAPI | None = None,
+    ) -> None:
         super().__init__(media_type="text/event-stream")
+        self.api = api
         self.raw_headers = [h for h in self.raw_headers if h[0] != b"content-length"]
         self.raw_headers.append((b"cache-control", b"no-cache"))
         self.events = events
@@ -139,16 +158,33 @@ class _SSE(Response):
         self.cut_after = cut_after
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        for i, data in enumerate(self.events):
-            if self.cut_after is not None and i >= self.cut_after:
-                # Returning without the final body message makes uvicorn close the socket:
-                # the client sees a chunked body that never ends.
-                return
-            if i and self.per_token_s:
-                await asyncio.sleep(self.per_token_s)
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            for i, data in enumerate(self.events):
+                if self.cut_after is not None and i >= self.cut_after:
+                    # Returning without the final body message makes uvicorn close the socket:
+                    # the client sees a chunked body that never ends.
+                    return
+                if i and self.per_token_s:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(gone.wait(), self.per_token_s)
+                if gone.is_set():
+                    if self.api is not None:
+                        with self.api._lock:
+                            self.api.disconnects += 1
+                    return
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
 
 
 class FakeAPI:
@@ -163,6 +199,8 @@ class FakeAPI:
     error_message: str | None
     hang: bool
     cut_stream_after: int | None
+    usage: dict[str, Any] | None
+    reset_after_request: bool
     require_key: str | None
     models: tuple[str, ...]
 
@@ -174,6 +212,8 @@ class FakeAPI:
         self.record = record
         self.requests: list[Recorded] = []
         self.request_times: list[float] = []
+        self.disconnects = 0
+        self.resets = 0
         self._lock = threading.Lock()
         self._seq = 0
         self._stopping = False
@@ -181,7 +221,7 @@ class FakeAPI:
         self._thread: threading.Thread | None = None
         self.reset()
         self.set(**knobs)
-        self.app = Starlette(
+        self._routes = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/completions", self._completions, methods=["POST"]),
@@ -189,6 +229,8 @@ class FakeAPI:
                 Route("/v1/models", self._models, methods=["GET"]),
             ]
         )
+
+        self.app = _KeepSend(self._routes)
 
     # -- knobs and records -------------------------------------------------------------------
 
@@ -204,6 +246,7 @@ class FakeAPI:
         with self._lock:
             for name, value in DEFAULTS.items():
                 setattr(self, name, value)
+            self.disconnects = self.resets = 0
             self.requests.clear()
             self.request_times.clear()
 
@@ -285,8 +328,17 @@ class FakeAPI:
                 self.fail_times -= 1
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
+        if self.reset_after_request:
+            _reset(request)
+            with self._lock:
+                self.resets += 1
+            return body, Response(status_code=204)  # never reaches the aborted connection
         if self.hang:
-            while not self._stopping and not await request.is_disconnected():
+            while not self._stopping:
+                if await request.is_disconnected():
+                    with self._lock:
+                        self.disconnects += 1
+                    break
                 await asyncio.sleep(0.02)
             return body, JSONResponse(_error(503, "the fake API is shutting down"), 503)
         key = self.require_key
@@ -332,14 +384,14 @@ class FakeAPI:
             "model": body.get("model", ""),
             "system_fingerprint": "fp_fake",
         }
-        usage = usage_for(body, len(pieces))
+        usage = {**usage_for(body, len(pieces)), **(self.usage or {})}
         if not body.get("stream"):
             message = {"role": "assistant", "content": "".join(pieces), "refusal": None}
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             return JSONResponse({**base, "choices": [choice], "usage": usage})
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         events = list(self._chunks(base, pieces, finish, usage if include_usage else None))
-        return _SSE(events, per_token_s=self.per_token_s, cut_after=self.cut_stream_after)
+        return _SSE(events, per_token_s=self.per_token_s, cut_after=self.cut_stream_after, api=self)
 
     @staticmethod
     def _chunks(
@@ -376,7 +428,7 @@ class FakeAPI:
                 "created": int(time.time()),
                 "model": body.get("model", ""),
                 "choices": [choice],
-                "usage": usage_for(body, len(pieces)),
+                "usage": {**usage_for(body, len(pieces)), **(self.usage or {})},
             }
         )
 
@@ -410,6 +462,30 @@ class FakeAPI:
             return early
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in self.models]
         return JSONResponse({"object": "list", "data": data})
+
+
+class _KeepSend:
+    """The ASGI app: the routes, with the server's own ``send`` kept in the scope (uvicorn's
+    request cycle, whose transport ``reset_after_request`` aborts)."""
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope["fake_api.raw_send"] = send
+        await self.app(scope, receive, send)
+
+
+def _reset(request: Request) -> None:
+    """Abort the request's connection with a TCP RST (uvicorn's transport, SO_LINGER 0)."""
+    cycle = getattr(request.scope["fake_api.raw_send"], "__self__", None)
+    transport = getattr(cycle, "transport", None)
+    if transport is None:
+        raise RuntimeError("reset_after_request needs uvicorn's request cycle")
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def fake_api(**knobs: Any) -> FakeAPI:
