@@ -28,7 +28,8 @@ import io
 import json
 import math
 import sqlite3
-from collections.abc import Iterable
+import unicodedata
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -425,24 +426,63 @@ def _group_list(
 # -- rendering --------------------------------------------------------------------------------
 
 
+# What a client chose (model names, key names, reasons) is escaped in every text format, so a
+# ledger row cannot rewrite the terminal (ANSI escapes), forge lines (\r, \n, U+2028), break a
+# markdown table (|) or run a formula in a spreadsheet (=, +, -, @ first: OWASP's CSV injection).
+# JSON is left exact: json.dumps escapes control characters and every non-ASCII character.
+_INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+_MARKDOWN_SPECIAL = frozenset("\\|<>[]`*")
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def visible(text: str) -> str:
+    """``text`` with control, format and line-separator characters as Python escapes."""
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if unicodedata.category(char) not in _INVISIBLE:
+            out.append(char)
+        elif ord(char) < 0x100:
+            out.append(f"\\x{ord(char):02x}")
+        elif ord(char) < 0x10000:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(f"\\U{ord(char):08x}")
+    return "".join(out)
+
+
+def markdown_cell(text: str) -> str:
+    """A visible ``text`` whose markdown punctuation is backslash-escaped (no cell breaks)."""
+    return "".join("\\" + c if c in _MARKDOWN_SPECIAL else c for c in visible(text))
+
+
+def csv_cell(text: str) -> str:
+    """A visible ``text`` that a spreadsheet cannot take for a formula."""
+    if text.startswith(_FORMULA_START):
+        text = "'" + text
+    return visible(text)
+
+
 def render(report: dict[str, Any], fmt: str) -> str:
     if fmt == "json":
         return json.dumps(report, indent=2)
     if fmt == "csv":
         return _csv(report)
-    header, rows = _table_rows(report)
+    markdown = fmt == "markdown"
+    header, rows = _table_rows(report, markdown_cell if markdown else visible)
     summary = _summary_rows(report)
-    if fmt == "markdown":
+    if markdown:
         lines = [f"**frugal report: {title(report)}**", ""]
         lines += _markdown(header, rows)
         lines += [""] + _markdown(["Summary", ""], summary)
         if report["warnings"]:
-            lines += [""] + [f"- warning: {w}" for w in report["warnings"]]
+            lines += [""] + [f"- warning: {markdown_cell(w)}" for w in report["warnings"]]
         return "\n".join(lines)
     lines = [f"frugal report: {title(report)}"]
     lines += _box(header, rows, total_row=len(rows) > 1)
     lines += _box(None, summary)
-    lines += [f"warning: {w}" for w in report["warnings"]]
+    lines += [f"warning: {visible(w)}" for w in report["warnings"]]
     return "\n".join(lines)
 
 
@@ -480,11 +520,14 @@ def _cells(name: str, g: dict[str, Any]) -> list[str]:
     ]
 
 
-def _table_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _table_rows(
+    report: dict[str, Any], escape: Callable[[str], str]
+) -> tuple[list[str], list[list[str]]]:
+    """The table's header and rows; ``escape`` is applied to the group names (client data)."""
     by = report.get("by")
     if by is None:
         return ["Period", *_COLUMNS], [_cells(report["month"], report)]
-    rows = [_cells(_group_name(by, g), g) for g in report["groups"]]
+    rows = [_cells(escape(_group_name(by, g)), g) for g in report["groups"]]
     rows.append(_cells("Total", report))
     return [by.capitalize(), *_COLUMNS], rows
 
@@ -585,7 +628,7 @@ def _csv(report: dict[str, Any]) -> str:
     span = [report["from"], report["to"]]
     if by is not None:
         for group in report["groups"]:
-            name = "" if group[by] is None else group[by]
+            name = "" if group[by] is None else csv_cell(str(group[by]))
             writer.writerow([*span, name, *(group.get(f, "") for f in _CSV_FIELDS)])
     writer.writerow([*span, "total" if by else report["month"], *(report[f] for f in _CSV_FIELDS)])
     return out.getvalue().rstrip("\n")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import random
 import sqlite3
@@ -560,3 +562,73 @@ def test_the_installed_command_runs(ledger: Path, tmp_path: Path) -> None:
         [FRUGAL, "report", "--help"], capture_output=True, text=True, check=True
     ).stdout
     assert "4  the ledger has no request in the period" in help_text
+
+
+# -- what clients chose is escaped ----------------------------------------------------------------
+
+
+HOSTILE_MODEL = "evil\x1b[2J\x1b[31m\r\nfake | row\u2028"
+FORMULA_MODEL = '=HYPERLINK("http://x","y")'
+HOSTILE_KEY = "-2+3\u202e\t"
+HOSTILE_REASON = "@sum|<b>"
+
+
+@pytest.fixture
+def hostile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("FRUGAL_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "ledger.db"
+    seed(
+        db,
+        [
+            row("2026-10-01 10:00:00", "api", HOSTILE_REASON, HOSTILE_MODEL, key_name=HOSTILE_KEY),
+            row("2026-10-02 10:00:00", "local", "accepted", FORMULA_MODEL, key_name="ci"),
+        ],
+    )
+    (tmp_path / "frugal.toml").write_text(f'[ledger]\npath = "{db}"\n')
+    return db
+
+
+@pytest.mark.parametrize("by", ["model", "key", "reason"])
+def test_client_chosen_names_are_escaped_in_table_markdown_and_csv(
+    hostile: Path, capsys: pytest.CaptureFixture[str], by: str
+) -> None:
+    for fmt in ("table", "markdown", "csv"):
+        code, out, _ = report(capsys, "--month", "2026-10", "--by", by, "--format", fmt)
+        assert code == 0, fmt
+        for raw in ("\x1b", "\r", "\u2028", "\u202e", "\t"):
+            assert raw not in out, (fmt, raw)
+    _, table, _ = report(capsys, "--month", "2026-10", "--by", by)
+    boxed = [line for line in table.splitlines() if line.startswith("│")][:4]
+    assert len({line.count("│") for line in boxed}) == 1, boxed  # no line broken in two
+    if by == "model":
+        assert "│ evil\\x1b[2J\\x1b[31m\\x0d\\x0afake | row\\u2028 │" in table
+    _, markdown, _ = report(capsys, "--month", "2026-10", "--by", by, "--format", "markdown")
+    header, *rows = [line for line in markdown.splitlines() if line.startswith("| ")][:4]
+    columns = header.count(" | ")
+    for line in rows:  # an escaped pipe is no cell border
+        assert line.replace("\\|", "").count(" | ") == columns, line
+    if by == "reason":
+        assert "\\@sum\\|\\<b\\>" not in markdown and "@sum\\|\\<b\\>" in markdown
+    _, text, _ = report(capsys, "--month", "2026-10", "--by", by, "--format", "csv")
+    names = [cells[2] for cells in csv.reader(io.StringIO(text))][1:-1]
+    expected = {
+        "model": {"'" + FORMULA_MODEL, "evil\\x1b[2J\\x1b[31m\\x0d\\x0afake | row\\u2028"},
+        "key": {"ci", "'-2+3\\u202e\\x09"},
+        "reason": {"accepted", "'@sum|<b>"},
+    }[by]
+    assert set(names) == expected
+
+
+def test_json_keeps_client_chosen_names_exact(
+    hostile: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for by, names in (
+        ("model", {HOSTILE_MODEL, FORMULA_MODEL}),
+        ("key", {HOSTILE_KEY, "ci"}),
+        ("reason", {HOSTILE_REASON, "accepted"}),
+    ):
+        code, out, _ = report(capsys, "--month", "2026-10", "--by", by, "--format", "json")
+        assert code == 0
+        assert "\x1b" not in out and "\u2028" not in out
+        assert {g[by] for g in json.loads(out)["groups"]} == names
