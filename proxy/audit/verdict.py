@@ -12,7 +12,8 @@ only fires when it is sure. It follows the same notion of correctness as the jud
 ``content`` the right content in any form: equal text up to case, punctuation and markdown;
             the same number (one side bare, the other naming that number and no other); the
             same JSON value wherever it sits; the reference's label named by a short answer
-            that names no other of the request's options and negates nothing.
+            that names no other of the request's options and negates nothing (a label is a
+            few words without digits).
 
 Pure functions, no I/O.
 """
@@ -94,7 +95,7 @@ def _content(reference: str, candidate: str, request: Sequence[dict[str, Any]]) 
     ref_j, cand_j = find_json(reference), find_json(candidate)
     if ref_j is not None and cand_j is not None and same_json(ref_j, cand_j):
         return "json"
-    if _is_label(ref) and _names_label(cand, ref, request_text(request)):
+    if ref_j is None and _is_label(ref) and _names_label(cand, ref, request_text(request)):
         return "label"
     return None
 
@@ -108,9 +109,22 @@ def squash(text: str) -> str:
 
 
 def plain(text: str) -> str:
-    """Case, markdown and punctuation gone: what a reader takes in."""
-    text = _MARKDOWN.sub(" ", unicodedata.normalize("NFKC", text).casefold())
-    return squash(_PUNCT.sub(" ", text.replace("'", "")))
+    """Case, markdown and punctuation gone, numbers written one way ("-3", "1000", "2.5"):
+    what a reader takes in."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    out, last = [], 0
+    for m in _NUMBER.finditer(text):
+        value = _decimal(m.group(0))
+        if value is None:  # pragma: no cover (the pattern only matches numbers)
+            continue
+        out += [_words(text[last : m.start()]), f" {value.normalize():f} "]
+        last = m.end()
+    out.append(_words(text[last:]))
+    return squash("".join(out))
+
+
+def _words(text: str) -> str:
+    return _PUNCT.sub(" ", _MARKDOWN.sub(" ", text).replace("'", ""))
 
 
 def _decimal(text: str) -> Decimal | None:
@@ -188,8 +202,9 @@ def same_json(a: Any, b: Any) -> bool:
 
 
 def _is_label(text: str) -> bool:
+    """A few words and no digits: a name or a class, not a quantity."""
     words = text.removesuffix(".").split()
-    return 0 < len(words) <= _MAX_LABEL_WORDS and bare_number(text) is None
+    return 0 < len(words) <= _MAX_LABEL_WORDS and not any(c.isdigit() for c in text)
 
 
 def _phrase(text: str, phrase: str) -> int:
