@@ -28,7 +28,7 @@ def test_settings_are_frozen_and_keyword_only() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.rate = 0.5  # type: ignore[misc]
     with pytest.raises(TypeError):
-        AuditSettings(0.5)  # type: ignore[misc]
+        AuditSettings(0.5)  # type: ignore[call-arg]
 
 
 def test_budget_is_exact_in_pico_dollars() -> None:

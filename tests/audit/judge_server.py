@@ -1,0 +1,122 @@
+"""A judge on a loopback port: an OpenAI-compatible chat endpoint that speaks the judge protocol.
+
+In ``grade`` mode it decides like a (very simple) judge: the candidate is correct when it equals
+the reference up to case and surrounding white space and full stops. Other modes misbehave:
+``garbage`` (content that is not the verdict object), ``fenced`` (the object in a code fence),
+``status`` (an HTTP error with ``status``), ``hang`` (never answers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from proxy.audit.judge import Transport
+
+
+class JudgeServer:
+    def __init__(self) -> None:
+        self.mode = "grade"
+        self.status = 500
+        self.garbage = "I think it is fine."
+        self.requests: list[dict[str, Any]] = []
+        self.port = 0
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def _chat(self, request: Request) -> Response:
+        body = await request.json()
+        self.requests.append(body)
+        if self.mode == "hang":
+            await asyncio.sleep(3600)
+        if self.mode == "status":
+            error = {"message": "judge down", "type": "server_error", "param": None, "code": None}
+            return JSONResponse({"error": error}, status_code=self.status)
+        case = json.loads(body["messages"][-1]["content"])
+        same = _plain(case["candidate"]) == _plain(case["reference"])
+        verdict = json.dumps({"correct": same, "reason": "same answer" if same else "differs"})
+        content = {"grade": verdict, "fenced": f"```json\n{verdict}\n```"}.get(
+            self.mode, self.garbage
+        )
+        return JSONResponse(
+            {
+                "id": "chatcmpl-judge",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 120, "completion_tokens": 9, "total_tokens": 129},
+            }
+        )
+
+    def start(self) -> JudgeServer:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            loop="asyncio",
+            http="h11",
+            lifespan="off",
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=1,
+        )
+        self._server = server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, name="judge", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the judge server did not start")
+            time.sleep(0.002)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+
+
+def _plain(text: str) -> str:
+    return text.strip().strip(".").strip().casefold()
+
+
+def http_transport(client: httpx.AsyncClient, url: str, api_key: str = "unused") -> Transport:
+    """The judge transport of docs/audit.md for an OpenAI-compatible base URL."""
+
+    async def send(body: dict[str, Any]) -> dict[str, Any]:
+        response = await client.post(
+            f"{url}/chat/completions", json=body, headers={"authorization": f"Bearer {api_key}"}
+        )
+        response.raise_for_status()
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    return send
