@@ -126,8 +126,8 @@ def _log_unexpected(exc: Exception, request_id: str | None, scope: Scope, starte
 
 
 def error_response(exc: ProxyError, request_id: str | None = None) -> JSONResponse:
-    headers = {"x-request-id": request_id} if request_id else None
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    headers = {**exc.headers, "x-request-id": request_id} if request_id else exc.headers
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers or None)
 
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:

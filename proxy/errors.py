@@ -11,8 +11,10 @@
         ├── PayloadTooLarge     413 invalid_request_error
         ├── TooManyRequests     429 requests                (carries Retry-After)
         ├── LocalUnavailable    503 local model cannot answer and no fallback is allowed
-        ├── UpstreamError       502 the API failed after retries
-        │   └── UpstreamTimeout 504 the API did not answer in time
+        ├── UpstreamError       502 the API failed (after the retries that were allowed)
+        │   ├── UpstreamTimeout 504 the API did not answer in time
+        │   └── UpstreamRateLimited 429 the API still rate-limited the proxy after retrying
+        │                           (carries the API's Retry-After)
         └── UpstreamStatus      4xx the API refused the request; its status is passed on
     EngineError                     the local engine failed (crash, deadline, bad output)
     ├── EngineCrashed
@@ -21,10 +23,17 @@
 
 Engine errors never reach a client directly: the router turns them into a fallback, or into
 :class:`LocalUnavailable` when the request may not leave the box.
+
+Every :class:`ProxyError` has ``headers`` (sent with its JSON, e.g. ``Retry-After``) and
+``attempts``: how many calls to the upstream API were made before it was raised (0 for errors
+that never reached the API; set by :mod:`proxy.upstream` on everything it raises), so that a
+failed request's ledger row can say how many times the API may have billed it.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -38,13 +47,24 @@ class ProxyError(Exception):
     status: int = 500
     type: str = "server_error"
     code: str | None = None
+    attempts: int = 0
+    """Calls made to the upstream API before this error (0: it never got that far)."""
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         if code is not None:
             self.code = code
+        self.headers: dict[str, str] = dict(headers) if headers else {}
+        """Extra response headers the error is sent with (``Retry-After``...)."""
 
     def body(self) -> dict[str, Any]:
         return {
@@ -119,6 +139,21 @@ class UpstreamTimeout(UpstreamError):
     code = "upstream_timeout"
 
 
+class UpstreamRateLimited(UpstreamError):
+    """The API answered 429 to every attempt: passed on as OpenAI's 429, with its Retry-After."""
+
+    status = 429
+    type = "requests"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        headers = (
+            {"retry-after": str(math.ceil(retry_after_s))} if retry_after_s is not None else None
+        )
+        super().__init__(message, headers=headers)
+        self.retry_after_s = retry_after_s
+
+
 class UpstreamStatus(ProxyError):
     """The API answered with a 4xx that retrying cannot fix; pass its status and body on."""
 
@@ -164,6 +199,8 @@ def map_upstream_exception(exc: BaseException) -> ProxyError:
     status = getattr(exc, "status_code", None)
     if "Timeout" in name:
         return UpstreamTimeout(f"the upstream API did not answer in time ({name})")
-    if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
+    if status == 429:
+        return UpstreamRateLimited(f"the upstream API rate-limited the proxy ({name})")
+    if isinstance(status, int) and 400 <= status < 500 and status != 408:
         return UpstreamStatus(status, None, f"the upstream API refused the request ({name})")
     return UpstreamError(f"the upstream API failed ({name})")
