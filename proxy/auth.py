@@ -331,12 +331,12 @@ def check_bind(settings: Settings, *, insecure_public: bool = False) -> bool:
     """Refuse a public address with no keys; returns whether keys are configured.
 
     Parses the environment's keys (a bad entry is a :class:`ConfigError` here, at start-up,
-    rather than a 401 for everyone later).
+    rather than a 401 for everyone later), and reads the stored ones even when the environment
+    has some: stored keys that cannot be read are a :class:`ConfigError` too.
     """
     server = settings.server
-    configured = bool(keys_mod.env_keys(server.api_keys_env)) or (
-        keys_mod.stored_count(settings.ledger.path) > 0
-    )
+    from_env = bool(keys_mod.env_keys(server.api_keys_env))
+    configured = keys_mod.stored_count(settings.ledger.path) > 0 or from_env
     if configured or is_loopback(server.host):
         return configured
     if insecure_public or server.allow_public_without_keys:
