@@ -1,12 +1,14 @@
 """The Starlette application: ``create_app(settings)`` builds everything on ``app.state``.
 
 Nothing lives at module level. The lifespan opens the ledger, starts the upstream client and the
-engine worker, and on shutdown (after uvicorn has drained in-flight requests) stops the engine
-and flushes the ledger.
+engine worker, and on shutdown (after uvicorn has drained in-flight requests) flushes the ledger
+first, so that the rows of finished requests are safe whatever happens next, then stops the rest
+with a bound on each step, and closes the ledger last (see :func:`shutdown_budget_s`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import time
@@ -181,6 +183,64 @@ def _no_fallback_detail(settings: Settings) -> str:
     )
 
 
+# Bounds of the shutdown steps after the ledger's flush; see shutdown_budget_s.
+ENGINE_STOP_S = 8.0  # LocalEngine.stop: 3 s for the worker to leave, then kill and 3 s more
+AUX_STOP_S = 1.0  # each of the router's, the upstream client's and the key store's close
+LEDGER_CLOSE_MIN_S = 1.0  # the ledger's close, when its flush used all of shutdown_timeout_s
+
+
+def shutdown_budget_s(settings: Settings) -> float:
+    """The longest a stop can take, SIGTERM to exit, less the interpreter's own exit.
+
+    uvicorn drains requests in flight for ``[server] drain_s`` (rounded to whole seconds, at
+    least 1, plus its 0.1 s pause), then the lifespan: the ledger's flush and close together
+    take at most ``[ledger] shutdown_timeout_s`` (or ``busy_timeout_s``, if longer) +
+    LEDGER_CLOSE_MIN_S, the engine's stop
+    ENGINE_STOP_S, the three other closes AUX_STOP_S each. ``deploy/frugal-proxy.service``'s
+    ``TimeoutStopSec`` must stay above it with a margin (a test checks it).
+    """
+    drain = max(1, round(settings.server.drain_s)) + 0.1
+    # A lock wait under way when the stop begins is not cut short: busy_timeout_s bounds it.
+    ledger = max(settings.ledger.shutdown_timeout_s, settings.ledger.busy_timeout_s)
+    ledger += LEDGER_CLOSE_MIN_S
+    return drain + ledger + ENGINE_STOP_S + 3 * AUX_STOP_S
+
+
+async def _bounded(step: Any, timeout_s: float, part: str) -> None:
+    """Await one shutdown step for at most ``timeout_s``; a step that fails or hangs is logged
+    and left behind, so that the steps after it (the ledger's close) still run."""
+    try:
+        await asyncio.wait_for(step, timeout_s)
+    except TimeoutError:
+        log.error("stop_step_timeout", part=part, waited_s=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - the ledger must still be closed
+        log.error("stop_step_failed", part=part, error=type(exc).__name__)
+
+
+async def _shutdown(state: Any, *, owns_engine: bool) -> None:
+    """Flush the ledger, stop the router, the engine, the upstream client and the key store
+    (each bounded), then close the ledger, spilling what a locked database would not take."""
+    ledger: Ledger = state.ledger
+    budget = state.settings.ledger.shutdown_timeout_s
+    started = time.monotonic()
+    flushed = await ledger.flush(budget)
+    spent = time.monotonic() - started
+    if getattr(state, "router", None) is not None:
+        await _bounded(state.router.close(), AUX_STOP_S, "router")
+    if owns_engine:
+        await _bounded(state.engine.stop(), ENGINE_STOP_S, "engine")
+    await _bounded(state.upstream.aclose(), AUX_STOP_S, "upstream")
+    await _bounded(state.auth.stop(), AUX_STOP_S, "auth")
+    await ledger.close(max(LEDGER_CLOSE_MIN_S, budget - spent))
+    log.info(
+        "stopped",
+        ledger_rows_written=ledger.written,
+        ledger_flushed=flushed,
+        ledger_rows_spilled=ledger.spilled,
+        ledger_rows_lost=ledger.lost,
+    )
+
+
 def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -194,6 +254,8 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             flush_interval_s=settings.ledger.flush_interval_s,
             batch_size=settings.ledger.batch_size,
             busy_timeout_s=settings.ledger.busy_timeout_s,
+            max_queue=settings.ledger.max_queue,
+            shutdown_timeout_s=settings.ledger.shutdown_timeout_s,
         )
         await state.ledger.start()
         state.auth = Authenticator(settings)
@@ -228,14 +290,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             )
             yield
         finally:
-            if getattr(state, "router", None) is not None:
-                await state.router.close()
-            if owns_engine:
-                await state.engine.stop()
-            await state.upstream.aclose()
-            await state.auth.stop()
-            await state.ledger.close()
-            log.info("stopped", ledger_rows_written=state.ledger.written)
+            await _shutdown(state, owns_engine=owns_engine)
 
     async def completions(request: Request) -> Response:
         handler: CompletionsHandler = request.app.state.completions

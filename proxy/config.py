@@ -135,6 +135,8 @@ class LedgerSettings:
     flush_interval_s: float = 0.2
     batch_size: int = 256
     busy_timeout_s: float = 5.0
+    max_queue: int = 100_000
+    shutdown_timeout_s: float = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -323,6 +325,8 @@ def validate(settings: Settings) -> Settings:
     _check_range("[ledger] flush_interval_s", s.ledger.flush_interval_s, 0.01, 10.0)
     _check_range("[ledger] batch_size", s.ledger.batch_size, 1)
     _check_range("[ledger] busy_timeout_s", s.ledger.busy_timeout_s, 0.01, 600.0)
+    _check_range("[ledger] max_queue", s.ledger.max_queue, 1)
+    _check_range("[ledger] shutdown_timeout_s", s.ledger.shutdown_timeout_s, 1.0, 120.0)
     _check_range("[costs] monthly_fixed_usd", s.costs.monthly_fixed_usd, 0.0)
     return settings
 

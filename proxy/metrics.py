@@ -32,8 +32,9 @@ pricier one) cannot make a counter go down, so the exact figure over any window 
     frugal_api_latency_seconds                             the API's latency (moving average)
     frugal_backend_{up,queue_depth,predicted_wait_seconds}{backend}
     frugal_backend_{prefill,decode}_tokens_per_second{backend}
-    frugal_ledger_rows_written_total, frugal_ledger_write_failures_total,
-    frugal_ledger_rows_dropped_total, frugal_ledger_pending_rows
+    frugal_ledger_rows_{written,rejected,dropped,spilled,lost}_total
+    frugal_ledger_usage_invalid_total, frugal_ledger_write_{failures,retries}_total
+    frugal_ledger_pending_rows, frugal_ledger_max_queue, frugal_ledger_degraded
 """
 
 from __future__ import annotations
@@ -193,22 +194,59 @@ class _StateCollector(Collector):
 
 
 def _ledger_metrics(health: dict[str, Any]) -> Iterator[Metric]:
-    for key, name, doc in (
-        ("written", "frugal_ledger_rows_written", "Ledger rows written."),
+    for keys, name, doc in (
+        (("rows_written", "written"), "frugal_ledger_rows_written", "Ledger rows written."),
         (
-            "write_failures",
+            ("write_failures",),
             "frugal_ledger_write_failures",
-            "Ledger writes that failed (their rows are kept and retried).",
+            "Ledger transactions that failed (their rows are retried, or tried one by one).",
         ),
-        ("dropped", "frugal_ledger_rows_dropped", "Ledger rows given up on after retries."),
+        (
+            ("write_retries",),
+            "frugal_ledger_write_retries",
+            "Ledger writes that failed on the database (locked, busy, full) and were retried.",
+        ),
+        (
+            ("rows_rejected",),
+            "frugal_ledger_rows_rejected",
+            "Ledger rows the database refused alone, put aside in the rejected-rows file.",
+        ),
+        (
+            ("rows_dropped", "dropped"),
+            "frugal_ledger_rows_dropped",
+            "Ledger rows dropped because the queue was full ([ledger] max_queue).",
+        ),
+        (
+            ("rows_spilled",),
+            "frugal_ledger_rows_spilled",
+            "Ledger rows still unwritten at shutdown, saved to the rejected-rows file.",
+        ),
+        (
+            ("rows_lost",),
+            "frugal_ledger_rows_lost",
+            "Ledger rows neither the database nor the rejected-rows file took.",
+        ),
+        (
+            ("usage_invalid",),
+            "frugal_ledger_usage_invalid",
+            "Ledger rows written with impossible usage figures stored as NULL.",
+        ),
+    ):
+        value = next((health[k] for k in keys if health.get(k) is not None), None)
+        if value is not None:
+            yield CounterMetricFamily(name, doc, value=float(value))
+    for key, name, doc in (
+        ("pending", "frugal_ledger_pending_rows", "Ledger rows recorded but not written yet."),
+        ("max_queue", "frugal_ledger_max_queue", "Rows the ledger may hold ([ledger] max_queue)."),
     ):
         if health.get(key) is not None:
-            yield CounterMetricFamily(name, doc, value=float(health[key]))
-    if health.get("pending") is not None:
+            yield GaugeMetricFamily(name, doc, value=float(health[key]))
+    if health.get("state") is not None:
         yield GaugeMetricFamily(
-            "frugal_ledger_pending_rows",
-            "Ledger rows recorded but not written yet.",
-            value=float(health["pending"]),
+            "frugal_ledger_degraded",
+            "1 while ledger writes fail or its queue is full, or soon after a row was dropped "
+            "or rejected.",
+            value=float(health["state"] != "ok"),
         )
 
 

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import os
 import random
 import signal
@@ -14,14 +16,23 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 
 from proxy.errors import ConfigError
-from proxy.ledger import COLUMNS, Ledger, migrate, migration_files, open_database
-from proxy.pricing import CountJob, TokenCounter, _import_litellm
+from proxy.ledger import (
+    COLUMNS,
+    OPTIONAL_COLUMNS,
+    Ledger,
+    migrate,
+    migration_files,
+    open_database,
+)
+from proxy.metrics import Metrics
+from proxy.pricing import CountJob, TokenCounter, _import_litellm, check_money, check_usage
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 
@@ -108,7 +119,7 @@ def test_migrating_from_empty_applies_every_migration_in_order(tmp_path: Path) -
     recorded = [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY applied_at")]
     assert recorded == NAMES
     columns = {r[1] for r in conn.execute("PRAGMA table_info(requests)")}
-    assert set(COLUMNS) <= columns
+    assert set(COLUMNS) <= columns and set(OPTIONAL_COLUMNS) <= columns
     indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"requests_ts", "requests_tax"} <= indexes
     triggers = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='trigger'")}
@@ -253,7 +264,7 @@ def test_upgrading_to_the_key_rollup_sums_the_rows_of_every_key(tmp_path: Path) 
     migrate(conn, upto="0004_prediction.sql")
     rng = random.Random(3)
     insert_random_rows(conn, rng, 1500, days=5)
-    assert migrate(conn) == ["0005_key_rollup.sql"]
+    assert migrate(conn, upto="0005_key_rollup.sql") == ["0005_key_rollup.sql"]
     assert assert_rollup_is_the_sum_of_the_rows(conn) > 50
     keys = {r[0] for r in conn.execute("SELECT DISTINCT key_name FROM requests_daily")}
     assert keys == {"alice", "bob", "ci", ""}  # NULL and '' are both "no key", like model
@@ -378,30 +389,292 @@ async def test_rows_are_held_and_retried_while_the_database_is_locked(tmp_path: 
     try:
         for i in range(50):
             ledger.record(api_row(f"r{i}"))
-        await until(lambda: ledger.write_failures >= 2)
+        await until(lambda: ledger.write_retries >= 2)
         health = ledger.health()
-        assert (health["written"], health["retrying"], health["dropped"]) == (0, 50, 0)
-        assert health["failing_since"] is not None
+        assert (health["rows_written"], health["retrying"], health["rows_dropped"]) == (0, 50, 0)
+        assert health["pending"] == 50 and health["rows_rejected"] == 0
+        assert health["failing_since"] is not None and health["state"] == "degraded"
+        assert health["last_error"] == "OperationalError"
         ledger.record(api_row("late"))
     finally:
         holder.execute("ROLLBACK")
         holder.close()
     await until(lambda: ledger.written == 51)
-    assert ledger.health()["retrying"] == 0 and ledger.health()["failing_since"] is None
+    health = ledger.health()
+    assert (health["retrying"], health["pending"], health["failing_since"]) == (0, 0, None)
+    assert health["state"] == "ok"
     await ledger.close()
-    assert len(ledger_rows(db)) == 51 and ledger.dropped == 0
+    assert len(ledger_rows(db)) == 51 and ledger.dropped == ledger.rejected == 0
+    assert not Path(ledger.spill_path).exists()
 
 
-async def test_a_row_the_database_refuses_is_set_aside_alone_and_counted(tmp_path: Path) -> None:
+def spilled(ledger: Ledger) -> list[dict[str, Any]]:
+    path = Path(ledger.spill_path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+# A value each layer refuses: SQLite's binding (beyond int64), the cost code (a list for a
+# status), SQLite's types (a dict), a constraint (NaN is stored as NULL in a NOT NULL column).
+BAD_VALUES = [
+    pytest.param({"status": 2**70}, "OverflowError", id="int-beyond-int64"),
+    pytest.param({"status": [200]}, "TypeError", id="list-status"),
+    pytest.param({"error": {"not": "a text"}}, "ProgrammingError", id="dict-value"),
+    pytest.param({"latency_ms": math.nan}, "IntegrityError", id="nan-not-null"),
+]
+
+
+@pytest.mark.parametrize(("bad", "error"), BAD_VALUES)
+async def test_a_row_that_cannot_be_written_is_set_aside_alone_and_the_others_are_written(
+    tmp_path: Path, bad: dict[str, Any], error: str
+) -> None:
     ledger = Ledger(str(tmp_path / "ledger.db"), flush_interval_s=0.05)
     await ledger.start()
     ledger.record(api_row("good-1"))
-    ledger.record(api_row("bad", error={"not": "a text"}))  # no SQLite type for a dict
+    ledger.record(api_row("bad", **bad))
     ledger.record(api_row("good-2"))
-    await until(lambda: ledger.written + ledger.dropped == 3)
+    await until(lambda: ledger.written + ledger.rejected == 3)
+    ledger.record(api_row("after"))  # the writer goes on
+    await until(lambda: ledger.written == 3)
+    health = ledger.health()
+    assert (health["rows_rejected"], health["rows_dropped"], health["pending"]) == (1, 0, 0)
+    assert (health["last_error"], health["state"]) == (error, "degraded")
+    assert [d["request_id"] for d in ledger.dead_letters] == ["bad"]
+    assert ledger.dead_letters[0]["error"] == error
     await ledger.close()
-    assert [r["request_id"] for r in ledger_rows(tmp_path / "ledger.db")] == ["good-1", "good-2"]
-    assert ledger.dropped == 1
+    rows = ledger_rows(tmp_path / "ledger.db")
+    assert [r["request_id"] for r in rows] == ["good-1", "good-2", "after"]
+    [line] = spilled(ledger)
+    assert (line["why"], line["error"], line["row"]["request_id"]) == ("rejected", error, "bad")
+    assert line["row"]["prompt_tokens"] == 10 and "messages" not in line["row"]
+
+
+async def test_impossible_usage_is_stored_as_null_with_the_row_and_counted(
+    tmp_path: Path,
+) -> None:
+    """2**70 tokens from an upstream cannot be a count: the row is written (a request is never
+    left without its row), its tokens NULL, the fields named, its costs unknown."""
+    db = tmp_path / "ledger.db"
+    ledger = Ledger(str(db), flush_interval_s=0.02)
+    await ledger.start()
+    ledger.record(api_row("good-1"))
+    ledger.record(api_row("huge", prompt_tokens=2**70, completion_tokens=-3, cached_tokens=2**70))
+    ledger.record(api_row("text", completion_tokens="5"))
+    ledger.record(api_row("whole-float", prompt_tokens=10.0))
+    ledger.record(api_row("good-2"))
+    await until(lambda: ledger.written == 5)
+    assert (ledger.health()["usage_invalid"], ledger.rejected) == (2, 0)
+    await ledger.close()
+    rows = {r["request_id"]: r for r in ledger_rows(db)}
+    huge = rows["huge"]
+    assert (huge["prompt_tokens"], huge["completion_tokens"], huge["cached_tokens"]) == (
+        None,
+        None,
+        0,
+    )
+    assert huge["usage_invalid"] == "prompt_tokens,completion_tokens,cached_tokens"
+    assert (huge["api_cost_pusd"], huge["counterfactual_cost_pusd"]) == (None, None)
+    assert (huge["status"], huge["route"]) == (200, "api")
+    assert rows["text"]["usage_invalid"] == "completion_tokens"
+    assert rows["text"]["prompt_tokens"] == 10 and rows["text"]["api_cost_pusd"] is None
+    for ok in ("good-1", "good-2", "whole-float"):
+        assert rows[ok]["usage_invalid"] is None
+        assert rows[ok]["api_cost_pusd"] == 10 * 150_000 + 5 * 600_000
+    assert not spilled(ledger)
+
+
+def test_usage_checks_keep_possible_counts_and_blank_the_rest() -> None:
+    row: dict[str, Any] = {
+        "prompt_tokens": 2**31 - 1,
+        "completion_tokens": 2**31,
+        "local_prompt_tokens": True,
+        "local_completion_tokens": 7.5,
+        "cached_tokens": -1,
+        "upstream_attempts": 2,
+        "api_cost_pusd": 2**63,
+        "counterfactual_cost_pusd": 2**63 - 1,
+    }
+    assert check_usage(row) == [
+        "completion_tokens",
+        "local_prompt_tokens",
+        "local_completion_tokens",
+        "cached_tokens",
+    ]
+    assert check_money(row) == ["api_cost_pusd"]
+    assert row == {
+        "prompt_tokens": 2**31 - 1,
+        "completion_tokens": None,
+        "local_prompt_tokens": None,
+        "local_completion_tokens": None,
+        "cached_tokens": 0,
+        "upstream_attempts": 2,
+        "api_cost_pusd": None,
+        "counterfactual_cost_pusd": 2**63 - 1,
+    }
+
+
+async def test_upstream_attempts_are_written_and_a_row_without_them_stays_null(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "ledger.db"
+    ledger = Ledger(str(db), flush_interval_s=0.02)
+    await ledger.start()
+    ledger.record(api_row("retried", upstream_attempts=3))
+    ledger.record({**api_row("local"), "route": "local", "reason": "accepted"})
+    await ledger.close()
+    rows = {r["request_id"]: r["upstream_attempts"] for r in ledger_rows(db)}
+    assert rows == {"retried": 3, "local": None}
+
+
+def hold_lock(db: Path, seconds: float) -> tuple[threading.Thread, threading.Event]:
+    """Another connection takes the database with BEGIN EXCLUSIVE and releases it after
+    ``seconds``; the event is set once the lock is held."""
+    held = threading.Event()
+
+    def run() -> None:
+        conn = connect(db)
+        try:
+            conn.execute("BEGIN EXCLUSIVE")
+            held.set()
+            time.sleep(seconds)
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert held.wait(10)
+    return thread, held
+
+
+async def test_a_database_locked_for_seconds_gets_every_row_once_released(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "ledger.db"
+    ledger = Ledger(str(db), flush_interval_s=0.02, busy_timeout_s=0.2)
+    await ledger.start()
+    holder, _ = hold_lock(db, 3.0)
+    for i in range(300):
+        ledger.record(api_row(f"r{i}"))
+        if i % 50 == 0:
+            await asyncio.sleep(0.05)
+    await until(lambda: ledger.write_retries >= 1)
+    assert ledger.written == 0
+    await asyncio.to_thread(holder.join, 30)
+    await until(lambda: ledger.written == 300, timeout=30)
+    health = ledger.health()
+    assert (health["rows_rejected"], health["rows_dropped"], health["pending"]) == (0, 0, 0)
+    assert health["write_retries"] >= 1 and health["state"] == "ok"
+    await ledger.close()
+    assert [r["request_id"] for r in ledger_rows(db)] == [f"r{i}" for i in range(300)]
+
+
+async def test_a_full_queue_drops_new_rows_and_counts_them(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    ledger = Ledger(str(db), flush_interval_s=0.02, busy_timeout_s=0.05, max_queue=10)
+    await ledger.start()
+    holder = connect(db)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        for i in range(25):
+            ledger.record(api_row(f"r{i}"))
+        health = ledger.health()
+        assert (health["rows_dropped"], health["pending"], health["max_queue"]) == (15, 10, 10)
+        assert health["state"] == "degraded"
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    await until(lambda: ledger.written == 10)
+    ledger.record(api_row("room-again"))
+    await until(lambda: ledger.written == 11)
+    await ledger.close()
+    assert [r["request_id"] for r in ledger_rows(db)] == [f"r{i}" for i in range(10)] + [
+        "room-again"
+    ]
+    assert ledger.dropped == 15
+
+
+async def test_flush_writes_what_is_queued_without_waiting_for_the_interval(
+    tmp_path: Path,
+) -> None:
+    ledger = Ledger(str(tmp_path / "ledger.db"), flush_interval_s=30.0, batch_size=10_000)
+    await ledger.start()
+    for i in range(20):
+        ledger.record(api_row(f"r{i}"))
+    assert await ledger.flush(20.0)
+    assert ledger.written == 20 and ledger.pending == 0
+    await ledger.close()
+
+
+async def test_close_while_the_database_stays_locked_spills_every_row(tmp_path: Path) -> None:
+    """The stop's deadline passes with the database still locked: the rows go to the spill
+    file, all of them, and the counts say so; nothing is silently lost."""
+    db = tmp_path / "ledger.db"
+    ledger = Ledger(str(db), flush_interval_s=0.02, busy_timeout_s=2.0)
+    await ledger.start()
+    holder = connect(db)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        for i in range(40):
+            ledger.record(api_row(f"r{i}", upstream_attempts=1))
+        assert not await ledger.flush(0.5)  # the shutdown's flush gives up...
+        started = time.monotonic()
+        await ledger.close(1.0)  # ...and the close spills at its deadline
+        closed_in = time.monotonic() - started
+        ledger.record(api_row("after-close"))  # a straggler goes to the file as well
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert closed_in < 30  # bounded: not the busy timeout times the retries
+    lines = spilled(ledger)
+    assert [line["row"]["request_id"] for line in lines] == [f"r{i}" for i in range(40)] + [
+        "after-close"
+    ]
+    assert {line["why"] for line in lines} == {"unwritten"}
+    assert lines[0]["row"]["upstream_attempts"] == 1 and lines[0]["row"]["ts"] > 0
+    health = ledger.health()
+    assert (health["rows_spilled"], health["rows_lost"], health["rows_written"]) == (41, 0, 0)
+    assert ledger_rows(db) == []
+
+
+async def test_a_spill_file_that_cannot_be_written_counts_the_rows_lost(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    ledger = Ledger(str(db), flush_interval_s=0.02, busy_timeout_s=0.05)
+    await ledger.start()
+    Path(ledger.spill_path).mkdir()  # a folder where the file should be
+    holder = connect(db)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        for i in range(5):
+            ledger.record(api_row(f"r{i}"))
+        await ledger.close(1.0)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert (ledger.lost, ledger.spilled, ledger.health()["state"]) == (5, 0, "degraded")
+
+
+async def test_the_ledger_counters_are_in_metrics(tmp_path: Path) -> None:
+    ledger = Ledger(str(tmp_path / "ledger.db"), flush_interval_s=0.02, max_queue=7)
+    await ledger.start()
+    ledger.record(api_row("good"))
+    ledger.record(api_row("bad", status=2**70))
+    ledger.record(api_row("huge", prompt_tokens=2**70))
+    await until(lambda: ledger.written + ledger.rejected == 3)
+    text = Metrics(SimpleNamespace(ledger=ledger)).render().decode()
+    await ledger.close()
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("frugal_ledger_")
+    }
+    assert values["frugal_ledger_rows_written_total"] == 2
+    assert values["frugal_ledger_rows_rejected_total"] == 1
+    assert values["frugal_ledger_usage_invalid_total"] == 1
+    assert values["frugal_ledger_rows_dropped_total"] == 0
+    assert values["frugal_ledger_max_queue"] == 7
+    assert values["frugal_ledger_degraded"] == 1
 
 
 async def test_a_slow_tokenizer_never_holds_a_row_back(tmp_path: Path) -> None:
