@@ -139,14 +139,25 @@ def ledger_health(served: Served) -> dict[str, Any]:
     return dict(served.health().get("ledger") or {})
 
 
+TROUBLE = (
+    "retrying",
+    "write_failures",
+    "write_retries",
+    "dropped",
+    "rows_rejected",
+    "rows_dropped",
+    "rows_spilled",
+    "rows_lost",
+    "usage_invalid",
+)
+
+
 def ledger_trouble(health: dict[str, Any]) -> int:
-    """The counters of /healthz's ledger section that say rows are not (yet) written."""
-    skip = {"written", "pending", "token_counter", "failing_since", "path"}
-    total = 0
-    for key, value in health.items():
-        if key not in skip and isinstance(value, int | float) and not isinstance(value, bool):
-            total += int(value)
-    return total + (1 if health.get("failing_since") else 0)
+    """How much /healthz's ledger section says is wrong: its failure counters, plus one for a
+    state other than ok, a failing_since or a last_error."""
+    total = sum(int(health.get(key) or 0) for key in TROUBLE)
+    flagged = health.get("state") not in (None, "ok") or health.get("failing_since")
+    return total + (1 if flagged or health.get("last_error") else 0)
 
 
 # -- servers --------------------------------------------------------------------------------------
@@ -305,8 +316,7 @@ def _bomb_body(pattern: str, where: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     ("bomb", "where"),
-    [(b, w) for w in ("response_format", "tools") for b in BOMBS],
-    ids=lambda v: v,
+    [pytest.param(b, w, id=f"row2-{b}-{w}") for w in ("response_format", "tools") for b in BOMBS],
 )
 def test_row2_quantifier_bombs_answer_quickly_in_bounded_memory(
     main: Lazy, bomb: str, where: str, request: pytest.FixtureRequest
@@ -317,18 +327,18 @@ def test_row2_quantifier_bombs_answer_quickly_in_bounded_memory(
         started = time.perf_counter()
         try:
             response: httpx.Response | None = post(served, _bomb_body(BOMBS[bomb], where))
-        except httpx.TimeoutException:
+        except httpx.HTTPError:  # a timeout, or the server killed by the watch
             response = None
         elapsed = time.perf_counter() - started
     proxy_mb = watch.growth(served.proc.pid) / MB
     worker_mb = watch.growth(worker) / MB
-    status = response.status_code if response is not None else "no answer in 30 s"
+    status = response.status_code if response is not None else "no answer"
     print(
         f"row2 {bomb}/{where}: {status} in {elapsed:.3f} s, "
         f"proxy RSS +{proxy_mb:.1f} MB, worker RSS +{worker_mb:.1f} MB"
     )
     assert not watch.killed, f"RSS passed {RSS_KILL // MB} MB: killed {watch.killed}"
-    assert response is not None, "no answer within 30 s"
+    assert response is not None, "no answer within 30 s"  # the watch killed nothing
     assert response.status_code < 500, response.text
     assert proxy_mb < 50
     assert worker_mb < 200
@@ -394,7 +404,7 @@ def test_row4_zfill_in_a_prompt_keeps_memory_bounded(
             response: httpx.Response | None = post(
                 served, chat_body(messages=ZFILL, max_tokens=24), headers=TO_LOCAL, timeout=60
             )
-        except httpx.TimeoutException:
+        except httpx.HTTPError:
             response = None
     proxy_mb, worker_mb = watch.growth(served.proc.pid) / MB, watch.growth(worker) / MB
     print(f"row4 {engine}: proxy RSS +{proxy_mb:.1f} MB, worker RSS +{worker_mb:.1f} MB")

@@ -1,0 +1,306 @@
+"""Soak run: N minutes of mixed traffic against a real ``frugal serve`` with the fake API upstream.
+
+    .venv/bin/python bench/soak.py --minutes 30 --out soak-30
+
+The traffic, from ``--clients`` threads, each request picked at random: local answers, API
+answers, local and API streams, clients that leave mid-request (injected), bad input (invalid
+JSON, a wrong type, an unknown model: each must be a 4xx) and, every ``--kill-every`` seconds,
+a SIGKILL of the engine worker (injected). Every request carries its own ``x-request-id``.
+
+Reported (``summary.json`` and ``summary.md`` in ``--out``):
+
+- the RSS of the proxy and of the engine worker, sampled every ``--sample-s`` seconds;
+- requests sent and ledger rows, by request id: ids with no row and ids with more than one;
+- the 5xx answers, split into injected ones (a request that overlapped a worker kill, until the
+  engine was ready again) and the others, which must be 0;
+- 4xx answers to good requests and good answers to bad input (both must be 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.fake_api import FakeAPI  # noqa: E402
+from tests.faults_support import (  # noqa: E402
+    MB,
+    engine_pid,
+    ledger_rows,
+    rss_bytes,
+    start_frugal,
+    stop,
+)
+from tests.test_serve import QUESTION, Served  # noqa: E402
+
+KINDS = {  # kind: weight
+    "local": 3,
+    "api": 4,
+    "local_stream": 2,
+    "api_stream": 3,
+    "disconnect": 1,
+    "bad_json": 1,
+    "bad_type": 1,
+    "bad_model": 1,
+}
+TO_API = {"x-frugal-route": "api"}
+TO_LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}
+
+
+class Soak:
+    def __init__(self, served: Served, args: argparse.Namespace) -> None:
+        self.served = served
+        self.args = args
+        self.lock = threading.Lock()
+        self.results: list[dict[str, Any]] = []
+        self.kills: list[tuple[float, float]] = []  # (killed at, ready again at), monotonic
+        self.rss: list[dict[str, Any]] = []
+        self.stop_at = time.monotonic() + args.minutes * 60
+        self.port = int(served.base.rsplit(":", 1)[1])
+        self.started = time.monotonic()
+
+    # -- one request -------------------------------------------------------------------------
+
+    def body(self, **extra: Any) -> dict[str, Any]:
+        return {"model": "gpt-4o-mini", "messages": QUESTION, "max_tokens": 16, **extra}
+
+    def one(self, client: httpx.Client, kind: str) -> None:
+        request_id = f"soak-{kind}-{secrets.token_hex(8)}"
+        headers = {"content-type": "application/json", "x-request-id": request_id}
+        content: bytes
+        if kind in ("local", "local_stream"):
+            headers.update(TO_LOCAL)
+            content = json.dumps(self.body(stream=kind == "local_stream")).encode()
+        elif kind in ("api", "api_stream"):
+            headers.update(TO_API)
+            content = json.dumps(self.body(stream=kind == "api_stream")).encode()
+        elif kind == "bad_json":
+            content = b'{"model": "gpt-4o-mini", "messages": [}'
+        elif kind == "bad_type":
+            content = json.dumps(self.body(max_tokens="many")).encode()
+        elif kind == "bad_model":
+            content = json.dumps(self.body(model="x" * 5000)).encode()
+        else:
+            self.disconnect(request_id)
+            return
+        started = time.monotonic()
+        status: int
+        try:
+            with client.stream(
+                "POST", self.served.base + "/v1/chat/completions", content=content, headers=headers
+            ) as response:
+                for _ in response.iter_bytes():
+                    pass
+                status = response.status_code
+        except httpx.HTTPError:
+            status = -1
+        self.note(request_id, kind, status, started)
+
+    def disconnect(self, request_id: str) -> None:
+        data = json.dumps(self.body(max_tokens=200, stream=random.random() < 0.5)).encode()
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{self.port}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(data)}\r\n"
+            f"x-request-id: {request_id}\r\nx-frugal-route: local\r\n\r\n"
+        )
+        started = time.monotonic()
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=10) as sock:
+                sock.sendall(head.encode() + data)
+                time.sleep(random.uniform(0.05, 0.5))
+        except OSError:
+            pass
+        self.note(request_id, "disconnect", 0, started)
+
+    def note(self, request_id: str, kind: str, status: int, started: float) -> None:
+        with self.lock:
+            self.results.append(
+                {
+                    "id": request_id,
+                    "kind": kind,
+                    "status": status,
+                    "start": started,
+                    "end": time.monotonic(),
+                }  # fmt: skip
+            )
+
+    # -- the threads -------------------------------------------------------------------------
+
+    def client(self) -> None:
+        kinds, weights = list(KINDS), list(KINDS.values())
+        with httpx.Client(timeout=60) as client:
+            while time.monotonic() < self.stop_at:
+                self.one(client, random.choices(kinds, weights)[0])
+
+    def killer(self) -> None:
+        next_kill = self.started + self.args.kill_every
+        while time.monotonic() < self.stop_at:
+            time.sleep(0.5)
+            if time.monotonic() < next_kill:
+                continue
+            next_kill += self.args.kill_every
+            try:
+                pid = engine_pid(self.served)
+            except httpx.HTTPError:
+                continue
+            if not pid:
+                continue
+            killed = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            print(f"[{killed - self.started:7.1f} s] SIGKILL engine worker {pid}", flush=True)
+            ready = killed
+            while time.monotonic() < killed + 120:
+                time.sleep(0.1)
+                try:
+                    engine = self.served.health()["engine"]
+                except (httpx.HTTPError, KeyError, ValueError):
+                    continue
+                if engine["state"] == "ready" and engine.get("pid") not in (None, pid):
+                    ready = time.monotonic()
+                    break
+            with self.lock:
+                self.kills.append((killed, max(ready, killed)))
+
+    def sampler(self) -> None:
+        while time.monotonic() < self.stop_at + 1:
+            try:
+                worker = engine_pid(self.served)
+            except (httpx.HTTPError, KeyError, ValueError):
+                worker = None
+            proxy = rss_bytes(self.served.proc.pid)
+            point = {
+                "t_s": round(time.monotonic() - self.started, 1),
+                "proxy_mb": round((proxy or 0) / MB, 1),
+                "worker_mb": round((rss_bytes(worker) or 0) / MB, 1) if worker else None,
+            }
+            self.rss.append(point)
+            with self.lock:
+                done = len(self.results)
+            print(f"[{point['t_s']:7.1f} s] rss {point} requests {done}", flush=True)
+            time.sleep(self.args.sample_s)
+
+    def run(self) -> None:
+        threads = [threading.Thread(target=self.client) for _ in range(self.args.clients)]
+        threads += [threading.Thread(target=self.killer), threading.Thread(target=self.sampler)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    # -- the summary -------------------------------------------------------------------------
+
+    def injected(self, result: dict[str, Any]) -> bool:
+        return any(result["start"] <= ready + 1 and result["end"] >= killed
+                   for killed, ready in self.kills)  # fmt: skip
+
+    def summary(self) -> dict[str, Any]:
+        ids = [r["id"] for r in self.results]
+        per_id = Counter(row["request_id"] for row in ledger_rows(self.served.db))
+        missing = [i for i in ids if per_id[i] == 0]
+        doubled = [i for i in ids if per_id[i] > 1]
+        bad = {"bad_json", "bad_type", "bad_model"}
+        five = [r for r in self.results if r["status"] >= 500]
+        five_injected = [r for r in five if self.injected(r)]
+        good_refused = [
+            r for r in self.results if r["kind"] not in bad | {"disconnect"}
+            and 400 <= r["status"] < 500
+        ]  # fmt: skip
+        bad_taken = [r for r in self.results if r["kind"] in bad and not 400 <= r["status"] < 500]
+        proxy = [p["proxy_mb"] for p in self.rss]
+        statuses = Counter(r["status"] for r in self.results)
+        return {
+            "minutes": self.args.minutes,
+            "clients": self.args.clients,
+            "requests": len(ids),
+            "by_kind": dict(Counter(r["kind"] for r in self.results)),
+            "statuses": {str(k): v for k, v in sorted(statuses.items())},
+            "client_errors_no_status": sum(1 for r in self.results if r["status"] == -1),
+            "rows": sum(per_id[i] for i in set(ids)),
+            "missing_rows": len(missing),
+            "missing_examples": missing[:10],
+            "duplicate_rows": len(doubled),
+            "worker_kills": len(self.kills),
+            "recovery_s": [round(ready - killed, 2) for killed, ready in self.kills],
+            "5xx_total": len(five),
+            "5xx_injected": len(five_injected),
+            "5xx_not_injected": len(five) - len(five_injected),
+            "good_requests_refused_4xx": len(good_refused),
+            "bad_input_not_4xx": len(bad_taken),
+            "proxy_rss_mb": {
+                "first": proxy[0] if proxy else None,
+                "max": max(proxy, default=None),
+                "last": proxy[-1] if proxy else None,
+            },
+            "rss": self.rss,
+        }  # fmt: skip
+
+
+def markdown(s: dict[str, Any]) -> str:
+    lines = [
+        f"# Soak run: {s['minutes']} min, {s['clients']} clients",
+        "",
+        "| figure | value |",
+        "|---|---|",
+    ]
+    for key in (
+        "requests", "rows", "missing_rows", "duplicate_rows", "worker_kills", "recovery_s",
+        "5xx_total", "5xx_injected", "5xx_not_injected", "good_requests_refused_4xx",
+        "bad_input_not_4xx", "client_errors_no_status", "statuses", "by_kind", "proxy_rss_mb",
+    ):  # fmt: skip
+        lines.append(f"| {key} | {json.dumps(s[key])} |")
+    lines += ["", "| t (s) | proxy RSS (MB) | worker RSS (MB) |", "|---|---|---|"]
+    lines += [f"| {p['t_s']} | {p['proxy_mb']} | {p['worker_mb']} |" for p in s["rss"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--clients", type=int, default=4, help="client threads")
+    parser.add_argument("--kill-every", type=float, default=300.0, help="seconds between kills")
+    parser.add_argument("--sample-s", type=float, default=10.0, help="seconds between RSS samples")
+    parser.add_argument("--out", type=Path, default=None, help="directory for the summary")
+    args = parser.parse_args(argv)
+    out: Path = args.out or Path(tempfile.mkdtemp(prefix="frugal-soak-"))
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="frugal-soak-server-"))
+    with FakeAPI(record=False, reply="The capital of France is Paris.") as api:
+        served = start_frugal(work, api, config={"fallback": {"timeout_s": 10.0}})
+        print(f"frugal serve at {served.base}, ledger {served.db}", flush=True)
+        soak = Soak(served, args)
+        try:
+            soak.run()
+        finally:
+            rc = stop(served)
+        summary = soak.summary()
+        summary["exit_status"] = rc
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "summary.md").write_text(markdown(summary))
+    print(markdown(summary))
+    print(f"summary in {out}/summary.json and summary.md; server log {served.log}")
+    ok = (
+        summary["missing_rows"] == 0
+        and summary["duplicate_rows"] == 0
+        and summary["5xx_not_injected"] == 0
+        and summary["bad_input_not_4xx"] == 0
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
