@@ -16,17 +16,37 @@ name to a target; an unmapped name is sent unchanged):
   variable (``ANTHROPIC_API_KEY``...), except when ``api_base`` is empty: then the key of
   ``api_key_env`` is theirs.
 
-Retries live here and nowhere else (tenacity). Timeouts, connection errors, 408, 429 and 5xx are
-retried up to ``max_retries`` times with exponential backoff and jitter; ``Retry-After`` (seconds
-or an HTTP date) is honoured on 429 and 503. A retry whose wait would end after ``timeout_s`` from
-the start of the call, or whose ``Retry-After`` is over 20 s, is not made: the call fails at once.
-Other 4xx are never retried, and a stream is never retried once :meth:`Upstream.chat_stream` has
-returned it. ``timeout_s`` bounds each wait for upstream's next bytes (as httpx's read timeout
-did), ``connect_timeout_s`` each new connection.
+Only allow-listed parameters are sent: the body upstream is built from the keys of
+:data:`proxy.params.CHAT_PARAMETERS` (``COMPLETIONS_PARAMETERS``, ``EMBEDDINGS_PARAMETERS`` for
+:meth:`Upstream.post_json`) that the request sets, on both routes. Validation has already refused
+anything else with a 400; this is the second wall. litellm is handed those parameters and the
+few this module sets itself (:data:`LITELLM_OWN_KWARGS`), never a client's ``api_base``,
+``api_key``, ``model_list``, ``mock_response`` or other routing keyword. ``metadata`` is not
+handed to litellm either: there it is litellm's own logging and routing metadata, not OpenAI's.
+
+Retries live here and nowhere else (tenacity), and only where the API cannot have done (and
+billed) the work already:
+
+- a connection that could not be made (refused, DNS, TLS, the connect or pool timeout), and
+- an answer of 408, 429, 502, 503 or 504.
+
+Up to ``max_retries`` more attempts, with exponential backoff and jitter; ``Retry-After``
+(seconds or an HTTP date) is honoured on 429 and 503. A retry whose wait would end after
+``timeout_s`` from the start of the call, or whose ``Retry-After`` is over 20 s, is not made: the
+call fails at once. **Not retried**: a 500 or any other 5xx, a read timeout, a reset or
+disconnect once the request was sent, a body cut short, any other 4xx; and a stream is never
+retried once :meth:`Upstream.chat_stream` has returned it. The rule is in
+:mod:`proxy.upstream_errors`. ``timeout_s`` bounds each wait for upstream's next bytes (as
+httpx's read timeout did), ``connect_timeout_s`` each new connection.
+
+Every call says how many attempts it made: :attr:`UpstreamResponse.attempts` on success,
+:attr:`UpstreamStream.attempts` on a stream, and ``attempts`` on the :class:`ProxyError` it
+raises.
 
 Failures become :mod:`proxy.errors` in one module, :mod:`proxy.upstream_errors`:
-``UpstreamTimeout`` (504), ``UpstreamError`` (502), or ``UpstreamStatus`` carrying a 4xx and
-OpenAI's error body. No message carries a key or a prompt.
+``UpstreamTimeout`` (504), ``UpstreamRateLimited`` (429, with the API's ``Retry-After``),
+``UpstreamError`` (502), or ``UpstreamStatus`` carrying a 4xx and OpenAI's error body. No message
+carries a key or a prompt.
 
 Streams: :meth:`Upstream.chat_stream` returns an :class:`~proxy.upstream_stream.UpstreamStream`
 once upstream has answered 200, so every error before the first byte is raised (and retried)
@@ -55,6 +75,12 @@ from yarl import URL
 
 from proxy.config import FallbackSettings
 from proxy.errors import ProxyError, UpstreamError
+from proxy.params import (
+    CHAT_PARAMETERS,
+    COMPLETIONS_PARAMETERS,
+    EMBEDDINGS_PARAMETERS,
+    forwarded,
+)
 from proxy.upstream_errors import (
     describe,
     parse_retry_after,
@@ -76,8 +102,29 @@ BACKOFF_MAX_S = 5.0
 RETRY_AFTER_CAP_S = 20.0
 
 _encode = json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
-# Keys of an OpenAI body that the litellm call sets itself.
-_LITELLM_OWN = frozenset({"model", "stream", "stream_options", "timeout", "api_key", "api_base"})
+# The JSON endpoints of post_json and the parameters each may carry.
+_POST_PARAMETERS: dict[str, frozenset[str]] = {
+    "/completions": frozenset(COMPLETIONS_PARAMETERS),
+    "/embeddings": frozenset(EMBEDDINGS_PARAMETERS),
+}
+_CHAT = frozenset(CHAT_PARAMETERS)
+# OpenAI's chat parameters litellm is handed. `metadata` is litellm's own (logging, routing
+# hints) rather than OpenAI's; `model` and the stream flags are set by the call itself.
+LITELLM_PARAMETERS = _CHAT - {"metadata", "model", "stream", "stream_options"}
+# The keywords the litellm call sets itself, besides LITELLM_PARAMETERS.
+LITELLM_OWN_KWARGS = frozenset(
+    {
+        "model",
+        "stream",
+        "stream_options",
+        "timeout",
+        "num_retries",
+        "max_retries",
+        "drop_params",
+        "extra_headers",
+        "api_key",
+    }
+)
 # Kept for callers of the old private name.
 _parse_retry_after = parse_retry_after
 
@@ -182,7 +229,8 @@ class Upstream:
     async def chat(self, body: dict[str, Any], *, request_id: str) -> UpstreamResponse:
         """A non-streamed chat completion (a ``stream`` flag in ``body`` is turned off)."""
         model, via_litellm = self._routes.get(body.get("model", ""), (body.get("model", ""), False))
-        forward = {**body, "model": model}
+        forward = forwarded(body, _CHAT)
+        forward["model"] = model
         if forward.get("stream"):
             forward["stream"] = False
             forward.pop("stream_options", None)
@@ -206,7 +254,8 @@ class Upstream:
         model, via_litellm = self._routes.get(body.get("model", ""), (body.get("model", ""), False))
         options = body.get("stream_options")
         strip_usage = not (isinstance(options, dict) and options.get("include_usage"))
-        forward = {**body, "model": model, "stream": True}
+        forward = forwarded(body, _CHAT)
+        forward.update(model=model, stream=True)
         if strip_usage:
             extra = options if isinstance(options, dict) else {}
             forward["stream_options"] = {**extra, "include_usage": True}
@@ -241,8 +290,13 @@ class Upstream:
     ) -> UpstreamResponse:
         """POST ``body`` to ``api_base + path`` (``/embeddings``, ``/completions``), JSON back.
 
-        A mapped model name is replaced when its target is on ``api_base``; not streamed.
+        A mapped model name is replaced when its target is on ``api_base``; not streamed. Only
+        the parameters of that endpoint are sent.
         """
+        allowed = _POST_PARAMETERS.get(path)
+        if allowed is None:
+            raise ValueError(f"post_json does not know the endpoint {path!r}")
+        body = forwarded(body, allowed)
         model = body.get("model")
         if isinstance(model, str):
             route = self._routes.get(model)
@@ -261,7 +315,8 @@ class Upstream:
         started = time.monotonic()
         try:
             return await attempt(*args), 1
-        except ProxyError:
+        except ProxyError as exc:
+            exc.attempts = 1
             raise
         except Exception as exc:
             if not retryable(exc):
@@ -269,7 +324,8 @@ class Upstream:
             attempts = _Attempts(attempt, args, started, exc)
         try:
             return await self._retrying(attempts), attempts.tries
-        except ProxyError:
+        except ProxyError as exc:
+            exc.attempts = attempts.tries
             raise
         except Exception as exc:
             raise translate(exc, attempts.tries) from exc
@@ -307,7 +363,8 @@ class Upstream:
     # -- the litellm route ---------------------------------------------------------------------
 
     def _litellm_kwargs(self, forward: dict[str, Any], request_id: str) -> dict[str, Any]:
-        kwargs = {k: v for k, v in forward.items() if k not in _LITELLM_OWN}
+        """litellm's keywords: allow-listed OpenAI parameters, then the call's own settings."""
+        kwargs = forwarded(forward, LITELLM_PARAMETERS)
         kwargs.update(
             model=forward["model"],
             timeout=self._settings.timeout_s,

@@ -1,20 +1,34 @@
 """How a failed upstream call is judged (retry or not) and told to the client: the one place.
 
-    _RetryableStatus        upstream answered 408, 429 or 5xx: worth another attempt
-    retryable(exc)          that, timeouts, and connections that broke; never a ProxyError
+    _RetryableStatus        upstream answered 408, 429, 502, 503 or 504: worth another attempt
+    retryable(exc)          that, and a connection that failed before the request was sent
     status_error(...)       a non-2xx answer -> _RetryableStatus, UpstreamStatus or UpstreamError
-    translate(exc, tries)   whatever is left after retrying -> the ProxyError the client sees
+    translate(exc, tries)   whatever is left after retrying -> the ProxyError the client sees,
+                            with ``attempts`` set to ``tries``
+
+What is retried is what cannot have been done (and billed) by the API already:
+
+- a connection that could not be made (refused, DNS, TLS, the connect or pool timeout): the
+  request never left;
+- 408, 429, 502, 503 and 504: the API (or the gateway in front of it) did not process it.
+
+Never retried: a 500 or any other 5xx, a read timeout, a reset, a disconnect or a body cut short
+once the request was sent. The API may have done the work, so a second attempt could bill it
+twice; the client gets the error and its SDK may choose to retry. Nor a ``ProxyError`` or another
+4xx, which retrying cannot fix.
 
 The errors come from aiohttp (the OpenAI-compatible route), from litellm (other providers; its
-errors carry the provider's ``httpx.Response``), and from httpx. A 401/403 is the proxy's own key
-failing, so it becomes a 502 and its body (which may echo part of the key) is dropped. No message
-carries a key or a prompt: only exception type names and status codes.
+errors carry the provider's ``httpx.Response``, and the transport's error in their
+``__cause__``/``__context__`` chain), and from httpx. A 401/403 is the proxy's own key failing,
+so it becomes a 502 and its body (which may echo part of the key) is dropped. A 429 that is left
+after retrying is passed on as a 429 with the API's ``Retry-After``. No message carries a key or
+a prompt: only exception type names and status codes.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -25,23 +39,29 @@ import httpx
 from proxy.errors import (
     ProxyError,
     UpstreamError,
+    UpstreamRateLimited,
     UpstreamStatus,
     UpstreamTimeout,
     map_upstream_exception,
 )
 
-_RETRYABLE_ERRORS = (
-    aiohttp.ClientConnectionError,  # refused, reset, server disconnected, socket timeouts
-    aiohttp.ClientPayloadError,  # a body cut short
-    TimeoutError,
-    httpx.TimeoutException,
-    httpx.NetworkError,
-    httpx.RemoteProtocolError,
+RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
+
+# Failures that happen before a byte of the request reaches the API.
+_NOT_SENT = (
+    aiohttp.ClientConnectorError,  # refused, DNS, TLS, the proxy in between (subclasses)
+    aiohttp.ConnectionTimeoutError,  # no connection (or no free one in the pool) in time
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    ConnectionRefusedError,
 )
+# openai's (and so litellm's) transport errors: they say nothing of whether the request was sent.
+_TRANSPORT_ERRORS = frozenset({"APIConnectionError", "APITimeoutError"})
 
 
 class _RetryableStatus(Exception):
-    """Upstream answered a status worth retrying (408, 429, 5xx)."""
+    """Upstream answered a status worth retrying (408, 429, 502, 503, 504)."""
 
     def __init__(self, status: int, retry_after: float | None) -> None:
         super().__init__(f"HTTP {status}")
@@ -50,18 +70,42 @@ class _RetryableStatus(Exception):
 
 
 def retryable_status(status: int) -> bool:
-    return status in (408, 429) or status >= 500
+    return status in RETRYABLE_STATUSES
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling (a few levels)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
+def _transport_error(exc: BaseException) -> bool:
+    return any(c.__name__ in _TRANSPORT_ERRORS for c in type(exc).__mro__)
+
+
+def not_sent(exc: BaseException) -> bool:
+    """Whether the failure certainly came before the request reached the API."""
+    return any(isinstance(e, _NOT_SENT) for e in _chain(exc))
 
 
 def retryable(exc: BaseException) -> bool:
-    if isinstance(exc, _RetryableStatus) or isinstance(exc, _RETRYABLE_ERRORS):
+    """Whether another attempt cannot make the API do (and bill) the work twice."""
+    if isinstance(exc, _RetryableStatus):
         return True
-    if isinstance(exc, ProxyError | httpx.HTTPError | aiohttp.ClientError):
+    if isinstance(exc, ProxyError):
         return False
-    status = getattr(exc, "status_code", None)  # litellm's errors
-    if isinstance(status, int):
-        return retryable_status(status)
-    return "Timeout" in type(exc).__name__
+    if not_sent(exc):
+        return True
+    if isinstance(exc, httpx.HTTPError | aiohttp.ClientError | TimeoutError | OSError):
+        return False
+    if _transport_error(exc):
+        return False  # a litellm Timeout claims 408, a connection error 500: neither is the API's
+    status = getattr(exc, "status_code", None)  # litellm's errors from the provider's answer
+    return isinstance(status, int) and retryable_status(status)
 
 
 def status_error(status: int, headers: Mapping[str, str], content: bytes) -> Exception:
@@ -89,7 +133,7 @@ def refusal(status: int, content: bytes) -> ProxyError:
             payload if isinstance(payload, dict) else None,
             f"the upstream API refused the request (HTTP {status})",
         )
-    return UpstreamError(f"the upstream API answered with an unexpected HTTP {status}")
+    return UpstreamError(f"the upstream API failed (HTTP {status})")
 
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
@@ -134,26 +178,46 @@ def describe(exc: BaseException) -> str:
 
 
 def translate(exc: BaseException, attempts: int, *, streaming: bool = False) -> ProxyError:
-    """The one place a failed upstream call becomes the error the client sees."""
+    """The one place a failed upstream call becomes the error the client sees.
+
+    The error's ``attempts`` is set to ``attempts``: the calls made to the API for it.
+    """
+    error = _translated(exc, attempts, streaming)
+    error.attempts = attempts
+    return error
+
+
+def _translated(exc: BaseException, attempts: int, streaming: bool) -> ProxyError:
     if isinstance(exc, ProxyError):
         return exc
     name = type(exc).__name__
+    tried = f"{attempts} attempt" + ("s" if attempts != 1 else "")
     if isinstance(exc, _RetryableStatus):
-        tried = f"{attempts} attempt" + ("s" if attempts != 1 else "")
         if exc.status == 408:
             return UpstreamTimeout(f"the upstream API timed out (HTTP 408) on {tried}")
-        what = "rate-limited the proxy" if exc.status == 429 else "failed"
-        return UpstreamError(f"the upstream API {what} (HTTP {exc.status}) on {tried}")
-    response = getattr(exc, "response", None)  # litellm's errors carry the provider's answer
-    if isinstance(response, httpx.Response) and not retryable_status(response.status_code):
-        return refusal(response.status_code, response.content)
+        if exc.status == 429:
+            return UpstreamRateLimited(
+                f"the upstream API rate-limited the proxy (HTTP 429) on {tried}",
+                retry_after_s=exc.retry_after,
+            )
+        return UpstreamError(f"the upstream API failed (HTTP {exc.status}) on {tried}")
     timed_out = isinstance(exc, TimeoutError | httpx.TimeoutException) or "Timeout" in name
     if streaming:
         if timed_out:
             return UpstreamTimeout(f"the upstream stream stalled mid-way ({name})")
         return UpstreamError(f"the upstream stream broke off mid-way ({name})")
+    if getattr(exc, "status_code", None) == 429 and not _transport_error(exc):  # litellm's
+        return UpstreamRateLimited(
+            f"the upstream API rate-limited the proxy (HTTP 429) on {tried}",
+            retry_after_s=retry_after_of(exc),
+        )
     if timed_out:
         return UpstreamTimeout(f"the upstream API did not answer in time ({name})")
-    if isinstance(exc, aiohttp.ClientError):
-        return UpstreamError(f"the upstream API could not be reached ({name})")
+    if not_sent(exc):
+        return UpstreamError(f"the upstream API could not be reached ({name}) on {tried}")
+    if isinstance(exc, aiohttp.ClientError | httpx.HTTPError) or _transport_error(exc):
+        return UpstreamError(f"the connection to the upstream API failed ({name})")
+    response = getattr(exc, "response", None)  # litellm's errors carry the provider's answer
+    if isinstance(response, httpx.Response):
+        return refusal(response.status_code, response.content)
     return map_upstream_exception(exc)

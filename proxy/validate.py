@@ -4,8 +4,13 @@ The body is parsed once, checked here in plain Python (no schema library on the 
 passed on as the same dict: the API route forwards it unchanged. Every failure is a
 :class:`BadRequest` whose ``param`` names the field in OpenAI's style, e.g. ``messages[2].role``.
 
-Only what a request's *shape* can get wrong is checked here. Which parameters the local engine
-honours, and which send a request to the API, is :mod:`proxy.params`.
+Only what a request's *shape* can get wrong is checked here, and first which keys it has: a key
+outside the endpoint's allow-list in :mod:`proxy.params` (a routing field such as ``base_url``,
+a vendor extension such as ``top_k``, a typo) is a 400 naming it. Which parameters the local
+engine honours, and which send a request to the API, is :mod:`proxy.params` too.
+
+The model name is at most :data:`MAX_MODEL_CHARS` printable characters (no control characters,
+no line breaks): it is logged, stored in the ledger and shown in reports.
 """
 
 from __future__ import annotations
@@ -15,9 +20,17 @@ import re
 from typing import Any
 
 from proxy.errors import BadRequest
-from proxy.params import local_blocker, unknown_parameters
+from proxy.params import (
+    CHAT_PARAMETERS,
+    COMPLETIONS_PARAMETERS,
+    EMBEDDINGS_PARAMETERS,
+    check_parameters,
+    local_blocker,
+    unknown_parameters,
+)
 
 __all__ = [
+    "MAX_MODEL_CHARS",
     "PART_TYPES",
     "ROLES",
     "chat_request",
@@ -34,6 +47,7 @@ TOOL_CHOICES = ("none", "auto", "required")
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 MAX_N = 128
 MAX_STOP = 4
+MAX_MODEL_CHARS = 256
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -124,6 +138,16 @@ def _model(body: dict[str, Any]) -> None:
         raise BadRequest("'model' is required", param="model", code="missing_required")
     if not isinstance(model, str) or not model.strip():
         raise BadRequest("'model' must be a non-empty string", param="model")
+    if len(model) > MAX_MODEL_CHARS:
+        raise BadRequest(
+            f"'model' must be at most {MAX_MODEL_CHARS} characters, got {len(model)}",
+            param="model",
+        )
+    if not model.isprintable():
+        raise BadRequest(
+            "'model' must hold printable characters only (no control characters or line breaks)",
+            param="model",
+        )
 
 
 def _stop(body: dict[str, Any]) -> None:
@@ -487,6 +511,7 @@ def _api_only_shapes(body: dict[str, Any]) -> None:
 
 def chat_request(body: dict[str, Any]) -> dict[str, Any]:
     """Check a chat-completions body; returns it unchanged or raises BadRequest."""
+    check_parameters(body, CHAT_PARAMETERS)
     _model(body)
     _messages(body.get("messages"))
     _sampling(body)
@@ -530,6 +555,7 @@ def _prompt(prompt: Any) -> None:
 
 def completions_request(body: dict[str, Any]) -> dict[str, Any]:
     """Check a legacy ``/v1/completions`` body; returns it unchanged or raises BadRequest."""
+    check_parameters(body, COMPLETIONS_PARAMETERS)
     _model(body)
     _prompt(body.get("prompt"))
     _sampling(body)
@@ -550,6 +576,7 @@ def completions_request(body: dict[str, Any]) -> dict[str, Any]:
 
 def embeddings_request(body: dict[str, Any]) -> dict[str, Any]:
     """Check a ``/v1/embeddings`` body; returns it unchanged or raises BadRequest."""
+    check_parameters(body, EMBEDDINGS_PARAMETERS)
     _model(body)
     data = body.get("input")
     if data is None:

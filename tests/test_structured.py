@@ -207,12 +207,14 @@ async def test_requests_the_local_model_cannot_serve_go_to_the_api_unchanged(
     }
     bodies = [
         {"model": "gpt-4o-mini", "messages": [image]},
-        {"model": "gpt-4o-mini", "messages": ASK_WEATHER, "top_k": 3},
+        {"model": "gpt-4o-mini", "messages": ASK_WEATHER, "n": 9},
         {"model": "gpt-4o-mini", "messages": ASK_WEATHER, "web_search_options": {}},
     ]
     async with make_client(settings_for(tmp_path, fake_api)) as client:
         answers = [await client.post("/v1/chat/completions", json=b) for b in bodies]
         local_only = await client.post("/v1/chat/completions", json={**bodies[0], "model": "local"})
+        # A key outside OpenAI's parameters is no longer forwarded: it is a 400, as on OpenAI.
+        unknown = await client.post("/v1/chat/completions", json={**bodies[1], "top_k": 3})
     for r in answers:
         assert r.status_code == 200, r.text
         assert (r.headers["x-frugal-route"], r.headers["x-frugal-reason"]) == (
@@ -222,6 +224,7 @@ async def test_requests_the_local_model_cannot_serve_go_to_the_api_unchanged(
     assert [req.body for req in fake_api.requests] == bodies
     assert local_only.status_code == 400
     assert local_only.json()["error"]["code"] == "unsupported_locally"
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "top_k"
 
 
 async def test_legacy_completions_local_first_with_logprobs_echo_and_stream(

@@ -1,9 +1,16 @@
-"""The fallback client against a real fake API on loopback: answers, streams, retries, faults."""
+"""The fallback client against a real fake API on loopback: answers, streams, retries, faults.
+
+Retries are only those that cannot bill twice: connections refused, 408, 429, 502, 503, 504.
+"""
 
 from __future__ import annotations
 
 import json
+import re
+import select
 import socket
+import struct
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -14,7 +21,7 @@ import httpx
 import pytest
 
 from proxy.config import FallbackSettings
-from proxy.errors import UpstreamError, UpstreamStatus, UpstreamTimeout
+from proxy.errors import UpstreamError, UpstreamRateLimited, UpstreamStatus, UpstreamTimeout
 from proxy.upstream import Upstream, UpstreamStream, _parse_retry_after
 from tests.fake_api import FakeAPI
 
@@ -248,6 +255,7 @@ async def test_cut_stream_raises_after_relaying_what_arrived_and_is_not_retried(
                 async for chunk in stream:
                     received.append(chunk)
     assert caught.value.status == 502
+    assert caught.value.attempts == 1
     assert len(events(b"".join(received))) == 3
     assert streamed_text(b"".join(received)) == "Paris is"
     assert api.count == 1
@@ -265,16 +273,39 @@ async def test_429_waits_for_retry_after_then_succeeds(api: FakeAPI) -> None:
     assert api.request_times[1] - api.request_times[0] >= 1.0 - 0.01
 
 
-async def test_retry_after_beyond_the_cap_fails_at_once(api: FakeAPI) -> None:
+async def test_retry_after_beyond_the_cap_fails_at_once_as_a_429(api: FakeAPI) -> None:
     api.set(fail_status=429, retry_after=60)
     started = time.monotonic()
     async with upstream(api, timeout_s=120.0) as client:
-        with pytest.raises(UpstreamError) as caught:
+        with pytest.raises(UpstreamRateLimited) as caught:
             await client.chat(CHAT, request_id="r")
     assert time.monotonic() - started < 1.0
-    assert caught.value.status == 502
-    assert "429" in caught.value.message
+    error = caught.value
+    assert (error.status, error.type, error.code) == (429, "requests", "rate_limit_exceeded")
+    assert error.headers == {"retry-after": "60"}
+    assert "429" in error.message
+    assert error.attempts == 1
     assert api.count == 1
+
+
+async def test_429_on_every_attempt_is_passed_on_with_the_last_retry_after(api: FakeAPI) -> None:
+    api.set(fail_status=429, retry_after=1)
+    async with upstream(api, max_retries=1) as client:
+        with pytest.raises(UpstreamRateLimited) as caught:
+            await client.chat(CHAT, request_id="r")
+    assert caught.value.status == 429
+    assert caught.value.headers == {"retry-after": "1"}
+    assert caught.value.attempts == 2
+    assert api.count == 2
+
+
+async def test_429_without_retry_after_is_a_429_without_the_header(api: FakeAPI) -> None:
+    api.set(fail_status=429)
+    async with upstream(api, max_retries=0) as client:
+        with pytest.raises(UpstreamRateLimited) as caught:
+            await client.chat(CHAT, request_id="r")
+    assert caught.value.headers == {}
+    assert caught.value.attempts == 1
 
 
 def test_retry_after_is_read_as_seconds_or_as_an_http_date() -> None:
@@ -287,8 +318,11 @@ def test_retry_after_is_read_as_seconds_or_as_an_http_date() -> None:
     assert _parse_retry_after(httpx.Headers()) is None
 
 
-async def test_two_500s_then_success_takes_three_attempts(api: FakeAPI) -> None:
-    api.set(fail_status=500, fail_times=2)
+@pytest.mark.parametrize("status", [408, 502, 503, 504])
+async def test_gateway_errors_are_retried_two_then_success_takes_three_attempts(
+    api: FakeAPI, status: int
+) -> None:
+    api.set(fail_status=status, fail_times=2)
     async with upstream(api) as client:
         result = await client.chat(CHAT, request_id="r")
     assert result.attempts == 3
@@ -296,8 +330,8 @@ async def test_two_500s_then_success_takes_three_attempts(api: FakeAPI) -> None:
     assert result.body["choices"][0]["message"]["content"] == api.reply
 
 
-async def test_persistent_500_becomes_502_after_every_attempt(api: FakeAPI) -> None:
-    api.set(fail_status=500)
+async def test_persistent_503_becomes_502_after_every_attempt(api: FakeAPI) -> None:
+    api.set(fail_status=503)
     async with upstream(api, max_retries=2) as client:
         with pytest.raises(UpstreamError) as caught:
             await client.chat(CHAT, request_id="r")
@@ -305,8 +339,89 @@ async def test_persistent_500_becomes_502_after_every_attempt(api: FakeAPI) -> N
     assert type(error) is UpstreamError
     assert error.status == 502
     assert "3 attempts" in error.message
+    assert error.attempts == 3
     assert PROMPT not in error.message and KEY not in error.message
     assert api.count == 3
+
+
+@pytest.mark.parametrize("status", [500, 501, 505])
+async def test_other_5xx_are_not_retried_since_the_api_may_have_done_the_work(
+    api: FakeAPI, status: int
+) -> None:
+    api.set(fail_status=status)
+    async with upstream(api, max_retries=2) as client:
+        with pytest.raises(UpstreamError) as caught:
+            await client.chat(CHAT, request_id="r")
+        with pytest.raises(UpstreamError) as streamed:
+            await client.chat_stream({**CHAT, "stream": True}, request_id="r")
+    for error in (caught.value, streamed.value):
+        assert type(error) is UpstreamError
+        assert error.status == 502
+        assert str(status) in error.message
+        assert error.attempts == 1
+        assert PROMPT not in error.message and KEY not in error.message
+    assert api.count == 2
+
+
+class DropAfterRequest:
+    """A loopback HTTP server that reads each whole request, then closes without answering:
+    with ``reset`` by a TCP RST (SO_LINGER 0), else with a plain FIN."""
+
+    def __init__(self, *, reset: bool) -> None:
+        self.reset = reset
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.requests = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self.sock], [], [], 0.05)
+            if not ready:
+                continue
+            conn, _ = self.sock.accept()
+            with conn:
+                conn.settimeout(5)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                match = re.search(rb"(?i)content-length: *(\d+)", head)
+                length = int(match.group(1)) if match else 0
+                while len(body) < length:
+                    body += conn.recv(65536)
+                self.requests += 1
+                if self.reset:
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    def __enter__(self) -> DropAfterRequest:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close()
+
+
+@pytest.mark.parametrize("reset", [True, False], ids=["reset", "closed"])
+async def test_a_connection_lost_after_the_request_was_sent_is_not_retried(
+    api: FakeAPI, reset: bool
+) -> None:
+    with DropAfterRequest(reset=reset) as server:
+        async with upstream(api, api_base=server.url, max_retries=2) as client:
+            with pytest.raises(UpstreamError) as caught:
+                await client.chat(CHAT, request_id="r")
+            with pytest.raises(UpstreamError) as streamed:
+                await client.chat_stream({**CHAT, "stream": True}, request_id="r")
+        assert server.requests == 2  # one each: the API may have done (and billed) the work
+    for error in (caught.value, streamed.value):
+        assert error.status == 502
+        assert error.attempts == 1
+        assert KEY not in error.message and PROMPT not in error.message
 
 
 async def test_hung_upstream_gives_504_within_the_timeout(api: FakeAPI) -> None:
@@ -317,17 +432,19 @@ async def test_hung_upstream_gives_504_within_the_timeout(api: FakeAPI) -> None:
             await client.chat(CHAT, request_id="r")
     assert 0.3 <= time.monotonic() - started < 1.0
     assert caught.value.status == 504
-    assert api.count == 1  # the timeout spent the whole budget: no retry
+    assert caught.value.attempts == 1
+    assert api.count == 1  # a read timeout is never retried: the API has the request
 
 
-async def test_unreachable_upstream_gives_502(api: FakeAPI) -> None:
+async def test_unreachable_upstream_is_retried_then_gives_502(api: FakeAPI) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # free once closed: nothing listens there
-    async with upstream(api, api_base=f"http://127.0.0.1:{port}/v1") as client:
+    async with upstream(api, api_base=f"http://127.0.0.1:{port}/v1", max_retries=2) as client:
         with pytest.raises(UpstreamError) as caught:
             await client.chat(CHAT, request_id="r")
     assert caught.value.status == 502
+    assert caught.value.attempts == 3  # refused: the request never left, so retrying is safe
     assert KEY not in caught.value.message
 
 
@@ -342,6 +459,7 @@ async def test_400_passes_upstreams_error_on_and_is_not_retried(api: FakeAPI) ->
     assert error.body() == {
         "error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}
     }
+    assert error.attempts == 1
     assert api.count == 1
 
 
@@ -375,3 +493,26 @@ async def test_provider_prefixed_target_goes_through_litellm(
     assert streamed_text(raw) == "Via litellm."
     assert events(raw)[-1] == b"data: [DONE]"
     assert stream.usage is not None and stream.usage["completion_tokens"] == 2
+
+
+async def test_litellm_route_follows_the_same_retry_rules(
+    api: FakeAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOSTED_VLLM_API_BASE", api.url)
+    models = {"gpt-4o-mini": "hosted_vllm/served-model"}
+    async with upstream(api, models=models, max_retries=2) as client:
+        api.set(fail_status=503, fail_times=1)
+        retried = await client.chat(CHAT, request_id="r")
+        assert (retried.attempts, api.count) == (2, 2)
+        api.reset()
+        api.set(fail_status=500)
+        with pytest.raises(UpstreamError) as failed:
+            await client.chat(CHAT, request_id="r")
+        assert (failed.value.status, failed.value.attempts, api.count) == (502, 1, 1)
+        api.reset()
+        api.set(fail_status=429, retry_after=30)
+        with pytest.raises(UpstreamRateLimited) as limited:
+            await client.chat(CHAT, request_id="r")
+    assert limited.value.status == 429
+    assert limited.value.headers == {"retry-after": "30"}
+    assert (limited.value.attempts, api.count) == (1, 1)

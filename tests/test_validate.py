@@ -108,9 +108,18 @@ def test_ignored_parameters_keep_the_request_local(name: str) -> None:
     assert chat_blocker(body) is None
 
 
-def test_unknown_parameters_go_to_the_api_rather_than_being_dropped() -> None:
-    body = chat_request({"model": "gpt-4o-mini", "messages": MSG, "top_k": 5})
-    assert chat_blocker(body) == "unknown parameter 'top_k'"
+def test_unknown_parameters_are_400s_naming_them_rather_than_being_forwarded() -> None:
+    """Once sent to the API unchanged; now refused as OpenAI itself refuses them."""
+    with pytest.raises(BadRequest) as info:
+        chat_request({"model": "gpt-4o-mini", "messages": MSG, "top_k": 5})
+    assert (info.value.status, info.value.param) == (400, "top_k")
+    assert info.value.code == "unknown_parameter"
+    with pytest.raises(BadRequest) as legacy:
+        completions_request({"model": "m", "prompt": "Hi", "top_k": 5})
+    assert legacy.value.param == "top_k"
+    with pytest.raises(BadRequest) as embed:
+        embeddings_request({"model": "m", "input": "Hi", "top_k": 5})
+    assert embed.value.param == "top_k"
 
 
 @pytest.mark.parametrize(
