@@ -418,7 +418,12 @@ def _build(spec: str) -> str:
     """GBNF text for a canonical JSON ``spec``: {"json": schema|None, "calls": [...], "auto": b}."""
     data = json.loads(spec)
     _check_bounds(data)
-    _Sizer().spec(data)
+    try:
+        _Sizer().spec(data)
+    except GrammarError:
+        raise
+    except Exception as exc:  # a shape the converter would fail on as well: refused, not guessed
+        raise GrammarError(f"{type(exc).__name__} while sizing the grammar") from exc
     conv = _converter()
     try:
         calls = data.get("calls")
