@@ -308,6 +308,37 @@ def test_deadline_falls_back_and_frees_the_cpu(
         assert stop_server(quick) == 0
 
 
+def test_a_stream_whose_client_leaves_is_stopped_and_still_counted(served: Served) -> None:
+    """A client that sends a streamed request and leaves without reading a byte: its generation
+    stops, and it still gets its ledger row (the report below counts it)."""
+    served.sent += 1
+    payload = json.dumps(
+        {
+            "model": "local",
+            "messages": [{"role": "user", "content": "Write a very long story about the sea."}],
+            "max_tokens": 1500,
+            "stream": True,
+        }
+    ).encode()
+    port = int(served.base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+            b"content-type: application/json\r\n"
+            + f"content-length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        deadline = time.monotonic() + 30
+        while not served.health()["engine"]["busy"]:
+            assert time.monotonic() < deadline, "the engine never started the request"
+            time.sleep(0.02)
+    deadline = time.monotonic() + 30
+    while (engine := served.health()["engine"])["busy"] or engine["queue_depth"]:
+        assert time.monotonic() < deadline, "the generation went on for nobody"
+        time.sleep(0.02)
+    assert engine["state"] == "ready"
+
+
 def test_report_counts_exactly_the_requests_sent(served: Served) -> None:
     assert served.sent >= 8
     assert stop_server(served) == 0, served.log.read_text()
