@@ -327,7 +327,11 @@ class Ledger:
         self._dropping = 0  # rows dropped in the current burst
         self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._retained: list[_Entry] = []
-        self._held = 0  # rows the writer took off the queue and has not written or set aside
+        # Rows recorded (counted by record, on the event loop) and rows done with (written,
+        # rejected or spilled, counted by the writer): each counter has one writer, so their
+        # difference, the rows pending, is exact without a lock.
+        self._accepted = 0
+        self._done = 0
         self._retrying = 0  # ... of them, held after the database failed
         self._retained_updates: list[_Update] = []
         self._flushes: list[_Flush] = []
@@ -408,12 +412,12 @@ class Ledger:
                 log.error(
                     "ledger_writer_stuck",
                     waited_s=timeout_s + 5.0,
-                    rows_held=self._held,
+                    rows_held=self.pending,
                     detail="the writer did not finish; the rows it holds may be lost",
                 )
             # Rows recorded while the writer wound up, after its last look at the queue.
             late = [i for i in self._drain() if isinstance(i, _Entry)]
-            self._held -= len(late)
+            self._done += len(late)
             if late:
                 self._spill(late, "unwritten", None)
         self._closed = True
@@ -427,13 +431,14 @@ class Ledger:
             if self._closed:
                 self._spill([_Entry(row, None)], "unwritten", None)
                 return
-            if self._items.qsize() + self._held >= self.max_queue:
+            if self._accepted - self._done >= self.max_queue:
                 self._drop()
                 return
             if self._dropping:
                 log.warning("ledger_queue_recovered", rows_dropped=self._dropping)
                 self._dropping = 0
             future = self.counter.submit(count) if count is not None else None
+            self._accepted += 1
             self._items.put(_Entry(row, future))
         except Exception as exc:  # noqa: BLE001 - a request never fails on its ledger row
             self.dropped += 1
@@ -454,7 +459,7 @@ class Ledger:
     @property
     def pending(self) -> int:
         """Rows recorded but not written yet (queued, or held after a failed write)."""
-        return self._items.qsize() + self._held
+        return max(0, self._accepted - self._done)
 
     @property
     def state(self) -> str:
@@ -549,8 +554,6 @@ class Ledger:
             if isinstance(item, _Flush):
                 self._add_flush(item)
                 break
-            if isinstance(item, _Entry):
-                self._held += 1
             items.append(item)
             if deadline is None:
                 deadline = time.monotonic() + self.flush_interval_s
@@ -566,7 +569,6 @@ class Ledger:
             if isinstance(item, _Flush):
                 self._add_flush(item)
             elif not isinstance(item, _Stop):
-                self._held += isinstance(item, _Entry)
                 items.append(item)
 
     def _add_flush(self, marker: _Flush) -> None:
@@ -618,7 +620,7 @@ class Ledger:
         unwritten = self._retained + [i for i in items if isinstance(i, _Entry)]
         updates = len(self._retained_updates) + sum(isinstance(i, _Update) for i in items)
         self._retained, self._retained_updates = [], []
-        self._held -= len(unwritten)
+        self._done += len(unwritten)
         self._retrying = 0
         if unwritten:
             self._spill(unwritten, "unwritten", None)
@@ -683,13 +685,13 @@ class Ledger:
             raise
 
     def _succeeded(self, entries: list[_Entry]) -> None:
-        self.written += len(entries)
-        self._held -= len(entries)
+        self._done += len(entries)
         self._retrying = 0
-        if self._failing_since is not None:
+        if entries and self._failing_since is not None:
             failing_for = round(time.time() - self._failing_since, 1)
             log.info("ledger_write_recovered", failing_for_s=failing_for)
             self._failing_since = None
+        self.written += len(entries)  # after the rest: a reader that sees it sees them done
         for entry in entries:
             if entry.rowid is not None and entry.count is not None:
                 self.estimated += 1
@@ -704,12 +706,12 @@ class Ledger:
 
     def _hold(self, entries: list[_Entry], updates: list[_Update], exc: BaseException) -> None:
         """The database failed: keep the rows (``record`` bounds how many) for the next try."""
-        self.write_retries += 1
         if self._failing_since is None:
             self._failing_since = time.time()
         self._retained = entries
         self._retained_updates = updates
         self._retrying = len(entries)
+        self.write_retries += 1  # last: a reader that sees it sees the rows held
         if self.write_retries == 1 or self.write_retries % 20 == 0:
             log.warning(
                 "ledger_write_failed",
@@ -764,14 +766,14 @@ class Ledger:
 
     def _reject(self, entry: _Entry, exc: BaseException) -> None:
         """Put one row aside: counted, remembered, spilled, logged (no value, only its class)."""
-        self.rejected += 1
-        self._held -= 1
+        self._done += 1
         self._last_error = type(exc).__name__
         self._last_incident = time.monotonic()
         request_id = entry.row.get("request_id")
         self.dead_letters.append(
             {"request_id": request_id, "error": type(exc).__name__, "at": time.time()}
         )
+        self.rejected += 1
         log.error("ledger_row_rejected", request_id=request_id, error=type(exc).__name__)
         self._spill([entry], "rejected", exc)
 

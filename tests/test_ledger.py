@@ -757,20 +757,23 @@ async def test_healthz_counts_write_failures_and_the_request_still_succeeds(
             assert r.status_code == 200
             for _ in range(500):
                 health = (await client.get("/healthz")).json()["ledger"]
-                if health["write_failures"]:
+                if health["write_retries"]:
                     break
                 await asyncio.sleep(0.01)
-            assert health["write_failures"] >= 1 and health["retrying"] == 1
-            assert health["written"] == 0 and health["dropped"] == 0
+            assert health["write_retries"] >= 1 and health["retrying"] == 1
+            assert (health["rows_written"], health["rows_dropped"], health["pending"]) == (0, 0, 1)
+            assert (health["state"], health["last_error"]) == ("degraded", "OperationalError")
+            assert health["max_queue"] == 100_000 and health["rows_rejected"] == 0
+            assert health["usage_invalid"] == 0 and health["path"] == str(db)
         finally:
             holder.execute("ROLLBACK")
             holder.close()
         for _ in range(500):
             health = (await client.get("/healthz")).json()["ledger"]
-            if health["written"]:
+            if health["rows_written"]:
                 break
             await asyncio.sleep(0.01)
-        assert (health["written"], health["retrying"]) == (1, 0)
+        assert (health["rows_written"], health["retrying"], health["state"]) == (1, 0, "ok")
     assert len(ledger_rows(db)) == 1
 
 
