@@ -209,12 +209,18 @@ SAMPLING: Schema = {
     "user": _string("An end-user id; ignored locally, forwarded to the API."),
 }
 
-MODEL: Schema = {
+# No control characters or line breaks (proxy.validate checks str.isprintable, a little stricter).
+_CONTROL = "\\u0000-\\u001f\\u007f-\\u009f\\u2028\\u2029"
+MODEL_NAME: Schema = {
     "type": "string",
     "minLength": 1,
-    "pattern": "\\S",
+    "maxLength": 256,
+    "pattern": f"^[^{_CONTROL}]*[^{_CONTROL}\\s][^{_CONTROL}]*$",
+}
+MODEL: Schema = {
+    **MODEL_NAME,
     "description": "The model asked for: the API fallback's target and the price that savings "
-    "are counted against. `local` means the local model only.",
+    "are counted against. `local` means the local model only. At most 256 printable characters.",
 }
 
 CHAT_REQUEST: Schema = {
@@ -335,9 +341,11 @@ CHAT_REQUEST: Schema = {
             "then": {"properties": {"tools": {"anyOf": [{"type": "null"}, {"maxItems": 0}]}}},
         },
     ],
-    "description": "OpenAI's chat-completions request. A parameter not listed here sends the "
-    "request to the API unchanged. A named tool_choice (or function_call) must name one of the "
-    "tools (functions); a schema must be a valid JSON Schema.",
+    "additionalProperties": False,
+    "description": "OpenAI's chat-completions request. A parameter not listed here is a 400 "
+    "naming it (routing and credential fields such as base_url included). A named tool_choice "
+    "(or function_call) must name one of the tools (functions); a schema must be a valid JSON "
+    "Schema.",
 }
 
 COMPLETIONS_REQUEST: Schema = {
@@ -361,6 +369,7 @@ COMPLETIONS_REQUEST: Schema = {
         "suffix": _string("Text after the completion: the API answers."),
     },
     "allOf": [_requires("stream_options", {"type": "object"}, "stream", {"const": True})],
+    "additionalProperties": False,
     "description": "OpenAI's legacy completions request. best_of must be at least n, and above "
     "1 it cannot be streamed.",
 }
@@ -369,7 +378,7 @@ EMBEDDINGS_REQUEST: Schema = {
     "type": "object",
     "required": ["model", "input"],
     "properties": {
-        "model": {"type": "string", "minLength": 1, "pattern": "\\S"},
+        "model": MODEL_NAME | {"description": "At most 256 printable characters."},
         "input": {
             "anyOf": [
                 {"type": "string", "minLength": 1},
@@ -382,6 +391,7 @@ EMBEDDINGS_REQUEST: Schema = {
         "dimensions": _integer(1, None, "Output dimensions."),
         "user": _string("Forwarded to the API."),
     },
+    "additionalProperties": False,
 }
 
 USAGE: Schema = {
