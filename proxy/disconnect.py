@@ -9,8 +9,10 @@ client turns that cancellation into "out of the queue" or "stop generating" (see
 ``proxy/engine/client.py``), and the request's ledger row says ``client_gone``.
 
 After the body, the only message an HTTP/1.1 server still sends is ``http.disconnect``; the
-middleware takes it and hands it on to the application too, when the application asks (a
-streaming response listens for it).
+middleware takes it and hands it on to the application too, when the application asks. Once a
+response has started, that is how the rest is stopped: a streaming response
+(:class:`proxy.sse.EventStream`) listens for it, stops its body, closes what the body held (an
+upstream stream, a live generation), and writes the row, even when no byte of it went out.
 """
 
 from __future__ import annotations
