@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -148,3 +151,76 @@ def test_the_signal_does_not_apply_without_code_or_an_expression() -> None:
 def test_python_nested_past_the_parser_limit_is_not_a_crash(prompt: str, answer: str) -> None:
     s = score(request(prompt), completion(answer))
     assert 0.0 <= s.value <= 1.0
+
+
+# --- bounds: nothing big is built from a prompt ----------------------------------------------
+
+BOMBS = [
+    "'a'.zfill(3000000000)",
+    "'%3000000000d' % 1",
+    "'%(k(x)s)3000000000d' % {'k(x)s': 1}",  # a nested mapping key hides the width from a regex
+    "'%*d' % (3000000000, 1)",
+    "('%999d' * 200) % tuple(range(200))",
+    "'{:>3000000000}'.format(1)",
+    "f'{1:>3000000000}'",
+    "'a'.ljust(3000000000)",
+    "'a'.rjust(3000000000)",
+    "'a'.center(3000000000)",
+    "[0] * 10**10",
+    "[[0] * 1000] * 1000",
+    "str([['a' * 1000] * 100] * 100)",  # each list is short; what str() would print is not
+    "''.join(['a' * 1000] * 1000)",
+    "('a' * 1000).replace('', 'b' * 1000)",
+    "sum([[0] * 100] * 1000, [])",
+    "2 ** 10 ** 10",
+    "1 << 10 ** 10",
+    "round(1, -10 ** 18)",
+    "list(range(10 ** 10))",
+]
+
+
+@pytest.mark.parametrize("source", BOMBS)
+def test_an_expression_whose_value_would_be_huge_is_not_evaluated(source: str) -> None:
+    assert evaluate(source) == (False, None)
+
+
+@pytest.mark.parametrize(
+    ("source", "value"),
+    [
+        ("'%5d|%-3s|%.2f' % (42, 'ab', 3.14159)", "   42|ab |3.14"),
+        ("'%(n)s' % {'n': 7}", "7"),
+        ("'7'.zfill(3)", "007"),
+        ("'-'.join(['a', 'b', 'c'])", "a-b-c"),
+        ("'a.b.c'.replace('.', '::')", "a::b::c"),
+        ("sum([1, 2.5, 3])", 6.5),
+        ("round(3.14159, 2)", 3.14),
+        ("[[1, 2]] * 3", [[1, 2], [1, 2], [1, 2]]),
+    ],
+)
+def test_the_same_operations_on_small_values_are_still_evaluated(
+    source: str, value: object
+) -> None:
+    assert evaluate(source) == (True, value)
+
+
+def test_a_prompt_full_of_bombs_is_scored_in_bounded_memory() -> None:
+    probe = """
+import json, resource, sys
+from quality import score
+from tests.test_quality_signals import completion, request
+score(request("What does print(len('ab')) print in Python?"), completion("2"))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for source in json.loads(sys.stdin.read()):
+    prompt = f"What does this Python code print? print({source})"
+    score(request(prompt), completion("It prints a very long string."))
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        input=json.dumps(BOMBS),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert float(done.stdout.strip().splitlines()[-1]) < 50
