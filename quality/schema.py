@@ -13,8 +13,9 @@ with no timeout), and a per-match timeout adds up over the strings of an array. 
 such patterns at once, and settles the ReDoS one correctly in 0.1 ms. It has no backreferences
 or lookarounds.
 
-A pattern RE2 cannot compile (unsupported syntax, or a program over :data:`RE2_MAX_MEM`) is a
-failed check, never a pass: the answer is not trusted. ``additionalProperties`` next to
+A pattern RE2 cannot compile (unsupported syntax, or a program over :data:`RE2_MAX_MEM`), or a
+text it cannot take (a lone surrogate), is a failed check, never a pass: the answer is not
+trusted. ``additionalProperties`` next to
 ``patternProperties`` is checked with the same RE2 patterns. ``unevaluatedProperties`` in a
 schema that also has ``patternProperties`` anywhere fails the check, since jsonschema would
 match those patterns with ``re`` to find the evaluated keys.
@@ -68,16 +69,19 @@ def _compiled(pattern: str) -> Any:
     options.max_mem = RE2_MAX_MEM
     try:
         return re2.compile(pattern, options)
-    except re2.error:
+    except (re2.error, ValueError):  # RE2's own errors; a lone surrogate that is not UTF-8
         return None
 
 
 def search(pattern: str, text: str) -> bool:
-    """``re.search(pattern, text)`` in linear time; raises _BadPattern if RE2 can't compile it."""
+    """``re.search(pattern, text)`` in linear time; raises _BadPattern if RE2 can't match it."""
     compiled = _compiled(pattern)
     if compiled is None:
         raise _BadPattern(pattern)
-    return compiled.search(text) is not None
+    try:
+        return compiled.search(text) is not None
+    except ValueError as exc:  # text RE2 cannot take (not encodable as UTF-8)
+        raise _BadPattern(pattern) from exc
 
 
 def _unusable(pattern: Any) -> ValidationError:

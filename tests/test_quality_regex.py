@@ -127,3 +127,10 @@ def test_a_redos_schema_makes_the_scorer_flag_the_answer() -> None:
     }
     view = view_of(request("Look it up.", tools=tools), completion(None, tool_calls=[call]))
     assert format_compliance(view).hard == ("tool_args_mismatch",)
+
+
+def test_text_or_a_pattern_re2_cannot_take_fails_the_check() -> None:
+    assert validate("x", {"type": "string", "pattern": "\ud800"}) is False
+    assert validate("\ud800", {"type": "string", "pattern": "^a"}) is False
+    schema = {"type": "object", "patternProperties": {"^a": {}}, "additionalProperties": False}
+    assert validate({"\ud800": 1}, schema) is False
