@@ -39,6 +39,8 @@ from jsonschema.protocols import Validator
 
 RE2_MAX_MEM = 2 << 20
 """Bytes RE2 may use to compile one pattern (its default is 8 MiB); larger programs fail."""
+MAX_CACHED_SCHEMA = 64 * 1024
+"""Longest schema (as JSON) whose validator is cached: 256 keys of 16 MiB in all at most."""
 PATTERN_CACHE = 32
 """Compiled patterns kept: at most ``PATTERN_CACHE * RE2_MAX_MEM`` bytes, a few KB in practice."""
 
@@ -174,7 +176,11 @@ def _validator(schema_json: str) -> Validator | None:
 def validate(instance: Any, schema: Any) -> bool | None:
     """True if ``instance`` fits ``schema``, False if not, None if the schema can't be used."""
     try:
-        validator = _validator(json.dumps(schema, sort_keys=True))
+        text = json.dumps(schema, sort_keys=True)
+        # The cache keeps its keys and schemas: a big schema is compiled afresh, not kept.
+        validator = (
+            _validator(text) if len(text) <= MAX_CACHED_SCHEMA else _validator.__wrapped__(text)
+        )
     except (TypeError, ValueError):
         return None
     if validator is None:

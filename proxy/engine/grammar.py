@@ -52,6 +52,8 @@ MAX_RULES = 640
 """Most grammar rules: the converter scans rules of one name linearly to add another."""
 MAX_OPTIONAL_STEPS = 10_000
 """Most steps the converter may take over optional properties (m * (m + 1) / 2 for m of them)."""
+MAX_CACHED_SPEC = 64 * 1024
+"""Longest spec (the schemas as JSON) whose grammar is cached: 128 keys of 8 MiB in all at most."""
 NODE_CHARS = 48
 """Characters a rule costs besides its name: `` ::= ``, spaces, quotes, ``space`` tokens."""
 PRIMITIVES_CHARS = 2048
@@ -474,7 +476,10 @@ def spec_for(request: dict[str, Any]) -> str | None:
 def gbnf_for(request: dict[str, Any]) -> str | None:
     """GBNF text for a request, None when it needs none; raises GrammarError."""
     spec = spec_for(request)
-    return None if spec is None else _build(spec)
+    if spec is None:
+        return None
+    # The cache keeps its keys: a spec padded with descriptions is built afresh, not kept.
+    return _build(spec) if len(spec) <= MAX_CACHED_SPEC else _build.__wrapped__(spec)
 
 
 def grammar_blocker(request: dict[str, Any]) -> str | None:
