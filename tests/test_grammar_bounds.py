@@ -7,6 +7,7 @@ would write each repetition out in full (gigabytes), so a growth under 50 MB sho
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from typing import Any
@@ -170,3 +171,74 @@ def test_everyday_schemas_build_and_the_bound_holds_over_them(
         sizer.spec(json.loads(spec))
         assert len(text) <= sizer.chars
         assert text.count("\n") + 1 <= sizer.rules
+
+
+def _random_pattern(rng: random.Random, depth: int = 0) -> str:
+    units = ["a", "bc", '"', r"\d", r"\.", ".", "[a-z]", r'[^"\]]', "x", "|"]
+    out = ""
+    for _ in range(rng.randint(1, 5)):
+        if rng.random() < 0.2 and depth < 3:
+            out += "(" + _random_pattern(rng, depth + 1) + ")"
+        else:
+            out += rng.choice(units)
+        if out[-1] != "|" and rng.random() < 0.4:
+            low = rng.randint(0, 30)
+            out += rng.choice(
+                [
+                    f"{{{low}}}",
+                    f"{{{low},{low + rng.randint(0, 30)}}}",
+                    f"{{,{low}}}",
+                    f"{{{low},}}",
+                ]
+                + ["*", "+", "?"]
+            )
+    return out
+
+
+def _random_schema(rng: random.Random, depth: int = 0) -> dict[str, Any]:
+    r = rng.random()
+    if r < 0.25 and depth < 3:
+        props = {
+            "k" * rng.randint(1, 30) + str(i): _random_schema(rng, depth + 1) for i in range(4)
+        }
+        required = [k for k in props if rng.random() < 0.5]
+        return {"type": "object", "properties": props, "required": required}
+    if r < 0.4 and depth < 3:
+        low = rng.randint(0, 5)
+        item = _random_schema(rng, depth + 1)
+        return {
+            "type": "array",
+            "items": item,
+            "minItems": low,
+            "maxItems": low + rng.randint(0, 40),
+        }
+    if r < 0.6:
+        return {"type": "string", "pattern": "^" + _random_pattern(rng) + "$"}
+    if r < 0.7:
+        return {"type": "string", "minLength": rng.randint(0, 10), "maxLength": rng.randint(10, 99)}
+    if r < 0.8 and depth < 3:
+        return {"anyOf": [_random_schema(rng, depth + 1), _random_schema(rng, depth + 1)]}
+    if r < 0.9:
+        return {"enum": ['a"b', "c\n", 3]}
+    return {"type": rng.choice(["integer", "number", "boolean", "string"])}
+
+
+def test_the_bound_is_never_below_what_the_converter_writes() -> None:
+    rng = random.Random(15)
+    checked = 0
+    for _ in range(300):
+        schema = _random_schema(rng)
+        for body in (response_format(schema), tool_call(schema, "auto")):
+            spec = grammar.spec_for(body)
+            assert spec is not None
+            sizer = grammar._Sizer()
+            try:
+                sizer.spec(json.loads(spec))
+                text = grammar.gbnf_for(body)
+            except grammar.GrammarError:
+                continue
+            assert text is not None
+            assert len(text) <= sizer.chars, spec
+            assert text.count("\n") + 1 <= sizer.rules, spec
+            checked += 1
+    assert checked > 400
