@@ -524,7 +524,7 @@ def _row5_disk_full(tmp: Path, api: FakeAPI) -> None:
     try:
         served = start_frugal(tmp, api, db=mount / "ledger.db")
         filler = mount / "filler"
-        with filler.open("wb") as sink, contextlib.suppress(OSError):
+        with contextlib.suppress(OSError), filler.open("wb") as sink:
             while True:
                 sink.write(b"\0" * 4096)
                 sink.flush()
