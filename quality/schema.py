@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import jsonschema
 import re2
-from jsonschema import _keywords
 from jsonschema.exceptions import SchemaError, ValidationError
 from jsonschema.protocols import Validator
 
@@ -117,11 +116,11 @@ def _pattern_properties(
 
 
 def _additional_properties(
-    validator: Any, additional: Any, instance: Any, schema: Any
+    validator: Any, additional: Any, instance: Any, schema: Any, *, plain: Any
 ) -> Iterator[ValidationError]:
     patterns = schema.get("patternProperties")
     if not patterns or not validator.is_type(instance, "object"):
-        yield from _keywords.additionalProperties(validator, additional, instance, schema)
+        yield from plain(validator, additional, instance, schema)  # no regex involved
         return
     properties = schema.get("properties", {})
     extras = []
@@ -153,7 +152,9 @@ def _safe_class(base: type[Any], refuse_unevaluated: bool) -> Any:
     keywords: dict[str, Any] = {
         "pattern": _pattern,
         "patternProperties": _pattern_properties,
-        "additionalProperties": _additional_properties,
+        "additionalProperties": partial(
+            _additional_properties, plain=base.VALIDATORS["additionalProperties"]
+        ),
     }
     if refuse_unevaluated:
         keywords["unevaluatedProperties"] = _refuse_unevaluated
