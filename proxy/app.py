@@ -376,7 +376,11 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
         paths=("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"),
     )
     app.add_middleware(LimitsMiddleware, settings=settings.server, state=app.state)
-    app.add_middleware(RequestGuard, state=app.state)
+    # The JSON-body check applies where a POST is served; elsewhere a POST is the router's 405.
+    json_paths = {
+        r.path for r in app.routes if isinstance(r, Route) and "POST" in (r.methods or ())
+    }
+    app.add_middleware(RequestGuard, state=app.state, json_paths=json_paths)
     app.add_middleware(AuthMiddleware, state=app.state)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -46,6 +46,7 @@ import contextlib
 import hmac
 import ipaddress
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import structlog
@@ -210,9 +211,11 @@ class RequestGuard:
     """415 for a POST that is not ``application/json``; 421 for a foreign ``Host`` in keyless
     mode on a loopback bind (see the module docstring for why)."""
 
-    def __init__(self, app: ASGIApp, state: Any) -> None:
+    def __init__(self, app: ASGIApp, state: Any, json_paths: Iterable[str] = ()) -> None:
         self.app = app
         self.state = state
+        self.json_paths = frozenset(json_paths)
+        """Where a POST carries a JSON body; a POST elsewhere is left to the router (405)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -251,7 +254,11 @@ class RequestGuard:
                     ),
                     "misdirected",
                 )
-        if scope.get("method") == "POST" and not is_json(_header(headers, b"content-type")):
+        if (
+            scope.get("method") == "POST"
+            and scope.get("path") in self.json_paths
+            and not is_json(_header(headers, b"content-type"))
+        ):
             return (
                 UnsupportedMediaType(
                     "Send the request body as JSON with the header "

@@ -573,6 +573,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         405: "Wrong method.",
         408: "The request body came too slowly.",
         413: "The request body is too large.",
+        415: "The body is not sent as `Content-Type: application/json`.",
+        421: "A keyless proxy on loopback refuses a `Host` that is not a loopback name.",
         429: "Too many requests in flight, or the API's rate limit.",
         502: "The API failed after retries.",
         503: "The local model could not answer and no API fallback is allowed.",
@@ -614,7 +616,7 @@ def _post(
                     "headers": ROUTING_HEADERS,
                     "content": content,
                 },
-                **_errors(400, 401, 408, 413, 429, 502, 503, 504),
+                **_errors(400, 401, 408, 413, 415, 421, 429, 502, 503, 504),
             },
         }
     }
