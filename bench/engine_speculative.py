@@ -1,5 +1,13 @@
 """Benchmark 2: speculative decoding on vs off, on copy-heavy work and on free-form chat.
 
+``--library`` (issue 18) instead measures, side by side in one run on the same prompts and threads:
+raw llama-cpp-python without a draft, raw llama-cpp-python with the library's own
+``LlamaPromptLookupDecoding(num_pred_tokens=2)``, our engine plain and our engine with
+``speculative = "prompt-lookup"``. Each is timed on the decode phase (its prompt already cached),
+interleaved rep by rep so that the shared machine's load falls on all of them alike.
+
+    .venv/bin/python bench/engine_speculative.py --library [--reps 3] [--max-tokens 200]
+
 Two copies of SmolLM2 in this process, one plain and one with ``speculative = "prompt-lookup"``
 (adaptive, as served), answer the same greedy requests in turn, each from an empty context. The
 answers must be token for token the same; the ratio is plain wall time / speculative wall time
@@ -77,6 +85,119 @@ def run(
     return cold_cpu, time.perf_counter() - wall, time.process_time() - cpu, out
 
 
+def _raw_decode(
+    llm: Any, messages: list[dict[str, Any]], max_tokens: int
+) -> tuple[float, float, Any]:
+    """Raw llama-cpp-python: wall and CPU seconds of a greedy request whose prompt is cached."""
+    kwargs: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    llm.create_chat_completion(**{**kwargs, "max_tokens": 1})
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = llm.create_chat_completion(**kwargs)
+    return time.perf_counter() - wall, time.process_time() - cpu, out
+
+
+def library(args: argparse.Namespace) -> None:
+    """Raw library, raw library + LlamaPromptLookupDecoding(2), ours plain, ours speculative."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from proxy.engine.generate import LocalModel
+
+    path = smollm2_path()
+    common: dict[str, Any] = {
+        "model_path": path,
+        "n_ctx": 1024,
+        "n_threads": args.threads,
+        "n_threads_batch": args.threads,
+        "flash_attn": True,
+        "verbose": False,
+    }
+    raw = Llama(**common)
+    pld = Llama(**common, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=2))
+    plain = LocalModel.load(path, n_ctx=1024, n_threads=args.threads, calibrate=False)
+    spec = LocalModel.load(
+        path,
+        n_ctx=1024,
+        n_threads=args.threads,
+        speculative="prompt-lookup",
+        draft_max_tokens=args.draft_max,
+        lookup_ngram=args.ngram,
+    )
+    print(
+        f"SmolLM2-135M Q4_1, {args.threads} thread(s), flash attention, greedy, max_tokens "
+        f"{args.max_tokens}, {args.reps} interleaved runs; decode tok/s (prompt cached), medians, "
+        "by CPU time (one thread: what an idle machine would take; wall time on the last line)"
+    )
+    print(
+        f"{'task':18} {'tokens':>6} {'raw':>6} {'raw+PLD':>7} {'ours':>6} {'ours+PL':>7} "
+        f"{'lib x':>6} {'our x':>6} {'ours/lib':>8} {'acc/drafted':>11} {'same':>5} {'lib=':>4}"
+    )
+    ratios: dict[str, list[float]] = {"copy": [], "chat": []}
+    ours_abs: dict[str, list[float]] = {"copy": [], "chat": []}
+    wall_rows: list[tuple[str, dict[str, float]]] = []
+    for name, messages in TASKS.items():
+        lib_same = True
+        speeds: dict[str, list[float]] = {"raw": [], "pld": [], "plain": [], "spec": []}
+        walls: dict[str, list[float]] = {"raw": [], "pld": [], "plain": [], "spec": []}
+        same = True
+        info: dict[str, Any] = {}
+        tokens = 0
+        for _ in range(args.reps):
+            t, c_s, a = _raw_decode(raw, messages, args.max_tokens)
+            n = a["usage"]["completion_tokens"]
+            speeds["raw"].append(n / c_s)
+            walls["raw"].append(n / t)
+            t, c_s, b = _raw_decode(pld, messages, args.max_tokens)
+            speeds["pld"].append(b["usage"]["completion_tokens"] / c_s)
+            walls["pld"].append(b["usage"]["completion_tokens"] / t)
+            _, t, c_s, c = run(plain, messages, args.max_tokens)
+            speeds["plain"].append(c["usage"]["completion_tokens"] / c_s)
+            walls["plain"].append(c["usage"]["completion_tokens"] / t)
+            _, t, c_s, d = run(spec, messages, args.max_tokens)
+            speeds["spec"].append(d["usage"]["completion_tokens"] / c_s)
+            walls["spec"].append(d["usage"]["completion_tokens"] / t)
+            # Our guarantee: speculation changes no token. (The library's own answers can differ
+            # from ours: its chat formatting and sampler chain are its own.)
+            same = same and c["choices"][0]["message"] == d["choices"][0]["message"]
+            lib_text = a["choices"][0]["message"]["content"]
+            lib_same = lib_same and lib_text == b["choices"][0]["message"]["content"]
+            info = d["frugal"]["speculative"] or {}
+            tokens = n
+        m = {key: median(values) for key, values in speeds.items()}
+        wall_rows.append((name, {key: median(v) for key, v in walls.items()}))
+        lib_x, our_x = m["pld"] / m["raw"], m["spec"] / m["plain"]
+        ours_abs[name.split(":")[0]].append(m["spec"] / m["pld"])
+        group = name.split(":")[0]
+        ratios[group].append(our_x / lib_x if group == "copy" else our_x)
+        acc = f"{info.get('accepted', 0)}/{info.get('drafted', 0)}"
+        print(
+            f"{name:18} {tokens:6d} {m['raw']:6.1f} {m['pld']:7.1f} {m['plain']:6.1f} "
+            f"{m['spec']:7.1f} {lib_x:5.2f}x {our_x:5.2f}x {our_x / lib_x:8.2f} {acc:>11} "
+            f"{'yes' if same else 'NO':>5} {'yes' if lib_same else 'no':>4}"
+        )
+    print(
+        "same: ours+PL gave ours' tokens; lib=: raw+PLD gave raw's text. "
+        "ours+PL / raw+PLD (absolute): "
+        f"copy median {median(ours_abs['copy']):.2f} (min {min(ours_abs['copy']):.2f}), "
+        f"chat median {median(ours_abs['chat']):.2f} (min {min(ours_abs['chat']):.2f})"
+    )
+    walled = ", ".join(
+        f"{name.split(': ')[1]} {w['raw']:.0f}/{w['pld']:.0f}/{w['plain']:.0f}/{w['spec']:.0f}"
+        for name, w in wall_rows
+    )
+    print(f"wall tok/s raw/raw+PLD/ours/ours+PL: {walled}")
+    print(
+        "lib x = raw+PLD / raw; our x = ours+PL / ours; ours/lib = our x / lib x. "
+        f"copy: ours/lib median {median(ratios['copy']):.2f} (min {min(ratios['copy']):.2f}); "
+        f"chat: our x median {median(ratios['chat']):.2f} (min {min(ratios['chat']):.2f})"
+    )
+    print(machine())
+    plain.close()
+    spec.close()
+    raw.close()
+    pld.close()
+
+
 def main() -> None:
     from proxy.engine.generate import LocalModel
 
@@ -86,7 +207,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--draft-max", type=int, default=8)
     parser.add_argument("--ngram", type=int, default=3)
+    parser.add_argument("--library", action="store_true", help="side by side with the library")
     args = parser.parse_args()
+    if args.library:
+        library(args)
+        return
     path = smollm2_path()
     plain = LocalModel.load(path, n_ctx=2048, n_threads=args.threads, calibrate=False)
     spec = LocalModel.load(

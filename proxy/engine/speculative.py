@@ -15,13 +15,19 @@ the number of ``llama_decode`` calls changes. The logprob of each emitted token 
 its row of logits.
 
 Speculation pays only when enough drafted tokens are accepted. :class:`DraftPolicy` predicts the
-speed-up of each draft length from the acceptance rate seen so far and the measured cost of a
-verify batch (a linear model fitted at start-up), and drafts nothing when no length pays.
+speed-up of each draft length from the acceptance rate seen so far and the cost of a verify batch
+of that many rows, and drafts nothing when no length pays. The costs are :class:`StepCosts`:
+moving averages of the steps this loop really ran, by number of rows, not a start-up fit (a
+calibration taken while the machine was busy, or a linear fit from 1 and 8 rows, mispredicts the
+small batches that matter). Where a cost or an acceptance rate is still uncertain, the policy
+tries a short draft when an optimistic estimate says it would pay, so that it learns both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+import math
+import time
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -200,28 +206,92 @@ class VerifyCost:
         return self.fixed + self.per_row * rows
 
 
+class StepCosts:
+    """Seconds of one decode step of ``rows`` rows, learned from the steps really run.
+
+    Each size keeps a moving average of its measured wall time (a sample more than twice the
+    average, a step the shared machine preempted, counts as twice the average). A size not
+    measured yet is estimated from the nearest measured smaller one plus ``row_prior`` of a
+    one-row step per extra row, and never above a measured larger one: optimistic on purpose, so
+    that the policy tries it and then knows. ``prior`` (the start-up calibration) only seeds the
+    one-row cost until the first real step.
+    """
+
+    def __init__(
+        self,
+        max_rows: int,
+        *,
+        prior: VerifyCost | None = None,
+        alpha: float = 0.15,
+        row_prior: float = 0.35,
+    ) -> None:
+        self.max_rows = max(1, max_rows)
+        self.alpha = alpha
+        self.row_prior = row_prior
+        self.mean: list[float | None] = [None] * (self.max_rows + 1)
+        self.count: list[int] = [0] * (self.max_rows + 1)
+        self._seed = prior(1) if prior is not None else 0.02
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if not 1 <= rows <= self.max_rows or seconds <= 0:
+            return
+        old = self.mean[rows]
+        if old is None:
+            self.mean[rows] = seconds
+        else:
+            sample = min(seconds, 2.0 * old) if self.count[rows] >= 3 else seconds
+            self.mean[rows] = old + self.alpha * (sample - old)
+        self.count[rows] += 1
+
+    def __call__(self, rows: int) -> float:
+        rows = max(1, min(rows, self.max_rows))
+        known = self.mean[rows]
+        if known is not None:
+            return known
+        one = self.mean[1] if self.mean[1] is not None else self._seed
+        below = next((r for r in range(rows - 1, 0, -1) if self.mean[r] is not None), 0)
+        base = self.mean[below] if below else 0.0
+        estimate = (base or one) + self.row_prior * one * (rows - max(below, 1))
+        above = next(
+            (m for r in range(rows + 1, self.max_rows + 1) if (m := self.mean[r]) is not None),
+            None,
+        )
+        return estimate if above is None else min(estimate, above)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Measured milliseconds by number of rows, and how many steps each is from."""
+        return {
+            str(r): {"ms": round(m * 1000, 2), "steps": self.count[r]}
+            for r, m in enumerate(self.mean)
+            if m is not None
+        }
+
+
 @dataclass(kw_only=True)
 class DraftPolicy:
-    """Chooses each step's draft length from the acceptance seen so far.
+    """Chooses each step's draft length from the acceptance seen so far and the step costs.
 
     Acceptance is modelled as geometric: each drafted token is accepted with probability ``p``
-    while all before it were. A draft of k tokens then yields (1 - p^(k+1)) / (1 - p) tokens for
-    one verify batch of k + 1 rows plus k drafted tokens. The length with the best predicted
-    speed-up over plain decoding wins; none (k = 0) when no length beats ``min_gain``. After
-    ``probe_every`` steps without drafting, one short probe keeps the estimate current.
+    while all before it were, so a draft of k tokens yields (1 - p^(k+1)) / (1 - p) tokens for
+    one verify batch of k + 1 rows plus k drafted tokens. ``p`` is the measured rate (accepted
+    tokens over accepted tokens plus rejections), starting from ``prior`` weighted as
+    ``prior_weight`` tokens. The length with the best predicted speed-up over a plain one-row
+    step wins; none (k = 0) when no length beats ``min_gain``. While ``p`` is uncertain, a
+    draft of at most ``explore_max`` tokens is still tried when ``p`` one standard error higher
+    would pay: an exploration that stops by itself once enough drafts have failed.
     """
 
     max_draft: int
-    cost: VerifyCost
+    cost: Callable[[int], float]
     draft_cost_s: float = 0.0
     prior: float = 0.6
     prior_weight: float = 4.0
     adaptive: bool = True
-    min_gain: float = 1.05
-    probe_every: int = 16
+    min_gain: float = 1.02
+    explore_max: int = 2
     accepted: int = 0
     rejected: int = 0
-    _idle: int = field(default=0, repr=False)
+    explored: int = field(default=0, repr=False)
 
     @property
     def p(self) -> float:
@@ -229,29 +299,37 @@ class DraftPolicy:
             self.accepted + self.rejected + self.prior_weight
         )
 
+    @property
+    def p_high(self) -> float:
+        p = self.p
+        trials = self.accepted + self.rejected + self.prior_weight
+        return min(0.99, p + math.sqrt(p * (1.0 - p) / trials))
+
     def gain(self, k: int, p: float | None = None) -> float:
         p = self.p if p is None else p
         expected = float(k + 1) if p >= 1.0 else (1.0 - p ** (k + 1)) / (1.0 - p)
         return expected * self.cost(1) / (self.cost(k + 1) + k * self.draft_cost_s)
 
-    def choose(self, room: int) -> int:
-        limit = max(0, min(self.max_draft, room))
-        if not self.adaptive or limit == 0:
-            return limit
-        p = self.p
+    def _best(self, limit: int, p: float) -> tuple[int, float]:
         best_k, best = 0, 1.0
         for k in range(1, limit + 1):
             g = self.gain(k, p)
             if g > best:
                 best_k, best = k, g
-        if best < self.min_gain:
-            self._idle += 1
-            if self._idle >= self.probe_every:
-                self._idle = 0
-                return min(2, limit)
-            return 0
-        self._idle = 0
-        return best_k
+        return best_k, best
+
+    def choose(self, room: int) -> int:
+        limit = max(0, min(self.max_draft, room))
+        if not self.adaptive or limit == 0:
+            return limit
+        best_k, best = self._best(limit, self.p)
+        if best >= self.min_gain:
+            return best_k
+        hopeful_k, hopeful = self._best(min(limit, self.explore_max), self.p_high)
+        if hopeful >= self.min_gain:
+            self.explored += 1
+            return hopeful_k
+        return 0
 
     def update(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:
@@ -302,7 +380,7 @@ class Speculator:
         self.llm = llm
         self.drafter = drafter
         self.max_draft = max_draft
-        self.cost = cost or VerifyCost(fixed=0.5, per_row=0.5)
+        self.costs = StepCosts(max_draft + 1, prior=cost)
         self.adaptive = adaptive
         self.priors: dict[int, float] = {0: 0.6, 1: 0.35, 2: 0.5}
         self.decoder = BatchDecoder(llm, max_draft + 1)
@@ -354,7 +432,7 @@ class Speculator:
             if key not in policies:
                 policies[key] = DraftPolicy(
                     max_draft=self.max_draft,
-                    cost=self.cost,
+                    cost=self.costs,
                     draft_cost_s=self.drafter.cost_per_token_s,
                     prior=self._prior(key),
                     adaptive=self.adaptive,
@@ -379,6 +457,7 @@ class Speculator:
                     k = policy.choose(room)
                     draft = drafter.draft(seq[:size], k)[:k] if k > 0 else []
                 batch = [int(seq[size - 1]), *draft]
+                step_started = time.perf_counter()
                 self.decoder.decode(batch, n, logits=True)
                 stats.verify_batches += 1
                 out: list[Step] = []
@@ -390,6 +469,7 @@ class Speculator:
                     out.append((token, logprob, best))
                     if i >= len(draft) or draft[i] != token:
                         break
+                self.costs.observe(len(batch), time.perf_counter() - step_started)
                 accepted = len(out) - 1
                 valid = n + accepted + 1
                 if valid < n + len(batch):
