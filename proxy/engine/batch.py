@@ -1,0 +1,474 @@
+"""Continuous batching: up to N chat completions decoded together in one llama.cpp context.
+
+:class:`BatchEngine` owns a second llama.cpp context on the loaded model, made with
+``n_seq_max = N`` and one KV stream of ``n_ctx`` cells per sequence (``kv_unified = false``), so
+that every sequence has the whole context of the single path and attention never looks across
+sequences: with one unified cache, a row's logits changed with what else was in the step (by up
+to 0.7 in logprob here, enough to flip greedy choices). Each sequence has its own sequence id;
+each :meth:`BatchEngine.step` is one ``llama_decode``, of one of two kinds, in turn:
+
+    decode   one row with logits for every sequence that has one: its last sampled token, or
+             the last token of its prompt (which gives it its first answer token)
+    prefill  a chunk (``chunk`` tokens at most) of one joining sequence's prompt but its last
+             token, no logits; the decoders get a step between any two chunks, so a long prompt
+             slows them down but never stops them
+
+After the decode each row with logits is sampled on its own: its sampling parameters (greedy,
+or temperature / top-p / top-k / min-p with its own seeded generator), penalties, logit bias,
+grammar (a llama.cpp grammar sampler per sequence), logprobs, stop strings, ``max_tokens``,
+deadline and cancellation (``should_stop``). A sequence that stops leaves the batch before the
+next step and its KV cells are freed (``llama_memory_seq_rm``); the others go on.
+
+With flash attention on and these two kinds of step, greedy answers are token for token (and
+logprob for logprob) those of the same request run alone (``tests/engine/test_batch.py``). The
+prompt is cut as the single path cuts it, ``n_batch`` tokens at a time, because the KV values of a
+prompt depend slightly on its cut. llama-server differs: it puts prompt chunks and decode rows in
+the same step, which interleaves more finely and lets answers depend on the batch.
+Sampled answers (temperature > 0) follow the same distribution as the single path's but not the
+same random draws: this sampler is numpy's, not llama.cpp's chain.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from proxy.engine.generate import (
+    LocalModel,
+    PromptTooLong,
+    SamplingParams,
+    StopCheck,
+    TokenCallback,
+    _held_back,
+)
+from proxy.engine.speculative import token_logprob
+
+
+class BatchError(Exception):
+    """llama.cpp refused a batch (no KV cells left, or a decode error): every row fails."""
+
+
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request in the batch: its prompt, where it is, and the answer so far."""
+
+    seq_id: int
+    request: dict[str, Any]
+    params: SamplingParams
+    prompt: list[int]
+    budget: int
+    on_token: TokenCallback | None
+    should_stop: StopCheck | None
+    grammar: Any  # a llama_sampler (grammar) of its own, or None
+    rng: np.random.Generator | None
+    started: float
+    prefilled: int = 0  # prompt tokens in the KV cache
+    pending: int | None = None  # the last sampled token, to be decoded at the next step
+    generated: list[int] = field(default_factory=list)
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    text: str = ""
+    emitted: int = 0
+    first_token_at: float | None = None
+    stop_cause: str | None = None
+    finish_reason: str = "stop"
+    counts: dict[int, int] = field(default_factory=dict)
+    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+    error: str | None = None
+    steps: int = 0  # decode steps this sequence took part in
+    rows_seen: int = 0  # sum of the batch sizes of those steps
+
+    @property
+    def done(self) -> bool:
+        return self.stop_cause is not None or self.error is not None
+
+    @property
+    def n_past(self) -> int:
+        return self.prefilled + len(self.generated) - (1 if self.pending is not None else 0)
+
+
+@dataclass
+class BatchStats:
+    """What the batch loop has done, for ``/healthz`` and ``/metrics``."""
+
+    steps: int = 0
+    rows: int = 0  # sum over steps of the rows decoded
+    sequences_stepped: int = 0  # sum over steps of the sequences in them
+    decoded_tokens: int = 0
+    busy_s: float = 0.0
+    max_rows: int = 0
+    sequences: int = 0
+    last_step_sequences: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "sequences": self.sequences,
+            "mean_sequences_per_step": round(self.sequences_stepped / self.steps, 2)
+            if self.steps
+            else None,
+            "mean_rows_per_step": round(self.rows / self.steps, 2) if self.steps else None,
+            "max_rows_per_step": self.max_rows,
+            "decoded_tokens": self.decoded_tokens,
+            "aggregate_tok_s": round(self.decoded_tokens / self.busy_s, 1) if self.busy_s else None,
+        }
+
+
+class BatchEngine:
+    """Up to ``n_seq`` sequences decoded together; see the module docstring."""
+
+    def __init__(self, model: LocalModel, n_seq: int, *, chunk: int | None = None) -> None:
+        import llama_cpp
+        from llama_cpp._internals import LlamaContext
+
+        self._lib = llama_cpp
+        self.model = model
+        self.llm = model.llm
+        self.n_seq = max(1, n_seq)
+        self.n_ctx = model.n_ctx
+        self.n_vocab: int = self.llm.n_vocab()
+        params = llama_cpp.llama_context_params.from_buffer_copy(self.llm.context_params)
+        params.n_seq_max = self.n_seq
+        params.kv_unified = False  # a KV stream of n_ctx cells per sequence; see above
+        params.n_ctx = self.n_ctx * self.n_seq
+        self.n_batch = int(params.n_batch)
+        self.chunk = max(1, min(chunk or self.n_batch, self.n_batch))
+        self._ctx = LlamaContext(model=self.llm._model, params=params, verbose=False)
+        self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._free_ids: deque[int] = deque(range(self.n_seq))
+        self.active: list[Sequence] = []
+        self._prefill_turn = True
+        self.stats = BatchStats()
+        self._token_data = np.zeros(self.n_vocab, dtype=_TOKEN_DATA)
+        self._token_data["id"] = np.arange(self.n_vocab, dtype=np.int32)
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._lib.llama_batch_free(self._batch)
+            self._batch = None
+        for seq in self.active:
+            self._free_grammar(seq)
+        self.active = []
+        context: Any = self._ctx  # llama_cpp's internals are untyped
+        context.close()
+
+    # -- admission --------------------------------------------------------------------------
+
+    def fits(self) -> bool:
+        """Whether a sequence can join now: a free sequence id (its KV stream is its own)."""
+        return bool(self._free_ids)
+
+    def add(
+        self,
+        request: dict[str, Any],
+        *,
+        on_token: TokenCallback | None = None,
+        should_stop: StopCheck | None = None,
+        grammar: Any = None,
+        prompt: list[int] | None = None,
+    ) -> Sequence | None:
+        """Admit a chat request at the next step; None while there is no room for it yet.
+
+        Raises :class:`PromptTooLong` when it could never fit. ``grammar`` is a ``LlamaGrammar``.
+        """
+        params = SamplingParams.from_request(request, self.model.default_max_tokens)
+        tokens = self.model.prompt_tokens(request) if prompt is None else list(prompt)
+        n_prompt = len(tokens)
+        if n_prompt >= self.n_ctx:
+            raise PromptTooLong(n_prompt, self.n_ctx)
+        budget = min(params.max_tokens, self.n_ctx - n_prompt)
+        if not self.fits():
+            return None
+        sampler = None
+        if grammar is not None:
+            sampler = self._lib.llama_sampler_init_grammar(
+                self.llm._model.vocab, grammar._grammar.encode("utf-8"), grammar._root.encode()
+            )
+            if not sampler:
+                raise ValueError("llama.cpp could not parse the grammar of this request")
+        seq_id = self._free_ids.popleft()
+        self._lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+        rng = None
+        if params.temperature > 0:
+            rng = np.random.default_rng(params.seed)
+        seq = Sequence(
+            seq_id=seq_id,
+            request=request,
+            params=params,
+            prompt=tokens,
+            budget=budget,
+            on_token=on_token,
+            should_stop=should_stop,
+            grammar=sampler,
+            rng=rng,
+            started=time.perf_counter(),
+        )
+        self.active.append(seq)
+        self.stats.sequences += 1
+        return seq
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def step(self) -> list[Sequence]:
+        """One ``llama_decode`` over the active rows; returns the sequences that finished."""
+        finished = self._check_stops()
+        if not self.active:
+            return finished
+        batch = self._batch
+        rows: list[tuple[Sequence, int]] = []  # (sequence, batch row with logits)
+        n = 0
+        filling = next((q for q in self.active if q.prefilled < len(q.prompt) - 1), None)
+        if filling is not None and (self._prefill_turn or not self._decodable()):
+            # A prefill step: one sequence's chunk alone, cut as the single path cuts it.
+            take = min(self.chunk, len(filling.prompt) - 1 - filling.prefilled)
+            for j in range(take):
+                pos = filling.prefilled + j
+                self._put(n, filling.prompt[pos], pos, filling.seq_id, False)
+                n += 1
+            filling.prefilled += take
+            self._prefill_turn = False
+        else:
+            # A decode step: one row with logits per sequence, its last sampled token or its
+            # last prompt token.
+            for seq in self.active:
+                if seq.pending is not None:
+                    self._put(n, seq.pending, seq.n_past, seq.seq_id, True)
+                elif seq.prefilled == len(seq.prompt) - 1:
+                    self._put(n, seq.prompt[-1], seq.prefilled, seq.seq_id, True)
+                    seq.prefilled += 1
+                else:
+                    continue
+                rows.append((seq, n))
+                n += 1
+            self._prefill_turn = True
+        batch.n_tokens = n
+        started = time.perf_counter()
+        code = self._lib.llama_decode(self._ctx.ctx, batch)
+        if code != 0:
+            raise BatchError(f"llama_decode returned {code} for a batch of {n} rows")
+        in_step = {id(s) for s in self.active}
+        for seq, row in rows:
+            self._sample(seq, row)
+        elapsed = time.perf_counter() - started
+        stats = self.stats
+        stats.steps += 1
+        stats.rows += n
+        stats.max_rows = max(stats.max_rows, n)
+        stats.sequences_stepped += len(in_step)
+        stats.last_step_sequences = len(in_step)
+        stats.busy_s += elapsed
+        stats.decoded_tokens += len(rows)
+        for seq, _ in rows:
+            seq.steps += 1
+            seq.rows_seen += n
+        return finished + self._check_stops()
+
+    def _decodable(self) -> bool:
+        return any(q.pending is not None or q.prefilled == len(q.prompt) - 1 for q in self.active)
+
+    def _put(self, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
+        batch = self._batch
+        batch.token[i] = token
+        batch.pos[i] = pos
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = seq_id
+        batch.logits[i] = logits
+
+    def _row(self, i: int) -> npt.NDArray[np.float32]:
+        ptr = self._lib.llama_get_logits_ith(self._ctx.ctx, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def _sample(self, seq: Sequence, row_index: int) -> None:
+        raw = self._row(row_index)
+        params = seq.params
+        chosen: npt.NDArray[np.float32] = raw
+        if params.logit_bias:
+            chosen = raw.copy()
+            for tok, value in params.logit_bias.items():
+                if 0 <= tok < self.n_vocab:
+                    chosen[tok] += value
+        if seq.counts and (params.presence_penalty or params.frequency_penalty):
+            chosen = chosen.copy() if chosen is raw else chosen
+            ids = np.fromiter(seq.counts.keys(), dtype=np.intp)
+            counts = np.fromiter(seq.counts.values(), dtype=np.float32)
+            chosen[ids] -= params.frequency_penalty * counts + params.presence_penalty
+        if seq.grammar is not None:
+            chosen = self._apply_grammar(seq, chosen)
+            if not np.isfinite(chosen.max()):
+                seq.error = "the grammar allows no next token"
+                return
+        token = self._pick(seq, chosen)
+        if seq.grammar is not None:
+            self._lib.llama_sampler_accept(seq.grammar, token)
+        logprob, best = token_logprob(raw, token, params.top_logprobs)
+        self._accept(seq, token, logprob, best)
+
+    def _apply_grammar(
+        self, seq: Sequence, logits: npt.NDArray[np.float32]
+    ) -> npt.NDArray[np.float32]:
+        data = self._token_data
+        data["logit"] = logits
+        data["p"] = 0.0
+        array = self._lib.llama_token_data_array(
+            data=ctypes.cast(data.ctypes.data, self._lib.llama_token_data_p),
+            size=self.n_vocab,
+            selected=-1,
+            sorted=False,
+        )
+        self._lib.llama_sampler_apply(seq.grammar, ctypes.byref(array))
+        # The sampler masks in place (logit -inf) and keeps the order when nothing was sorted.
+        out = np.full(self.n_vocab, -np.inf, dtype=np.float32)
+        size = int(array.size)
+        out[data["id"][:size]] = data["logit"][:size]
+        return out
+
+    def _pick(self, seq: Sequence, logits: npt.NDArray[np.float32]) -> int:
+        params = seq.params
+        if seq.rng is None:
+            return int(logits.argmax())
+        # llama.cpp's order for the single path: top-k 40, top-p, min-p 0.05, temperature.
+        k = min(40, self.n_vocab)
+        idx = np.argpartition(-logits, k - 1)[:k]
+        idx = idx[np.argsort(-logits[idx], kind="stable")]
+        vals = logits[idx].astype(np.float64)
+        probs = np.exp(vals - vals[0])
+        probs /= probs.sum()
+        if params.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probs), params.top_p) + 1)
+            idx, vals = idx[:keep], vals[:keep]
+            probs = probs[:keep] / probs[:keep].sum()
+        keep_min = probs >= 0.05 * probs[0]
+        idx, vals = idx[keep_min], vals[keep_min]
+        scaled = np.exp((vals - vals[0]) / max(params.temperature, 1e-6))
+        scaled /= scaled.sum()
+        return int(seq.rng.choice(idx, p=scaled))
+
+    def _accept(self, seq: Sequence, token: int, logprob: float, best: list[Any]) -> None:
+        """What ``LocalModel.chat`` does with each token, for one sequence of the batch."""
+        from llama_cpp import llama_vocab_is_eog
+
+        if seq.first_token_at is None:
+            seq.first_token_at = time.perf_counter()
+        if llama_vocab_is_eog(self.llm._model.vocab, token):
+            seq.stop_cause = "eos"
+            return
+        llm = self.llm
+        piece = llm.detokenize([token], prev_tokens=seq.prompt + seq.generated)
+        seq.generated.append(token)
+        seq.pending = token
+        seq.counts[token] = seq.counts.get(token, 0) + 1
+        seq.entries.append(self.model._logprob_entry(piece, logprob, best))
+        seq.text += seq.decoder.decode(piece)
+        stops = seq.params.stop
+        cut = next((seq.text.find(s) for s in stops if s in seq.text), -1)
+        if cut >= 0:
+            seq.text = seq.text[:cut]
+            seq.stop_cause = "stop_sequence"
+            return
+        if seq.on_token is not None:
+            safe = len(seq.text) - _held_back(seq.text, stops)
+            if safe > seq.emitted:
+                seq.on_token(seq.text[seq.emitted : safe])
+                seq.emitted = safe
+        if len(seq.generated) >= seq.budget:
+            full = seq.budget == seq.params.max_tokens
+            seq.stop_cause = "max_tokens" if full else "context_full"
+            seq.finish_reason = "length"
+
+    def _check_stops(self) -> list[Sequence]:
+        """Ask each live sequence's ``should_stop``; take the finished ones out of the batch."""
+        for seq in self.active:
+            if not seq.done and seq.should_stop is not None:
+                reason = seq.should_stop()
+                if reason:
+                    seq.stop_cause = reason
+                    seq.finish_reason = "length"
+        finished = [seq for seq in self.active if seq.done]
+        for seq in finished:
+            self._release(seq)
+        return finished
+
+    def _release(self, seq: Sequence) -> None:
+        self.active.remove(seq)
+        self._lib.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
+        self._free_ids.append(seq.seq_id)
+        self._free_grammar(seq)
+
+    def _free_grammar(self, seq: Sequence) -> None:
+        if seq.grammar is not None:
+            self._lib.llama_sampler_free(seq.grammar)
+            seq.grammar = None
+
+    def fail_all(self, message: str) -> list[Sequence]:
+        """Every live sequence fails with ``message`` (the batch itself broke)."""
+        failed = list(self.active)
+        for seq in failed:
+            seq.error = message
+            self._release(seq)
+        return failed
+
+    # -- the answer -------------------------------------------------------------------------
+
+    def completion(self, seq: Sequence) -> dict[str, Any]:
+        """The OpenAI ``chat.completion`` of a finished sequence, shaped as ``LocalModel.chat``."""
+        seq.text += seq.decoder.decode(b"", final=True)
+        if seq.on_token is not None and len(seq.text) > seq.emitted:
+            seq.on_token(seq.text[seq.emitted :])
+            seq.emitted = len(seq.text)
+        done = time.perf_counter()
+        first = seq.first_token_at or done
+        n_prompt = len(seq.prompt)
+        n_out = len(seq.generated)
+        return {
+            "id": "chatcmpl-" + uuid.uuid4().hex,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": seq.text, "refusal": None},
+                    "logprobs": {"content": seq.entries, "refusal": None},
+                    "finish_reason": seq.finish_reason,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": n_prompt,
+                "completion_tokens": n_out,
+                "total_tokens": n_prompt + n_out,
+                "prompt_tokens_details": {"cached_tokens": 0},
+            },
+            "frugal": {
+                "stop_cause": seq.stop_cause or "eos",
+                "prefill_s": first - seq.started,
+                "decode_s": done - first,
+                "cached_tokens": 0,
+                "prefilled_tokens": seq.prefilled,
+                "speculative": None,
+                "batch": {
+                    "steps": seq.steps,
+                    "mean_rows_per_step": round(seq.rows_seen / seq.steps, 2)
+                    if seq.steps
+                    else None,
+                    "tok_s": round((n_out - 1) / (done - first), 1)
+                    if n_out > 1 and done > first
+                    else None,
+                },
+            },
+        }
+
+    def run_all(self) -> None:
+        """Step until every admitted sequence is done (tests and benchmarks)."""
+        while self.active:
+            self.step()

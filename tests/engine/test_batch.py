@@ -1,0 +1,173 @@
+"""Continuous batching: every batched greedy answer is the answer of the same request run alone.
+
+The real bundled SmolLM2 is loaded in-process; each request is answered once alone by
+``LocalModel.chat`` (from an empty context) and once inside a batch of four sequences that join
+and leave at different steps, with prompts of mixed lengths, JSON-mode grammars, stop strings
+and logprobs. Prompts are prefilled while the others decode, in the same steps.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from proxy.engine import grammar as grammar_mod
+from proxy.engine.batch import BatchEngine, Sequence
+from proxy.engine.generate import LocalModel, PromptTooLong, bundled_model_path
+from proxy.engine.tasks import _grammar
+
+TOPICS = [
+    "the sea",
+    "a red bicycle",
+    "winter mornings",
+    "the moon landing",
+    "bread baking",
+    "a lost key",
+    "city parks",
+    "honey bees",
+    "old maps",
+    "rainy Mondays",
+    "mountain trains",
+    "a quiet library",
+]
+LONG = (
+    "The river runs past the old mill, under the stone bridge and into the valley, where "
+    "farmers grow wheat and barley. In the spring the water rises and floods the meadows. "
+)
+
+
+def _requests() -> list[dict[str, Any]]:
+    """24 greedy requests: short and long prompts, JSON mode, stop strings, max_tokens."""
+    out: list[dict[str, Any]] = []
+    for i, topic in enumerate(TOPICS):
+        content = f"Write two sentences about {topic}."
+        if i % 3 == 1:
+            content = LONG * (1 + i % 4) + f"\n\nNow write one sentence about {topic}."
+        request: dict[str, Any] = {
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 12 + (i * 5) % 20,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": 2,
+        }
+        if i % 4 == 2:
+            request["stop"] = [".", "\n"]
+        out.append(request)
+        json_request: dict[str, Any] = {
+            "messages": [
+                {"role": "user", "content": f"Give a JSON object with a key 'topic': {topic}."}
+            ],
+            "max_tokens": 16,
+            "temperature": 0,
+            "response_format": {"type": "json_object"},
+        }
+        if i % 2:
+            json_request["stop"] = ["}"]
+        out.append(json_request)
+    return out
+
+
+REQUESTS = _requests()
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[LocalModel]:
+    loaded = LocalModel.load(bundled_model_path(), n_ctx=2048, n_threads=1, calibrate=False)
+    yield loaded
+    loaded.close()
+
+
+def _grammar_of(model: LocalModel, request: dict[str, Any]) -> Any:
+    gbnf = grammar_mod.gbnf_for(request)
+    return _grammar(model, gbnf) if gbnf is not None else None
+
+
+def _alone(model: LocalModel, request: dict[str, Any]) -> dict[str, Any]:
+    model.forget()
+    return model.chat(request, grammar=_grammar_of(model, request))
+
+
+def _tokens(completion: dict[str, Any]) -> list[str]:
+    return [e["token"] for e in completion["choices"][0]["logprobs"]["content"]]
+
+
+def _run_batched(
+    engine: BatchEngine, model: LocalModel, requests: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Admit the requests as room frees up, step until all are done; completions in order."""
+    waiting = list(enumerate(requests))
+    seqs: dict[int, Sequence] = {}
+    while waiting or engine.active:
+        while waiting:
+            index, request = waiting[0]
+            seq = engine.add(request, grammar=_grammar_of(model, request))
+            if seq is None:
+                break
+            seqs[index] = seq
+            waiting.pop(0)
+        engine.step()
+    return [engine.completion(seqs[i]) for i in range(len(requests))]
+
+
+def test_batched_greedy_answers_are_the_answers_run_alone(model: LocalModel) -> None:
+    engine = BatchEngine(model, 4)
+    try:
+        got = _run_batched(engine, model, REQUESTS)
+    finally:
+        engine.close()
+    assert len(REQUESTS) >= 24
+    assert engine.stats.max_rows > 1
+    mismatched = []
+    for i, request in enumerate(REQUESTS):
+        want = _alone(model, request)
+        if _tokens(got[i]) != _tokens(want) or got[i]["choices"] != want["choices"]:
+            mismatched.append(i)
+        assert got[i]["frugal"]["stop_cause"] == want["frugal"]["stop_cause"]
+        assert got[i]["usage"]["completion_tokens"] == want["usage"]["completion_tokens"]
+    assert mismatched == []
+
+
+def test_a_cancelled_sequence_leaves_the_batch_and_the_others_go_on(model: LocalModel) -> None:
+    requests = [{**REQUESTS[i], "max_tokens": 24, "stop": []} for i in (0, 2, 4, 6)]
+    cancelled = threading.Event()
+    engine = BatchEngine(model, 4)
+    try:
+        seqs = []
+        for i, request in enumerate(requests):
+            stop = (lambda: "cancelled" if cancelled.is_set() else None) if i == 1 else None
+            seq = engine.add(request, should_stop=stop, grammar=_grammar_of(model, request))
+            assert seq is not None
+            seqs.append(seq)
+        for _ in range(6):
+            engine.step()
+        cancelled.set()
+        left = engine.step()
+        assert left == [seqs[1]]
+        assert len(engine.active) == 3
+        engine.run_all()
+        got = [engine.completion(s) for s in seqs]
+    finally:
+        engine.close()
+    assert got[1]["frugal"]["stop_cause"] == "cancelled"
+    assert 0 < got[1]["usage"]["completion_tokens"] < 24
+    for i in (0, 2, 3):
+        assert _tokens(got[i]) == _tokens(_alone(model, requests[i]))
+
+
+def test_each_sequence_has_the_whole_context_and_too_long_a_prompt_is_refused(
+    model: LocalModel,
+) -> None:
+    engine = BatchEngine(model, 2)
+    try:
+        big = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1900}
+        assert engine.add(big) is not None
+        assert engine.add(big) is not None  # its own KV stream: no room taken from the first
+        assert engine.add({**big, "max_tokens": 8}) is None  # both sequence ids taken
+        huge = {"messages": [{"role": "user", "content": LONG * 200}], "max_tokens": 8}
+        with pytest.raises(PromptTooLong):
+            engine.add(huge)
+    finally:
+        engine.close()
