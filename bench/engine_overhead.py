@@ -95,7 +95,7 @@ async def main() -> None:
     import httpx
 
     from proxy import config
-    from proxy.app import create_app
+    from proxy.http.app import create_app
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)

@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from proxy.ledger import COLUMNS, open_database  # noqa: E402
+from proxy.ledger.migrate import open_database  # noqa: E402
+from proxy.ledger.writer import COLUMNS  # noqa: E402
 
 FRUGAL = str(Path(sys.executable).with_name("frugal"))
 OCTOBER = datetime(2026, 10, 1, tzinfo=UTC).timestamp()

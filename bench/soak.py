@@ -46,7 +46,7 @@ from tests.faults_support import (  # noqa: E402
     start_frugal,
     stop,
 )
-from tests.test_serve import QUESTION, Served  # noqa: E402
+from tests.http.test_serve import QUESTION, Served  # noqa: E402
 
 KINDS = {  # kind: weight
     "local": 3,

@@ -5,7 +5,7 @@
 Each client POSTs the same chat body to ``bench/upstream_fast.py`` (started here, pinned to CPU 1
 when there are two) and parses the JSON answer; the client runs in a fresh process pinned to
 CPU 0, and its CPU time (``time.process_time``) over the requests, divided by their number, is
-the cost of one request. This is why ``proxy/upstream.py`` uses aiohttp for the direct route.
+the cost of one request. This is why ``proxy/upstream/client.py`` uses aiohttp for the direct route.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ async def _one(kind: str, base: str, n: int, concurrency: int) -> float:
             return await _drive(call, n, concurrency)
     sys.path.insert(0, str(ROOT))
     from proxy.config import FallbackSettings
-    from proxy.upstream import Upstream
+    from proxy.upstream.client import Upstream
 
     body = json.loads(BODY)
     async with Upstream(FallbackSettings(api_base=base, api_key_env="")) as upstream:

@@ -27,9 +27,9 @@ from typing import Any
 
 from proxy import check as check_mod
 from proxy import config as config_mod
-from proxy import keys
 from proxy.engine.generate import ModelLoadError
 from proxy.errors import ConfigError
+from proxy.ledger import keys
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -102,11 +102,11 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy import logs
-    from proxy.app import create_app
-    from proxy.auth import check_bind
     from proxy.engine.generate import bundled_model_path
-    from proxy.ledger import open_database
-    from proxy.limits import guarded_protocol
+    from proxy.http.app import create_app
+    from proxy.http.auth import check_bind
+    from proxy.http.limits import guarded_protocol
+    from proxy.ledger.migrate import open_database
 
     settings = config_mod.load(args.config)
     server = settings.server
@@ -188,7 +188,7 @@ REPORT_EXIT_CODES = """exit codes:
 def _report(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from proxy import chart, report
+    from proxy.ledger import chart, report
 
     if args.db:
         db_path, fixed = args.db, 0.0

@@ -26,7 +26,7 @@ Engine errors never reach a client directly: the router turns them into a fallba
 
 Every :class:`ProxyError` has ``headers`` (sent with its JSON, e.g. ``Retry-After``) and
 ``attempts``: how many calls to the upstream API were made before it was raised (0 for errors
-that never reached the API; set by :mod:`proxy.upstream` on everything it raises), so that a
+that never reached the API; set by :mod:`proxy.upstream.client` on everything it raises), so that a
 failed request's ledger row can say how many times the API may have billed it.
 """
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from proxy import config
-from proxy.app import create_app
 from proxy.engine.client import LocalEngine
+from proxy.http.app import create_app
 from tests.fake_api import FakeAPI
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

@@ -2,7 +2,7 @@
 
 - :func:`launch` / :func:`start_frugal`: a real ``frugal serve`` subprocess on a free loopback
   port, with a config built from nested dicts (:func:`toml_of`) and an environment of our own;
-  the returned :class:`~tests.test_serve.Served` is the one ``tests/test_serve.py`` uses.
+  the returned :class:`~tests.http.test_serve.Served` is the one ``tests/http/test_serve.py`` uses.
 - :class:`CountingListener`: a TCP socket on loopback that counts the connections made to it
   (where a request must never go).
 - :func:`rss_bytes` and :class:`RssWatch`: a process's resident memory from
@@ -30,7 +30,7 @@ import httpx
 
 from tests.conftest import FAKE_KEY, FAKE_KEY_ENV
 from tests.fake_api import FakeAPI
-from tests.test_serve import FRUGAL, Served, free_port
+from tests.http.test_serve import FRUGAL, Served, free_port
 
 READY_S = 90.0
 """Longest wait for a server's engine to be ready (2 cores shared by many test runs)."""

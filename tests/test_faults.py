@@ -50,7 +50,7 @@ from tests.faults_support import (
     wait_ready,
     wait_rows,
 )
-from tests.test_serve import FRUGAL, QUESTION, Served, free_port
+from tests.http.test_serve import FRUGAL, QUESTION, Served, free_port
 
 pytestmark = pytest.mark.serve
 

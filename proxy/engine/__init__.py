@@ -1,0 +1,19 @@
+"""The local model: a worker process that owns llama.cpp, and the proxy's async client of it.
+
+    client        ``LocalEngine``: queue, deadlines, cancellation, restart after a crash
+    worker        the child process: loads the model, answers jobs over a pipe
+    worker_env    the child's environment, cleared of secrets
+    generate      one completion, token by token, with logprobs, stop strings and deadlines
+    batch         several sequences in one llama.cpp context (continuous batching)
+    speculative   prompt-lookup and draft-model speculation, with its adaptive policy
+    prefix_cache  KV states of earlier prompts, reused for a shared prefix
+    grammar       GBNF grammars from JSON schemas and tools, bounded before they are built
+    tasks, tools, legacy   what a job asks for: chat, tool calls, legacy text completions
+    rates, calibrate       measured prefill and decode rates (the estimator's inputs)
+    memory, gguf           the memory guard and the model file's header
+    quantize               ``frugal quantize``
+
+May import ``quality`` (the worker scores its answers) and the shared ``proxy.config`` and
+``proxy.errors``; never ``proxy.http``, ``proxy.routing`` or ``proxy.upstream``. llama.cpp is
+imported only in the worker process and offline tools, never on the proxy's event loop.
+"""

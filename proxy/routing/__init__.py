@@ -1,10 +1,15 @@
-"""Routing local answers by predicted finish time (issue 6, seed 000).
+"""Routing: which backend answers a request, and whether its local answer is good enough.
 
+    router      the cascade policy: ``plan`` (forced, unsupported, context overflow, predicted
+                too slow, or a local attempt) and ``try_local`` (accepted, low quality, ...)
+    servable    which requests the local engine can serve at all (``local_blocker``)
     estimator   the predicted finish of a request on a backend, and what it is learned from;
-                the ``predicted_slow`` decision (``Predictor``)
+                the ``predicted_slow`` decision (``Predictor``), as in seed 000
     base        what a local backend is to the router (``Backend``, ``Choice``)
     pool        the bundled engine as a backend, and the choice between backends
+    remote      other llama.cpp / OpenAI-compatible servers used as local backends
 
-Remote backends (other llama.cpp servers) live in ``proxy.backends``. ``proxy.router`` asks the
-pool for a choice in ``plan`` and runs it in ``try_local``.
+May import: ``proxy.engine``, ``quality``, and the shared ``proxy.params``, ``proxy.config``,
+``proxy.errors``, ``proxy.ledger``. Never ``proxy.http`` (the router knows nothing of HTTP) nor
+``proxy.upstream`` (the fallback is the handler's business).
 """

@@ -5,7 +5,7 @@
     BackendDown    the backend stopped answering: the request may move to another one
 
 The bundled engine and the remote servers implement it in ``proxy.routing.pool`` and
-``proxy.backends``.
+``proxy.routing.remote``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     EngineBackend    the bundled engine (``proxy.engine.client.LocalEngine``, one job at a time;
                      its queue and rates are the engine's own, ``proxy.engine.rates``)
     RemoteBackend    another OpenAI-compatible llama.cpp server (``[[local.backends]]``, in
-                     ``proxy.backends``)
+                     ``proxy.routing.remote``)
     BackendPool      picks the backend with the lowest predicted finish, and moves a request to
                      another backend when its own is down or full, if that one can still finish
                      before the request's deadline
@@ -20,7 +20,6 @@ from typing import Any
 import structlog
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from proxy.backends import RemoteBackend
 from proxy.config import Settings
 from proxy.engine.client import LocalEngine
 from proxy.errors import EngineBusy
@@ -33,6 +32,7 @@ from proxy.routing.estimator import (
     answers_per_request,
     predict,
 )
+from proxy.routing.remote import RemoteBackend
 
 log = structlog.get_logger(__name__)
 

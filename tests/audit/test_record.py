@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from proxy.audit.record import AuditRecord, insert, month_spend_pusd, read
-from proxy.ledger import migrate
+from proxy.ledger.migrate import migrate
 
 
 @pytest.fixture

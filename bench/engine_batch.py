@@ -1,0 +1,131 @@
+"""Benchmark (issue 18): continuous batching, parallel = 4 against parallel = 1, in one run.
+
+Four greedy chat requests of ``--max-tokens`` output tokens each (``ignore_eos``-like: prompts that
+make SmolLM2 write at length, and answers cut by max_tokens) are answered
+
+    parallel = 1   one after the other through ``LocalModel.chat`` (the single path, as served)
+    parallel = 4   together, as four sequences of one :class:`BatchEngine`
+
+and the aggregate decode rate is output tokens / decode seconds (the time after every prompt was
+prefilled, so that both sides count the same work). A lone request is then timed both ways:
+its latency with parallel = 4 (a batch of one) against parallel = 1. Runs are interleaved rep by
+rep; CPU time is reported beside wall time (the machine is shared).
+
+    .venv/bin/python bench/engine_batch.py [--reps 3] [--threads 1] [--max-tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from engine_common import machine, median, smollm2_path
+
+PROMPTS = [
+    "Write a long story about a lighthouse keeper and a storm.",
+    "Explain in detail how bread is made, step by step.",
+    "Describe a walk through a busy market in the morning.",
+    "Write a long letter to a friend about your summer holidays.",
+]
+
+
+def _request(prompt: str, max_tokens: int) -> dict[str, Any]:
+    return {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+
+
+def serial(model: Any, requests: list[dict[str, Any]]) -> tuple[float, float, int]:
+    """parallel = 1: decode wall and CPU seconds summed over the requests, tokens."""
+    wall = cpu = 0.0
+    tokens = 0
+    for request in requests:
+        model.forget()
+        model.chat({**request, "max_tokens": 1})  # the prompt, then only decoding is timed
+        w, c = time.perf_counter(), time.process_time()
+        out = model.chat(request)
+        wall += time.perf_counter() - w
+        cpu += time.process_time() - c
+        tokens += out["usage"]["completion_tokens"]
+    return wall, cpu, tokens
+
+
+def batched(engine: Any, requests: list[dict[str, Any]]) -> tuple[float, float, int]:
+    """parallel = N: every prompt prefilled and first token out, then the decode phase timed."""
+    seqs = [engine.add(r) for r in requests]
+    assert all(s is not None for s in seqs)
+    while any(not s.generated and not s.done for s in seqs):
+        engine.step()
+    w, c = time.perf_counter(), time.process_time()
+    before = sum(len(s.generated) for s in seqs)
+    engine.run_all()
+    wall, cpu = time.perf_counter() - w, time.process_time() - c
+    return wall, cpu, sum(len(s.generated) for s in seqs) - before
+
+
+def lone(model: Any, engine: Any, request: dict[str, Any]) -> tuple[float, float]:
+    """Whole-request wall seconds of one request alone: single path, then a batch of one."""
+    model.forget()
+    w = time.perf_counter()
+    model.chat(request)
+    single = time.perf_counter() - w
+    w = time.perf_counter()
+    seq = engine.add(request)
+    engine.run_all()
+    engine.completion(seq)
+    return single, time.perf_counter() - w
+
+
+def main() -> None:
+    from proxy.engine.batch import BatchEngine
+    from proxy.engine.generate import LocalModel
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--parallel", type=int, default=4)
+    args = parser.parse_args()
+    model = LocalModel.load(smollm2_path(), n_ctx=1024, n_threads=args.threads, calibrate=False)
+    engine = BatchEngine(model, args.parallel)
+    requests = [_request(p, args.max_tokens) for p in PROMPTS[: args.parallel]]
+    one_rate, many_rate, one_cpu, many_cpu, singles, lones = [], [], [], [], [], []
+    for _ in range(args.reps):
+        w1, c1, t1 = serial(model, requests)
+        wn, cn, tn = batched(engine, requests)
+        one_rate.append(t1 / w1)
+        many_rate.append(tn / wn)
+        one_cpu.append(t1 / c1)
+        many_cpu.append(tn / cn)
+        s, b = lone(model, engine, requests[0])
+        singles.append(s)
+        lones.append(b)
+    print(
+        f"SmolLM2-135M Q4_1, {args.threads} thread(s), flash attention, {len(requests)} greedy "
+        f"requests x {args.max_tokens} tokens, {args.reps} interleaved runs, medians"
+    )
+    print(
+        f"aggregate decode tok/s, wall: parallel=1 {median(one_rate):.1f}, "
+        f"parallel={args.parallel} {median(many_rate):.1f}, "
+        f"ratio {median(many_rate) / median(one_rate):.2f}"
+    )
+    print(
+        f"aggregate decode tok/s, CPU: parallel=1 {median(one_cpu):.1f}, "
+        f"parallel={args.parallel} {median(many_cpu):.1f}, "
+        f"ratio {median(many_cpu) / median(one_cpu):.2f}"
+    )
+    print(
+        f"lone request, whole request wall s: parallel=1 {median(singles):.2f}, "
+        f"parallel={args.parallel} {median(lones):.2f}, "
+        f"ratio {median(lones) / median(singles):.2f}"
+    )
+    print(machine())
+    engine.close()
+    model.close()
+
+
+if __name__ == "__main__":
+    main()

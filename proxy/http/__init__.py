@@ -1,0 +1,20 @@
+"""HTTP: the Starlette app, its middleware and one handler per endpoint.
+
+    app          ``create_app(settings)``: the services built in the lifespan, the routes
+    services     the typed bundle of services the handlers and middleware receive
+    auth         client keys (``Authorization: Bearer``), and the guard that refuses what a web
+                 page could send to a keyless proxy (non-JSON bodies, foreign ``Host``)
+    limits       body size, header time, concurrency
+    disconnect   a client that leaves cancels its handler (and so its local work)
+    exchange     what one request did, for the headers, the log and the ledger row
+    chat         ``POST /v1/chat/completions``: the cascade as HTTP
+    completions  ``POST /v1/completions`` and ``POST /v1/embeddings``
+    sse          Server-Sent Events: chunks, the response that writes a stream's row once
+    validate     cheap validation of request bodies (OpenAI's shapes), errors naming ``param``
+    openapi      the OpenAPI description served at ``/openapi.json``
+    metrics      ``/metrics`` (Prometheus)
+
+May import every other room: ``proxy.routing``, ``proxy.upstream``, ``proxy.audit``,
+``proxy.engine`` (the handle the lifespan starts), ``proxy.ledger`` and the shared modules.
+Nothing imports ``proxy.http`` except ``proxy.cli``.
+"""

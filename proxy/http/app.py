@@ -1,0 +1,386 @@
+"""The Starlette application: ``create_app(settings)`` builds everything on ``app.state``.
+
+Nothing lives at module level. The lifespan opens the ledger, starts the upstream client and the
+engine worker, and on shutdown (after uvicorn has drained in-flight requests) flushes the ledger
+first, so that the rows of finished requests are safe whatever happens next, then stops the rest
+with a bound on each step, and closes the ledger last (see :func:`shutdown_budget_s`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+import traceback
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from proxy.config import Settings
+from proxy.engine.client import LocalEngine
+from proxy.errors import MethodNotAllowed, NotFound, ProxyError
+from proxy.http import metrics as metrics_mod
+from proxy.http.auth import Authenticator, AuthMiddleware, RequestGuard
+from proxy.http.chat import ChatHandler
+from proxy.http.completions import CompletionsHandler, EmbeddingsHandler
+from proxy.http.disconnect import CancelOnDisconnect
+from proxy.http.limits import InFlight, LimitsMiddleware
+from proxy.http.openapi import openapi_spec
+from proxy.ledger.pricing import PriceBook, load_price_map
+from proxy.ledger.writer import Ledger
+from proxy.routing.router import LOCAL_ALIAS, Router
+from proxy.upstream.client import Upstream
+
+log = structlog.get_logger("frugal.app")
+
+
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+class RequestIdMiddleware:
+    """Gives every request an id and echoes it on every response, errors included.
+
+    The id is the client's own ``x-request-id`` when that is 1 to 128 of ``A-Z a-z 0-9 . _ -``
+    (so it is safe in logs, headers and the ledger), else a fresh uuid4 hex.
+
+    It is also the last line of defence: an exception that no handler took becomes OpenAI's
+    500 here, inside the middleware, so that the 500 carries the id too (Starlette's own
+    ``Exception`` handler runs outside every middleware). It is logged once, with the request id,
+    the exception's class and where it was raised: never its message or a traceback's locals,
+    which may hold request content. It is not raised further, so the server does not log it
+    again. If the response had already started, the connection is closed unfinished.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = ""
+        for name, value in scope.get("headers", ()):
+            if name == b"x-request-id":
+                request_id = value.decode("latin-1")
+                break
+        if not REQUEST_ID_RE.fullmatch(request_id):
+            request_id = uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        encoded = request_id.encode("latin-1")
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = [(k, v) for k, v in message.get("headers", []) if k != b"x-request-id"]
+                headers.append((b"x-request-id", encoded))
+                message["headers"] = headers
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except ProxyError as exc:  # raised by a middleware, outside the handlers
+            if not started:
+                await error_response(exc)(scope, receive, send_with_id)
+        except Exception as exc:  # noqa: BLE001 - rendered and logged once, here
+            _log_unexpected(exc, request_id, scope, started)
+            if not started:
+                await internal_error()(scope, receive, send_with_id)
+
+
+def internal_error() -> JSONResponse:
+    """OpenAI's 500 for an unexpected exception: no detail, the request id is in the header."""
+    return JSONResponse(
+        {
+            "error": {
+                "message": "internal error; see the server log for this request id",
+                "type": "server_error",
+                "param": None,
+                "code": "internal_error",
+            }
+        },
+        status_code=500,
+    )
+
+
+def _log_unexpected(exc: Exception, request_id: str | None, scope: Scope, started: bool) -> None:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
+    log.error(
+        "unhandled_error",
+        request_id=request_id,
+        error=type(exc).__name__,
+        where=where,
+        method=scope.get("method"),
+        path=str(scope.get("path", ""))[:100],
+        response_started=started,
+    )
+
+
+def error_response(exc: ProxyError, request_id: str | None = None) -> JSONResponse:
+    headers = {**exc.headers, "x-request-id": request_id} if request_id else exc.headers
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers or None)
+
+
+async def _proxy_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ProxyError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return error_response(NotFound(f"no such endpoint: {request.method} {request.url.path}"))
+    if exc.status_code == 405:
+        response = error_response(
+            MethodNotAllowed(f"method {request.method} is not allowed on {request.url.path}")
+        )
+        response.headers.update(exc.headers or {})  # Allow: the methods that are
+        return response
+    return JSONResponse(
+        {
+            "error": {
+                "message": str(exc.detail),
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        },
+        status_code=exc.status_code,
+    )
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    """Starlette's outermost handler: reached only by an exception raised outside
+    :class:`RequestIdMiddleware` (which renders every other one itself)."""
+    request_id = getattr(request.state, "request_id", None)
+    _log_unexpected(exc, request_id, request.scope, False)
+    response = internal_error()
+    if request_id:
+        response.headers["x-request-id"] = request_id
+    return response
+
+
+def _no_fallback_detail(settings: Settings) -> str:
+    """Why there is no API fallback, and what to set."""
+    fallback = settings.fallback
+    if not (fallback.api_base or fallback.models):
+        return "no API fallback: [fallback] api_base is empty"
+    return (
+        f"no API fallback: the environment variable {fallback.api_key_env} (named by "
+        '[fallback] api_key_env) is not set; set it, or set [fallback] api_key_env = "" '
+        "for an upstream that needs no key"
+    )
+
+
+# Bounds of the shutdown steps after the ledger's flush; see shutdown_budget_s.
+ENGINE_STOP_S = 8.0  # LocalEngine.stop: 3 s for the worker to leave, then kill and 3 s more
+AUX_STOP_S = 1.0  # each of the router's, the upstream client's and the key store's close
+LEDGER_CLOSE_MIN_S = 1.0  # the ledger's close, when its flush used all of shutdown_timeout_s
+
+
+def shutdown_budget_s(settings: Settings) -> float:
+    """The longest a stop can take, SIGTERM to exit, less the interpreter's own exit.
+
+    uvicorn drains requests in flight for ``[server] drain_s`` (rounded to whole seconds, at
+    least 1, plus its 0.1 s pause), then the lifespan: the ledger's flush and close together
+    take at most ``[ledger] shutdown_timeout_s`` (or ``busy_timeout_s``, if longer) +
+    LEDGER_CLOSE_MIN_S, the engine's stop
+    ENGINE_STOP_S, the three other closes AUX_STOP_S each. ``deploy/frugal-proxy.service``'s
+    ``TimeoutStopSec`` must stay above it with a margin (a test checks it).
+    """
+    drain = max(1, round(settings.server.drain_s)) + 0.1
+    # A lock wait under way when the stop begins is not cut short: busy_timeout_s bounds it.
+    ledger = max(settings.ledger.shutdown_timeout_s, settings.ledger.busy_timeout_s)
+    ledger += LEDGER_CLOSE_MIN_S
+    return drain + ledger + ENGINE_STOP_S + 3 * AUX_STOP_S
+
+
+async def _bounded(step: Any, timeout_s: float, part: str) -> None:
+    """Await one shutdown step for at most ``timeout_s``; a step that fails or hangs is logged
+    and left behind, so that the steps after it (the ledger's close) still run."""
+    try:
+        await asyncio.wait_for(step, timeout_s)
+    except TimeoutError:
+        log.error("stop_step_timeout", part=part, waited_s=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - the ledger must still be closed
+        log.error("stop_step_failed", part=part, error=type(exc).__name__)
+
+
+async def _shutdown(state: Any, *, owns_engine: bool) -> None:
+    """Flush the ledger, stop the router, the engine, the upstream client and the key store
+    (each bounded), then close the ledger, spilling what a locked database would not take."""
+    ledger: Ledger = state.ledger
+    budget = state.settings.ledger.shutdown_timeout_s
+    started = time.monotonic()
+    flushed = await ledger.flush(budget)
+    spent = time.monotonic() - started
+    if getattr(state, "router", None) is not None:
+        await _bounded(state.router.close(), AUX_STOP_S, "router")
+    if owns_engine:
+        await _bounded(state.engine.stop(), ENGINE_STOP_S, "engine")
+    await _bounded(state.upstream.aclose(), AUX_STOP_S, "upstream")
+    await _bounded(state.auth.stop(), AUX_STOP_S, "auth")
+    await ledger.close(max(LEDGER_CLOSE_MIN_S, budget - spent))
+    log.info(
+        "stopped",
+        ledger_rows_written=ledger.written,
+        ledger_flushed=flushed,
+        ledger_rows_spilled=ledger.spilled,
+        ledger_rows_lost=ledger.lost,
+    )
+
+
+def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state = app.state
+        state.settings = settings
+        state.started_at = time.time()
+        state.prices = PriceBook.from_settings(load_price_map(), settings.pricing)
+        state.ledger = Ledger(
+            settings.ledger.path,
+            prices=state.prices,
+            flush_interval_s=settings.ledger.flush_interval_s,
+            batch_size=settings.ledger.batch_size,
+            busy_timeout_s=settings.ledger.busy_timeout_s,
+            max_queue=settings.ledger.max_queue,
+            shutdown_timeout_s=settings.ledger.shutdown_timeout_s,
+        )
+        await state.ledger.start()
+        state.auth = Authenticator(settings)
+        await state.auth.start()
+        state.upstream = Upstream(settings.fallback)
+        await state.upstream.start()
+        owns_engine = engine is None
+        state.engine = engine or LocalEngine(
+            settings.local,
+            relevance=settings.quality.relevance,
+            private_env=(settings.fallback.api_key_env, settings.server.api_keys_env),
+        )
+        try:
+            if owns_engine:
+                await state.engine.start()
+            state.router = Router(settings, state.engine, state.upstream.enabled)
+            await state.router.start()
+            state.chat = ChatHandler(state)
+            state.completions = CompletionsHandler(state)
+            state.embeddings = EmbeddingsHandler(state)
+            # litellm (the ledger's token counter) imported alongside the engine's start; serve
+            # once it is in, so that the import never competes with requests for the GIL.
+            await state.ledger.counter_ready()
+            if not state.upstream.enabled:
+                log.warning("local_only", detail=_no_fallback_detail(settings))
+            log.info(
+                "serving",
+                auth=state.auth.enabled,
+                fallback=state.upstream.enabled,
+                threshold=settings.quality.threshold,
+                stream_mode=settings.router.stream_mode,
+            )
+            yield
+        finally:
+            await _shutdown(state, owns_engine=owns_engine)
+
+    async def completions(request: Request) -> Response:
+        handler: CompletionsHandler = request.app.state.completions
+        return await handler(request)
+
+    async def embeddings(request: Request) -> Response:
+        handler: EmbeddingsHandler = request.app.state.embeddings
+        return await handler(request)
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(openapi_spec())
+
+    async def chat_completions(request: Request) -> Response:
+        handler: ChatHandler = request.app.state.chat
+        return await handler(request)
+
+    async def models(request: Request) -> Response:
+        state = request.app.state
+        created = int(state.started_at)
+        data = [{"id": LOCAL_ALIAS, "object": "model", "created": created, "owned_by": "frugal"}]
+        for name in state.upstream.model_ids():
+            data.append({"id": name, "object": "model", "created": created, "owned_by": "api"})
+        return JSONResponse({"object": "list", "data": data})
+
+    async def healthz(request: Request) -> Response:
+        state = request.app.state
+        engine_health = state.engine.health()
+        fallback = {
+            "configured": state.upstream.enabled,
+            "api_base": settings.fallback.api_base if state.upstream.enabled else None,
+            "mode": "cascade" if state.upstream.enabled else "local_only",
+        }
+        ok = engine_health["state"] == "ready"
+        status = 200 if ok or state.upstream.enabled else 503
+        if not getattr(request.state, "authenticated", True):
+            # Open to health checks, which carry no key: the status, not the details.
+            return JSONResponse({"status": "ok" if ok else "degraded"}, status_code=status)
+        body: dict[str, Any] = {
+            "status": "ok" if ok else "degraded",
+            "engine": engine_health,
+            "fallback": fallback,
+            "quality_threshold": settings.quality.threshold,
+            "quality_thresholds_by_model": settings.quality.models,
+            "stream_mode": settings.router.stream_mode,
+            "routing": state.router.health(),
+            "ledger": {
+                "path": settings.ledger.path,
+                **state.ledger.health(),
+            },
+            "uptime_s": round(time.time() - state.started_at, 1),
+        }
+        return JSONResponse(body, status_code=status)
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/completions", completions, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
+            Route("/embeddings", embeddings, methods=["POST"]),
+            Route("/openapi.json", openapi, methods=["GET"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/models", models, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics_mod.endpoint, methods=["GET"]),
+        ],
+        exception_handlers={
+            ProxyError: _proxy_error,
+            HTTPException: _http_error,
+            Exception: _unexpected,
+        },
+        lifespan=lifespan,
+    )
+    app.state.in_flight = InFlight()
+    app.state.metrics = metrics_mod.Metrics(app.state)
+    # Outermost last: request id (and the 500 for anything unexpected), then auth (a stranger
+    # takes no concurrency slot), then the guard (JSON only; a loopback Host when keyless), then
+    # limits. Innermost: a client that leaves before its answer is ready cancels the handler
+    # (and so its place in the engine's queue, or its generation).
+    app.add_middleware(
+        CancelOnDisconnect,
+        paths=("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"),
+    )
+    app.add_middleware(LimitsMiddleware, settings=settings.server, state=app.state)
+    # The JSON-body check applies where a POST is served; elsewhere a POST is the router's 405.
+    json_paths = {
+        r.path for r in app.routes if isinstance(r, Route) and "POST" in (r.methods or ())
+    }
+    app.add_middleware(RequestGuard, state=app.state, json_paths=json_paths)
+    app.add_middleware(AuthMiddleware, state=app.state)
+    app.add_middleware(RequestIdMiddleware)
+    return app

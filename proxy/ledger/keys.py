@@ -1,0 +1,294 @@
+"""Client keys: where they come from, how they are stored, and ``frugal keys``.
+
+    frugal keys create NAME   [--config PATH | --db PATH]   prints a new key, once
+    frugal keys list          [--config PATH | --db PATH] [--format table|json]
+    frugal keys revoke NAME   [--config PATH | --db PATH]
+
+Two sources, one namespace of names:
+
+- the environment variable named by ``[server] api_keys_env`` (``FRUGAL_API_KEYS``): keys
+  separated by commas, each ``name:key`` or a bare key (named ``key-1``, ``key-2``, … by
+  position). Parsed by :func:`parse_env_keys`.
+- the ``api_keys`` table of the ledger database (``migrations/0003_keys.sql``), managed by the
+  commands above. A key is 32 random bytes; only its SHA-256 digest and a short hint (its first
+  characters, to tell keys apart) are stored.
+
+A plain SHA-256 is the right hash here: the keys are random and long, so there is nothing to
+guess, and checking one costs a microsecond instead of a password hash's hundred milliseconds
+on every request. Keys from the environment are held to at least 16 characters for the same
+reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import secrets
+import sqlite3
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from proxy.errors import ConfigError
+
+KEY_PREFIX = "frugal-"
+HINT_CHARS = len(KEY_PREFIX) + 4
+MIN_ENV_KEY_CHARS = 16
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientKey:
+    name: str
+    digest: bytes  # SHA-256 of the key
+
+
+def digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise ConfigError(
+            f"key name {name!r}: expected 1 to 64 letters, digits or _ . @ -, "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def parse_env_keys(value: str, env_name: str) -> list[ClientKey]:
+    """``"alice:KEY1, bob:KEY2, KEY3"`` → keys named alice, bob and key-3."""
+    keys: list[ClientKey] = []
+    names: set[str] = set()
+    for position, entry in enumerate(value.split(","), start=1):
+        entry = entry.strip()
+        if not entry:
+            continue
+        name, sep, key = entry.partition(":")
+        if not sep:
+            name, key = f"key-{position}", entry
+        where = f"${env_name} (entry {position})"
+        if not NAME_RE.match(name):
+            raise ConfigError(
+                f"{where}: the name before ':' must be 1 to 64 letters, digits or _ . @ -; "
+                "write entries as name:key or as a bare key"
+            )
+        key = key.strip()
+        if len(key) < MIN_ENV_KEY_CHARS:
+            raise ConfigError(
+                f"{where}: the key named {name!r} is {len(key)} characters long; expected at "
+                f"least {MIN_ENV_KEY_CHARS} (make one with: python3 -c "
+                "'import secrets; print(secrets.token_urlsafe(32))')"
+            )
+        if name in names:
+            raise ConfigError(f"{where}: the name {name!r} is given twice")
+        names.add(name)
+        keys.append(ClientKey(name, digest(key)))
+    return keys
+
+
+def env_keys(env_name: str) -> list[ClientKey]:
+    """The keys in the variable named by ``[server] api_keys_env`` (none when it is unset)."""
+    if not env_name:
+        return []
+    return parse_env_keys(os.environ.get(env_name, ""), env_name)
+
+
+# -- the api_keys table ---------------------------------------------------------------------------
+
+
+def _connect(db_path: str) -> sqlite3.Connection:
+    from proxy.ledger.migrate import open_database
+
+    open_database(db_path)  # creates the file and applies migrations (0003 makes the table)
+    conn = sqlite3.connect(db_path, timeout=5, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def create(db_path: str, name: str) -> str:
+    """Store a new key named ``name``; returns the key, which is never shown again."""
+    check_name(name)
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    conn = _connect(db_path)
+    try:
+        conn.execute(
+            "INSERT INTO api_keys (name, key_hash, hint, created_at) VALUES (?, ?, ?, ?)",
+            (name, digest(key).hex(), key[:HINT_CHARS], time.time()),
+        )
+    except sqlite3.IntegrityError as exc:
+        raise KeyCommandError(
+            f"a key named {name!r} exists already; revoke it first or choose another name"
+        ) from exc
+    finally:
+        conn.close()
+    return key
+
+
+def revoke(db_path: str, name: str) -> None:
+    conn = _connect(db_path)
+    try:
+        cursor = conn.execute(
+            "UPDATE api_keys SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL",
+            (time.time(), name),
+        )
+    finally:
+        conn.close()
+    if cursor.rowcount == 0:
+        raise KeyCommandError(f"no usable key named {name!r}; see `frugal keys list`")
+
+
+def listing(db_path: str) -> list[dict[str, Any]]:
+    """Every stored key, oldest first, with the requests the ledger attributes to its name."""
+    conn = _connect(db_path)
+    try:
+        usage = {
+            row["key_name"]: (row["n"], row["last"])
+            for row in conn.execute(
+                "SELECT key_name, count(*) AS n, max(ts) AS last FROM requests "
+                "WHERE key_name IS NOT NULL GROUP BY key_name"
+            )
+        }
+        rows = conn.execute(
+            "SELECT name, hint, created_at, revoked_at FROM api_keys ORDER BY id"
+        ).fetchall()
+    finally:
+        conn.close()
+    out = []
+    for row in rows:
+        requests, last = usage.get(row["name"], (0, None))
+        out.append(
+            {
+                "name": row["name"],
+                "hint": row["hint"] + "…",
+                "created": _iso(row["created_at"]),
+                "revoked": _iso(row["revoked_at"]),
+                "requests": requests,
+                "last_used": _iso(last),
+            }
+        )
+    return out
+
+
+def load_active(db_path: str) -> tuple[list[ClientKey], int]:
+    """(usable keys, number of keys ever stored). Read-only; the database must exist."""
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)
+    try:
+        rows = conn.execute("SELECT name, key_hash, revoked_at FROM api_keys").fetchall()
+    finally:
+        conn.close()
+    active = [ClientKey(name, bytes.fromhex(h)) for name, h, revoked in rows if revoked is None]
+    return active, len(rows)
+
+
+def stored_count(db_path: str) -> int:
+    """Keys ever stored (revoked ones included); 0 when there is no database yet.
+
+    A database that exists but whose keys cannot be read (damaged, locked, not a database) is a
+    :class:`ConfigError`, never "no keys": taking it for none would start an open proxy.
+    """
+    if not Path(db_path).exists():
+        return 0
+    try:
+        return load_active(db_path)[1]
+    except sqlite3.OperationalError as exc:
+        if "no such table: api_keys" in str(exc):  # a database from before 0003: no keys
+            return 0
+        raise _unreadable(db_path, exc) from exc
+    except (sqlite3.Error, ValueError) as exc:  # ValueError: a key_hash that is not hex
+        raise _unreadable(db_path, exc) from exc
+
+
+def _unreadable(db_path: str, exc: Exception) -> ConfigError:
+    return ConfigError(
+        f"[ledger] path = {db_path!r}: the stored client keys cannot be read "
+        f"({type(exc).__name__}: {exc}); not starting, since without them anyone could use "
+        "the proxy. Repair or restore the database, or stop whatever holds it locked"
+    )
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+class KeyCommandError(Exception):
+    """A ``frugal keys`` request that cannot be done; printed as one line, exit status 1."""
+
+
+def add_parser(sub: Any) -> None:
+    keys = sub.add_parser("keys", help="create, list and revoke client keys")
+    actions = keys.add_subparsers(dest="action", required=True)
+    for action, help_text in (
+        ("create", "make a key and print it (once)"),
+        ("list", "show the stored keys (never the keys themselves)"),
+        ("revoke", "stop accepting a key"),
+    ):
+        cmd = actions.add_parser(action, help=help_text)
+        if action != "list":
+            cmd.add_argument("name", help="the key's name, as the ledger and report show it")
+        else:
+            cmd.add_argument("--format", choices=("table", "json"), default="table")
+        source = cmd.add_mutually_exclusive_group()
+        source.add_argument("--config", help="TOML config whose [ledger] path holds the keys")
+        source.add_argument("--db", help="ledger database file that holds the keys")
+
+
+def run(args: argparse.Namespace) -> int:
+    from proxy import config as config_mod
+
+    db_path = args.db or config_mod.load(args.config).ledger.path
+    try:
+        if args.action == "create":
+            key = create(db_path, args.name)
+            print(key)
+            print(
+                f"Created key {args.name!r}. This is the only time it is shown: store it now. "
+                f"Clients send it as 'Authorization: Bearer KEY'.",
+                file=sys.stderr,
+            )
+        elif args.action == "revoke":
+            revoke(db_path, args.name)
+            print(f"Revoked key {args.name!r}.", file=sys.stderr)
+        else:
+            rows = listing(db_path)
+            if args.format == "json":
+                print(json.dumps(rows, indent=2))
+            elif rows:
+                print(_table(rows))
+            else:
+                print("No keys stored; create one with `frugal keys create NAME`.", file=sys.stderr)
+    except KeyCommandError as exc:
+        print(f"frugal keys: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    header = ("NAME", "KEY", "CREATED (UTC)", "STATUS", "REQUESTS", "LAST USED (UTC)")
+    lines = [
+        (
+            r["name"],
+            r["hint"],
+            r["created"],
+            f"revoked {r['revoked']}" if r["revoked"] else "active",
+            str(r["requests"]),
+            r["last_used"] or "-",
+        )
+        for r in rows
+    ]
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *lines, strict=True)]
+    return "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+        for line in (header, *lines)
+    )

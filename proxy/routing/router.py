@@ -1,0 +1,194 @@
+"""The cascade policy: which route a request takes, and whether a local answer is good enough.
+
+    plan()          forced route, model alias ``local``, or a feature the engine lacks;
+                    the local backend with the lowest predicted finish (``proxy.routing``),
+                    ``context_overflow`` when the prompt certainly cannot fit it, and
+                    ``predicted_slow`` when even that one cannot make the deadline.
+                    Definite reasons (forced, unsupported, context_overflow) always win over
+                    the predicted one.
+    try_local()     run that backend before the deadline; classify what came back
+    accept?         score >= threshold  -> local;  otherwise the API, when there is one
+
+The router knows nothing of HTTP; ``proxy.http.chat`` turns its decisions into responses.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from proxy.config import Settings
+from proxy.engine.client import LocalEngine
+from proxy.errors import BadRequest, EngineError
+from proxy.routing.base import Choice
+from proxy.routing.estimator import Prediction, Predictor
+from proxy.routing.pool import BackendPool
+from proxy.routing.servable import local_blocker
+
+LOCAL_ALIAS = "local"
+ROUTE_HEADER = "x-frugal-route"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    route: str  # "local" first, or "api" straight away
+    reason: str  # why it was pre-routed to the API, or "" for a local attempt
+    local_only: bool  # the client asked for the local model: never fall back
+    forced: bool = False
+    choice: Choice | None = None  # the local backend picked, with its predicted finish
+
+
+@dataclass(kw_only=True)
+class LocalAttempt:
+    completion: dict[str, Any] | None = None
+    reason: str = ""  # accepted | low_quality | local_timeout | local_error | local_busy | ...
+    quality: float | None = None
+    quality_reasons: list[str] = field(default_factory=list)
+    error: str | None = None
+    elapsed_ms: float = 0.0
+    choice: Choice | None = None  # where it ran (another backend if its own went down)
+    prediction: Prediction | None = None  # the prediction it was routed on
+    actual_s: float | None = None  # when it ran to its end where predicted
+
+    @property
+    def accepted(self) -> bool:
+        return self.reason == "accepted"
+
+
+class Router:
+    def __init__(self, settings: Settings, engine: LocalEngine, fallback_enabled: bool) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.fallback_enabled = fallback_enabled
+        self.predictor = Predictor(settings.router)
+        self.pool = BackendPool.build(settings, engine, self.predictor.lengths)
+
+    async def start(self) -> None:
+        """Probe the remote backends and learn answer lengths from the ledger (background)."""
+        await self.pool.start()
+        self.predictor.start(self.settings.ledger.path)
+
+    async def close(self) -> None:
+        await self.predictor.close()
+        await self.pool.close()
+
+    def plan(self, body: dict[str, Any], forced_header: str | None) -> Plan:
+        model = body["model"]
+        local_only = model == LOCAL_ALIAS
+        forced = (forced_header or "").strip().lower()
+        if forced and forced not in ("local", "api"):
+            raise BadRequest(
+                f"header '{ROUTE_HEADER}' must be 'local' or 'api', got {forced_header!r}",
+                param=ROUTE_HEADER,
+            )
+        if forced == "api" and local_only:
+            raise BadRequest(
+                f"model 'local' cannot be sent to the API ({ROUTE_HEADER}: api)", param="model"
+            )
+        if forced == "api":
+            return Plan(route="api", reason="forced", local_only=False, forced=True)
+        blocker = local_blocker(body)
+        if blocker is not None:
+            if local_only or forced == "local":
+                raise BadRequest(
+                    f"the local model cannot serve this request ({blocker})",
+                    param="model",
+                    code="unsupported_locally",
+                )
+            return Plan(route="api", reason="unsupported", local_only=False)
+        kind = "chat" if "messages" in body else "complete"
+        choice = self.pool.choose(body, kind)
+        # Definite reasons win over predicted ones: a prompt that cannot fit is not "slow".
+        overflow = choice.backend.cannot_fit(body)
+        if overflow is not None and not (local_only or forced == "local"):
+            if self.fallback_enabled:
+                return Plan(route="api", reason="context_overflow", local_only=False, choice=choice)
+        if forced == "local":
+            return Plan(route="local", reason="", local_only=True, forced=True, choice=choice)
+        if (
+            not local_only
+            and self.fallback_enabled
+            and choice.backend.admits(body, kind)  # a full queue says so itself: local_busy
+            and self.predictor.too_slow(choice.prediction.seconds, choice.timeout_s)
+        ):
+            return Plan(route="api", reason="predicted_slow", local_only=False, choice=choice)
+        return Plan(
+            route="local", reason="", local_only=local_only, forced=local_only, choice=choice
+        )
+
+    def threshold(self, header: str | None, model: str) -> float:
+        """The bar a local answer must reach: the ``x-frugal-min-quality`` header, else the
+        requested model's ``[quality.models]`` entry, else ``[quality] threshold``."""
+        if header is None:
+            quality = self.settings.quality
+            return quality.models.get(model, quality.threshold)
+        try:
+            value = float(header)
+        except ValueError:
+            value = -1.0
+        if not 0.0 <= value <= 1.0:
+            raise BadRequest(
+                "header 'x-frugal-min-quality' must be a number between 0 and 1",
+                param="x-frugal-min-quality",
+            )
+        return value
+
+    async def try_local(
+        self,
+        body: dict[str, Any],
+        *,
+        threshold: float,
+        on_token: Callable[[str], None] | None = None,
+        kind: str = "chat",
+        plan: Plan | None = None,
+    ) -> LocalAttempt:
+        """Ask the backend ``plan`` picked (or the best one now); ``kind="complete"`` for a
+        legacy text completion."""
+        started = time.perf_counter()
+        choice = plan.choice if plan is not None and plan.choice is not None else None
+        choice = choice or self.pool.choose(body, kind)
+        deadline = time.monotonic() + choice.timeout_s
+        attempt = LocalAttempt(choice=choice, prediction=choice.prediction)
+        try:
+            completion, attempt.choice = await self.pool.run(
+                body, choice, deadline=deadline, on_token=on_token, kind=kind
+            )
+        except EngineError as exc:
+            attempt.reason = exc.reason
+            attempt.error = str(exc)
+        else:
+            attempt.completion = completion
+            info = completion.get("frugal") or {}
+            verdict = info.get("quality") or {}
+            attempt.quality = verdict.get("value")
+            attempt.quality_reasons = list(verdict.get("reasons") or [])
+            if info.get("stop_cause") == "deadline":
+                attempt.reason = "local_timeout"
+            elif attempt.quality is not None and attempt.quality >= threshold:
+                attempt.reason = "accepted"
+            else:
+                attempt.reason = "low_quality"
+        attempt.elapsed_ms = (time.perf_counter() - started) * 1000
+        attempt.actual_s = self.predictor.learn(
+            body,
+            attempt.completion,
+            predicted_s=choice.prediction.seconds,
+            elapsed_s=attempt.elapsed_ms / 1000,
+            comparable=attempt.choice is choice,
+        )
+        return attempt
+
+    def observe(self, row: dict[str, Any]) -> None:
+        """A finished request's ledger row (the API's latency, for objective "latency")."""
+        self.predictor.observe(row)
+
+    def health(self) -> dict[str, Any]:
+        return {**self.predictor.health(), "backends": self.pool.health()}
+
+    def metrics(self) -> Iterator[Metric]:
+        yield from self.predictor.metrics()
+        yield from self.pool.metrics()

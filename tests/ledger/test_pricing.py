@@ -1,0 +1,271 @@
+"""Prices as exact integers, the [pricing] overrides, the cost rules of a row, token counting."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+import tiktoken
+
+from proxy import config
+from proxy.errors import ConfigError
+from proxy.ledger.pricing import (
+    CountJob,
+    Price,
+    PriceBook,
+    TokenCounter,
+    apply_costs,
+    load_price_map,
+    pico_per_token,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.toml"
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+
+
+@pytest.fixture(scope="module")
+def price_map() -> dict[str, Any]:
+    return load_price_map()
+
+
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    tokens = TokenCounter()
+    tokens.start().result(timeout=120)
+    return tokens
+
+
+def openai_prompt_tokens(encoding: str, messages: list[dict[str, str]]) -> int:
+    """OpenAI's documented count: 3 per message, its role and content, and 3 for the reply."""
+    enc = tiktoken.get_encoding(encoding)
+    per_message = (3 + len(enc.encode(m["role"])) + len(enc.encode(m["content"])) for m in messages)
+    return sum(per_message) + 3
+
+
+# -- prices -------------------------------------------------------------------------------------
+
+
+def test_litellm_map_prices_are_exact_pico_dollars_per_token(price_map: dict[str, Any]) -> None:
+    book = PriceBook(price_map)
+    # gpt-4o-mini: $0.15 / $0.60 per million tokens, cached input $0.075.
+    assert book.price("gpt-4o-mini") == Price(input=150_000, output=600_000, cached_input=75_000)
+    assert book.price("openai/gpt-4o-mini") == book.price("gpt-4o-mini")
+    # 1,000,000 prompt and 1,000,000 completion tokens cost exactly $0.75.
+    assert book.cost("gpt-4o-mini", 1_000_000, 1_000_000) == 750_000 * 10**6
+
+
+def test_cached_prompt_tokens_cost_the_cached_rate_only_where_one_exists() -> None:
+    with_cache = Price(input=150_000, output=600_000, cached_input=75_000)
+    assert with_cache.cost(1000, 10, cached_tokens=800) == 200 * 150_000 + 800 * 75_000 + 6_000_000
+    # More cached tokens than prompt tokens cannot make a prompt cheaper than all-cached.
+    assert with_cache.cost(100, 0, cached_tokens=500) == 100 * 75_000
+    without = Price(input=150_000, output=600_000)
+    assert without.cost(1000, 10, cached_tokens=800) == 1000 * 150_000 + 10 * 600_000
+
+
+def test_an_unknown_model_is_unpriced_and_warned_about_once(price_map: dict[str, Any]) -> None:
+    book = PriceBook(price_map)
+    with structlog.testing.capture_logs() as logs:
+        assert book.price("my-finetune-v3") is None
+        assert book.cost("my-finetune-v3", 100, 100) is None
+        assert book.price("my-finetune-v3") is None
+    warnings = [e for e in logs if e["event"] == "unpriced_model"]
+    assert len(warnings) == 1
+    assert warnings[0]["model"] == "my-finetune-v3"
+    assert '[pricing."my-finetune-v3"]' in warnings[0]["detail"]
+
+
+def test_config_overrides_win_over_the_map(price_map: dict[str, Any]) -> None:
+    settings = config.from_dict(
+        {
+            "pricing": {
+                "gpt-4o-mini": {"input_per_mtok": 0.2, "output_per_mtok": 0.8},
+                "my-finetune-v3": {
+                    "input_per_mtok": 1.25,
+                    "output_per_mtok": 5,
+                    "cached_input_per_mtok": 0.125,
+                },
+            }
+        }
+    )
+    book = PriceBook.from_settings(price_map, settings.pricing)
+    assert book.price("gpt-4o-mini") == Price(input=200_000, output=800_000, cached_input=None)
+    assert book.price("my-finetune-v3") == Price(
+        input=1_250_000, output=5_000_000, cached_input=125_000
+    )
+    assert book.price("gpt-4o") == PriceBook(price_map).price("gpt-4o")
+
+
+@pytest.mark.parametrize(
+    ("pricing", "needle"),
+    [
+        ({"m": {"input_per_mtok": 1}}, '[pricing."m"] output_per_mtok: missing'),
+        (
+            {"m": {"input_per_mtok": -1, "output_per_mtok": 1}},
+            '[pricing."m"] input_per_mtok = -1: expected a number of USD per million tokens',
+        ),
+        (
+            {"m": {"input_per_mtok": "0.1", "output_per_mtok": 1}},
+            "input_per_mtok = '0.1': expected a number",
+        ),
+        (
+            {"m": {"input_per_mtok": 0.0000001, "output_per_mtok": 1}},
+            "more precise than the ledger can count",
+        ),
+        (
+            {"m": {"input_per_mtok": 1, "output_per_mtok": 1, "input": 2}},
+            '[pricing."m"] input: unknown key',
+        ),
+        ({"m": 0.15}, '[pricing."m"] = 0.15: expected a table'),
+    ],
+)
+def test_bad_pricing_entries_name_the_key_and_the_value(
+    pricing: dict[str, Any], needle: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        config.from_dict({"pricing": pricing})
+    assert needle in str(info.value)
+
+
+def test_config_prices_convert_exactly() -> None:
+    assert pico_per_token(0.15) == 150_000
+    assert pico_per_token(0.075) == 75_000
+    assert pico_per_token(15) == 15_000_000
+    assert pico_per_token(0.000001) == 1
+
+
+def test_example_config_documents_the_pricing_table() -> None:
+    text = EXAMPLE.read_text()
+    assert tomllib.loads(text)["pricing"] == {}
+    block = text.split("\n[pricing]\n", 1)[1]
+    commented = [line for line in block.splitlines() if line.startswith("#")]
+    example = "\n".join(re.sub(r"^# ?", "", line) for line in commented)
+    loaded = config.from_dict(tomllib.loads(example))
+    [(model, price)] = loaded.pricing.items()
+    for f in fields(config.ModelPrice):
+        assert getattr(price, f.name) is not None, f"the example leaves {f.name} out"
+        line = next(line for line in commented if line.startswith(f"# {f.name} ="))
+        assert "#" in line[2:], f"{f.name} has no comment"
+    assert PriceBook.from_settings({}, loaded.pricing).price(model) is not None
+
+
+# -- the cost of a row -------------------------------------------------------------------------
+
+
+def costed(book: PriceBook, **row: Any) -> tuple[int | None, int | None]:
+    base = {"status": 200, "requested_model": "gpt-4o-mini", "api_model": "gpt-4o-mini"}
+    full = {**base, **row}
+    apply_costs(full, book)
+    return full["api_cost_pusd"], full["counterfactual_cost_pusd"]
+
+
+def test_row_costs(price_map: dict[str, Any]) -> None:
+    book = PriceBook(price_map)
+    # A local answer: nothing paid; the counterfactual is its recount, priced.
+    assert costed(
+        book,
+        route="local",
+        prompt_tokens=40,
+        completion_tokens=9,
+        counterfactual_prompt_tokens=19,
+        counterfactual_completion_tokens=2,
+    ) == (0, 19 * 150_000 + 2 * 600_000)
+    # An API answer, part of the prompt cached: both sides priced the same way.
+    paid = 800 * 150_000 + 200 * 75_000 + 50 * 600_000
+    assert costed(
+        book,
+        route="api",
+        prompt_tokens=1000,
+        completion_tokens=50,
+        cached_tokens=200,
+        counterfactual_prompt_tokens=1000,
+        counterfactual_completion_tokens=50,
+    ) == (paid, paid)
+    # Sent to a mapped model that costs more: paid at its price, counterfactual at the asked one.
+    assert costed(
+        book,
+        route="api",
+        api_model="gpt-4o",
+        prompt_tokens=10,
+        completion_tokens=10,
+        counterfactual_prompt_tokens=10,
+        counterfactual_completion_tokens=10,
+    ) == (10 * 2_500_000 + 10 * 10_000_000, 10 * 150_000 + 10 * 600_000)
+    # A name that is only an alias of the mapping is priced as its target.
+    assert costed(
+        book,
+        route="local",
+        requested_model="cheap",
+        api_model="gpt-4o-mini",
+        counterfactual_prompt_tokens=10,
+        counterfactual_completion_tokens=0,
+    ) == (0, 1_500_000)
+    # The model "local" never had an API counterpart.
+    assert costed(book, route="local", requested_model="local", api_model=None) == (0, 0)
+
+
+def test_rows_that_cannot_be_costed_stay_null_never_zero(price_map: dict[str, Any]) -> None:
+    book = PriceBook(price_map)
+    unpriced = {"requested_model": "my-finetune-v3", "api_model": "my-finetune-v3"}
+    tokens = {"counterfactual_prompt_tokens": 10, "counterfactual_completion_tokens": 10}
+    assert costed(book, route="local", **unpriced, **tokens) == (0, None)
+    assert costed(
+        book, route="api", prompt_tokens=10, completion_tokens=10, **unpriced, **tokens
+    ) == (None, None)
+    # A stream cut before the usage chunk: the call's cost is unknown, so is its saving.
+    assert costed(book, route="api") == (None, None)
+    # A failed request has no counterfactual (the API would have failed it too).
+    assert costed(book, route="none", status=400) == (0, None)
+    # Sent to a mapped target nobody prices: what it cost is unknown, so no saving is claimed
+    # even though the requested model has a price.
+    mapped = costed(book, route="api", api_model="acme/unknown", prompt_tokens=10, **tokens)
+    assert mapped == (None, None)
+
+
+# -- counting tokens as the requested model would -----------------------------------------------
+
+
+def test_prompt_and_answer_are_counted_with_the_requested_models_tokenizer(
+    counter: TokenCounter,
+) -> None:
+    completion = {"choices": [{"message": {"role": "assistant", "content": "Paris, of course."}}]}
+    body = {"messages": QUESTION}
+    o200k = tiktoken.get_encoding("o200k_base")
+    cl100k = tiktoken.get_encoding("cl100k_base")
+    assert counter.count(CountJob(model="gpt-4o-mini", body=body, completion=completion)) == (
+        openai_prompt_tokens("o200k_base", QUESTION),
+        len(o200k.encode("Paris, of course.")),
+    )
+    assert counter.count(CountJob(model="gpt-3.5-turbo", body=body, completion=completion)) == (
+        openai_prompt_tokens("cl100k_base", QUESTION),
+        len(cl100k.encode("Paris, of course.")),
+    )
+
+
+def test_tool_calls_and_every_choice_count_as_answer_tokens(counter: TokenCounter) -> None:
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": '{"c":"Oslo"}'}}
+    completion = {
+        "choices": [
+            {"message": {"role": "assistant", "content": None, "tool_calls": [call]}},
+            {"message": {"role": "assistant", "content": "Sunny."}},
+        ]
+    }
+    o200k = tiktoken.get_encoding("o200k_base")
+    _, answer = counter.count(
+        CountJob(model="gpt-4o-mini", body={"messages": QUESTION}, completion=completion)
+    )
+    assert answer == len(o200k.encode('get_weather{"c":"Oslo"}')) + len(o200k.encode("Sunny."))
+
+
+def test_counts_run_on_the_counters_thread(counter: TokenCounter) -> None:
+    job = CountJob(
+        model="gpt-4o-mini",
+        body={"messages": QUESTION},
+        completion={"choices": [{"message": {"content": "Paris."}}]},
+    )
+    assert counter.submit(job).result(timeout=30) == counter.count(job)

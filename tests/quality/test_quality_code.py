@@ -1,0 +1,226 @@
+"""The code signal: Python the gate can check itself, without running anything from the answer."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+
+import pytest
+
+from quality import score
+from quality._view import view_of
+from quality.code_check import asked_expression, code_check, evaluate, never_returns
+from tests.quality.test_quality_signals import completion, request
+
+FACTORIAL_Q = "Write a Python function factorial(n) that returns n factorial."
+
+
+def check(prompt: str, answer: str) -> tuple[tuple[str, ...], dict[str, float], bool]:
+    sig = code_check(view_of(request(prompt), completion(answer)))
+    return sig.hard, sig.features, sig.applied
+
+
+@pytest.mark.parametrize(
+    ("source", "value"),
+    [
+        ("len('hello')", 5),
+        ("3 * 'ab'", "ababab"),
+        ("'abc'.upper()", "ABC"),
+        ("bool([])", False),
+        ("10 // 3", 3),
+        ("2 ** 10", 1024),
+        ("[1, 2, 3][-1]", 3),
+        ("'hello'[1:3]", "el"),
+        ("sorted([3, 1, 2])", [1, 2, 3]),
+        ("', '.join(['a', 'b'])", "a, b"),
+        ("type(3.5)", float),
+        ("1 < 2 < 3", True),
+        ("len(list(range(4)))", 4),
+    ],
+)
+def test_small_pure_expressions_are_evaluated(source: str, value: object) -> None:
+    assert evaluate(source) == (True, value)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "__import__('os').system('true')",  # not a listed function
+        "open('/etc/passwd').read()",
+        "(1).__class__",  # attributes other than listed methods
+        "'a' * 10**9",  # the size limits hold before anything big is built
+        "9 ** 9 ** 9",
+        "list(range(10**9))",
+        "1 / 0",
+        "x + 1",  # names are not known
+        "print('hi')",
+    ],
+)
+def test_anything_else_is_not_evaluated(source: str) -> None:
+    assert evaluate(source) == (False, None)
+
+
+def test_the_asked_expression_is_read_from_print_or_a_result_question() -> None:
+    assert asked_expression("What does this Python code print? print(len('hello'))") == (
+        "len('hello')",
+        5,
+        True,
+    )
+    assert asked_expression("What is the result of 'abc'.upper() in Python?") == (
+        "'abc'.upper()",
+        "ABC",
+        False,
+    )
+    assert asked_expression("What does bool([]) return in Python?") == ("bool([])", False, False)
+    assert asked_expression("What is the capital of France?") is None
+    assert asked_expression("In Python, what is the result of a + b?") is None  # unknown names
+
+
+def test_an_answer_that_does_not_state_the_printed_value_is_flagged() -> None:
+    q = "What is the output of print(3 * 'ab') in Python?"
+    _, right, _ = check(q, "It prints `ababab`: the string repeated three times.")
+    _, wrong, _ = check(q, "The output of `print(3 * 'ab')` will be `10`.")
+    assert right["code_mismatch"] == 0.0
+    assert wrong["code_mismatch"] == 1.0
+
+
+def test_restating_the_expression_does_not_count_as_stating_its_value() -> None:
+    q = "What is the output of print(10 // 3) in Python?"
+    _, echo, _ = check(q, "The output of print(10 // 3) is the floor division of the numbers.")
+    _, right, _ = check(q, "The output of `print(10 // 3)` in Python will be 3.")
+    assert echo["code_mismatch"] == 1.0
+    assert right["code_mismatch"] == 0.0
+
+
+def test_a_function_that_always_calls_itself_is_a_hard_failure() -> None:
+    loop = "```python\ndef factorial(n):\n    return n * factorial(n - 1)\n```"
+    fine = (
+        "```python\ndef factorial(n):\n    if n <= 1:\n        return 1\n"
+        "    return n * factorial(n - 1)\n```"
+    )
+    hard, _, _ = check(FACTORIAL_Q, loop)
+    assert hard == ("code_never_returns",)
+    assert check(FACTORIAL_Q, fine)[0] == ()
+    s = score(request(FACTORIAL_Q), completion(loop))
+    assert s.value <= 0.1
+    assert s.reasons[0] == "code_never_returns"
+
+
+def test_recursion_guarded_by_a_conditional_expression_or_boolean_is_not_flagged() -> None:
+    guarded = "def f(n):\n    return 1 if n == 0 else n * f(n - 1)\n"
+    short_circuit = "def g(xs):\n    return bool(xs) and g(xs[1:])\n"
+    assert not never_returns(ast.parse(guarded))
+    assert not never_returns(ast.parse(short_circuit))
+
+
+def test_a_closed_python_block_that_does_not_parse_is_flagged_but_a_cut_one_is_not() -> None:
+    q = "Write a Python function add(a, b)."
+    _, broken, _ = check(q, "```python\ndef add(a, b)\n    return a + b\n```")
+    _, cut, _ = check(q, "```python\ndef add(a, b):\n    return (a +")
+    _, good, _ = check(q, "```python\ndef add(a, b):\n    return a + b\n```")
+    assert broken["code_broken"] == 1.0
+    assert cut["code_broken"] == 0.0
+    assert good["code_broken"] == 0.0
+
+
+def test_blocks_in_other_languages_are_left_alone() -> None:
+    hard, features, applied = check(
+        "What does the SQL keyword SELECT do?", "```sql\nSELECT * FROM t WHERE\n```"
+    )
+    assert not applied
+    assert hard == ()
+    assert features == {}
+
+
+def test_the_signal_does_not_apply_without_code_or_an_expression() -> None:
+    assert not check("What is the capital of France?", "Paris.")[2]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "answer"),
+    [
+        ("In Python, what is the value of " + "(" * 1600 + "1?", "1"),
+        ("What does print(" + "(" * 3000 + "1" + ")" * 3000 + ") output in Python?", "1"),
+        ("Fix the bug in this Python function.", "```python\n" + "(" * 5000 + "\n```"),
+        ("Fix this: def f(x): return x", "```python\nx = " + "1+" * 20000 + "1\n```"),
+        ("python " + "result of x " * 1300, "x"),
+    ],
+)
+def test_python_nested_past_the_parser_limit_is_not_a_crash(prompt: str, answer: str) -> None:
+    s = score(request(prompt), completion(answer))
+    assert 0.0 <= s.value <= 1.0
+
+
+# --- bounds: nothing big is built from a prompt ----------------------------------------------
+
+BOMBS = [
+    "'a'.zfill(3000000000)",
+    "'%3000000000d' % 1",
+    "'%(k(x)s)3000000000d' % {'k(x)s': 1}",  # a nested mapping key hides the width from a regex
+    "'%*d' % (3000000000, 1)",
+    "('%999d' * 200) % tuple(range(200))",
+    "'{:>3000000000}'.format(1)",
+    "f'{1:>3000000000}'",
+    "'a'.ljust(3000000000)",
+    "'a'.rjust(3000000000)",
+    "'a'.center(3000000000)",
+    "[0] * 10**10",
+    "[[0] * 1000] * 1000",
+    "str([['a' * 1000] * 100] * 100)",  # each list is short; what str() would print is not
+    "''.join(['a' * 1000] * 1000)",
+    "('a' * 1000).replace('', 'b' * 1000)",
+    "sum([[0] * 100] * 1000, [])",
+    "2 ** 10 ** 10",
+    "1 << 10 ** 10",
+    "round(1, -10 ** 18)",
+    "list(range(10 ** 10))",
+]
+
+
+@pytest.mark.parametrize("source", BOMBS)
+def test_an_expression_whose_value_would_be_huge_is_not_evaluated(source: str) -> None:
+    assert evaluate(source) == (False, None)
+
+
+@pytest.mark.parametrize(
+    ("source", "value"),
+    [
+        ("'%5d|%-3s|%.2f' % (42, 'ab', 3.14159)", "   42|ab |3.14"),
+        ("'%(n)s' % {'n': 7}", "7"),
+        ("'7'.zfill(3)", "007"),
+        ("'-'.join(['a', 'b', 'c'])", "a-b-c"),
+        ("'a.b.c'.replace('.', '::')", "a::b::c"),
+        ("sum([1, 2.5, 3])", 6.5),
+        ("round(3.14159, 2)", 3.14),
+        ("[[1, 2]] * 3", [[1, 2], [1, 2], [1, 2]]),
+    ],
+)
+def test_the_same_operations_on_small_values_are_still_evaluated(
+    source: str, value: object
+) -> None:
+    assert evaluate(source) == (True, value)
+
+
+def test_a_prompt_full_of_bombs_is_scored_in_bounded_memory() -> None:
+    probe = """
+import json, resource, sys
+from quality import score
+from tests.quality.test_quality_signals import completion, request
+score(request("What does print(len('ab')) print in Python?"), completion("2"))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for source in json.loads(sys.stdin.read()):
+    prompt = f"What does this Python code print? print({source})"
+    score(request(prompt), completion("It prints a very long string."))
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        input=json.dumps(BOMBS),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert float(done.stdout.strip().splitlines()[-1]) < 50
