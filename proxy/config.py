@@ -79,6 +79,7 @@ class LocalSettings:
     draft_model_path: str = ""
     default_max_tokens: int = 512
     max_queue: int = 16
+    parallel: int = 1  # sequences decoded together in one llama.cpp context (batch.py)
     seed: int = 0
     draft_max_tokens: int = 8
     lookup_ngram: int = 3
@@ -285,6 +286,7 @@ def validate(settings: Settings) -> Settings:
     _check_range("[local] timeout_s", s.local.timeout_s, 0.1)
     _check_range("[local] default_max_tokens", s.local.default_max_tokens, 1)
     _check_range("[local] max_queue", s.local.max_queue, 1)
+    _check_range("[local] parallel", s.local.parallel, 1, 16)
     if s.local.speculative not in SPECULATIVE_MODES:
         raise ConfigError(
             f"[local] speculative = {s.local.speculative!r}: expected one of "

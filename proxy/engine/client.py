@@ -1,9 +1,10 @@
 """The proxy's handle on the engine worker process: start, queue, deadline, crash and restart.
 
-One job runs at a time; others wait in a FIFO queue bounded by ``[local] max_queue``. A job past
+``[local] parallel`` jobs run at a time (one, by default; more are decoded together by the worker,
+see ``batch.py``); others wait in a FIFO queue bounded by ``[local] max_queue``. A job past
 its deadline is asked to stop (the worker checks the deadline every token); if the worker has not
 answered a second later it is killed and replaced, so the CPU is never left working on an answer
-nobody will read. A worker that dies for any reason fails its current job with
+nobody will read. A worker that dies for any reason fails its current jobs with
 :class:`EngineCrashed` and is restarted in the background.
 """
 
@@ -65,6 +66,8 @@ class EngineStats:
     drafted: int = 0
     accepted: int = 0
     prefix_cache: dict[str, Any] | None = None
+    batch: dict[str, Any] | None = None  # the worker's batch loop, as of the last answer
+    sequence_tok_s: float | None = None  # decode rate of one sequence in the batch (EWMA)
     alpha: float = field(default=0.2, repr=False)
 
     def calibrated(self, calibration: dict[str, Any] | None) -> None:
@@ -88,6 +91,11 @@ class EngineStats:
             self.accepted += int(spec.get("accepted", 0))
         if info.get("prefix_cache") is not None:
             self.prefix_cache = info["prefix_cache"]
+        batch = info.get("batch")
+        if batch:
+            self.batch = batch.get("engine")
+            if batch.get("tok_s"):
+                self.sequence_tok_s = self._ewma(self.sequence_tok_s, float(batch["tok_s"]))
         prefill_s, decode_s = info.get("prefill_s", 0.0), info.get("decode_s", 0.0)
         prefilled = info.get("prefilled_tokens", 0)
         decoded = (completion.get("usage") or {}).get("completion_tokens", 0)
@@ -133,9 +141,10 @@ class LocalEngine:
         self._ctx = mp.get_context("spawn")
         self._cancel: Any = self._ctx.Value("q", 0, lock=False)
         self._ids = itertools.count(1)
-        self._lock = asyncio.Lock()
+        self.parallel = max(1, settings.parallel)
+        self._slots = asyncio.Semaphore(self.parallel)
         self._waiting = 0
-        self._job: _Job | None = None
+        self._jobs: dict[int, _Job] = {}
         self._proc: Any = None
         self._conn: Connection | None = None
         self._ready: asyncio.Event = asyncio.Event()
@@ -207,6 +216,7 @@ class LocalEngine:
             "prefix_cache_mb": self.settings.prefix_cache_mb,
             "flash_attn": self.settings.flash_attn,
             "relevance": self.relevance,
+            "parallel": self.parallel,
         }
         # Started with an allow-listed environment, never the proxy's keys (worker_env.py).
         proc = WorkerProcess(
@@ -266,8 +276,8 @@ class LocalEngine:
             loop.call_soon_threadsafe(self._on_exit, generation)
 
     def _dispatch(self, generation: int, message: tuple[Any, ...]) -> None:
-        job = self._job
-        if generation != self._generation or job is None or message[1] != job.job_id:
+        job = self._jobs.get(message[1])
+        if generation != self._generation or job is None:
             return
         kind = message[0]
         if kind == "token":
@@ -296,8 +306,8 @@ class LocalEngine:
             self.stats.crashes += 1
             self._crash_streak += 1
             log.warning("engine_exited", exitcode=code, restarts=self.stats.restarts)
-        if self._job is not None:
-            _fail(self._job.future, EngineCrashed(f"the engine worker exited (code {code})"))
+        for job in list(self._jobs.values()):
+            _fail(job.future, EngineCrashed(f"the engine worker exited (code {code})"))
         if self._restart_task is None or self._restart_task.done():
             self._restart_task = asyncio.ensure_future(self._restart())
 
@@ -349,7 +359,12 @@ class LocalEngine:
 
     @property
     def busy(self) -> bool:
-        return self._job is not None
+        return bool(self._jobs)
+
+    @property
+    def active(self) -> int:
+        """Jobs running in the worker now (at most ``parallel``)."""
+        return len(self._jobs)
 
     async def chat(
         self,
@@ -396,7 +411,7 @@ class LocalEngine:
     ) -> dict[str, Any]:
         self._waiting += 1
         try:
-            await asyncio.wait_for(self._lock.acquire(), timeout=_left(deadline))
+            await asyncio.wait_for(self._slots.acquire(), timeout=_left(deadline))
         except TimeoutError as exc:
             self.stats.timeouts += 1
             raise EngineTimeout("the deadline passed while waiting in the local queue") from exc
@@ -411,7 +426,7 @@ class LocalEngine:
             self.work.start(ticket)
             return await self._run(request, deadline, on_token, kind)
         finally:
-            self._lock.release()
+            self._slots.release()
 
     async def complete(
         self,
@@ -432,11 +447,11 @@ class LocalEngine:
     ) -> dict[str, Any]:
         assert self._loop is not None and self._conn is not None
         job = _Job(next(self._ids), self._loop.create_future(), on_token, deadline)
-        self._job = job
+        self._jobs[job.job_id] = job
         try:
             self._conn.send(("job", job.job_id, request, on_token is not None, deadline, kind))
         except (OSError, ValueError) as exc:
-            self._job = None
+            self._jobs.pop(job.job_id, None)
             raise EngineCrashed("the local engine is not reachable") from exc
         try:
             # The worker stops itself at the deadline and returns a partial answer; give it a
@@ -451,13 +466,16 @@ class LocalEngine:
         except asyncio.CancelledError:
             # The client went away: stop the generation, then let the next job run.
             self._cancel.value = job.job_id
+            if self.parallel > 1:  # several jobs in flight: the shared value holds one id
+                with contextlib.suppress(OSError, ValueError):
+                    self._conn.send(("cancel", job.job_id))
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(job.future), timeout=KILL_GRACE_S)
             if not job.future.done():
                 self._kill("cancelled")
             raise
         finally:
-            self._job = None
+            self._jobs.pop(job.job_id, None)
             if not job.future.done():
                 job.future.cancel()
             elif not job.future.cancelled():
@@ -519,6 +537,12 @@ class LocalEngine:
                 "acceptance_rate": None if acceptance is None else round(acceptance, 3),
             },
             "prefix_cache": self.stats.prefix_cache,
+            "parallel": self.parallel,
+            "active_sequences": len(self._jobs),
+            "batch": {
+                **(self.stats.batch or {}),
+                "sequence_tok_s": _round(self.stats.sequence_tok_s),
+            },
             "memory": self.memory.as_dict() if self.memory is not None else None,
         }
 

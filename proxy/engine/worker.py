@@ -3,6 +3,7 @@
 It is started with the ``spawn`` method and talks to the proxy over one duplex pipe:
 
     proxy -> worker   ("job", job_id, request, stream, deadline, kind)   |  ("shutdown",)
+                      ("cancel", job_id)   (with [local] parallel > 1)
     worker -> proxy   ("ready", info)  |  ("fatal", message)
                       ("token", job_id, text)  |  ("done", job_id, completion)
                       ("error", job_id, kind, message)
@@ -10,6 +11,12 @@ It is started with the ``spawn`` method and talks to the proxy over one duplex p
 A job stops early when its ``deadline`` (``time.monotonic()``, which is shared by every process on
 the machine) passes, or when the proxy writes its id into the shared ``cancel`` value. If the
 worker ever fails to stop, the proxy kills it and starts another; see ``client.py``.
+
+With ``parallel`` > 1 several jobs are in flight at once: plain chat jobs run as sequences of one
+:class:`~proxy.engine.batch.BatchEngine` (one decode step over all of them at a time, new jobs
+joining at the next step), and the others (tools, ``n`` > 1, legacy completions) run alone on the
+single path once the batch has drained. Each job is cancelled by its own ("cancel", job_id)
+message, the shared value being able to hold one id only.
 """
 
 from __future__ import annotations
@@ -17,10 +24,13 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
-from proxy.engine import tasks
+from proxy.engine import grammar as grammar_mod
+from proxy.engine import tasks, tools
+from proxy.engine.batch import BatchEngine, BatchError, Sequence
 from proxy.engine.generate import LocalModel, ModelLoadError, PromptTooLong
 
 
@@ -51,6 +61,14 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
     import quality  # noqa: F401 - imported now, not on the first job's clock
 
     relevance = _load_embedder(bool(options.get("relevance", True)))
+    parallel = max(1, int(options.get("parallel", 1)))
+    batch: BatchEngine | None = None
+    if parallel > 1:
+        try:
+            batch = BatchEngine(model, parallel)
+        except (ValueError, RuntimeError) as exc:
+            conn.send(("fatal", f"cannot make a context for {parallel} sequences: {exc}"))
+            return
 
     conn.send(
         (
@@ -67,9 +85,13 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
                     model.calibration.as_dict() if model.calibration is not None else None
                 ),
                 "relevance": relevance,
+                "parallel": parallel,
             },
         )
     )
+    if batch is not None:
+        _serve_batched(conn, cancel, model, batch)
+        return
     while True:
         try:
             message = conn.recv()
@@ -77,6 +99,8 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
             return
         if message[0] == "shutdown":
             return
+        if message[0] == "cancel":  # for a job that has already finished
+            continue
         _, job_id, request, stream, deadline, *rest = message
         kind = rest[0] if rest else "chat"  # "chat" | "complete" (legacy completions)
         _run_job(conn, cancel, model, job_id, request, stream, deadline, kind)
@@ -121,6 +145,110 @@ def _run_job(
         if model.prefix_cache is not None:
             completion["frugal"]["prefix_cache"] = model.prefix_cache.stats()
         conn.send(("done", job_id, completion))
+
+
+def _batchable(kind: str, request: dict[str, Any]) -> bool:
+    """Plain chat with one answer and no tools: what a batch sequence can do by itself."""
+    return kind == "chat" and int(request.get("n") or 1) == 1 and not tasks._needs_rewrite(request)
+
+
+def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: BatchEngine) -> None:
+    """The worker loop with several jobs in flight; see the module docstring."""
+    waiting: deque[tuple[Any, ...]] = deque()
+    cancelled: set[int] = set()
+    running: dict[int, tuple[int, dict[str, Any]]] = {}  # id(sequence) -> job id, request
+
+    def stopper(job_id: int, deadline: float) -> Any:
+        def should_stop() -> str | None:
+            if job_id in cancelled or cancel.value == job_id:
+                return "cancelled"
+            if time.monotonic() >= deadline:
+                return "deadline"
+            return None
+
+        return should_stop
+
+    def finish(seq: Sequence) -> None:
+        job_id, request = running.pop(id(seq))
+        cancelled.discard(job_id)
+        if seq.error is not None:
+            conn.send(("error", job_id, "local_error", seq.error))
+            return
+        completion = batch.completion(seq)
+        choice = completion["choices"][0]
+        choice["message"], _ = tools.to_message(choice["message"].get("content") or "", None)
+        completion["frugal"]["quality"] = _score(request, completion)
+        completion["frugal"]["batch"]["engine"] = batch.stats.as_dict()
+        conn.send(("done", job_id, completion))
+
+    def admit() -> None:
+        while waiting:
+            _, job_id, request, stream, deadline, *rest = waiting[0]
+            kind = rest[0] if rest else "chat"
+            if job_id in cancelled:  # its client left before it started
+                waiting.popleft()
+                cancelled.discard(job_id)
+                conn.send(("error", job_id, "local_error", "cancelled before it started"))
+                continue
+            if not _batchable(kind, request):
+                if batch.active:
+                    return  # runs alone once the batch has drained; later jobs wait behind it
+                waiting.popleft()
+                _run_job(conn, cancel, model, job_id, request, stream, deadline, kind)
+                continue
+            on_token = None
+            if stream:
+
+                def on_token(text: str, job_id: int = job_id) -> None:
+                    conn.send(("token", job_id, text))
+
+            try:
+                gbnf = grammar_mod.gbnf_for(request)
+                grammar = tasks._grammar(model, gbnf) if gbnf is not None else None
+                seq = batch.add(
+                    request,
+                    on_token=on_token,
+                    should_stop=stopper(job_id, deadline),
+                    grammar=grammar,
+                )
+            except PromptTooLong as exc:
+                waiting.popleft()
+                conn.send(("error", job_id, "context_overflow", str(exc)))
+                continue
+            except Exception as exc:  # noqa: BLE001 - this job fails, the batch goes on
+                waiting.popleft()
+                conn.send(("error", job_id, "local_error", f"{type(exc).__name__}: {exc}"))
+                continue
+            if seq is None:
+                return  # no room yet: it joins when a sequence leaves
+            waiting.popleft()
+            running[id(seq)] = (job_id, request)
+
+    while True:
+        idle = not batch.active and not waiting
+        try:
+            while conn.poll(None if idle else 0):
+                idle = False
+                message = conn.recv()
+                if message[0] == "shutdown":
+                    return
+                if message[0] == "cancel":
+                    live = any(job == message[1] for job, _ in running.values())
+                    if live or any(m[1] == message[1] for m in waiting):
+                        cancelled.add(message[1])
+                    continue
+                waiting.append(message)
+        except (EOFError, OSError):
+            return
+        admit()
+        if not batch.active:
+            continue
+        try:
+            finished = batch.step()
+        except BatchError as exc:
+            finished = batch.fail_all(str(exc))
+        for seq in finished:
+            finish(seq)
 
 
 _embedder: Any = None
