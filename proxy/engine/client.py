@@ -178,6 +178,7 @@ class LocalEngine:
             mode=self.settings.memory_guard,
             draft=draft,
             prefix_cache_mb=self.settings.prefix_cache_mb,
+            parallel=max(1, self.settings.parallel),
         )
         self.memory = plan
         if not plan.fits:
@@ -192,8 +193,13 @@ class LocalEngine:
                 + ' (or set [local] memory_guard = "off" to start anyway)'
             )
             raise ModelLoadError(self.error)
+        if plan.parallel < plan.requested_parallel:
+            log.warning("engine_parallel_reduced", detail=plan.notes[0], parallel=plan.parallel)
+            # Before the first job: no slot of the old count is held.
+            self.parallel = plan.parallel
+            self._slots = asyncio.Semaphore(self.parallel)
         if plan.shrunk:
-            log.warning("engine_context_reduced", detail=plan.notes[0], n_ctx=plan.n_ctx)
+            log.warning("engine_context_reduced", detail=plan.notes[-1], n_ctx=plan.n_ctx)
         self.n_ctx = plan.n_ctx
 
     async def _spawn(self) -> None:

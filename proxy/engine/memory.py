@@ -2,13 +2,15 @@
 
 Seed 004 saw a Q8_0 8B model swap and crawl on a 7.8 GB VPS. Before the worker starts, the engine
 estimates what it will hold resident and compares it with what the machine (or its cgroup) can
-give; it then shrinks ``n_ctx`` or refuses to start, rather than swap.
+give; it then lowers ``parallel``, then shrinks ``n_ctx``, or refuses to start, rather than swap.
 
     weights         the GGUF file size (it is mmap'd, and every page is read for each token)
     KV cache        n_ctx x n_layer x n_head_kv x (head_dim_k + head_dim_v) x 2 bytes (f16)
     compute         llama.cpp's work buffers, roughly 16 MiB + 128 bytes per vocabulary entry +
                     32 bytes per embedding value per batch token (fitted on SmolLM2 and Gemma 3)
     draft model     its weights, KV cache and compute buffers, likewise
+    batch           with [local] parallel = N > 1, a second context: N KV streams of n_ctx
+                    cells each and its own compute buffers (see ``batch.py``)
     prefix cache    [local] prefix_cache_mb
     runtime         64 MiB for the worker's Python and libraries
 
@@ -39,6 +41,9 @@ class MemoryEstimate:
     draft_kv_cache: int = 0
     draft_compute: int = 0
     prefix_cache: int = 0
+    parallel: int = 1
+    batch_kv_cache: int = 0
+    batch_compute: int = 0
     runtime: int = RUNTIME_BYTES
 
     @property
@@ -51,6 +56,8 @@ class MemoryEstimate:
             + self.draft_kv_cache
             + self.draft_compute
             + self.prefix_cache
+            + self.batch_kv_cache
+            + self.batch_compute
             + self.runtime
         )
 
@@ -63,9 +70,15 @@ class MemoryEstimate:
             "draft_kv_cache": self.draft_kv_cache,
             "draft_compute": self.draft_compute,
             "prefix_cache": self.prefix_cache,
+            "batch_kv_cache": self.batch_kv_cache,
+            "batch_compute": self.batch_compute,
             "runtime": self.runtime,
         }
-        out: dict[str, Any] = {"n_ctx": self.n_ctx, "total_mib": _mib(self.total)}
+        out: dict[str, Any] = {
+            "n_ctx": self.n_ctx,
+            "parallel": self.parallel,
+            "total_mib": _mib(self.total),
+        }
         out.update({f"{k}_mib": _mib(v) for k, v in parts.items() if v})
         return out
 
@@ -77,6 +90,8 @@ class MemoryPlan:
     requested_ctx: int
     n_ctx: int
     estimate: MemoryEstimate
+    requested_parallel: int = 1
+    parallel: int = 1
     available: int | None  # bytes, None when unknown
     available_source: str
     fits: bool
@@ -90,6 +105,8 @@ class MemoryPlan:
         return {
             "requested_n_ctx": self.requested_ctx,
             "n_ctx": self.n_ctx,
+            "requested_parallel": self.requested_parallel,
+            "parallel": self.parallel,
             "estimate": self.estimate.as_dict(),
             "available_mib": None if self.available is None else _mib(self.available),
             "available_source": self.available_source,
@@ -112,7 +129,9 @@ def estimate(
     *,
     draft: GGUFHeader | None = None,
     prefix_cache_mb: int = 0,
+    parallel: int = 1,
 ) -> MemoryEstimate:
+    batched = parallel > 1
     return MemoryEstimate(
         n_ctx=n_ctx,
         weights=header.file_size,
@@ -122,6 +141,9 @@ def estimate(
         draft_kv_cache=n_ctx * draft.kv_bytes_per_token() if draft else 0,
         draft_compute=compute_bytes(draft) if draft else 0,
         prefix_cache=prefix_cache_mb * MIB,
+        parallel=parallel,
+        batch_kv_cache=parallel * n_ctx * header.kv_bytes_per_token() if batched else 0,
+        batch_compute=compute_bytes(header) if batched else 0,
     )
 
 
@@ -171,16 +193,24 @@ def plan(
     draft: GGUFHeader | None = None,
     prefix_cache_mb: int = 0,
     available: tuple[int | None, str] | None = None,
+    parallel: int = 1,
 ) -> MemoryPlan:
-    """Choose the context size that fits: ``mode`` is "shrink", "refuse" or "off"."""
+    """Choose the sequences in parallel and the context size that fit: ``mode`` is "shrink",
+    "refuse" or "off". Shrinking lowers ``parallel`` first (down to 1), then ``n_ctx``."""
     room, source = available if available is not None else available_memory()
-    wanted = estimate(header, n_ctx, draft=draft, prefix_cache_mb=prefix_cache_mb)
+
+    def sized(ctx: int, par: int) -> MemoryEstimate:
+        return estimate(header, ctx, draft=draft, prefix_cache_mb=prefix_cache_mb, parallel=par)
+
+    wanted = sized(n_ctx, parallel)
     if mode == "off" or room is None:
         note = "memory guard off" if mode == "off" else "available memory unknown: not checked"
         return MemoryPlan(
             requested_ctx=n_ctx,
             n_ctx=n_ctx,
             estimate=wanted,
+            requested_parallel=parallel,
+            parallel=parallel,
             available=room,
             available_source=source,
             fits=True,
@@ -188,11 +218,20 @@ def plan(
         )
     notes: list[str] = []
     chosen = n_ctx
+    par = parallel
     current = wanted
     if mode == "shrink":
+        while current.total > room and par > 1:
+            par -= 1
+            current = sized(chosen, par)
+        if par < parallel:
+            notes.append(
+                f"parallel lowered from {parallel} to {par}: {_mib(wanted.total)} MiB were "
+                f"needed and {_mib(room)} MiB are available ({source})"
+            )
         while current.total > room and chosen > MIN_CTX:
             chosen = max(MIN_CTX, chosen // 2)
-            current = estimate(header, chosen, draft=draft, prefix_cache_mb=prefix_cache_mb)
+            current = sized(chosen, par)
         if chosen < n_ctx:
             notes.append(
                 f"n_ctx stepped down from {n_ctx} to {chosen}: {_mib(wanted.total)} MiB were "
@@ -208,6 +247,8 @@ def plan(
         requested_ctx=n_ctx,
         n_ctx=chosen,
         estimate=current,
+        requested_parallel=parallel,
+        parallel=par,
         available=room,
         available_source=source,
         fits=fits,
@@ -218,6 +259,8 @@ def plan(
 def advice(p: MemoryPlan, *, has_draft: bool, prefix_cache_mb: int) -> str:
     """How to make a plan that does not fit, fit."""
     tips = ["use a smaller or more quantized model (Q4_K_M: `frugal quantize`)"]
+    if p.parallel > 1:
+        tips.append("lower [local] parallel")
     if p.n_ctx > MIN_CTX:
         tips.append("lower [local] n_ctx")
     if prefix_cache_mb:

@@ -203,6 +203,24 @@ def test_the_plan_halves_n_ctx_until_it_fits_and_refuses_below_512() -> None:
     assert not tiny.fits and tiny.n_ctx == 512
 
 
+def test_the_plan_lowers_parallel_before_it_lowers_n_ctx() -> None:
+    header = read_header(bundled_model_path())
+    one = memory.estimate(header, 4096)
+    four = memory.estimate(header, 4096, parallel=4)
+    # A batch context: four KV streams of n_ctx cells each, and its own compute buffers.
+    assert four.batch_kv_cache == 4 * one.kv_cache and four.total > one.total
+    two = memory.estimate(header, 4096, parallel=2).total
+    plan = memory.plan(header, 4096, parallel=4, available=(two + MIB, "test"))
+    assert plan.fits and plan.parallel == 2 and plan.n_ctx == 4096
+    assert "parallel lowered from 4 to 2" in plan.notes[0]
+    small = memory.plan(header, 4096, parallel=4, available=(one.total - MIB, "test"))
+    assert small.fits and small.parallel == 1 and small.n_ctx < 4096
+    assert small.as_dict()["parallel"] == 1 and small.as_dict()["requested_parallel"] == 4
+    refused = memory.plan(header, 4096, parallel=4, mode="refuse", available=(two, "test"))
+    assert not refused.fits and refused.parallel == 4
+    assert "lower [local] parallel" in memory.advice(refused, has_draft=False, prefix_cache_mb=0)
+
+
 def test_available_memory_takes_the_smaller_of_meminfo_and_the_cgroup(tmp_path: Path) -> None:
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal: 8000000 kB\nMemAvailable:    4000000 kB\n")
