@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from openai.types import completion_create_params as legacy_params
+from openai.types import embedding_create_params as embedding_params
 from openai.types.chat import completion_create_params as chat_params
 
 from proxy.engine import grammar, tools
@@ -24,6 +25,7 @@ from proxy.params import (
     CHAT_PARAMETERS,
     COMPLETIONS_PARAMETERS,
     DEPENDS,
+    EMBEDDINGS_PARAMETERS,
     HONOURED,
     IGNORED,
 )
@@ -85,6 +87,13 @@ def test_every_sdk_legacy_completions_parameter_is_classified_and_documented() -
     assert sorted(sdk - set(documented)) == []
     for name, handling in COMPLETIONS_PARAMETERS.items():
         assert documented.get(name) == handling, name
+
+
+def test_every_embeddings_parameter_is_documented() -> None:
+    sdk = set(typing.get_type_hints(embedding_params.EmbeddingCreateParams))
+    documented = doc_table("## `POST /v1/embeddings`")
+    assert sorted(sdk - set(EMBEDDINGS_PARAMETERS)) == []
+    assert documented == EMBEDDINGS_PARAMETERS
 
 
 @pytest.mark.parametrize("name", sorted(n for n, h in CHAT_PARAMETERS.items() if h == API))

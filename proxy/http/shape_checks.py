@@ -1,0 +1,284 @@
+"""Hand-written checks of the nested request values: messages, stop, prompts, metadata...
+
+:data:`CHECKS` maps a shape of :mod:`proxy.http.shapes` to its check (the tool and
+structured-answer shapes are :mod:`proxy.http.tool_checks`'); :mod:`proxy.http.validate` calls
+it with the value (never None: an unset value is the driver's business) and the whole body (a
+``tool_choice`` must name one of the ``tools``). The limits and enums come from
+:mod:`proxy.http.shapes`, which builds the OpenAPI fragment of the same shape from them. Every
+failure is a :class:`BadRequest` whose ``param`` names the field in OpenAI's style, e.g.
+``messages[2].content[0].text``.
+
+The small helpers (:func:`kind`, :func:`boolean`, :func:`string`, :func:`obj`) check one member
+of an object and are the driver's too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from proxy.errors import BadRequest
+from proxy.http import shapes as s
+
+Check = Callable[[Any, dict[str, Any]], None]
+
+
+def kind(value: Any) -> str:
+    """A JSON value's type in words, for an error message (never the value itself)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def boolean(holder: dict[str, Any], name: str, where: str) -> None:
+    value = holder.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise BadRequest(f"'{where}' must be true or false, got {kind(value)}", param=where)
+
+
+def string(holder: dict[str, Any], name: str, where: str) -> None:
+    value = holder.get(name)
+    if value is not None and not isinstance(value, str):
+        raise BadRequest(f"'{where}' must be a string, got {kind(value)}", param=where)
+
+
+def obj(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BadRequest(f"'{where}' must be an object, got {kind(value)}", param=where)
+    return value
+
+
+def _token_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+    )
+
+
+# -- scalars with a shape of their own ---------------------------------------------------------
+
+
+def _model(model: Any, _body: dict[str, Any]) -> None:
+    if not isinstance(model, str) or not model.strip():
+        raise BadRequest("'model' must be a non-empty string", param="model")
+    if len(model) > s.MAX_MODEL_CHARS:
+        raise BadRequest(
+            f"'model' must be at most {s.MAX_MODEL_CHARS} characters, got {len(model)}",
+            param="model",
+        )
+    if not model.isprintable():
+        raise BadRequest(
+            "'model' must hold printable characters only (no control characters or line breaks)",
+            param="model",
+        )
+
+
+def _stop(stop: Any, _body: dict[str, Any]) -> None:
+    if isinstance(stop, str):
+        return
+    if isinstance(stop, list) and all(isinstance(x, str) for x in stop):
+        if len(stop) > s.MAX_STOP:
+            raise BadRequest(f"'stop' may hold at most {s.MAX_STOP} sequences", param="stop")
+        return
+    raise BadRequest("'stop' must be a string or a list of strings", param="stop")
+
+
+def _stream_options(value: Any, _body: dict[str, Any]) -> None:
+    options = obj(value, "stream_options")
+    for key in s.STREAM_OPTIONS_KEYS:
+        boolean(options, key, f"stream_options.{key}")
+
+
+def _logit_bias(value: Any, _body: dict[str, Any]) -> None:
+    for key, bias in obj(value, "logit_bias").items():
+        if not s.TOKEN_ID.fullmatch(key):
+            raise BadRequest(
+                f"'logit_bias' keys must be token ids (non-negative integers), got {key!r}",
+                param="logit_bias",
+            )
+        if isinstance(bias, bool) or not isinstance(bias, int | float):
+            raise BadRequest("'logit_bias' values must be numbers", param="logit_bias")
+        if not s.BIAS_LOW <= bias <= s.BIAS_HIGH:
+            raise BadRequest(
+                f"'logit_bias' values must be between {s.BIAS_LOW} and {s.BIAS_HIGH}",
+                param="logit_bias",
+            )
+
+
+def _modalities(value: Any, _body: dict[str, Any]) -> None:
+    if not isinstance(value, list) or not all(m in s.MODALITIES for m in value):
+        raise BadRequest("'modalities' must be a list of 'text' and 'audio'", param="modalities")
+
+
+def _metadata(value: Any, _body: dict[str, Any]) -> None:
+    metadata = obj(value, "metadata")
+    if len(metadata) > s.METADATA_KEYS:
+        raise BadRequest(f"'metadata' may hold at most {s.METADATA_KEYS} keys", param="metadata")
+    for key, text in metadata.items():
+        if (
+            len(key) > s.METADATA_KEY_CHARS
+            or not isinstance(text, str)
+            or len(text) > s.METADATA_VALUE_CHARS
+        ):
+            raise BadRequest(
+                f"'metadata' maps keys of at most {s.METADATA_KEY_CHARS} characters to strings "
+                f"of at most {s.METADATA_VALUE_CHARS}",
+                param="metadata",
+            )
+
+
+# -- messages ----------------------------------------------------------------------------------
+
+
+def _content(content: Any, where: str, role: str) -> None:
+    if content is None:
+        # An assistant turn may carry only tool calls (or a refusal, or audio) and no content.
+        if role == "assistant":
+            return
+        raise BadRequest(f"'{where}' is required for role '{role}'", param=where)
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise BadRequest(f"'{where}' must be a string or a list of content parts", param=where)
+    for j, part in enumerate(content):
+        at = f"{where}[{j}]"
+        if not isinstance(part, dict):
+            raise BadRequest(f"'{at}' must be an object", param=at)
+        part_type = part.get("type")
+        if not isinstance(part_type, str) or part_type not in s.PART_TYPES:
+            raise BadRequest(
+                f"'{at}.type' must be one of {', '.join(sorted(s.PART_TYPES))}, got {part_type!r}",
+                param=f"{at}.type",
+            )
+        if part_type in s.TEXT_PARTS and not isinstance(part.get("text"), str):
+            raise BadRequest(f"'{at}.text' must be a string", param=f"{at}.text")
+        if part_type == "refusal" and not isinstance(part.get("refusal"), str):
+            raise BadRequest(f"'{at}.refusal' must be a string", param=f"{at}.refusal")
+        if part_type == "image_url":
+            image = part.get("image_url")
+            if not isinstance(image, dict) or not isinstance(image.get("url"), str):
+                raise BadRequest(f"'{at}.image_url.url' is required", param=f"{at}.image_url")
+
+
+def _tool_calls(calls: Any, where: str) -> None:
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise BadRequest(f"'{where}' must be a list", param=where)
+    for k, call in enumerate(calls):
+        at = f"{where}[{k}]"
+        if not isinstance(call, dict):
+            raise BadRequest(f"'{at}' must be an object", param=at)
+        if not isinstance(call.get("id"), str):
+            raise BadRequest(f"'{at}.id' is required", param=f"{at}.id")
+        call_type = call.get("type", "function")
+        if call_type == "custom":
+            custom = call.get("custom")
+            if not isinstance(custom, dict) or not isinstance(custom.get("name"), str):
+                raise BadRequest(f"'{at}.custom.name' is required", param=f"{at}.custom")
+            continue
+        if call_type != "function":
+            raise BadRequest(
+                f"'{at}.type' must be 'function' or 'custom', got {call_type!r}",
+                param=f"{at}.type",
+            )
+        fn = call.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise BadRequest(f"'{at}.function.name' is required", param=f"{at}.function.name")
+        if not isinstance(fn.get("arguments"), str):
+            raise BadRequest(
+                f"'{at}.function.arguments' must be a string of JSON",
+                param=f"{at}.function.arguments",
+            )
+
+
+def _messages(messages: Any, _body: dict[str, Any]) -> None:
+    if not isinstance(messages, list):
+        raise BadRequest("'messages' must be a list of message objects", param="messages")
+    if not messages:
+        raise BadRequest("'messages' must contain at least one message", param="messages")
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise BadRequest(f"'{where}' must be an object", param=where)
+        role = message.get("role")
+        if not isinstance(role, str) or role not in s.ROLES:
+            raise BadRequest(
+                f"'{where}.role' must be one of {', '.join(sorted(s.ROLES))}, got {role!r}",
+                param=f"{where}.role",
+            )
+        string(message, "name", f"{where}.name")
+        _tool_calls(message.get("tool_calls"), f"{where}.tool_calls")
+        fn_call = message.get("function_call")
+        if fn_call is not None and (
+            not isinstance(fn_call, dict) or not isinstance(fn_call.get("name"), str)
+        ):
+            raise BadRequest(
+                f"'{where}.function_call' must be an object with a 'name'",
+                param=f"{where}.function_call",
+            )
+        _content(message.get("content"), f"{where}.content", role)
+        if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+            raise BadRequest(
+                f"'{where}.tool_call_id' is required for role 'tool'",
+                param=f"{where}.tool_call_id",
+            )
+        if role == "function" and not isinstance(message.get("name"), str):
+            raise BadRequest(
+                f"'{where}.name' is required for role 'function'", param=f"{where}.name"
+            )
+
+
+# -- legacy prompts and embeddings input -------------------------------------------------------
+
+
+def _prompt(prompt: Any, _body: dict[str, Any]) -> None:
+    if isinstance(prompt, str):
+        return
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return
+        if _token_ids(prompt) or all(_token_ids(p) for p in prompt):
+            return
+    raise BadRequest(
+        "'prompt' must be a string, a list of strings, a list of token ids or a list of lists "
+        "of token ids (none of them empty)",
+        param="prompt",
+    )
+
+
+def _input(data: Any, _body: dict[str, Any]) -> None:
+    if isinstance(data, str) and data:
+        return
+    if isinstance(data, list) and data:
+        if all(isinstance(x, str) and x for x in data):
+            return
+        if _token_ids(data) or all(_token_ids(x) for x in data):
+            return
+    raise BadRequest(
+        "'input' must be a non-empty string, a list of them, a list of token ids or a list "
+        "of lists of token ids",
+        param="input",
+    )
+
+
+CHECKS: dict[str, Check] = {
+    "model": _model,
+    "messages": _messages,
+    "stop": _stop,
+    "stream_options": _stream_options,
+    "logit_bias": _logit_bias,
+    "modalities": _modalities,
+    "metadata": _metadata,
+    "prompt": _prompt,
+    "input": _input,
+}
