@@ -1,9 +1,10 @@
 """The ``frugal`` command line.
 
     frugal serve  [--config PATH] [--host H] [--port P] [--insecure-public]
-    frugal report [--config PATH | --db PATH] [--month YYYY-MM | --from DAY [--to DAY]]
+    frugal report [--config PATH | --db PATH|URL] [--month YYYY-MM | --from DAY [--to DAY]]
                   [--format table|json|csv|markdown] [--by model|day|key|reason] [--chart FILE]
-    frugal keys   create NAME | list | revoke NAME  [--config PATH | --db PATH]
+    frugal keys   create NAME | list | revoke NAME  [--config PATH | --db PATH|URL]
+    frugal migrate [--config PATH | --db PATH|URL]
     frugal check  [--config PATH]
     frugal quantize IN.gguf OUT.gguf [--type Q4_K_M] [--force]
 
@@ -69,8 +70,8 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = report.add_mutually_exclusive_group()
-    source.add_argument("--config", help="TOML config whose [ledger] path to read")
-    source.add_argument("--db", help="ledger database file to read")
+    source.add_argument("--config", help="TOML config whose [ledger] to read")
+    source.add_argument("--db", help=DB_HELP)
     when = report.add_mutually_exclusive_group()
     when.add_argument("--month", help="YYYY-MM (default: this month, UTC)")
     when.add_argument(
@@ -95,7 +96,37 @@ def _parser() -> argparse.ArgumentParser:
         "(needs matplotlib: pip install 'frugal-proxy[chart]')",
     )
     keys.add_parser(sub)
+    migrate = sub.add_parser(
+        "migrate",
+        help="create or upgrade the ledger's schema now (frugal serve also does it at start)",
+    )
+    source = migrate.add_mutually_exclusive_group()
+    source.add_argument("--config", help="TOML config whose [ledger] to migrate")
+    source.add_argument("--db", help=DB_HELP)
     return parser
+
+
+DB_HELP = (
+    "ledger database: a file, sqlite:///PATH or postgresql://USER@HOST/DB (its password from "
+    "$FRUGAL_DB_PASSWORD, or libpq's $PGPASSWORD / ~/.pgpass)"
+)
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from proxy.ledger.database import from_argument, from_settings
+    from proxy.ledger.migrate import open_database
+
+    if args.db:
+        db = from_argument(args.db)
+    else:
+        settings = config_mod.load(args.config)
+        db = from_settings(settings.ledger)
+    applied = open_database(db)
+    if applied:
+        print(f"frugal migrate: applied {', '.join(applied)} to {db.label}", file=sys.stderr)
+    else:
+        print(f"frugal migrate: {db.label} is up to date", file=sys.stderr)
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -106,6 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.http.app import create_app
     from proxy.http.auth import check_bind
     from proxy.http.limits import guarded_protocol
+    from proxy.ledger.database import from_settings
     from proxy.ledger.migrate import open_database
 
     settings = config_mod.load(args.config)
@@ -116,8 +148,9 @@ def _serve(args: argparse.Namespace) -> int:
         )
         settings = dataclasses.replace(settings, server=server)
     logs.configure(server.log_format, logging.DEBUG if server.log_content else logging.INFO)
-    # A corrupt or locked ledger is a clear error now, not a failed start-up later.
-    open_database(settings.ledger.path, busy_timeout_s=settings.ledger.busy_timeout_s)
+    # A corrupt or locked ledger, or a PostgreSQL server that cannot be reached, is a clear
+    # error now (exit 2), not a failed start-up later.
+    open_database(from_settings(settings.ledger), busy_timeout_s=settings.ledger.busy_timeout_s)
     check_bind(settings, insecure_public=args.insecure_public)
     model_path = settings.local.model_path or bundled_model_path()
     if not os.path.isfile(model_path):
@@ -189,14 +222,15 @@ def _report(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
     from proxy.ledger import chart, report
+    from proxy.ledger.database import from_argument, from_settings
 
     if args.db:
-        db_path, fixed = args.db, 0.0
+        db, fixed = from_argument(args.db), 0.0
         if os.environ.get("FRUGAL_CONFIG") or os.path.isfile("frugal.toml"):
             fixed = config_mod.load(None).costs.monthly_fixed_usd
     else:
         settings = config_mod.load(args.config)
-        db_path, fixed = settings.ledger.path, settings.costs.monthly_fixed_usd
+        db, fixed = from_settings(settings.ledger), settings.costs.monthly_fixed_usd
     now = datetime.now(UTC)
     try:
         if args.last and not args.first:
@@ -208,12 +242,12 @@ def _report(args: argparse.Namespace) -> int:
             if args.first
             else report.Period.month(args.month, now)
         )
-        data = report.build(db_path, period, fixed, by=args.by, daily=bool(args.chart), now=now)
+        data = report.build(db, period, fixed, by=args.by, daily=bool(args.chart), now=now)
         print(report.render(data, args.format))
         if data["requests"] == 0:
             print(
                 f"frugal report: no requests recorded from {data['from']} to {data['to']} "
-                f"in {db_path}",
+                f"in {db.label}",
                 file=sys.stderr,
             )
             return report.EXIT_EMPTY
@@ -235,6 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return keys.run(args)
         if args.command == "check":
             return check_mod.run(args)
+        if args.command == "migrate":
+            return _migrate(args)
         if args.command == "quantize":
             from proxy.engine import quantize
 

@@ -133,6 +133,8 @@ class QualitySettings:
 @dataclass(frozen=True, kw_only=True)
 class LedgerSettings:
     path: str = "frugal.db"
+    url: str = ""  # sqlite:///PATH or postgresql://USER@HOST/DB; "" means the file at path
+    password_env: str = ""  # the variable holding the PostgreSQL password (never the URL)
     flush_interval_s: float = 0.2
     batch_size: int = 256
     busy_timeout_s: float = 5.0
@@ -324,6 +326,7 @@ def validate(settings: Settings) -> Settings:
         _check_range(f'[quality.models] "{model}"', threshold, 0.0, 1.0)
     if not s.ledger.path:
         raise ConfigError("[ledger] path: expected a file path, got an empty string")
+    _check_ledger_url(s.ledger)
     _check_range("[ledger] flush_interval_s", s.ledger.flush_interval_s, 0.01, 10.0)
     _check_range("[ledger] batch_size", s.ledger.batch_size, 1)
     _check_range("[ledger] busy_timeout_s", s.ledger.busy_timeout_s, 0.01, 600.0)
@@ -424,3 +427,26 @@ def load(explicit: str | None = None) -> Settings:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
     return from_dict(raw, source=str(path))
+
+def _check_ledger_url(ledger: LedgerSettings) -> None:
+    """``[ledger] url``: a known scheme, and never a password (that is ``password_env``'s)."""
+    from urllib.parse import urlsplit
+
+    if not ledger.url:
+        return
+    scheme = ledger.url.split("://", 1)[0].lower() if "://" in ledger.url else ""
+    if scheme not in ("sqlite", "postgresql", "postgres"):
+        raise ConfigError(
+            "[ledger] url: expected sqlite:///PATH or postgresql://USER@HOST/DATABASE"
+        )
+    parts = urlsplit(ledger.url)
+    if parts.password is not None or "password=" in parts.query.lower():
+        raise ConfigError(
+            "[ledger] url: holds a password; remove it from the URL and put it in an "
+            "environment variable named by [ledger] password_env"
+        )
+    if ledger.password_env and not ledger.password_env.replace("_", "").isalnum():
+        raise ConfigError(
+            "[ledger] password_env: expected the name of an environment variable (letters, "
+            "digits and _, e.g. FRUGAL_DB_PASSWORD), not the password itself (not shown here)"
+        )

@@ -10,7 +10,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from proxy.ledger.report import EXIT_USAGE, ReportError, pct, title, usd
+from proxy.ledger.render import pct, title, usd
+from proxy.ledger.report import EXIT_USAGE, ReportError
 
 CHART_SUFFIXES = (".png", ".svg")
 

@@ -1,17 +1,18 @@
 """Client keys: where they come from, how they are stored, and ``frugal keys``.
 
-    frugal keys create NAME   [--config PATH | --db PATH]   prints a new key, once
-    frugal keys list          [--config PATH | --db PATH] [--format table|json]
-    frugal keys revoke NAME   [--config PATH | --db PATH]
+    frugal keys create NAME   [--config PATH | --db PATH|URL]   prints a new key, once
+    frugal keys list          [--config PATH | --db PATH|URL] [--format table|json]
+    frugal keys revoke NAME   [--config PATH | --db PATH|URL]
 
 Two sources, one namespace of names:
 
 - the environment variable named by ``[server] api_keys_env`` (``FRUGAL_API_KEYS``): keys
   separated by commas, each ``name:key`` or a bare key (named ``key-1``, ``key-2``, … by
   position). Parsed by :func:`parse_env_keys`.
-- the ``api_keys`` table of the ledger database (``migrations/0003_keys.sql``), managed by the
-  commands above. A key is 32 random bytes; only its SHA-256 digest and a short hint (its first
-  characters, to tell keys apart) are stored.
+- the ``api_keys`` table of the ledger database (``migrations/0003_keys.sql``; SQLite or the
+  PostgreSQL database that every replica shares), managed by the commands above. A key is 32
+  random bytes; only its SHA-256 digest and a short hint (its first characters, to tell keys
+  apart) are stored.
 
 A plain SHA-256 is the right hash here: the keys are random and long, so there is nothing to
 guess, and checking one costs a microsecond instead of a password hash's hundred milliseconds
@@ -36,6 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from proxy.errors import ConfigError
+from proxy.ledger import access
+from proxy.ledger.database import Database, as_database, from_argument, from_settings
+from proxy.ledger.migrate import open_database
 
 KEY_PREFIX = "frugal-"
 HINT_CHARS = len(KEY_PREFIX) + 4
@@ -101,108 +105,105 @@ def env_keys(env_name: str) -> list[ClientKey]:
 
 
 # -- the api_keys table ---------------------------------------------------------------------------
+#
+# On PostgreSQL every replica reads this one table, so a key created or revoked on any of them
+# (or by `frugal keys --db postgresql://...`) holds everywhere at the next refresh of
+# proxy/http/auth.py.
 
 
-def _connect(db_path: str) -> sqlite3.Connection:
-    from proxy.ledger.migrate import open_database
-
-    open_database(db_path)  # creates the file and applies migrations (0003 makes the table)
-    conn = sqlite3.connect(db_path, timeout=5, isolation_level=None)
-    conn.row_factory = sqlite3.Row
-    return conn
+def _open(target: str | Database) -> Database:
+    db = as_database(target)
+    open_database(db)  # creates the database and applies migrations (0003 makes the table)
+    return db
 
 
-def create(db_path: str, name: str) -> str:
+def create(target: str | Database, name: str) -> str:
     """Store a new key named ``name``; returns the key, which is never shown again."""
     check_name(name)
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    conn = _connect(db_path)
-    try:
-        conn.execute(
-            "INSERT INTO api_keys (name, key_hash, hint, created_at) VALUES (?, ?, ?, ?)",
-            (name, digest(key).hex(), key[:HINT_CHARS], time.time()),
-        )
-    except sqlite3.IntegrityError as exc:
-        raise KeyCommandError(
-            f"a key named {name!r} exists already; revoke it first or choose another name"
-        ) from exc
-    finally:
-        conn.close()
+    with access.connect(_open(target)) as conn:
+        try:
+            conn.execute(
+                "INSERT INTO api_keys (name, key_hash, hint, created_at) VALUES (?, ?, ?, ?)",
+                (name, digest(key).hex(), key[:HINT_CHARS], time.time()),
+            )
+        except access.Duplicate:
+            raise KeyCommandError(
+                f"a key named {name!r} exists already; revoke it first or choose another name"
+            ) from None
     return key
 
 
-def revoke(db_path: str, name: str) -> None:
-    conn = _connect(db_path)
-    try:
-        cursor = conn.execute(
+def revoke(target: str | Database, name: str) -> None:
+    with access.connect(_open(target)) as conn:
+        changed = conn.execute(
             "UPDATE api_keys SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL",
             (time.time(), name),
         )
-    finally:
-        conn.close()
-    if cursor.rowcount == 0:
+    if changed == 0:
         raise KeyCommandError(f"no usable key named {name!r}; see `frugal keys list`")
 
 
-def listing(db_path: str) -> list[dict[str, Any]]:
+def listing(target: str | Database) -> list[dict[str, Any]]:
     """Every stored key, oldest first, with the requests the ledger attributes to its name."""
-    conn = _connect(db_path)
-    try:
+    with access.connect(_open(target)) as conn:
         usage = {
-            row["key_name"]: (row["n"], row["last"])
-            for row in conn.execute(
-                "SELECT key_name, count(*) AS n, max(ts) AS last FROM requests "
+            name: (n, last)
+            for name, n, last in conn.query(
+                "SELECT key_name, count(*), max(ts) FROM requests "
                 "WHERE key_name IS NOT NULL GROUP BY key_name"
             )
         }
-        rows = conn.execute(
-            "SELECT name, hint, created_at, revoked_at FROM api_keys ORDER BY id"
-        ).fetchall()
-    finally:
-        conn.close()
+        rows = conn.query("SELECT name, hint, created_at, revoked_at FROM api_keys ORDER BY id")
     out = []
-    for row in rows:
-        requests, last = usage.get(row["name"], (0, None))
+    for name, hint, created_at, revoked_at in rows:
+        requests, last = usage.get(name, (0, None))
         out.append(
             {
-                "name": row["name"],
-                "hint": row["hint"] + "…",
-                "created": _iso(row["created_at"]),
-                "revoked": _iso(row["revoked_at"]),
-                "requests": requests,
+                "name": name,
+                "hint": hint + "…",
+                "created": _iso(created_at),
+                "revoked": _iso(revoked_at),
+                "requests": int(requests),
                 "last_used": _iso(last),
             }
         )
     return out
 
 
-def load_active(db_path: str) -> tuple[list[ClientKey], int]:
+def load_active(target: str | Database) -> tuple[list[ClientKey], int]:
     """(usable keys, number of keys ever stored). Read-only; the database must exist."""
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)
-    try:
-        rows = conn.execute("SELECT name, key_hash, revoked_at FROM api_keys").fetchall()
-    finally:
-        conn.close()
+    db = as_database(target)
+    with access.connect(db, readonly=True) as conn:
+        rows = conn.query("SELECT name, key_hash, revoked_at FROM api_keys")
     active = [ClientKey(name, bytes.fromhex(h)) for name, h, revoked in rows if revoked is None]
     return active, len(rows)
 
 
-def stored_count(db_path: str) -> int:
+def stored_count(target: str | Database) -> int:
     """Keys ever stored (revoked ones included); 0 when there is no database yet.
 
-    A database that exists but whose keys cannot be read (damaged, locked, not a database) is a
-    :class:`ConfigError`, never "no keys": taking it for none would start an open proxy.
+    A database that exists but whose keys cannot be read (damaged, locked, not a database,
+    a PostgreSQL server that cannot be reached) is a :class:`ConfigError`, never "no keys":
+    taking it for none would start an open proxy.
     """
-    if not Path(db_path).exists():
+    db = as_database(target)
+    if db.is_postgres:
+        open_database(db)  # the table exists from here on; an unreachable server is an error
+        try:
+            return load_active(db)[1]
+        except ValueError as exc:  # a key_hash that is not hex
+            raise _unreadable(db.label, exc) from exc
+    if not Path(db.path).exists():
         return 0
     try:
-        return load_active(db_path)[1]
+        return load_active(db)[1]
     except sqlite3.OperationalError as exc:
         if "no such table: api_keys" in str(exc):  # a database from before 0003: no keys
             return 0
-        raise _unreadable(db_path, exc) from exc
+        raise _unreadable(db.path, exc) from exc
     except (sqlite3.Error, ValueError) as exc:  # ValueError: a key_hash that is not hex
-        raise _unreadable(db_path, exc) from exc
+        raise _unreadable(db.path, exc) from exc
 
 
 def _unreadable(db_path: str, exc: Exception) -> ConfigError:
@@ -240,17 +241,21 @@ def add_parser(sub: Any) -> None:
         else:
             cmd.add_argument("--format", choices=("table", "json"), default="table")
         source = cmd.add_mutually_exclusive_group()
-        source.add_argument("--config", help="TOML config whose [ledger] path holds the keys")
-        source.add_argument("--db", help="ledger database file that holds the keys")
+        source.add_argument("--config", help="TOML config whose [ledger] holds the keys")
+        source.add_argument(
+            "--db",
+            help="ledger database that holds the keys: a file, sqlite:///PATH or "
+            "postgresql://USER@HOST/DB (password from $FRUGAL_DB_PASSWORD or $PGPASSWORD)",
+        )
 
 
 def run(args: argparse.Namespace) -> int:
     from proxy import config as config_mod
 
-    db_path = args.db or config_mod.load(args.config).ledger.path
+    db = from_argument(args.db) if args.db else from_settings(config_mod.load(args.config).ledger)
     try:
         if args.action == "create":
-            key = create(db_path, args.name)
+            key = create(db, args.name)
             print(key)
             print(
                 f"Created key {args.name!r}. This is the only time it is shown: store it now. "
@@ -258,10 +263,10 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         elif args.action == "revoke":
-            revoke(db_path, args.name)
+            revoke(db, args.name)
             print(f"Revoked key {args.name!r}.", file=sys.stderr)
         else:
-            rows = listing(db_path)
+            rows = listing(db)
             if args.format == "json":
                 print(json.dumps(rows, indent=2))
             elif rows:

@@ -1,10 +1,16 @@
 """The ledger's schema: numbered migrations applied in order, recorded, never edited.
 
-Migrations are the files ``migrations/NNNN_name.sql`` (installed as the package
-``proxy.migrations``). :func:`migrate` applies the ones a database has not seen yet, each in its
-own transaction, and records its name in the ``_migrations`` table; a landed file is never
-edited, a change is a new file. :func:`open_database` creates or upgrades a database at start-up
-and turns every way it can be unusable into a :class:`ConfigError` that says what to do.
+Migrations are the files ``migrations/NNNN_name.sql`` for SQLite and
+``migrations/postgres/NNNN_name.sql`` for PostgreSQL, one per SQLite file with the same name
+(installed as the package ``proxy.migrations``). :func:`migrate` (SQLite) and
+:func:`migrate_postgres` apply the ones a database has not seen yet, each in its own
+transaction, and record its name in the ``_migrations`` table; a landed file is never edited, a
+change is a new file in both folders. On PostgreSQL they run under an advisory lock, so two
+replicas starting together apply each migration once.
+
+:func:`open_database` creates or upgrades a database at start-up (``frugal serve``, ``frugal
+migrate``) and turns every way it can be unusable into a :class:`ConfigError` that says what to
+do; :func:`schema_state` tells ``frugal check`` which migrations a database lacks.
 """
 
 from __future__ import annotations
@@ -13,15 +19,28 @@ import importlib.resources
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 from proxy.errors import ConfigError
+from proxy.ledger import postgres
+from proxy.ledger.database import Database, as_database
 
-__all__ = ["applied_migrations", "migrate", "migration_files", "open_database", "table_columns"]
+__all__ = [
+    "applied_migrations",
+    "migrate",
+    "migrate_postgres",
+    "migration_files",
+    "open_database",
+    "schema_state",
+    "table_columns",
+]
 
 
-def migration_files() -> list[tuple[str, str]]:
-    """(name, sql) of every migration, in order."""
+def migration_files(dialect: str = "sqlite") -> list[tuple[str, str]]:
+    """(name, sql) of every migration of ``dialect`` ("sqlite" or "postgresql"), in order."""
     root = importlib.resources.files("proxy.migrations")
+    if dialect == "postgresql":
+        root = root / "postgres"
     files = sorted(
         (entry.name, entry.read_text(encoding="utf-8"))
         for entry in root.iterdir()
@@ -56,8 +75,33 @@ def migrate(conn: sqlite3.Connection, upto: str | None = None) -> list[str]:
     return applied
 
 
-def applied_migrations(conn: sqlite3.Connection) -> set[str]:
+def applied_migrations(conn: Any) -> set[str]:
     return {row[0] for row in conn.execute("SELECT name FROM _migrations")}
+
+
+def migrate_postgres(conn: Any, upto: str | None = None) -> list[str]:
+    """:func:`migrate` for PostgreSQL, on an autocommit psycopg connection, under an advisory
+    lock held for the whole run."""
+    conn.execute("SELECT pg_advisory_lock(%s)", (postgres.MIGRATION_LOCK,))
+    try:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS _migrations "
+            "(name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+        )
+        done = applied_migrations(conn)
+        applied = []
+        for name, sql in migration_files("postgresql"):
+            if upto is not None and name > upto:
+                break
+            if name in done:
+                continue
+            with conn.transaction():
+                conn.execute(sql)  # the whole file: no parameters, so several statements
+                conn.execute("INSERT INTO _migrations VALUES (%s, %s)", (name, time.time()))
+            applied.append(name)
+        return applied
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (postgres.MIGRATION_LOCK,))
 
 
 def _statements(sql: str) -> list[str]:
@@ -74,12 +118,64 @@ def _statements(sql: str) -> list[str]:
     return statements
 
 
-def open_database(path: str, *, busy_timeout_s: float = 5.0) -> None:
-    """Create or upgrade the database file and check that it can be written.
+def open_database(target: str | Database, *, busy_timeout_s: float = 5.0) -> list[str]:
+    """Create or upgrade the database and check that it can be written; returns the
+    migrations applied.
 
     Raises a :class:`ConfigError` that says what is wrong: a missing folder, a file that is not
-    a SQLite database (or is damaged), or a database another process keeps locked.
+    a SQLite database (or is damaged), a database another process keeps locked; for
+    PostgreSQL, a server that cannot be reached or a user without the rights to migrate.
     """
+    db = as_database(target)
+    if db.is_postgres:
+        return _open_postgres(db)
+    return _open_sqlite(db.path, busy_timeout_s)
+
+
+def _open_postgres(db: Database) -> list[str]:
+    try:
+        conn = postgres.connect(db)
+    except Exception as exc:
+        if not postgres.is_error(exc):
+            raise
+        raise postgres.config_error(db, exc, "connecting") from None
+    try:
+        return migrate_postgres(conn)
+    except Exception as exc:
+        if not postgres.is_error(exc):
+            raise
+        raise postgres.config_error(db, exc, "migrating the schema") from None
+    finally:
+        conn.close()
+
+
+def schema_state(target: str | Database) -> tuple[list[str], list[str]]:
+    """(applied, missing) migration names of an existing database, without changing it."""
+    db = as_database(target)
+    expected = [name for name, _ in migration_files(db.dialect)]
+    if db.is_postgres:
+        try:
+            conn = postgres.connect(db)
+        except Exception as exc:
+            if not postgres.is_error(exc):
+                raise
+            raise postgres.config_error(db, exc, "connecting") from None
+        try:
+            exists = conn.execute("SELECT to_regclass('_migrations') IS NOT NULL").fetchone()
+            done = applied_migrations(conn) if exists and exists[0] else set()
+        finally:
+            conn.close()
+    else:
+        conn_s = sqlite3.connect(f"file:{Path(db.path).resolve()}?mode=ro", uri=True, timeout=5)
+        try:
+            tables = {r[0] for r in conn_s.execute("SELECT name FROM sqlite_master")}
+            done = applied_migrations(conn_s) if "_migrations" in tables else set()
+        finally:
+            conn_s.close()
+    return sorted(done), [name for name in expected if name not in done]
+
+
+def _open_sqlite(path: str, busy_timeout_s: float) -> list[str]:
     target = Path(path)
     if target.parent and not target.parent.exists():
         raise ConfigError(f"[ledger] path = {path!r}: the folder {target.parent} does not exist")
@@ -90,7 +186,7 @@ def open_database(path: str, *, busy_timeout_s: float = 5.0) -> None:
         try:
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
             conn.execute("PRAGMA journal_mode=WAL")
-            migrate(conn)
+            applied = migrate(conn)
             # Take the write lock once, so that a database held by another writer fails here.
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("ROLLBACK")
@@ -108,6 +204,7 @@ def open_database(path: str, *, busy_timeout_s: float = 5.0) -> None:
             f"[ledger] path = {path!r}: not a usable SQLite database ({exc}); "
             "move the file aside or point [ledger] path elsewhere"
         ) from exc
+    return applied
 
 
 def table_columns(conn: sqlite3.Connection, table: str = "requests") -> list[str]:

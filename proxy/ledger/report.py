@@ -1,15 +1,17 @@
 """``frugal report``: what a period cost, and what it would have cost on the API.
 
-Money is summed as integers (pico-dollars) by SQLite and in Python, and becomes a Decimal only
-for display, so the totals equal the sum of the rows exactly (shown to the micro-dollar in
-JSON, CSV and markdown, to 1/100 of a cent in the table). Every grouping, and the totals, are
-read from the daily rollup ``requests_daily`` (per UTC day, model, client key, reason, route and
-outcome; triggers keep it equal to the sum of the rows); the p95 of the latency tax is a sorted
-query on the partial index of the taxed rows.
+The ledger is SQLite or PostgreSQL (``--db PATH``, ``sqlite:///PATH`` or
+``postgresql://USER@HOST/DB``); the same queries run on both. Money is summed as integers (pico-
+dollars) by the database and in Python, and becomes a Decimal only at the end, so the totals
+equal the sum of the rows exactly (to the micro-dollar in JSON, where it is a number, CSV and
+markdown; to 1/100 of a cent in the table). Rendering is :mod:`proxy.ledger.render`'s. Every
+grouping, and the totals, are read from the daily rollup ``requests_daily`` (per UTC day, model,
+client key, reason, route and outcome; triggers keep it equal to the sum of the rows); the p95
+of the latency tax is a sorted query on the partial index of the taxed rows.
 
 - counterfactual: what every answered request would have cost on the API (the requested model's
-  price, see :func:`proxy.ledger.pricing.apply_costs`); paid: what the API calls cost; saved: the
-  difference; fixed: ``[costs] monthly_fixed_usd`` prorated over the period, each calendar
+  price, see :func:`proxy.ledger.pricing.apply_costs`); paid: what the API calls cost; saved:
+  the difference; fixed: ``[costs] monthly_fixed_usd`` prorated over the period, each calendar
   month by the share of its seconds the period covers, up to now; net: saved − fixed.
 - latency tax: the time spent on local attempts whose answer was not used, its share of the
   answered requests, and its p95 (nearest rank) over the requests that paid it.
@@ -17,19 +19,16 @@ query on the partial index of the taxed rows.
   counted, left out of the money, and named in ``warnings``.
 
 Exit codes (the CLI returns them): 0 a report; 2 a bad option or config; 3 no ledger (no file,
-or not a readable ledger); 4 the ledger has no request in the period (the zero report is still
-printed, and a message goes to stderr).
+not a readable ledger, or a PostgreSQL server that cannot be reached); 4 the ledger has no
+request in the period (the zero report is still printed, and a message goes to stderr).
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
 import sqlite3
-import unicodedata
-from collections.abc import Callable, Iterable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -38,7 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from proxy.errors import ConfigError
+from proxy.ledger import access
+from proxy.ledger.database import Database, as_database
 from proxy.ledger.pricing import PICO
+from proxy.ledger.render import plural, render
+
+__all__ = ["GROUPINGS", "FORMATS", "Period", "ReportError", "build", "money", "render"]
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -212,9 +216,9 @@ class Totals:
         return out
 
 
-def money(pico: int) -> str:
-    """Pico-dollars as exact decimal USD text, rounded half-even to the micro-dollar."""
-    return str((Decimal(pico) / PICO).quantize(_MICRO, rounding=ROUND_HALF_EVEN))
+def money(pico: int) -> Decimal:
+    """Pico-dollars as exact decimal USD, rounded half-even to the micro-dollar."""
+    return (Decimal(pico) / PICO).quantize(_MICRO, rounding=ROUND_HALF_EVEN)
 
 
 # Every grouping reads the daily rollup (migrations 0002 and 0005: per UTC day, model, client
@@ -232,7 +236,7 @@ SELECT {group} AS grp, reason,
        SUM(requests),
        SUM(CASE WHEN route = 'local' THEN requests ELSE 0 END),
        SUM(CASE WHEN route = 'api' THEN requests ELSE 0 END),
-       SUM(CASE WHEN failed THEN requests ELSE 0 END),
+       SUM(CASE WHEN failed = 1 THEN requests ELSE 0 END),
        SUM(api_cost_pusd),
        SUM(counterfactual_cost_pusd),
        SUM(uncosted),
@@ -244,38 +248,28 @@ GROUP BY grp, reason
 """
 
 
-def _connect(db_path: str) -> sqlite3.Connection:
+@contextmanager
+def _connect(db: Database) -> Iterator[access.Connection]:
     """Open the ledger for reading, upgrading it first if an older proxy wrote it."""
-    from proxy.ledger.migrate import applied_migrations, migration_files, open_database
+    from proxy.ledger.migrate import open_database, schema_state
 
-    path = Path(db_path)
-    if not path.is_file():
+    if not db.is_postgres and not Path(db.path).is_file():
         raise ReportError(
-            f"no ledger database at {db_path}: the proxy has not recorded any request yet "
+            f"no ledger database at {db.path}: the proxy has not recorded any request yet "
             "(or [ledger] path / --db points elsewhere)",
             EXIT_NO_DATABASE,
         )
     try:
-        conn = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True, timeout=5)
-        try:
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-            current = "_migrations" in tables and applied_migrations(conn) >= {
-                name for name, _ in migration_files()
-            }
-        except sqlite3.DatabaseError:
-            conn.close()
-            raise
-        if not current:
-            conn.close()
-            open_database(str(path))
-            conn = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True, timeout=5)
+        if schema_state(db)[1]:
+            open_database(db)
+        with access.connect(db, readonly=True) as conn:
+            yield conn
     except (sqlite3.DatabaseError, ConfigError) as exc:
-        raise ReportError(f"cannot read the ledger at {db_path}: {exc}", EXIT_NO_DATABASE) from exc
-    return conn
+        raise ReportError(f"cannot read the ledger at {db.label}: {exc}", EXIT_NO_DATABASE) from exc
 
 
 def build(
-    db_path: str,
+    db_path: str | Database,
     period: Period,
     monthly_fixed_usd: float | Decimal,
     *,
@@ -289,9 +283,9 @@ def build(
         raise ReportError(f"--by {by!r}: expected one of {', '.join(GROUPINGS)}", EXIT_USAGE)
     now = now or datetime.now(UTC)
     monthly_pico = int(Decimal(str(monthly_fixed_usd)) * PICO)
-    conn = _connect(db_path)
-    try:
-        columns = {row[1] for row in conn.execute("PRAGMA table_info(requests)")}
+    db = as_database(db_path)
+    with _connect(db) as conn:
+        columns = conn.columns("requests")
         bounds = (period.start.timestamp(), period.end.timestamp())
         days_range = (int(bounds[0]) // 86400, int(bounds[1]) // 86400)
         groups = _aggregate(conn, _ROLLUP.format(group=_ROLLUP_GROUP[by]), days_range)
@@ -306,10 +300,6 @@ def build(
         p95 = _p95(conn, bounds, total.taxed)
         prediction = _prediction_error(conn, bounds) if "actual_local_ms" in columns else None
         warnings = _warnings(conn, days_range) if total.uncosted else []
-    except sqlite3.DatabaseError as exc:
-        raise ReportError(f"cannot read the ledger at {db_path}: {exc}", EXIT_NO_DATABASE) from exc
-    finally:
-        conn.close()
 
     total.fixed = fixed_cost_pico(period.start, period.end, monthly_pico, now)
     report: dict[str, Any] = {
@@ -331,46 +321,47 @@ def build(
     return report
 
 
-def _aggregate(conn: sqlite3.Connection, query: str, days: tuple[int, int]) -> dict[Any, Totals]:
+def _aggregate(conn: access.Connection, query: str, days: tuple[int, int]) -> dict[Any, Totals]:
     groups: dict[Any, Totals] = {}
-    for row in conn.execute(query, days):
+    for row in conn.query(query, days):
         key, reason, n, local, api, failed, paid, cf, uncosted, tax_ms, taxed = row
+        # int(): PostgreSQL sums BIGINTs as NUMERIC, which psycopg reads as exact Decimals.
         part = Totals(
-            requests=n,
-            local=local or 0,
-            api=api or 0,
-            failed=failed or 0,
-            paid=paid or 0,
-            counterfactual=cf or 0,
-            uncosted=uncosted or 0,
-            tax_ms=tax_ms or 0.0,
-            taxed=taxed or 0,
-            reasons={reason: n},
+            requests=int(n),
+            local=int(local or 0),
+            api=int(api or 0),
+            failed=int(failed or 0),
+            paid=int(paid or 0),
+            counterfactual=int(cf or 0),
+            uncosted=int(uncosted or 0),
+            tax_ms=float(tax_ms or 0.0),
+            taxed=int(taxed or 0),
+            reasons={reason: int(n)},
         )
         groups.setdefault(key if key != "" else None, Totals()).add(part)
     return groups
 
 
-def _p95(conn: sqlite3.Connection, bounds: tuple[float, float], taxed: int) -> float:
+def _p95(conn: access.Connection, bounds: tuple[float, float], taxed: int) -> float:
     if not taxed:
         return 0.0
     rank = math.ceil(0.95 * taxed)
-    row = conn.execute(
+    rows = conn.query(
         "SELECT latency_tax_ms FROM requests WHERE ts >= ? AND ts < ? AND latency_tax_ms > 0 "
         "ORDER BY latency_tax_ms LIMIT 1 OFFSET ?",
         (*bounds, rank - 1),
-    ).fetchone()
-    return round(row[0] / 1000, 3) if row else 0.0
+    )
+    return round(rows[0][0] / 1000, 3) if rows else 0.0
 
 
 def _prediction_error(
-    conn: sqlite3.Connection, bounds: tuple[float, float]
+    conn: access.Connection, bounds: tuple[float, float]
 ) -> tuple[float, int] | None:
     """Median absolute percentage error of the predicted local times (issue 6), over the local
     answers that ran to their end where predicted; None when there are none."""
     errors = sorted(
         abs(predicted - actual) / actual
-        for predicted, actual in conn.execute(
+        for predicted, actual in conn.query(
             "SELECT predicted_local_ms, actual_local_ms FROM requests WHERE ts >= ? AND ts < ? "
             "AND predicted_local_ms IS NOT NULL AND actual_local_ms IS NOT NULL "
             "AND actual_local_ms > 0",
@@ -384,16 +375,17 @@ def _prediction_error(
     return round(median, 4), len(errors)
 
 
-def _warnings(conn: sqlite3.Connection, days: tuple[int, int]) -> list[str]:
+def _warnings(conn: access.Connection, days: tuple[int, int]) -> list[str]:
     out = []
-    rows = conn.execute(
+    rows = conn.query(
         "SELECT model, SUM(uncosted) - SUM(uncounted), SUM(uncounted) FROM requests_daily "
         "WHERE day >= ? AND day < ? GROUP BY model HAVING SUM(uncosted) > 0 "
         "ORDER BY 2 DESC, model",
         days,
-    ).fetchall()
+    )
     no_usage = 0
-    for model, unpriced, uncounted in rows:
+    for model, unpriced_n, uncounted_n in rows:
+        unpriced, uncounted = int(unpriced_n), int(uncounted_n)
         no_usage += uncounted
         if unpriced:
             out.append(
@@ -421,214 +413,3 @@ def _group_list(
     label = {"model": "model", "key": "key", "reason": "reason"}[by]
     ordered = sorted(groups.items(), key=lambda kv: (-kv[1].requests, str(kv[0])))
     return [{label: key, **totals.as_dict()} for key, totals in ordered]
-
-
-# -- rendering --------------------------------------------------------------------------------
-
-
-# What a client chose (model names, key names, reasons) is escaped in every text format, so a
-# ledger row cannot rewrite the terminal (ANSI escapes), forge lines (\r, \n, U+2028), break a
-# markdown table (|) or run a formula in a spreadsheet (=, +, -, @ first: OWASP's CSV injection).
-# JSON is left exact: json.dumps escapes control characters and every non-ASCII character.
-_INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
-_MARKDOWN_SPECIAL = frozenset("\\|<>[]`*")
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def visible(text: str) -> str:
-    """``text`` with control, format and line-separator characters as Python escapes."""
-    if text.isprintable():
-        return text
-    out = []
-    for char in text:
-        if unicodedata.category(char) not in _INVISIBLE:
-            out.append(char)
-        elif ord(char) < 0x100:
-            out.append(f"\\x{ord(char):02x}")
-        elif ord(char) < 0x10000:
-            out.append(f"\\u{ord(char):04x}")
-        else:
-            out.append(f"\\U{ord(char):08x}")
-    return "".join(out)
-
-
-def markdown_cell(text: str) -> str:
-    """A visible ``text`` whose markdown punctuation is backslash-escaped (no cell breaks)."""
-    return "".join("\\" + c if c in _MARKDOWN_SPECIAL else c for c in visible(text))
-
-
-def csv_cell(text: str) -> str:
-    """A visible ``text`` that a spreadsheet cannot take for a formula."""
-    if text.startswith(_FORMULA_START):
-        text = "'" + text
-    return visible(text)
-
-
-def render(report: dict[str, Any], fmt: str) -> str:
-    if fmt == "json":
-        return json.dumps(report, indent=2)
-    if fmt == "csv":
-        return _csv(report)
-    markdown = fmt == "markdown"
-    header, rows = _table_rows(report, markdown_cell if markdown else visible)
-    summary = _summary_rows(report)
-    if markdown:
-        lines = [f"**frugal report: {title(report)}**", ""]
-        lines += _markdown(header, rows)
-        lines += [""] + _markdown(["Summary", ""], summary)
-        if report["warnings"]:
-            lines += [""] + [f"- warning: {markdown_cell(w)}" for w in report["warnings"]]
-        return "\n".join(lines)
-    lines = [f"frugal report: {title(report)}"]
-    lines += _box(header, rows, total_row=len(rows) > 1)
-    lines += _box(None, summary)
-    lines += [f"warning: {visible(w)}" for w in report["warnings"]]
-    return "\n".join(lines)
-
-
-def title(report: dict[str, Any]) -> str:
-    return f"{report['month']} ({report['from']} to {report['to']}, UTC)"
-
-
-def usd(text: str, places: int = 4) -> str:
-    value = Decimal(text).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN)
-    sign = "-" if value < 0 else ""
-    return f"{sign}${abs(value):,.{places}f}"
-
-
-def plural(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'s' * (n != 1)}"
-
-
-def pct(share: float) -> str:
-    return f"{share * 100:.1f}%"
-
-
-_COLUMNS = ["Requests", "Local", "Local share", "Paid (API)", "Without proxy", "Saved", "Tax"]
-
-
-def _cells(name: str, g: dict[str, Any]) -> list[str]:
-    return [
-        name,
-        f"{g['requests']:,}",
-        f"{g['local_requests']:,}",
-        pct(g["local_share"]),
-        usd(g["api_cost_usd"]),
-        usd(g["counterfactual_cost_usd"]),
-        usd(g["saved_usd"]),
-        f"{g['latency_tax_s']:,.1f} s",
-    ]
-
-
-def _table_rows(
-    report: dict[str, Any], escape: Callable[[str], str]
-) -> tuple[list[str], list[list[str]]]:
-    """The table's header and rows; ``escape`` is applied to the group names (client data)."""
-    by = report.get("by")
-    if by is None:
-        return ["Period", *_COLUMNS], [_cells(report["month"], report)]
-    rows = [_cells(escape(_group_name(by, g)), g) for g in report["groups"]]
-    rows.append(_cells("Total", report))
-    return [by.capitalize(), *_COLUMNS], rows
-
-
-def _group_name(by: str, group: dict[str, Any]) -> str:
-    value = group[by]
-    if value is None:
-        return "(no key)" if by == "key" else "(none)"
-    return str(value)
-
-
-def _summary_rows(report: dict[str, Any]) -> list[list[str]]:
-    tax = (
-        f"{report['latency_tax_s']:,.1f} s on {plural(report['latency_tax_requests'], 'request')} "
-        f"({pct(report['latency_tax_share'])}), p95 {report['latency_tax_p95_s']:.2f} s"
-    )
-    rows = [
-        ["Without the proxy", usd(report["counterfactual_cost_usd"])],
-        ["Paid to the API", usd(report["api_cost_usd"])],
-        ["Saved", usd(report["saved_usd"])],
-        ["Fixed cost (server)", usd(report["fixed_cost_usd"])],
-        ["Net saved", usd(report["net_saved_usd"])],
-        ["Local share", pct(report["local_share"])],
-        ["Latency tax", tax],
-    ]
-    if report.get("prediction_samples"):
-        rows.append(
-            [
-                "Prediction error (MdAPE)",
-                f"{pct(report['prediction_mdape'])} over "
-                f"{plural(report['prediction_samples'], 'local answer')}",
-            ]
-        )
-    if report["failed_requests"]:
-        rows.append(["Failed requests", f"{report['failed_requests']:,}"])
-    if report["unpriced_requests"]:
-        rows.append(
-            ["Not costed", f"{plural(report['unpriced_requests'], 'request')} (see warnings)"]
-        )
-    return rows
-
-
-def _box(header: list[str] | None, rows: list[list[str]], *, total_row: bool = False) -> list[str]:
-    table = ([header] if header else []) + rows
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-
-    def line(cells: list[str]) -> str:
-        parts = [
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return "│ " + " │ ".join(parts) + " │"
-
-    def rule(left: str, mid: str, right: str) -> str:
-        return left + mid.join("─" * (w + 2) for w in widths) + right
-
-    out = [rule("┌", "┬", "┐")]
-    if header:
-        out += [line(header), rule("├", "┼", "┤")]
-    for i, row in enumerate(rows):
-        if total_row and i == len(rows) - 1:
-            out.append(rule("├", "┼", "┤"))
-        out.append(line(row))
-    out.append(rule("└", "┴", "┘"))
-    return out
-
-
-def _markdown(header: list[str], rows: Iterable[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |"]
-    lines.append("|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|")
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
-
-
-_CSV_FIELDS = [
-    "requests",
-    "local_requests",
-    "api_requests",
-    "failed_requests",
-    "unpriced_requests",
-    "local_share",
-    "api_cost_usd",
-    "counterfactual_cost_usd",
-    "saved_usd",
-    "fixed_cost_usd",
-    "net_saved_usd",
-    "latency_tax_s",
-    "latency_tax_requests",
-    "latency_tax_share",
-]
-
-
-def _csv(report: dict[str, Any]) -> str:
-    by = report.get("by")
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["from", "to", by or "period", *_CSV_FIELDS])
-    span = [report["from"], report["to"]]
-    if by is not None:
-        for group in report["groups"]:
-            name = "" if group[by] is None else csv_cell(str(group[by]))
-            writer.writerow([*span, name, *(group.get(f, "") for f in _CSV_FIELDS)])
-    writer.writerow([*span, "total" if by else report["month"], *(report[f] for f in _CSV_FIELDS)])
-    return out.getvalue().rstrip("\n")

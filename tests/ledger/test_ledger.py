@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -656,7 +655,7 @@ async def test_the_ledger_counters_are_in_metrics(tmp_path: Path) -> None:
     ledger.record(api_row("bad", status=2**70))
     ledger.record(api_row("huge", prompt_tokens=2**70))
     await until(lambda: ledger.written + ledger.rejected == 3)
-    text = Metrics(SimpleNamespace(ledger=ledger)).render().decode()
+    text = Metrics(ledger=ledger).render().decode()
     await ledger.close()
     values = {
         line.split()[0]: float(line.split()[1])

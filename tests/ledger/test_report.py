@@ -24,6 +24,14 @@ FRUGAL = str(Path(sys.executable).with_name("frugal"))
 PICO = 10**12
 
 
+def loads(text: str) -> Any:
+    """The report's JSON, its money (six decimals) read as exact Decimals, other numbers as
+    floats."""
+    return json.loads(
+        text, parse_float=lambda t: Decimal(t) if len(t.partition(".")[2]) == 6 else float(t)
+    )
+
+
 def ts(text: str) -> float:
     return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
@@ -145,7 +153,10 @@ def test_month_json_keeps_the_documented_keys(
 ) -> None:
     code, out, _ = report(capsys, "--month", "2026-10", "--format", "json")
     assert code == 0
-    assert json.loads(out) == {
+    # Money is a JSON number written exactly, never a string: jq's `.saved_usd > 3` works.
+    assert '"saved_usd": 3.250000,' in out and '"net_saved_usd": -36.750000,' in out
+    assert json.loads(out)["saved_usd"] > 3
+    assert loads(out) == {
         "month": "2026-10",
         "from": "2026-10-01",
         "to": "2026-10-31",
@@ -155,11 +166,11 @@ def test_month_json_keeps_the_documented_keys(
         "failed_requests": 1,
         "unpriced_requests": 1,
         "local_share": 0.6,
-        "api_cost_usd": "1.800000",
-        "counterfactual_cost_usd": "5.050000",
-        "saved_usd": "3.250000",
-        "fixed_cost_usd": "40.000000",
-        "net_saved_usd": "-36.750000",
+        "api_cost_usd": Decimal("1.800000"),
+        "counterfactual_cost_usd": Decimal("5.050000"),
+        "saved_usd": Decimal("3.250000"),
+        "fixed_cost_usd": Decimal("40.000000"),
+        "net_saved_usd": Decimal("-36.750000"),
         "latency_tax_s": 30.8,
         "latency_tax_requests": 2,
         "latency_tax_share": 0.4,
@@ -196,7 +207,7 @@ def test_by_day_lists_every_day_with_its_share_of_the_fixed_cost(
     ledger: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out, _ = report(capsys, "--month", "2026-10", "--by", "day", "--format", "json")
-    data = json.loads(out)
+    data = loads(out)
     assert code == 0 and len(data["groups"]) == 31
     first, second, third, last = (
         data["groups"][0],
@@ -204,23 +215,23 @@ def test_by_day_lists_every_day_with_its_share_of_the_fixed_cost(
         data["groups"][2],
         data["groups"][-1],
     )
-    assert (first["day"], first["requests"], first["saved_usd"]) == ("2026-10-01", 2, "1.250000")
-    assert (second["day"], second["requests"], second["saved_usd"]) == ("2026-10-02", 2, "2.000000")
+    assert (first["day"], first["requests"], first["saved_usd"]) == ("2026-10-01", 2, Decimal("1.250000"))
+    assert (second["day"], second["requests"], second["saved_usd"]) == ("2026-10-02", 2, Decimal("2.000000"))
     assert (third["requests"], third["failed_requests"], third["unpriced_requests"]) == (2, 1, 1)
     assert (last["day"], last["requests"]) == ("2026-10-31", 0)
     # 40 USD over 31 days: 1.290323 a day, net of it each day.
-    assert {g["fixed_cost_usd"] for g in data["groups"]} == {"1.290323"}
-    assert first["net_saved_usd"] == "-0.040323"
-    assert last["net_saved_usd"] == "-1.290323"
+    assert {g["fixed_cost_usd"] for g in data["groups"]} == {Decimal("1.290323")}
+    assert first["net_saved_usd"] == Decimal("-0.040323")
+    assert last["net_saved_usd"] == Decimal("-1.290323")
 
 
 def test_by_reason_and_by_key(ledger: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = report(capsys, "--month", "2026-10", "--by", "reason", "--format", "json")
-    groups = {g["reason"]: g["requests"] for g in json.loads(out)["groups"]}
+    groups = {g["reason"]: g["requests"] for g in loads(out)["groups"]}
     assert groups == {"accepted": 3, "bad_request": 1, "local_timeout": 1, "low_quality": 1}
     _, out, _ = report(capsys, "--month", "2026-10", "--by", "key", "--format", "json")
-    keys = {g["key"]: (g["requests"], g["saved_usd"]) for g in json.loads(out)["groups"]}
-    assert keys == {"alice": (2, "2.000000"), "ci": (2, "1.250000"), None: (2, "0.000000")}
+    keys = {g["key"]: (g["requests"], g["saved_usd"]) for g in loads(out)["groups"]}
+    assert keys == {"alice": (2, Decimal("2.000000")), "ci": (2, Decimal("1.250000")), None: (2, Decimal("0.000000"))}
 
 
 def test_by_key_on_a_ledger_from_before_client_keys_is_one_group_without_a_key(
@@ -231,15 +242,15 @@ def test_by_key_on_a_ledger_from_before_client_keys_is_one_group_without_a_key(
     seed(db, [{k: v for k, v in r.items() if k != "key_name"} for r in OCTOBER],
          upto="0002_costs.sql")  # fmt: skip
     code, out, _ = report(capsys, "--db", str(db), "--month", "2026-10", "--format", "json")
-    total = json.loads(out)
+    total = loads(out)
     code, out, err = report(
         capsys, "--db", str(db), "--month", "2026-10", "--by", "key", "--format", "json"
     )
     assert (code, err) == (0, "")
-    [group] = json.loads(out)["groups"]
+    [group] = loads(out)["groups"]
     assert group.pop("key") is None
     assert group == {k: v for k, v in total.items() if k in group}
-    assert (group["requests"], group["saved_usd"]) == (6, "3.250000")
+    assert (group["requests"], group["saved_usd"]) == (6, Decimal("3.250000"))
 
 
 def test_csv_and_markdown(ledger: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -277,24 +288,24 @@ def test_a_range_of_days_prorates_the_fixed_cost(
     ledger: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, out, _ = report(capsys, "--from", "2026-10-02", "--to", "2026-10-11", "--format", "json")
-    data = json.loads(out)
+    data = loads(out)
     assert (data["month"], data["from"], data["to"]) == (
         "2026-10-02..2026-10-11",
         "2026-10-02",
         "2026-10-11",
     )
     assert data["requests"] == 4  # the 2nd and the 3rd of October
-    assert data["fixed_cost_usd"] == "12.903226"  # 40 * 10 / 31
+    assert data["fixed_cost_usd"] == Decimal("12.903226")  # 40 * 10 / 31
     _, out, _ = report(capsys, "--from", "2026-10-25", "--to", "2026-11-05", "--format", "json")
     # 7 of October's 31 days and 5 of November's 30: 40 * 7/31 + 40 * 5/30.
-    assert json.loads(out)["fixed_cost_usd"] == "15.698925"
+    assert loads(out)["fixed_cost_usd"] == Decimal("15.698925")
 
 
 def test_the_running_month_counts_the_fixed_cost_up_to_now(ledger: Path) -> None:
     now = datetime(2026, 10, 11, 12, 0, tzinfo=UTC)
     data = build(str(ledger), Period.month(None, now), 40, now=now)
     assert data["month"] == "2026-10"
-    assert data["fixed_cost_usd"] == "13.548387"  # 40 * 10.5 / 31
+    assert data["fixed_cost_usd"] == Decimal("13.548387")  # 40 * 10.5 / 31
     assert data["requests"] == 6  # rows after "now" would count too: the ledger is the truth
     exact = fixed_cost_pico(Period.month("2026-10").start, now, 40 * PICO, now)
     assert exact == round(Decimal(40 * PICO) * Decimal(21) / Decimal(62))
@@ -325,7 +336,7 @@ def test_totals_equal_the_sum_of_the_rows_to_the_cent(
     db = tmp_path / "money.db"
     seed(db, rows)
     _, out, _ = report(capsys, "--db", str(db), "--month", "2026-10", "--format", "json")
-    data = json.loads(out)
+    data = loads(out)
     paid = sum(r["api_cost_pusd"] for r in rows)
     counterfactual = sum(r["counterfactual_cost_pusd"] for r in rows)
     exact = Decimal(10) ** -6
@@ -338,7 +349,7 @@ def test_totals_equal_the_sum_of_the_rows_to_the_cent(
     assert sum(r["counterfactual_cost_pusd"] / PICO for r in rows) != counterfactual / PICO
     _, out, _ = report(capsys, "--db", str(db), "--month", "2026-10", "--format", "json",
                        "--by", "model")  # fmt: skip
-    groups = json.loads(out)["groups"]
+    groups = loads(out)["groups"]
     assert round(sum(Decimal(g["saved_usd"]) for g in groups), 2) == round(
         Decimal(data["saved_usd"]), 2
     )
@@ -356,8 +367,8 @@ FROM requests WHERE ts >= ? AND ts < ? GROUP BY 1
 """
 
 
-def usd6(pico: int) -> str:
-    return str((Decimal(pico) / PICO).quantize(Decimal(10) ** -6))
+def usd6(pico: int) -> Decimal:
+    return (Decimal(pico) / PICO).quantize(Decimal(10) ** -6)
 
 
 def test_by_key_equals_a_group_by_over_the_rows(
@@ -394,7 +405,7 @@ def test_by_key_equals_a_group_by_over_the_rows(
         capsys, "--db", str(db), "--month", "2026-10", "--by", "key", "--format", "json"
     )
     assert code == 0
-    data = json.loads(out)
+    data = loads(out)
     conn = sqlite3.connect(db)
     bounds = (ts("2026-10-01 00:00:00"), ts("2026-11-01 00:00:00"))
     expected = {}
@@ -440,7 +451,7 @@ def test_latency_tax_p95_is_the_nearest_rank_over_the_requests_that_paid_it(
     db = tmp_path / "tax.db"
     seed(db, rows)
     _, out, _ = report(capsys, "--db", str(db), "--month", "2026-10", "--format", "json")
-    data = json.loads(out)
+    data = loads(out)
     assert data["latency_tax_s"] == 21.0
     assert (data["latency_tax_requests"], data["latency_tax_share"]) == (20, round(20 / 21, 4))
     assert data["latency_tax_p95_s"] == 1.9  # the 19th of 20
@@ -454,11 +465,11 @@ def test_an_empty_month_says_so_with_exit_code_4(
 ) -> None:
     code, out, err = report(capsys, "--month", "2026-08", "--format", "json")
     assert code == 4
-    data = json.loads(out)
+    data = loads(out)
     assert (data["requests"], data["saved_usd"], data["fixed_cost_usd"]) == (
         0,
-        "0.000000",
-        "40.000000",
+        Decimal("0.000000"),
+        Decimal("40.000000"),
     )
     assert err == (
         f"frugal report: no requests recorded from 2026-08-01 to 2026-08-31 in {ledger}\n"
@@ -524,10 +535,10 @@ def test_a_ledger_from_an_older_proxy_is_upgraded_and_reported(
     )
     conn.close()
     code, out, _ = report(capsys, "--db", str(db), "--month", "2026-10", "--format", "json")
-    data = json.loads(out)
+    data = loads(out)
     assert code == 0
     # 4,500,000 pico-dollars shown to the micro-dollar, rounded half to even.
-    assert (data["requests"], data["api_cost_usd"], data["latency_tax_s"]) == (1, "0.000004", 0.7)
+    assert (data["requests"], data["api_cost_usd"], data["latency_tax_s"]) == (1, Decimal("0.000004"), 0.7)
 
 
 # -- the chart ------------------------------------------------------------------------------------
@@ -557,7 +568,7 @@ def test_the_installed_command_runs(ledger: Path, tmp_path: Path) -> None:
         capture_output=True, text=True, check=False, cwd=tmp_path,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["saved_usd"] == "3.250000"
+    assert loads(out.stdout)["saved_usd"] == Decimal("3.250000")
     help_text = subprocess.run(
         [FRUGAL, "report", "--help"], capture_output=True, text=True, check=True
     ).stdout
@@ -631,4 +642,4 @@ def test_json_keeps_client_chosen_names_exact(
         code, out, _ = report(capsys, "--month", "2026-10", "--by", by, "--format", "json")
         assert code == 0
         assert "\x1b" not in out and "\u2028" not in out
-        assert {g[by] for g in json.loads(out)["groups"]} == names
+        assert {g[by] for g in loads(out)["groups"]} == names
