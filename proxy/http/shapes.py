@@ -1,4 +1,4 @@
-"""The nested request values, described once: a JSON-Schema fragment per shape. Pure data.
+"""The nested request values, described once: a JSON-Schema fragment per shape (data).
 
 A row of :mod:`proxy.params` whose value is nested (``messages``, ``tools``, ``response_format``,
 ``stop``...) names its shape; :data:`SHAPES` maps that name to the fragment that

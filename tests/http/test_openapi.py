@@ -14,6 +14,9 @@ Two runs, both bounded and seeded so they are repeatable and fit CI's time:
 ``positive_data_acceptance`` is left out: some rules join two fields in ways a schema cannot say
 (a named ``tool_choice`` must be one of the ``tools``, a ``json_schema`` must be a valid JSON
 Schema), so a schema-valid request may rightly get a 400.
+
+That the document and the validator read one description (``proxy.params``) is checked without a
+server in ``tests/http/test_request_schema.py``.
 """
 
 from __future__ import annotations
