@@ -428,6 +428,7 @@ def load(explicit: str | None = None) -> Settings:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
     return from_dict(raw, source=str(path))
 
+
 def _check_ledger_url(ledger: LedgerSettings) -> None:
     """``[ledger] url``: a known scheme, and never a password (that is ``password_env``'s)."""
     from urllib.parse import urlsplit
