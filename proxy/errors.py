@@ -1,28 +1,44 @@
-"""Every error the proxy raises on purpose, and the one place foreign errors are translated.
+"""Every error the proxy raises on purpose: the tree, with each class's status, type and code.
 
     Exception
-    ├── ConfigError                 bad settings; the CLI prints it and exits 2
-    └── ProxyError                  rendered as OpenAI's error JSON with its own status
-        ├── BadRequest          400 invalid_request_error  (names the offending `param`)
-        ├── Unauthorized        401 authentication_error
-        ├── NotFound            404 not_found
-        ├── MethodNotAllowed    405 invalid_request_error
-        ├── RequestTimeout      408 invalid_request_error  (the body came too slowly)
-        ├── PayloadTooLarge     413 invalid_request_error
-        ├── TooManyRequests     429 requests                (carries Retry-After)
-        ├── LocalUnavailable    503 local model cannot answer and no fallback is allowed
-        ├── UpstreamError       502 the API failed (after the retries that were allowed)
-        │   ├── UpstreamTimeout 504 the API did not answer in time
-        │   └── UpstreamRateLimited 429 the API still rate-limited the proxy after retrying
-        │                           (carries the API's Retry-After)
-        └── UpstreamStatus      4xx the API refused the request; its status is passed on
-    EngineError                     the local engine failed (crash, deadline, bad output)
-    ├── EngineCrashed
-    ├── EngineTimeout
-    └── EngineBusy
+    ├── ConfigError                     bad settings; the CLI prints it and exits 2
+    ├── ProxyError                      what a client sees: OpenAI's error JSON, with its status
+    │   ├── BadRequest              400 invalid_request_error  invalid_value (names the `param`)
+    │   ├── Unauthorized            401 authentication_error   invalid_api_key (WWW-Authenticate)
+    │   ├── NotFound                404 invalid_request_error  not_found
+    │   ├── MethodNotAllowed        405 invalid_request_error  method_not_allowed (with Allow)
+    │   ├── RequestTimeout          408 invalid_request_error  request_timeout (body too slow)
+    │   ├── PayloadTooLarge         413 invalid_request_error  request_too_large
+    │   ├── UnsupportedMediaType    415 invalid_request_error  unsupported_media_type
+    │   ├── MisdirectedRequest      421 invalid_request_error  misdirected_request
+    │   ├── TooManyRequests         429 requests               rate_limit_exceeded (Retry-After)
+    │   ├── StatusError             4xx/5xx any other status the web framework raised
+    │   ├── InternalError           500 server_error           internal_error (the request id)
+    │   ├── LocalUnavailable        503 server_error           local_unavailable
+    │   ├── UpstreamError           502 upstream_error         upstream_failed
+    │   │   ├── UpstreamTimeout     504 upstream_error         upstream_timeout
+    │   │   └── UpstreamRateLimited 429 requests               rate_limit_exceeded (the API's
+    │   │                                                      Retry-After, after retrying)
+    │   └── UpstreamStatus          4xx the API's own error    the API refused the request: its
+    │                                                          status and error are passed on
+    └── EngineError                     a local backend failed; never sent to a client as such
+        ├── EngineCrashed               the worker died, or a remote backend failed
+        │   └── BackendDown             (proxy.routing.base) a backend stopped answering
+        ├── EngineTimeout               the deadline passed
+        ├── EngineBusy                  the queue is full
+        └── ContextOverflow             (proxy.engine.client) the prompt does not fit
 
-Engine errors never reach a client directly: the router turns them into a fallback, or into
-:class:`LocalUnavailable` when the request may not leave the box.
+Who raises what, and who turns it into a response:
+
+- Foreign errors of the paid API (aiohttp, litellm, httpx, its statuses) become ProxyErrors in
+  one place, :func:`proxy.upstream.errors.translate`. Failures of *local* backends are
+  EngineErrors (:func:`proxy.routing.remote.backend_failure` for remote servers); the router turns
+  them into a fallback, or into :class:`LocalUnavailable` (or a :class:`BadRequest` for a
+  context overflow) when the request may not leave the box.
+- Every ProxyError reaches the client through :mod:`proxy.http.render`: as JSON
+  (``render``) before the response has started, as the last SSE event (``sse_event``) after.
+  Both write :meth:`ProxyError.body`, the one place OpenAI's shape is written. Anything else that
+  escapes a handler is logged once and sent as an :class:`InternalError`.
 
 Every :class:`ProxyError` has ``headers`` (sent with its JSON, e.g. ``Retry-After``) and
 ``attempts``: how many calls to the upstream API were made before it was raised (0 for errors
@@ -34,9 +50,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
-
-import httpx
+from typing import Any, ClassVar
 
 
 class ConfigError(Exception):
@@ -44,9 +58,14 @@ class ConfigError(Exception):
 
 
 class ProxyError(Exception):
+    """An error for the client: its status, OpenAI's ``type`` and ``code``, a message, the
+    ``param`` it is about, and the headers it is sent with."""
+
     status: int = 500
     type: str = "server_error"
     code: str | None = None
+    default_headers: ClassVar[Mapping[str, str]] = {}
+    """Headers every error of the class is sent with (``headers`` adds to them)."""
     attempts: int = 0
     """Calls made to the upstream API before this error (0: it never got that far)."""
 
@@ -63,10 +82,11 @@ class ProxyError(Exception):
         self.param = param
         if code is not None:
             self.code = code
-        self.headers: dict[str, str] = dict(headers) if headers else {}
+        self.headers: dict[str, str] = {**self.default_headers, **(headers or {})}
         """Extra response headers the error is sent with (``Retry-After``...)."""
 
     def body(self) -> dict[str, Any]:
+        """OpenAI's error object: the one place its shape is written (JSON and SSE alike)."""
         return {
             "error": {
                 "message": self.message,
@@ -87,6 +107,7 @@ class Unauthorized(ProxyError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+    default_headers = {"www-authenticate": "Bearer"}
 
 
 class NotFound(ProxyError):
@@ -113,6 +134,18 @@ class RequestTimeout(ProxyError):
     code = "request_timeout"
 
 
+class UnsupportedMediaType(ProxyError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class MisdirectedRequest(ProxyError):
+    status = 421
+    type = "invalid_request_error"
+    code = "misdirected_request"
+
+
 class TooManyRequests(ProxyError):
     """OpenAI's rate-limit shape; ``retry_after_s`` goes into the Retry-After header."""
 
@@ -120,6 +153,38 @@ class TooManyRequests(ProxyError):
     type = "requests"
     code = "rate_limit_exceeded"
     retry_after_s = 1
+    default_headers = {"retry-after": str(retry_after_s)}
+
+
+class StatusError(ProxyError):
+    """Any other status the web framework raised (Starlette's ``HTTPException``), passed on."""
+
+    code = None
+
+    def __init__(
+        self, status: int, message: str, *, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(message, headers=headers)
+        self.status = status
+        self.type = "server_error" if status >= 500 else "invalid_request_error"
+
+
+class InternalError(ProxyError):
+    """Something unexpected failed. The body says nothing of what: it names the request id,
+    under which the failure was logged (once, by :mod:`proxy.http.render`), and carries it in
+    the ``x-request-id`` header."""
+
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+
+    def __init__(self, request_id: str | None = None) -> None:
+        which = f"request id {request_id}" if request_id else "this request"
+        super().__init__(
+            f"internal error; look up {which} in the server log",
+            headers={"x-request-id": request_id} if request_id else None,
+        )
+        self.request_id = request_id
 
 
 class LocalUnavailable(ProxyError):
@@ -188,19 +253,9 @@ class EngineBusy(EngineError):
 
 
 def map_upstream_exception(exc: BaseException) -> ProxyError:
-    """Translate an httpx (or litellm) failure into the error the client sees."""
+    """Deprecated, and going once its last callers (the chat and completions handlers) have
+    stopped calling it: the upstream client raises only ProxyErrors, translated once by
+    :func:`proxy.upstream.errors.translate`, so what it raises is re-raised as it is."""
     if isinstance(exc, ProxyError):
         return exc
-    if isinstance(exc, httpx.TimeoutException):
-        return UpstreamTimeout(f"the upstream API did not answer in time ({type(exc).__name__})")
-    if isinstance(exc, httpx.HTTPError):
-        return UpstreamError(f"the upstream API could not be reached ({type(exc).__name__})")
-    name = type(exc).__name__
-    status = getattr(exc, "status_code", None)
-    if "Timeout" in name:
-        return UpstreamTimeout(f"the upstream API did not answer in time ({name})")
-    if status == 429:
-        return UpstreamRateLimited(f"the upstream API rate-limited the proxy ({name})")
-    if isinstance(status, int) and 400 <= status < 500 and status != 408:
-        return UpstreamStatus(status, None, f"the upstream API refused the request ({name})")
-    return UpstreamError(f"the upstream API failed ({name})")
+    return UpstreamError(f"the upstream API failed ({type(exc).__name__})")

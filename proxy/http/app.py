@@ -12,14 +12,12 @@ import asyncio
 import contextlib
 import re
 import time
-import traceback
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import structlog
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -27,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.config import Settings
 from proxy.engine.client import LocalEngine
-from proxy.errors import MethodNotAllowed, NotFound, ProxyError
+from proxy.errors import ProxyError
 from proxy.http import metrics as metrics_mod
 from proxy.http.auth import Authenticator, AuthMiddleware, RequestGuard
 from proxy.http.chat import ChatHandler
@@ -35,6 +33,7 @@ from proxy.http.completions import CompletionsHandler, EmbeddingsHandler
 from proxy.http.disconnect import CancelOnDisconnect
 from proxy.http.limits import InFlight, LimitsMiddleware
 from proxy.http.openapi import openapi_spec
+from proxy.http.render import exception_handlers, render, unexpected
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.writer import Ledger
 from proxy.routing.router import LOCAL_ALIAS, Router
@@ -52,12 +51,13 @@ class RequestIdMiddleware:
     The id is the client's own ``x-request-id`` when that is 1 to 128 of ``A-Z a-z 0-9 . _ -``
     (so it is safe in logs, headers and the ledger), else a fresh uuid4 hex.
 
-    It is also the last line of defence: an exception that no handler took becomes OpenAI's
-    500 here, inside the middleware, so that the 500 carries the id too (Starlette's own
-    ``Exception`` handler runs outside every middleware). It is logged once, with the request id,
-    the exception's class and where it was raised: never its message or a traceback's locals,
-    which may hold request content. It is not raised further, so the server does not log it
-    again. If the response had already started, the connection is closed unfinished.
+    It is also the last line of defence: an exception that no handler took becomes an
+    :class:`~proxy.errors.InternalError` (OpenAI's 500) here, inside the middleware, so that the
+    500 carries the id too (Starlette's own ``Exception`` handler runs outside every middleware).
+    :func:`proxy.http.render.unexpected` logs it once, with the request id, the exception's class
+    and where it was raised: never its message or a traceback's locals, which may hold request
+    content. It is not raised further, so the server does not log it again. If the response had
+    already started, the connection is closed unfinished.
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -91,84 +91,11 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
         except ProxyError as exc:  # raised by a middleware, outside the handlers
             if not started:
-                await error_response(exc)(scope, receive, send_with_id)
+                await render(exc, request_id)(scope, receive, send_with_id)
         except Exception as exc:  # noqa: BLE001 - rendered and logged once, here
-            _log_unexpected(exc, request_id, scope, started)
+            error = unexpected(exc, request_id, scope, started=started)
             if not started:
-                await internal_error()(scope, receive, send_with_id)
-
-
-def internal_error() -> JSONResponse:
-    """OpenAI's 500 for an unexpected exception: no detail, the request id is in the header."""
-    return JSONResponse(
-        {
-            "error": {
-                "message": "internal error; see the server log for this request id",
-                "type": "server_error",
-                "param": None,
-                "code": "internal_error",
-            }
-        },
-        status_code=500,
-    )
-
-
-def _log_unexpected(exc: Exception, request_id: str | None, scope: Scope, started: bool) -> None:
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
-    log.error(
-        "unhandled_error",
-        request_id=request_id,
-        error=type(exc).__name__,
-        where=where,
-        method=scope.get("method"),
-        path=str(scope.get("path", ""))[:100],
-        response_started=started,
-    )
-
-
-def error_response(exc: ProxyError, request_id: str | None = None) -> JSONResponse:
-    headers = {**exc.headers, "x-request-id": request_id} if request_id else exc.headers
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers or None)
-
-
-async def _proxy_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ProxyError)
-    return error_response(exc)
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    if exc.status_code == 404:
-        return error_response(NotFound(f"no such endpoint: {request.method} {request.url.path}"))
-    if exc.status_code == 405:
-        response = error_response(
-            MethodNotAllowed(f"method {request.method} is not allowed on {request.url.path}")
-        )
-        response.headers.update(exc.headers or {})  # Allow: the methods that are
-        return response
-    return JSONResponse(
-        {
-            "error": {
-                "message": str(exc.detail),
-                "type": "invalid_request_error",
-                "param": None,
-                "code": None,
-            }
-        },
-        status_code=exc.status_code,
-    )
-
-
-async def _unexpected(request: Request, exc: Exception) -> Response:
-    """Starlette's outermost handler: reached only by an exception raised outside
-    :class:`RequestIdMiddleware` (which renders every other one itself)."""
-    request_id = getattr(request.state, "request_id", None)
-    _log_unexpected(exc, request_id, request.scope, False)
-    response = internal_error()
-    if request_id:
-        response.headers["x-request-id"] = request_id
-    return response
+                await render(error, request_id)(scope, receive, send_with_id)
 
 
 def _no_fallback_detail(settings: Settings) -> str:
@@ -358,11 +285,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics_mod.endpoint, methods=["GET"]),
         ],
-        exception_handlers={
-            ProxyError: _proxy_error,
-            HTTPException: _http_error,
-            Exception: _unexpected,
-        },
+        exception_handlers=exception_handlers(),
         lifespan=lifespan,
     )
     app.state.in_flight = InFlight()

@@ -45,7 +45,6 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -53,7 +52,14 @@ import structlog
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.config import Settings
-from proxy.errors import ConfigError, ProxyError, Unauthorized
+from proxy.errors import (
+    ConfigError,
+    MisdirectedRequest,
+    ProxyError,
+    Unauthorized,
+    UnsupportedMediaType,
+)
+from proxy.http.render import render
 from proxy.ledger import keys as keys_mod
 
 log = structlog.get_logger("frugal.auth")
@@ -192,19 +198,7 @@ class AuthMiddleware:
         metrics = getattr(self.state, "metrics", None)
         if metrics is not None:
             metrics.rejected("unauthorized")
-        await send_error(send, error.status, error.body(), {b"www-authenticate": b"Bearer"})
-
-
-class UnsupportedMediaType(ProxyError):
-    status = 415
-    type = "invalid_request_error"
-    code = "unsupported_media_type"
-
-
-class MisdirectedRequest(ProxyError):
-    status = 421
-    type = "invalid_request_error"
-    code = "misdirected_request"
+        await render(error, scope_state.get("request_id"))(scope, receive, send)
 
 
 class RequestGuard:
@@ -237,7 +231,7 @@ class RequestGuard:
         metrics = getattr(self.state, "metrics", None)
         if metrics is not None:
             metrics.rejected(reason)
-        await send_error(send, error.status, error.body())
+        await render(error, scope_state.get("request_id"))(scope, receive, send)
 
     def _check(self, scope: Scope) -> tuple[ProxyError | None, str]:
         headers = scope.get("headers", ())
@@ -306,20 +300,6 @@ def host_is_local(host: str, bound: str) -> bool:
 
 def _is_port(text: str) -> bool:
     return text.startswith(":") and text[1:].isdigit()
-
-
-async def send_error(
-    send: Send, status: int, body: dict[str, Any], headers: dict[bytes, bytes] | None = None
-) -> None:
-    """An OpenAI-shaped error straight from a middleware (no app, no exception handler)."""
-    payload = json.dumps(body).encode()
-    raw = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(payload)).encode()),
-        *(headers or {}).items(),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": payload})
 
 
 # -- the bind check ---------------------------------------------------------------------------

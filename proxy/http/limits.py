@@ -22,7 +22,6 @@ drained into a connection that is kept alive.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, ClassVar
 
 import h11
@@ -32,7 +31,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from proxy.config import ServerSettings
 from proxy.errors import PayloadTooLarge, ProxyError, RequestTimeout, TooManyRequests
-from proxy.http.auth import send_error
+from proxy.http.render import render
 
 log = structlog.get_logger("frugal.limits")
 
@@ -64,20 +63,15 @@ class LimitsMiddleware:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_body:
-            await self._refuse(scope, send, _too_large(self.max_body), "too_large")
+            too_large = _too_large(self.max_body, headers={"connection": "close"})
+            await self._refuse(scope, receive, send, too_large, "too_large")
             return
         if self.in_flight.count >= self.max_concurrency:
             busy = TooManyRequests(
                 f"this proxy is handling its limit of {self.max_concurrency} requests at once; "
                 "retry shortly"
             )
-            await self._refuse(
-                scope,
-                send,
-                busy,
-                "too_many",
-                {b"retry-after": str(TooManyRequests.retry_after_s).encode()},
-            )
+            await self._refuse(scope, receive, send, busy, "too_many")  # with Retry-After
             return
         self.in_flight.count += 1
         try:
@@ -133,12 +127,7 @@ class LimitsMiddleware:
             metrics.rejected(reason)
 
     async def _refuse(
-        self,
-        scope: Scope,
-        send: Send,
-        error: ProxyError,
-        reason: str,
-        headers: dict[bytes, bytes] | None = None,
+        self, scope: Scope, receive: Receive, send: Send, error: ProxyError, reason: str
     ) -> None:
         self._count(reason)
         log.info(
@@ -150,10 +139,7 @@ class LimitsMiddleware:
             status=error.status,
             reason=reason,
         )
-        extra = dict(headers or {})
-        if reason == "too_large":
-            extra[_CLOSE[0]] = _CLOSE[1]
-        await send_error(send, error.status, error.body(), extra)
+        await render(error, scope.get("state", {}).get("request_id"))(scope, receive, send)
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -170,10 +156,11 @@ def _chunked(scope: Scope) -> bool:
     return any(name == b"transfer-encoding" for name, _ in scope.get("headers", ()))
 
 
-def _too_large(limit: int) -> PayloadTooLarge:
+def _too_large(limit: int, headers: dict[str, str] | None = None) -> PayloadTooLarge:
     return PayloadTooLarge(
         f"the request body is larger than this proxy accepts ({limit} bytes, "
-        "[server] max_body_bytes)"
+        "[server] max_body_bytes)",
+        headers=headers,
     )
 
 
@@ -215,19 +202,15 @@ class HeaderTimeoutProtocol(H11Protocol):
         if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
             return
         log.info("rejected", status=408, reason="header_timeout")
-        if self.conn.our_state is h11.IDLE:
-            body = json.dumps(
-                RequestTimeout(
-                    f"the request headers did not arrive within {self.header_timeout_s:g} seconds"
-                ).body()
-            ).encode()
-            self.transport.write(
-                b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                b"connection: close\r\ncontent-length: "
-                + str(len(body)).encode()
-                + b"\r\n\r\n"
-                + body
+        if self.conn.our_state is h11.IDLE:  # no request yet, so no app: written here
+            late = RequestTimeout(
+                f"the request headers did not arrive within {self.header_timeout_s:g} seconds",
+                headers={"connection": "close"},
             )
+            response = render(late)
+            head = b"".join(name + b": " + value + b"\r\n" for name, value in response.raw_headers)
+            status_line = b"HTTP/1.1 408 Request Timeout\r\n"
+            self.transport.write(status_line + head + b"\r\n" + response.body)
         self.transport.close()
 
 

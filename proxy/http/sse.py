@@ -23,6 +23,8 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from proxy.errors import ProxyError
+
 DONE = b"data: [DONE]\n\n"
 ARGUMENT_PIECE = 32  # characters of a tool call's arguments per chunk
 
@@ -105,8 +107,11 @@ def event(payload: dict[str, Any]) -> bytes:
 
 
 def error_event(message: str, *, type_: str = "upstream_error", code: str | None = None) -> bytes:
-    """The final event of a stream that failed after its first byte went out."""
-    return event({"error": {"message": message, "type": type_, "param": None, "code": code}})
+    """Deprecated: send :func:`proxy.http.render.sse_event` of the ProxyError instead. Goes once
+    the chat handler, its last caller, has moved to it."""
+    error = ProxyError(message, code=code)
+    error.type = type_
+    return event(error.body())
 
 
 class ChunkWriter:

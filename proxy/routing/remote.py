@@ -388,13 +388,12 @@ class RemoteBackend(Backend):
         if call in done and not call.cancelled():
             try:
                 return call.result()
-            except httpx.TransportError as exc:
-                self.stats.failures += 1
-                self.mark_down(f"{type(exc).__name__}")
-                raise BackendDown(f"backend {self.name} is unreachable: {exc!r}") from exc
             except Exception as exc:  # noqa: BLE001 - any client failure is a local failure
                 self.stats.failures += 1
-                raise EngineCrashed(f"backend {self.name}: {type(exc).__name__}") from exc
+                failure = backend_failure(self.name, exc)
+                if isinstance(failure, BackendDown):
+                    self.mark_down(type(exc).__name__)
+                raise failure from exc
         if call in done or watch in done:  # cancelled by mark_down, or found dead
             raise BackendDown(f"backend {self.name} stopped answering")
         self.stats.timeouts += 1
@@ -500,6 +499,19 @@ def _stop_cause(completion: dict[str, Any], cap: int) -> str:
         return "eos"
     tokens = int((completion.get("usage") or {}).get("completion_tokens") or 0)
     return "max_tokens" if tokens >= cap else "context_full"
+
+
+def backend_failure(name: str, exc: Exception) -> EngineCrashed:
+    """What a failed call to remote backend ``name`` is to the router.
+
+    This is not :func:`proxy.upstream.errors.translate`, which tells a client how the paid API
+    failed: a local backend that fails is a reason to try another backend, or the API. An httpx
+    transport error (refused, reset, timed out, cut off) is :class:`BackendDown`, and the caller
+    marks the backend down; anything else is :class:`~proxy.errors.EngineCrashed`.
+    """
+    if isinstance(exc, httpx.TransportError):
+        return BackendDown(f"backend {name} is unreachable: {exc!r}")
+    return EngineCrashed(f"backend {name}: {type(exc).__name__}")
 
 
 def _error_of(response: httpx.Response) -> str:

@@ -83,7 +83,6 @@ from proxy.params import (
 )
 from proxy.upstream.errors import (
     describe,
-    parse_retry_after,
     retry_after_of,
     retryable,
     status_error,
@@ -125,8 +124,6 @@ LITELLM_OWN_KWARGS = frozenset(
         "api_key",
     }
 )
-# Kept for callers of the old private name.
-_parse_retry_after = parse_retry_after
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,5 +1,11 @@
 """How a failed upstream call is judged (retry or not) and told to the client: the one place.
 
+Every failure of the paid API (aiohttp, litellm and httpx errors, and its statuses) passes
+through :func:`translate` once, in :mod:`proxy.upstream.client` and :mod:`proxy.upstream.stream`;
+what leaves this room is always a :class:`~proxy.errors.ProxyError`, which the handlers re-raise
+as it is. (Failures of *local* backends are another matter: see
+:func:`proxy.routing.remote.backend_failure`.)
+
     _RetryableStatus        upstream answered 408, 429, 502, 503 or 504: worth another attempt
     retryable(exc)          that, and a connection that failed before the request was sent
     status_error(...)       a non-2xx answer -> _RetryableStatus, UpstreamStatus or UpstreamError
@@ -42,7 +48,6 @@ from proxy.errors import (
     UpstreamRateLimited,
     UpstreamStatus,
     UpstreamTimeout,
-    map_upstream_exception,
 )
 
 RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
@@ -220,4 +225,7 @@ def _translated(exc: BaseException, attempts: int, streaming: bool) -> ProxyErro
     response = getattr(exc, "response", None)  # litellm's errors carry the provider's answer
     if isinstance(response, httpx.Response):
         return refusal(response.status_code, response.content)
-    return map_upstream_exception(exc)
+    status = getattr(exc, "status_code", None)  # one that carries only the status
+    if isinstance(status, int) and 400 <= status < 500 and status != 408:
+        return refusal(status, b"")
+    return UpstreamError(f"the upstream API failed ({name})")

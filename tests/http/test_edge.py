@@ -215,7 +215,7 @@ async def test_an_unexpected_error_is_an_openai_500_with_the_request_id_logged_o
     assert r.headers["x-request-id"] == "req-500"
     assert r.json() == {
         "error": {
-            "message": "internal error; see the server log for this request id",
+            "message": "internal error; look up request id req-500 in the server log",
             "type": "server_error",
             "param": None,
             "code": "internal_error",

@@ -22,7 +22,8 @@ import pytest
 
 from proxy.config import FallbackSettings
 from proxy.errors import UpstreamError, UpstreamRateLimited, UpstreamStatus, UpstreamTimeout
-from proxy.upstream.client import Upstream, UpstreamStream, _parse_retry_after
+from proxy.upstream.client import Upstream, UpstreamStream
+from proxy.upstream.errors import parse_retry_after, translate
 from tests.fake_api import FakeAPI
 
 KEY_ENV = "FRUGAL_TEST_UPSTREAM_KEY"
@@ -309,13 +310,47 @@ async def test_429_without_retry_after_is_a_429_without_the_header(api: FakeAPI)
 
 
 def test_retry_after_is_read_as_seconds_or_as_an_http_date() -> None:
-    assert _parse_retry_after(httpx.Headers({"retry-after": "7"})) == 7.0
-    assert _parse_retry_after(httpx.Headers({"retry-after-ms": "250"})) == 0.25
+    assert parse_retry_after(httpx.Headers({"retry-after": "7"})) == 7.0
+    assert parse_retry_after(httpx.Headers({"retry-after-ms": "250"})) == 0.25
     in_30_s = formatdate(time.time() + 30, usegmt=True)
-    wait = _parse_retry_after(httpx.Headers({"retry-after": in_30_s}))
+    wait = parse_retry_after(httpx.Headers({"retry-after": in_30_s}))
     assert wait is not None and 28 <= wait <= 30
-    assert _parse_retry_after(httpx.Headers({"retry-after": "soon"})) is None
-    assert _parse_retry_after(httpx.Headers()) is None
+    assert parse_retry_after(httpx.Headers({"retry-after": "soon"})) is None
+    assert parse_retry_after(httpx.Headers()) is None
+
+
+class _ProviderError(Exception):
+    """A provider's error that carries only a status, as some of litellm's do."""
+
+    def __init__(self, status_code: int) -> None:
+        super().__init__(f"status {status_code}")
+        self.status_code = status_code
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "sent"),
+    [
+        (404, UpstreamStatus, 404),  # the API's refusal, passed on
+        (422, UpstreamStatus, 422),
+        (401, UpstreamError, 502),  # the proxy's own key: never the client's 401
+        (403, UpstreamError, 502),
+        (408, UpstreamError, 502),
+        (500, UpstreamError, 502),
+    ],
+)
+def test_translate_turns_a_bare_status_into_the_error_the_client_sees(
+    status: int, kind: type[UpstreamError | UpstreamStatus], sent: int
+) -> None:
+    error = translate(_ProviderError(status), 2)
+    assert type(error) is kind
+    assert (error.status, error.attempts) == (sent, 2)
+
+
+def test_translate_keeps_a_proxy_error_and_sets_its_attempts() -> None:
+    original = UpstreamTimeout("slow")
+    assert translate(original, 3) is original and original.attempts == 3
+    unknown = translate(ValueError("odd"), 1)
+    assert type(unknown) is UpstreamError and "odd" not in unknown.message
 
 
 @pytest.mark.parametrize("status", [408, 502, 503, 504])
