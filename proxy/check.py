@@ -204,6 +204,16 @@ def _relevance(report: Report, settings: config_mod.Settings) -> None:
 
 
 def _ledger(report: Report, settings: config_mod.Settings) -> None:
+    from proxy.ledger.database import from_settings
+
+    try:
+        db = from_settings(settings.ledger)
+    except ConfigError as exc:
+        report.fail(f"ledger: {exc}", "see [ledger] url and password_env in config.example.toml")
+        return
+    if db.is_postgres:
+        _postgres_ledger(report, db)
+        return
     path = os.path.abspath(settings.ledger.path)
     folder = os.path.dirname(path)
     if not os.path.isdir(folder):
@@ -225,6 +235,25 @@ def _ledger(report: Report, settings: config_mod.Settings) -> None:
         report.fail(f"ledger: {path} is not writable", f"chmod u+w {path}")
         return
     report.ok(f"ledger: {path} is writable")
+
+
+def _postgres_ledger(report: Report, db: Any) -> None:
+    """The server answers, and the schema is at this proxy's version (or can be brought there
+    by ``frugal migrate``)."""
+    from proxy.ledger.migrate import schema_state
+
+    try:
+        applied, missing = schema_state(db)
+    except ConfigError as exc:
+        report.fail(f"ledger: {exc}", "start PostgreSQL, or fix [ledger] url / password_env")
+        return
+    if missing:
+        report.warn(
+            f"ledger: {db.label} lacks {len(missing)} migration(s) ({', '.join(missing)})",
+            "run `frugal migrate` (frugal serve also applies them at start)",
+        )
+        return
+    report.ok(f"ledger: {db.label} reachable, schema at {applied[-1]}")
 
 
 def check(explicit_config: str | None, out: TextIO | None = None) -> int:
