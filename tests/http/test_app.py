@@ -11,6 +11,7 @@ import pytest
 import tiktoken
 
 from proxy.engine.client import LocalEngine
+from proxy.errors import MethodNotAllowed, NotFound
 from tests.conftest import FAKE_KEY, settings_for
 from tests.fake_api import FakeAPI
 
@@ -286,9 +287,15 @@ async def test_stream_cut_by_the_api_ends_with_an_error_event(
     assert r.status_code == 200
     events = sse_events(r.text)
     assert events[-1] == "[DONE]"
-    assert "error" in json.loads(events[-2])
+    error = json.loads(events[-2])["error"]  # OpenAI's error object, as a JSON error carries it
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["type"], error["param"], error["code"]) == (
+        "upstream_error",
+        None,
+        "upstream_failed",
+    )
     [row] = rows(tmp_path / "ledger.db")
-    assert row["error"] is not None
+    assert row["error"] == "upstream_failed"
 
 
 @pytest.mark.parametrize(
@@ -357,12 +364,16 @@ async def test_unknown_path_and_wrong_method_are_openai_shaped(
     tmp_path: Path, fake_api: FakeAPI, make_client: Any
 ) -> None:
     async with make_client(settings_for(tmp_path, fake_api)) as client:
-        missing = await client.get("/v1/nothing-here")
-        wrong = await client.get("/v1/chat/completions")
+        missing = await client.get("/v1/nothing-here", headers={"x-request-id": "req-404"})
+        wrong = await client.get("/v1/chat/completions", headers={"x-request-id": "req-405"})
     assert missing.status_code == 404
-    assert missing.json()["error"]["code"] == "not_found"
+    assert missing.json() == NotFound("no such endpoint: GET /v1/nothing-here").body()
+    assert missing.headers["x-request-id"] == "req-404"
     assert wrong.status_code == 405
-    assert wrong.json()["error"]["type"] == "invalid_request_error"
+    message = "method GET is not allowed on /v1/chat/completions"
+    assert wrong.json() == MethodNotAllowed(message).body()
+    assert wrong.headers["allow"] == "POST"
+    assert wrong.headers["x-request-id"] == "req-405"
 
 
 @pytest.mark.parametrize(
