@@ -73,9 +73,24 @@ async def ready_counter() -> TokenCounter:
     return counter
 
 
-async def burst(rows: int, local: bool) -> float:
+def target(tmp: str, url: str | None) -> str:
+    """The database to write to: a fresh SQLite file, or the ``--db`` PostgreSQL database,
+    emptied first."""
+    if not url:
+        return str(Path(tmp) / "bench.db")
+    import psycopg
+
+    from proxy.ledger.migrate import open_database
+
+    open_database(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE requests, requests_daily")
+    return url
+
+
+async def burst(rows: int, local: bool, url: str | None = None) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        ledger = Ledger(str(Path(tmp) / "bench.db"), counter=await ready_counter())
+        ledger = Ledger(target(tmp, url), counter=await ready_counter())
         await ledger.start()
         started = time.perf_counter()
         for i in range(rows):
@@ -91,9 +106,11 @@ async def burst(rows: int, local: bool) -> float:
         return rows / elapsed
 
 
-async def sustained(rate: int, seconds: float) -> tuple[float, list[float], int]:
+async def sustained(
+    rate: int, seconds: float, url: str | None = None
+) -> tuple[float, list[float], int]:
     with tempfile.TemporaryDirectory() as tmp:
-        ledger = Ledger(str(Path(tmp) / "bench.db"), counter=await ready_counter())
+        ledger = Ledger(target(tmp, url), counter=await ready_counter())
         await ledger.start()
         recorded: list[float] = []
         committed: list[float] = []
@@ -134,12 +151,15 @@ async def main() -> None:
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--rate", type=int, default=2000)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--db", help="postgresql://USER@HOST/DB to write to (emptied!); default: a SQLite file"
+    )
     args = parser.parse_args()
-    api = await burst(args.rows, local=False)
+    api = await burst(args.rows, local=False, url=args.db)
     print(f"burst, API rows:   {args.rows:,} rows, {api:,.0f} rows/s")
-    local = await burst(args.rows // 5, local=True)
+    local = await burst(args.rows // 5, local=True, url=args.db)
     print(f"burst, local rows: {args.rows // 5:,} rows (counted), {local:,.0f} rows/s")
-    achieved, waits, estimated = await sustained(args.rate, args.seconds)
+    achieved, waits, estimated = await sustained(args.rate, args.seconds, url=args.db)
     q = statistics.quantiles(waits, n=100)
     print(
         f"sustained: {achieved:,.0f} rows/s offered for {args.seconds:g} s, all written; "
