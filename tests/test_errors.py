@@ -37,7 +37,9 @@ from proxy.errors import (
     UpstreamTimeout,
 )
 from proxy.http.app import RequestIdMiddleware
-from proxy.http.render import exception_handlers, render, sse_event
+from proxy.http.render import exception_handlers, render, sse_event, unexpected
+
+SECRET = "SECRET-PROMPT-text"
 
 
 def _shape(message: str, type_: str, code: str | None, param: str | None = None) -> Any:
@@ -194,6 +196,22 @@ def test_json_and_sse_carry_the_same_error_object(cls: type[ProxyError]) -> None
     assert _sse_payload(sse_event(error)) == json.loads(render(error).body) == error.body()
 
 
+def test_a_stream_that_fails_after_its_first_byte_ends_with_the_same_500_logged_once() -> None:
+    try:
+        raise KeyError(SECRET)
+    except KeyError as exc:
+        with capture_logs() as logs:
+            error = unexpected(exc, "req-mid", started=True)
+    assert _sse_payload(sse_event(error)) == InternalError("req-mid").body()
+    [line] = [e for e in logs if e["event"] == "unhandled_error"]
+    assert (line["request_id"], line["error"], line["response_started"]) == (
+        "req-mid",
+        "KeyError",
+        True,
+    )
+    assert SECRET not in repr(logs)
+
+
 def test_the_tree_in_the_docstring_names_every_class() -> None:
     doc = proxy.errors.__doc__ or ""
     for cls in CASES:
@@ -201,9 +219,6 @@ def test_the_tree_in_the_docstring_names_every_class() -> None:
 
 
 # -- an in-process app -------------------------------------------------------------------------
-
-
-SECRET = "SECRET-PROMPT-text"
 
 
 async def _boom(request: Request) -> Response:

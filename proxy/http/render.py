@@ -52,13 +52,19 @@ def from_http_exception(exc: HTTPException, method: str, path: str) -> ProxyErro
 
 
 def unexpected(
-    exc: BaseException, request_id: str | None, scope: Scope, *, started: bool = False
+    exc: BaseException,
+    request_id: str | None,
+    scope: Scope | None = None,
+    *,
+    started: bool = False,
 ) -> InternalError:
-    """Log an exception no handler took, once, and return the 500 the client gets for it.
+    """Log an exception no handler took, once, and return the 500 the client gets for it: as
+    JSON (:func:`render`), or as a stream's last event (:func:`sse_event`) when ``started``.
 
     The log line has the request id, the exception's class and where it was raised: never its
     message or a traceback's locals, which may hold request content.
     """
+    scope = scope or {}
     frames = traceback.extract_tb(exc.__traceback__)
     where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
     log.error(
