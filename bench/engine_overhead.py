@@ -118,7 +118,7 @@ async def main() -> None:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://b", timeout=600) as c:
-            pid = app.state.engine.health()["pid"]
+            pid = app.state.services.engine.health()["pid"]
             systems = {"proxy": Proxy(c, pid), **systems}
             tag = 0
             for system in systems.values():  # warm up each once

@@ -1,9 +1,12 @@
-"""The Starlette application: ``create_app(settings)`` builds everything on ``app.state``.
+"""The Starlette application: ``create_app(settings)``, its routes and its lifespan.
 
-Nothing lives at module level. The lifespan opens the ledger, starts the upstream client and the
-engine worker, and on shutdown (after uvicorn has drained in-flight requests) flushes the ledger
-first, so that the rows of finished requests are safe whatever happens next, then stops the rest
-with a bound on each step, and closes the ledger last (see :func:`shutdown_budget_s`).
+Nothing lives at module level. The lifespan builds the app's typed
+:class:`~proxy.http.services.Services`, kept on ``app.state.services``, and one handler per
+endpoint (``app.state.chat``, ``completions``, ``embeddings``). It opens the ledger, starts the
+upstream client and the engine worker, and on shutdown (after uvicorn has drained in-flight
+requests) flushes the ledger first, so that the rows of finished requests are safe whatever
+happens next, then stops the rest with a bound on each step, and closes the ledger last (see
+:func:`shutdown_budget_s`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from proxy.http.disconnect import CancelOnDisconnect
 from proxy.http.limits import InFlight, LimitsMiddleware
 from proxy.http.openapi import openapi_spec
 from proxy.http.render import exception_handlers, render, unexpected
+from proxy.http.services import Services, services_of
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.writer import Ledger
 from proxy.routing.router import LOCAL_ALIAS, Router
@@ -144,20 +148,28 @@ async def _bounded(step: Any, timeout_s: float, part: str) -> None:
         log.error("stop_step_failed", part=part, error=type(exc).__name__)
 
 
-async def _shutdown(state: Any, *, owns_engine: bool) -> None:
-    """Flush the ledger, stop the router, the engine, the upstream client and the key store
-    (each bounded), then close the ledger, spilling what a locked database would not take."""
-    ledger: Ledger = state.ledger
-    budget = state.settings.ledger.shutdown_timeout_s
+async def _shutdown(
+    settings: Settings,
+    *,
+    ledger: Ledger,
+    auth: Authenticator,
+    upstream: Upstream,
+    engine: LocalEngine | None,
+    router: Router | None,
+) -> None:
+    """Flush the ledger, stop the router, the engine (``None``: not the app's to stop), the
+    upstream client and the key store (each bounded), then close the ledger, spilling what a
+    locked database would not take."""
+    budget = settings.ledger.shutdown_timeout_s
     started = time.monotonic()
     flushed = await ledger.flush(budget)
     spent = time.monotonic() - started
-    if getattr(state, "router", None) is not None:
-        await _bounded(state.router.close(), AUX_STOP_S, "router")
-    if owns_engine:
-        await _bounded(state.engine.stop(), ENGINE_STOP_S, "engine")
-    await _bounded(state.upstream.aclose(), AUX_STOP_S, "upstream")
-    await _bounded(state.auth.stop(), AUX_STOP_S, "auth")
+    if router is not None:
+        await _bounded(router.close(), AUX_STOP_S, "router")
+    if engine is not None:
+        await _bounded(engine.stop(), ENGINE_STOP_S, "engine")
+    await _bounded(upstream.aclose(), AUX_STOP_S, "upstream")
+    await _bounded(auth.stop(), AUX_STOP_S, "auth")
     await ledger.close(max(LEDGER_CLOSE_MIN_S, budget - spent))
     log.info(
         "stopped",
@@ -169,55 +181,79 @@ async def _shutdown(state: Any, *, owns_engine: bool) -> None:
 
 
 def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Starlette:
+    in_flight = InFlight()  # counted by the limits middleware, made before the lifespan runs
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state = app.state
-        state.settings = settings
-        state.started_at = time.time()
-        state.prices = PriceBook.from_settings(load_price_map(), settings.pricing)
-        state.ledger = Ledger(
+        started_at = time.time()
+        prices = PriceBook.from_settings(load_price_map(), settings.pricing)
+        ledger = Ledger(
             settings.ledger.path,
-            prices=state.prices,
+            prices=prices,
             flush_interval_s=settings.ledger.flush_interval_s,
             batch_size=settings.ledger.batch_size,
             busy_timeout_s=settings.ledger.busy_timeout_s,
             max_queue=settings.ledger.max_queue,
             shutdown_timeout_s=settings.ledger.shutdown_timeout_s,
         )
-        await state.ledger.start()
-        state.auth = Authenticator(settings)
-        await state.auth.start()
-        state.upstream = Upstream(settings.fallback)
-        await state.upstream.start()
+        await ledger.start()
+        auth = Authenticator(settings)
+        await auth.start()
+        upstream = Upstream(settings.fallback)
+        await upstream.start()
         owns_engine = engine is None
-        state.engine = engine or LocalEngine(
+        local = engine or LocalEngine(
             settings.local,
             relevance=settings.quality.relevance,
             private_env=(settings.fallback.api_key_env, settings.server.api_keys_env),
         )
+        router: Router | None = None
         try:
             if owns_engine:
-                await state.engine.start()
-            state.router = Router(settings, state.engine, state.upstream.enabled)
-            await state.router.start()
-            state.chat = ChatHandler(state)
-            state.completions = CompletionsHandler(state)
-            state.embeddings = EmbeddingsHandler(state)
+                await local.start()
+            router = Router(settings, local, upstream.enabled)
+            await router.start()
+            services = Services(
+                settings=settings,
+                started_at=started_at,
+                prices=prices,
+                ledger=ledger,
+                auth=auth,
+                upstream=upstream,
+                engine=local,
+                router=router,
+                metrics=metrics_mod.Metrics(
+                    in_flight=in_flight, engine=local, router=router, ledger=ledger
+                ),
+                in_flight=in_flight,
+            )
+            app.state.services = services
+            # One handler per endpoint; each route looks its own up on app.state per request.
+            app.state.chat = ChatHandler(services)
+            app.state.completions = CompletionsHandler(services)
+            app.state.embeddings = EmbeddingsHandler(services)
             # litellm (the ledger's token counter) imported alongside the engine's start; serve
             # once it is in, so that the import never competes with requests for the GIL.
-            await state.ledger.counter_ready()
-            if not state.upstream.enabled:
+            await ledger.counter_ready()
+            if not upstream.enabled:
                 log.warning("local_only", detail=_no_fallback_detail(settings))
             log.info(
                 "serving",
-                auth=state.auth.enabled,
-                fallback=state.upstream.enabled,
+                auth=auth.enabled,
+                fallback=upstream.enabled,
                 threshold=settings.quality.threshold,
                 stream_mode=settings.router.stream_mode,
             )
             yield
         finally:
-            await _shutdown(state, owns_engine=owns_engine)
+            await _shutdown(
+                settings,
+                ledger=ledger,
+                auth=auth,
+                upstream=upstream,
+                engine=local if owns_engine else None,
+                router=router,
+            )
 
     async def completions(request: Request) -> Response:
         handler: CompletionsHandler = request.app.state.completions
@@ -235,23 +271,24 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
         return await handler(request)
 
     async def models(request: Request) -> Response:
-        state = request.app.state
-        created = int(state.started_at)
+        services = services_of(request)
+        created = int(services.started_at)
         data = [{"id": LOCAL_ALIAS, "object": "model", "created": created, "owned_by": "frugal"}]
-        for name in state.upstream.model_ids():
+        for name in services.upstream.model_ids():
             data.append({"id": name, "object": "model", "created": created, "owned_by": "api"})
         return JSONResponse({"object": "list", "data": data})
 
     async def healthz(request: Request) -> Response:
-        state = request.app.state
-        engine_health = state.engine.health()
+        services = services_of(request)
+        upstream = services.upstream
+        engine_health = services.engine.health()
         fallback = {
-            "configured": state.upstream.enabled,
-            "api_base": settings.fallback.api_base if state.upstream.enabled else None,
-            "mode": "cascade" if state.upstream.enabled else "local_only",
+            "configured": upstream.enabled,
+            "api_base": settings.fallback.api_base if upstream.enabled else None,
+            "mode": "cascade" if upstream.enabled else "local_only",
         }
         ok = engine_health["state"] == "ready"
-        status = 200 if ok or state.upstream.enabled else 503
+        status = 200 if ok or upstream.enabled else 503
         if not getattr(request.state, "authenticated", True):
             # Open to health checks, which carry no key: the status, not the details.
             return JSONResponse({"status": "ok" if ok else "degraded"}, status_code=status)
@@ -262,12 +299,12 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             "quality_threshold": settings.quality.threshold,
             "quality_thresholds_by_model": settings.quality.models,
             "stream_mode": settings.router.stream_mode,
-            "routing": state.router.health(),
+            "routing": services.router.health(),
             "ledger": {
                 "path": settings.ledger.path,
-                **state.ledger.health(),
+                **services.ledger.health(),
             },
-            "uptime_s": round(time.time() - state.started_at, 1),
+            "uptime_s": round(time.time() - services.started_at, 1),
         }
         return JSONResponse(body, status_code=status)
 
@@ -288,8 +325,6 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
         exception_handlers=exception_handlers(),
         lifespan=lifespan,
     )
-    app.state.in_flight = InFlight()
-    app.state.metrics = metrics_mod.Metrics(app.state)
     # Outermost last: request id (and the 500 for anything unexpected), then auth (a stranger
     # takes no concurrency slot), then the guard (JSON only; a loopback Host when keyless), then
     # limits. Innermost: a client that leaves before its answer is ready cancels the handler
@@ -298,12 +333,12 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
         CancelOnDisconnect,
         paths=("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"),
     )
-    app.add_middleware(LimitsMiddleware, settings=settings.server, state=app.state)
+    app.add_middleware(LimitsMiddleware, settings=settings.server, in_flight=in_flight)
     # The JSON-body check applies where a POST is served; elsewhere a POST is the router's 405.
     json_paths = {
         r.path for r in app.routes if isinstance(r, Route) and "POST" in (r.methods or ())
     }
-    app.add_middleware(RequestGuard, state=app.state, json_paths=json_paths)
-    app.add_middleware(AuthMiddleware, state=app.state)
+    app.add_middleware(RequestGuard, settings=settings.server, json_paths=json_paths)
+    app.add_middleware(AuthMiddleware)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -51,7 +51,7 @@ from typing import Any
 import structlog
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.config import Settings
+from proxy.config import ServerSettings, Settings
 from proxy.errors import (
     ConfigError,
     MisdirectedRequest,
@@ -60,6 +60,7 @@ from proxy.errors import (
     UnsupportedMediaType,
 )
 from proxy.http.render import render
+from proxy.http.services import Services, services_in
 from proxy.ledger import keys as keys_mod
 
 log = structlog.get_logger("frugal.auth")
@@ -152,23 +153,19 @@ def presented_key(scope: Scope) -> str | None:
 class AuthMiddleware:
     """401s requests without a good key (when keys are configured); names the key otherwise.
 
-    ``state`` is the app's state: the :class:`Authenticator` (``state.auth``) is made in the
-    lifespan, before any request is served.
+    The :class:`Authenticator` is the app's (:class:`~proxy.http.services.Services`), looked
+    up per request: the lifespan builds it after this middleware is made, before any request.
     """
 
-    def __init__(self, app: ASGIApp, state: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        services = services_in(scope) if scope["type"] == "http" else None
+        if services is None or not services.auth.enabled:
             await self.app(scope, receive, send)
             return
-        auth: Authenticator | None = getattr(self.state, "auth", None)
-        if auth is None or not auth.enabled:
-            await self.app(scope, receive, send)
-            return
-        name = auth.name_of(presented_key(scope))
+        name = services.auth.name_of(presented_key(scope))
         scope_state = scope.setdefault("state", {})
         scope_state["authenticated"] = name is not None
         if name is not None:
@@ -176,7 +173,7 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        if path in OPEN_PATHS or (path == "/metrics" and self.state.settings.server.metrics_open):
+        if path in OPEN_PATHS or (path == "/metrics" and services.settings.server.metrics_open):
             await self.app(scope, receive, send)
             return
         has_key = presented_key(scope) is not None
@@ -195,9 +192,7 @@ class AuthMiddleware:
             status=401,
             reason="wrong_key" if has_key else "no_key",
         )
-        metrics = getattr(self.state, "metrics", None)
-        if metrics is not None:
-            metrics.rejected("unauthorized")
+        services.metrics.rejected("unauthorized")
         await render(error, scope_state.get("request_id"))(scope, receive, send)
 
 
@@ -205,9 +200,11 @@ class RequestGuard:
     """415 for a POST that is not ``application/json``; 421 for a foreign ``Host`` in keyless
     mode on a loopback bind (see the module docstring for why)."""
 
-    def __init__(self, app: ASGIApp, state: Any, json_paths: Iterable[str] = ()) -> None:
+    def __init__(
+        self, app: ASGIApp, settings: ServerSettings, json_paths: Iterable[str] = ()
+    ) -> None:
         self.app = app
-        self.state = state
+        self.server = settings
         self.json_paths = frozenset(json_paths)
         """Where a POST carries a JSON body; a POST elsewhere is left to the router (405)."""
 
@@ -215,7 +212,8 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        error, reason = self._check(scope)
+        services = services_in(scope)
+        error, reason = self._check(scope, services)
         if error is None:
             await self.app(scope, receive, send)
             return
@@ -228,16 +226,14 @@ class RequestGuard:
             status=error.status,
             reason=reason,
         )
-        metrics = getattr(self.state, "metrics", None)
-        if metrics is not None:
-            metrics.rejected(reason)
+        if services is not None:
+            services.metrics.rejected(reason)
         await render(error, scope_state.get("request_id"))(scope, receive, send)
 
-    def _check(self, scope: Scope) -> tuple[ProxyError | None, str]:
+    def _check(self, scope: Scope, services: Services | None) -> tuple[ProxyError | None, str]:
         headers = scope.get("headers", ())
-        auth: Authenticator | None = getattr(self.state, "auth", None)
-        server = self.state.settings.server
-        if (auth is None or not auth.enabled) and is_loopback(server.host):
+        server = self.server
+        if (services is None or not services.auth.enabled) and is_loopback(server.host):
             host = _header(headers, b"host")
             if host is not None and not host_is_local(host, server.host):
                 return (

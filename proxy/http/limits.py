@@ -22,7 +22,7 @@ drained into a connection that is kept alive.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import h11
 import structlog
@@ -32,6 +32,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from proxy.config import ServerSettings
 from proxy.errors import PayloadTooLarge, ProxyError, RequestTimeout, TooManyRequests
 from proxy.http.render import render
+from proxy.http.services import services_in
 
 log = structlog.get_logger("frugal.limits")
 
@@ -49,13 +50,12 @@ class InFlight:
 
 
 class LimitsMiddleware:
-    def __init__(self, app: ASGIApp, settings: ServerSettings, state: Any) -> None:
+    def __init__(self, app: ASGIApp, settings: ServerSettings, in_flight: InFlight) -> None:
         self.app = app
         self.max_body = settings.max_body_bytes
         self.body_timeout_s = settings.body_timeout_s
         self.max_concurrency = settings.max_concurrency
-        self.state = state
-        self.in_flight: InFlight = state.in_flight
+        self.in_flight = in_flight  # the app's (Services.in_flight), read by the metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") in UNLIMITED_PATHS:
@@ -99,7 +99,7 @@ class LimitsMiddleware:
                     message = await receive()
             except TimeoutError:
                 cut_short = body_done = True
-                self._count("body_timeout")
+                self._count(scope, "body_timeout")
                 raise RequestTimeout(
                     f"the request body did not arrive within {self.body_timeout_s:g} seconds"
                 ) from None
@@ -107,7 +107,7 @@ class LimitsMiddleware:
                 received += len(message.get("body", b""))
                 if received > max_body:
                     cut_short = body_done = True
-                    self._count("too_large")
+                    self._count(scope, "too_large")
                     raise _too_large(max_body)
                 body_done = not message.get("more_body", False)
             else:
@@ -121,15 +121,15 @@ class LimitsMiddleware:
 
         return guarded_receive, guarded_send
 
-    def _count(self, reason: str) -> None:
-        metrics = getattr(self.state, "metrics", None)
-        if metrics is not None:
-            metrics.rejected(reason)
+    def _count(self, scope: Scope, reason: str) -> None:
+        services = services_in(scope)
+        if services is not None:
+            services.metrics.rejected(reason)
 
     async def _refuse(
         self, scope: Scope, receive: Receive, send: Send, error: ProxyError, reason: str
     ) -> None:
-        self._count(reason)
+        self._count(scope, reason)
         log.info(
             "rejected",
             request_id=scope.get("state", {}).get("request_id"),

@@ -42,7 +42,7 @@ pricier one) cannot make a counter go down, so the exact figure over any window 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -56,13 +56,30 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.http.services import services_of
+
+if TYPE_CHECKING:
+    from proxy.engine.client import LocalEngine
+    from proxy.http.limits import InFlight
+    from proxy.ledger.writer import Ledger
+    from proxy.routing.router import Router
+
 PUSD_PER_USD = 10**12
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
 QUALITY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 class Metrics:
-    def __init__(self, state: Any) -> None:
+    """The app's counters, and the parts read when Prometheus scrapes (each one optional)."""
+
+    def __init__(
+        self,
+        *,
+        in_flight: InFlight | None = None,
+        engine: LocalEngine | None = None,
+        router: Router | None = None,
+        ledger: Ledger | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
         self.requests = Counter(
@@ -107,7 +124,7 @@ class Metrics:
         self.api_cost_pusd = 0
         self.counterfactual_pusd = 0
         self.saved_pusd = 0
-        reg.register(_StateCollector(state, self))
+        reg.register(_StateCollector(self, in_flight, engine, router, ledger))
 
     def observe(
         self,
@@ -151,16 +168,26 @@ class Metrics:
 
 
 async def endpoint(request: Request) -> Response:
-    metrics: Metrics = request.app.state.metrics
+    metrics = services_of(request).metrics
     return Response(metrics.render(), headers={"content-type": CONTENT_TYPE_LATEST})
 
 
 class _StateCollector(Collector):
     """What is read at scrape time: money totals, in-flight count, engine and ledger."""
 
-    def __init__(self, state: Any, metrics: Metrics) -> None:
-        self.state = state
+    def __init__(
+        self,
+        metrics: Metrics,
+        in_flight: InFlight | None,
+        engine: LocalEngine | None,
+        router: Router | None,
+        ledger: Ledger | None,
+    ) -> None:
         self.metrics = metrics
+        self.in_flight = in_flight
+        self.engine = engine
+        self.router = router
+        self.ledger = ledger
 
     def collect(self) -> Iterator[Metric]:
         m = self.metrics
@@ -179,20 +206,18 @@ class _StateCollector(Collector):
             ),
         ):
             yield CounterMetricFamily(name, doc, value=pusd / PUSD_PER_USD)
-        in_flight = getattr(self.state, "in_flight", None)
-        if in_flight is not None:
+        if self.in_flight is not None:
             yield GaugeMetricFamily(
-                "frugal_in_flight_requests", "Requests being handled now.", value=in_flight.count
+                "frugal_in_flight_requests",
+                "Requests being handled now.",
+                value=self.in_flight.count,
             )
-        engine = getattr(self.state, "engine", None)
-        if engine is not None:
-            yield from _engine_metrics(engine.health())
-        router = getattr(self.state, "router", None)
-        if router is not None:  # predictions and local backends (proxy.routing)
-            yield from router.metrics()
-        ledger = getattr(self.state, "ledger", None)
-        if ledger is not None:
-            yield from _ledger_metrics(ledger.health())
+        if self.engine is not None:
+            yield from _engine_metrics(self.engine.health())
+        if self.router is not None:  # predictions and local backends (proxy.routing)
+            yield from self.router.metrics()
+        if self.ledger is not None:
+            yield from _ledger_metrics(self.ledger.health())
 
 
 def _ledger_metrics(health: dict[str, Any]) -> Iterator[Metric]:

@@ -33,7 +33,7 @@ async def test_a_full_queue_sends_the_next_request_to_the_api_at_once(
         running = asyncio.create_task(
             client.post("/v1/chat/completions", json=slow, headers=local_only)
         )
-        engine: LocalEngine = client.app.state.engine  # type: ignore[attr-defined]
+        engine: LocalEngine = client.app.state.services.engine  # type: ignore[attr-defined]
         for _ in range(200):
             if engine.busy:
                 break
@@ -126,7 +126,7 @@ def test_a_client_that_disconnects_stops_its_generation_and_leaves_the_queue(
     served: tuple[_Server, Any],
 ) -> None:
     server, app = served
-    engine: LocalEngine = app.state.engine
+    engine: LocalEngine = app.state.services.engine
     pid = engine.health()["pid"]
     long = {"model": "local", "messages": LONG, "max_tokens": 3000}
     first = _send_and_leave_open(server.port, long)

@@ -151,7 +151,7 @@ def test_ledger_write_failures_and_drops_come_from_the_ledgers_own_counters() ->
     ledger = SimpleNamespace(
         health=lambda: {"written": 5, "write_failures": 3, "dropped": 2, "pending": 7}
     )
-    metrics = Metrics(SimpleNamespace(ledger=ledger))
+    metrics = Metrics(ledger=ledger)  # type: ignore[arg-type]
     samples = parse(metrics.render().decode())
     assert value(samples, "frugal_ledger_write_failures_total") == 3
     assert value(samples, "frugal_ledger_rows_dropped_total") == 2
@@ -160,7 +160,7 @@ def test_ledger_write_failures_and_drops_come_from_the_ledgers_own_counters() ->
 
 
 def test_money_is_summed_exactly_in_picodollars() -> None:
-    metrics = Metrics(SimpleNamespace())
+    metrics = Metrics()
     for _ in range(10):
         metrics.observe(
             endpoint="chat.completions",

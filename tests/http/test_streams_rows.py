@@ -71,7 +71,7 @@ class Served:
 
     @property
     def engine(self) -> LocalEngine:
-        engine: LocalEngine = self.app.state.engine
+        engine: LocalEngine = self.app.state.services.engine
         return engine
 
     def rows(self, request_id: str) -> list[dict[str, Any]]:
@@ -83,7 +83,7 @@ class Served:
     def one_row(self, request_id: str) -> dict[str, Any]:
         """The request's row, once it is written and nothing more is waiting to be."""
         wait_for(lambda: self.rows(request_id), f"the row of {request_id}")
-        wait_for(lambda: self.app.state.ledger.pending == 0, "the ledger to be written")
+        wait_for(lambda: self.app.state.services.ledger.pending == 0, "the ledger to be written")
         rows = self.rows(request_id)
         assert len(rows) == 1, rows
         return rows[0]

@@ -169,7 +169,7 @@ async def test_answer_lengths_are_learned_from_the_ledger_at_start(
             )
     conn.close()
     async with make_client(settings_for(tmp_path, fake_api)) as client:
-        router = client.app.state.router
+        router = client.app.state.services.router
         for _ in range(200):
             if router.predictor.lengths.seeded:
                 break

@@ -1,0 +1,58 @@
+"""The services one running app shares, typed: what handlers and middleware are given.
+
+:class:`Services` is built once, by the lifespan in :mod:`proxy.http.app`, after every part has
+started, and kept on ``app.state.services``. It is frozen: a part is never swapped while the app
+serves. Handlers receive it when they are made; middleware are made before the lifespan runs, so
+they look it up per request with :func:`services_in` (``None`` until the lifespan has built it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.types import Scope
+
+if TYPE_CHECKING:  # the parts' modules import this one for services_in
+    from proxy.config import Settings
+    from proxy.engine.client import LocalEngine
+    from proxy.http.auth import Authenticator
+    from proxy.http.limits import InFlight
+    from proxy.http.metrics import Metrics
+    from proxy.ledger.pricing import PriceBook
+    from proxy.ledger.writer import Ledger
+    from proxy.routing.router import Router
+    from proxy.upstream.client import Upstream
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Services:
+    """Everything a request may use: settings, the ledger, the API client, the engine, ..."""
+
+    settings: Settings
+    started_at: float  # time.time() when the app started serving (for /v1/models, /healthz)
+    prices: PriceBook
+    ledger: Ledger
+    auth: Authenticator
+    upstream: Upstream
+    engine: LocalEngine
+    router: Router
+    metrics: Metrics
+    in_flight: InFlight
+
+
+def services_in(scope: Scope) -> Services | None:
+    """The services of the app serving ``scope``; None before its lifespan has built them."""
+    state = getattr(scope.get("app"), "state", None)
+    found = getattr(state, "services", None)
+    return found if isinstance(found, Services) else None
+
+
+def services_of(request: Request) -> Services:
+    """The services of the app serving ``request`` (the lifespan has run: uvicorn and the
+    tests' clients serve no request before it has)."""
+    found = services_in(request.scope)
+    if found is None:
+        raise RuntimeError("the app's lifespan has not started: no services")
+    return found
