@@ -11,13 +11,12 @@
                      finish       the ledger row, the metrics and the log line, once
     public_answer  the engine's completion as OpenAI sends it (chat, or legacy text)
 
-A handler (:mod:`proxy.http.chat`, :mod:`proxy.http.completions`) implements ``handle``: it
-reads the body, calls ``begin``, ``try_local`` and, when the local answer is not kept,
-``from_api``, and returns JSON or ``stream(...)``. The row is written by ``__call__``'s
-``finally`` for a JSON answer or an error, and by the :class:`proxy.http.sse.EventStream` for a
-stream, when its last byte has gone out or its client left (status 499, ``client_gone``). Errors
-are :class:`~proxy.errors.ProxyError` already (the upstream client translates its own failures):
-their status and code go into the row as they are.
+A handler (:mod:`proxy.http.chat`, :mod:`proxy.http.completions`) implements ``handle`` with
+these steps and returns JSON or ``stream(...)``. The row is written by ``__call__``'s ``finally``
+for a JSON answer or an error, and by the :class:`proxy.http.sse.EventStream` of a stream when
+its last byte is out or its client left (status 499, ``client_gone``). Upstream failures arrive
+as :class:`~proxy.errors.ProxyError` (the upstream client translates its own): their status,
+code and attempts go into the row as they are.
 """
 
 from __future__ import annotations
