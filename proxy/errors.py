@@ -250,12 +250,3 @@ class EngineTimeout(EngineError):
 
 class EngineBusy(EngineError):
     reason = "local_busy"
-
-
-def map_upstream_exception(exc: BaseException) -> ProxyError:
-    """Deprecated, and going once its last callers (the chat and completions handlers) have
-    stopped calling it: the upstream client raises only ProxyErrors, translated once by
-    :func:`proxy.upstream.errors.translate`, so what it raises is re-raised as it is."""
-    if isinstance(exc, ProxyError):
-        return exc
-    return UpstreamError(f"the upstream API failed ({type(exc).__name__})")
