@@ -20,9 +20,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from proxy.errors import ProxyError
+from proxy.errors import LocalUnavailable, ProxyError
 from proxy.http import sse
 from proxy.http.exchange import Exchange, Handler, aiter_of, public_answer
+from proxy.http.render import sse_event
 from proxy.http.validate import chat_request, parse_json
 from proxy.routing.router import LocalAttempt, Plan
 from proxy.routing.servable import live_streamable
@@ -176,7 +177,7 @@ async def _relay(
             yield chunk
     except ProxyError as err:  # translated by the stream itself (proxy.upstream.errors)
         ex.error = err.code or "stream_cut"
-        yield sse.error_event(err.message, code=err.code)
+        yield sse_event(err)
         yield sse.DONE
     finally:
         await close()
@@ -213,11 +214,8 @@ async def _live_chunks(
         completion = attempt.completion
         if completion is None:
             ex.error = attempt.reason
-            yield sse.error_event(
-                f"the local model failed mid-answer ({attempt.reason})",
-                type_="server_error",
-                code=attempt.reason,
-            )
+            failed = f"the local model failed mid-answer ({attempt.reason})"
+            yield sse_event(LocalUnavailable(failed, code=attempt.reason))
             yield sse.DONE
             return
         ex.take_usage(completion.get("usage"))

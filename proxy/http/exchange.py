@@ -36,6 +36,7 @@ from starlette.responses import Response
 from proxy.errors import BadRequest, LocalUnavailable, ProxyError
 from proxy.http import sse
 from proxy.http.metrics import PUSD_PER_USD
+from proxy.http.render import sse_event, unexpected
 from proxy.http.services import Services
 from proxy.ledger.pricing import CountJob, estimate_costs
 from proxy.routing.estimator import Prediction
@@ -261,9 +262,8 @@ class Handler:
                 async for chunk in chunks:
                     yield chunk
             except Exception as exc:  # noqa: BLE001 - the status line is already out
-                ex.error = "stream_failed"
-                log.error("stream_failed", request_id=ex.request_id, error=type(exc).__name__)
-                yield sse.error_event("the stream failed", type_="server_error")
+                ex.error = "stream_failed"  # logged once, and sent as the stream's last event
+                yield sse_event(unexpected(exc, ex.request_id, started=True))
                 yield sse.DONE
             finally:
                 await chunks.aclose()

@@ -8,7 +8,8 @@ and a finish chunk; then the usage chunk when asked for, and ``[DONE]``.
 
 :class:`EventStream` is the response that carries them: it ends exactly once, however it ends
 (run to its last event, cut by a client that left, or cancelled before its first byte), and says
-so to its owner, who writes the request's ledger row then.
+so to its owner, who writes the request's ledger row then. A stream that fails after its first
+byte ends with the error's event (:func:`proxy.http.render.sse_event`), then ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
-
-from proxy.errors import ProxyError
 
 DONE = b"data: [DONE]\n\n"
 ARGUMENT_PIECE = 32  # characters of a tool call's arguments per chunk
@@ -104,14 +103,6 @@ async def _stop(*tasks: asyncio.Future[None]) -> None:
 
 def event(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-
-def error_event(message: str, *, type_: str = "upstream_error", code: str | None = None) -> bytes:
-    """Deprecated: send :func:`proxy.http.render.sse_event` of the ProxyError instead. Goes once
-    the chat handler, its last caller, has moved to it."""
-    error = ProxyError(message, code=code)
-    error.type = type_
-    return event(error.body())
 
 
 class ChunkWriter:

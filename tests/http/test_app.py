@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 import tiktoken
+from structlog.testing import capture_logs
 
 from proxy.engine.client import LocalEngine
-from proxy.errors import MethodNotAllowed, NotFound
+from proxy.errors import InternalError, MethodNotAllowed, NotFound
+from proxy.http import sse
 from tests.conftest import FAKE_KEY, settings_for
 from tests.fake_api import FakeAPI
 
@@ -296,6 +298,35 @@ async def test_stream_cut_by_the_api_ends_with_an_error_event(
     )
     [row] = rows(tmp_path / "ledger.db")
     assert row["error"] == "upstream_failed"
+
+
+async def test_a_stream_that_fails_after_its_first_byte_ends_with_the_requests_500_event(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "SECRET-in-the-answer"
+
+    def broken_replay(completion: dict[str, Any], **_: Any) -> Any:
+        yield sse.ChunkWriter(completion["id"], completion["model"]).role()
+        raise RuntimeError(secret)
+
+    monkeypatch.setattr(sse, "replay", broken_replay)
+    settings = settings_for(tmp_path, fake_api, quality={"threshold": 0.0})
+    request = {"model": "gpt-4o-mini", "messages": FACT, "max_tokens": 4, "stream": True}
+    async with make_client(settings) as client:
+        with capture_logs() as logs:
+            r = await client.post(
+                "/v1/chat/completions", json=request, headers={"x-request-id": "req-mid"}
+            )
+    assert r.status_code == 200  # the status line was out before the failure
+    events = sse_events(r.text)
+    assert json.loads(events[0])["choices"][0]["delta"]["role"] == "assistant"
+    assert json.loads(events[-2]) == InternalError("req-mid").body()
+    assert events[-1] == "[DONE]"
+    failures = [e for e in logs if e["event"] == "unhandled_error"]
+    assert len(failures) == 1 and failures[0]["request_id"] == "req-mid"
+    assert secret not in repr(logs) and secret not in r.text
+    [row] = rows(tmp_path / "ledger.db")
+    assert row["error"] == "stream_failed"
 
 
 @pytest.mark.parametrize(
