@@ -173,7 +173,7 @@ async def run_burst(
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
-            transport=transport, base_url="http://bench", timeout=600
+            transport=transport, base_url="http://127.0.0.1", timeout=600
         ) as client:
             start = time.perf_counter()
 
@@ -237,7 +237,9 @@ async def warm_up(
     alone = 0.0
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://w", timeout=600) as c:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://127.0.0.1", timeout=600
+        ) as c:
             for prompt in prompts:
                 t = time.perf_counter()
                 response = await c.post(
@@ -276,7 +278,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     reply = " ".join(random.Random(7).choice(WORDS) for _ in range(args.max_tokens))
     os.environ[KEY_ENV] = "sk-bench-" + "0" * 16
     workdir = Path(tempfile.mkdtemp(prefix="frugal-routing-"))
-    engine = LocalEngine(config.LocalSettings(n_threads=args.threads, max_queue=64))
+    engine = LocalEngine(
+        config.LocalSettings(n_threads=args.threads, max_queue=64, parallel=args.parallel)
+    )
     with FakeAPI(record=False, reply=reply, latency_s=api_latency) as api:
         await engine.start()
         try:
@@ -340,6 +344,7 @@ def main() -> None:
     parser.add_argument("--gap-ms", type=float, default=50.0)
     parser.add_argument("--timeout", default="auto", help="local timeout_s, or 'auto'")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--parallel", type=int, default=1, help="[local] parallel")
     parser.add_argument("--api-latency", type=float, default=1.5)
     parser.add_argument("--api-per-token", type=float, default=0.02)
     parser.add_argument("--rounds", type=int, default=1)

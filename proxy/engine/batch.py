@@ -10,8 +10,11 @@ each :meth:`BatchEngine.step` is one ``llama_decode``, of one of two kinds, in t
     decode   one row with logits for every sequence that has one: its last sampled token, or
              the last token of its prompt (which gives it its first answer token)
     prefill  a chunk (``chunk`` tokens at most) of one joining sequence's prompt but its last
-             token, no logits; the decoders get a step between any two chunks, so a long prompt
-             slows them down but never stops them
+             token, no logits. While others are decoding, a prefill step that took t seconds
+             is followed by 4t seconds of decode steps before the next one (or fewer, if the
+             decoders finish): running answers get 80% of the time, so that they finish in
+             about the order they came (what deadlines want), a long prompt slows them down
+             by a fifth but never stops them, and short prompts still join within a few steps
 
 After the decode each row with logits is sampled on its own: its sampling parameters (greedy,
 or temperature / top-p / top-k / min-p with its own seeded generator), penalties, logit bias,
@@ -49,7 +52,7 @@ from proxy.engine.generate import (
     TokenCallback,
     _held_back,
 )
-from proxy.engine.speculative import token_logprob
+from proxy.engine.speculative import StepCosts, token_logprob
 
 
 class BatchError(Exception):
@@ -103,24 +106,32 @@ class BatchStats:
 
     steps: int = 0
     rows: int = 0  # sum over steps of the rows decoded
-    sequences_stepped: int = 0  # sum over steps of the sequences in them
+    decode_steps: int = 0
+    decode_rows: int = 0  # sum over decode steps of their rows (one per sequence)
     decoded_tokens: int = 0
     busy_s: float = 0.0
+    decode_s: float = 0.0  # of busy_s, in decode steps
     max_rows: int = 0
     sequences: int = 0
-    last_step_sequences: int = 0
 
     def as_dict(self) -> dict[str, Any]:
+        prefill_steps = self.steps - self.decode_steps
         return {
             "steps": self.steps,
             "sequences": self.sequences,
-            "mean_sequences_per_step": round(self.sequences_stepped / self.steps, 2)
-            if self.steps
+            "decode_steps": self.decode_steps,
+            "mean_rows_per_step": round(self.decode_rows / self.decode_steps, 2)
+            if self.decode_steps
             else None,
-            "mean_rows_per_step": round(self.rows / self.steps, 2) if self.steps else None,
             "max_rows_per_step": self.max_rows,
+            "mean_prefill_tokens_per_step": round((self.rows - self.decode_rows) / prefill_steps, 1)
+            if prefill_steps
+            else None,
             "decoded_tokens": self.decoded_tokens,
-            "aggregate_tok_s": round(self.decoded_tokens / self.busy_s, 1) if self.busy_s else None,
+            "aggregate_tok_s": round(self.decoded_tokens / self.decode_s, 1)
+            if self.decode_s
+            else None,
+            "busy_s": round(self.busy_s, 3),
         }
 
 
@@ -148,8 +159,13 @@ class BatchEngine:
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._free_ids: deque[int] = deque(range(self.n_seq))
         self.active: list[Sequence] = []
-        self._prefill_turn = True
+        # Time sharing between joining prompts and running answers: a prefill step that made
+        # decoders wait costs that long (times the ratio) of decode steps before the next one.
+        self.prefill_share_ratio = 4.0
+        self._credit_s = 0.0
         self.stats = BatchStats()
+        # Decode-step seconds by number of rows: the batch's cost as a function of its size.
+        self.step_costs = StepCosts(self.n_seq)
         self._token_data = np.zeros(self.n_vocab, dtype=_TOKEN_DATA)
         self._token_data["id"] = np.arange(self.n_vocab, dtype=np.int32)
 
@@ -229,7 +245,8 @@ class BatchEngine:
         rows: list[tuple[Sequence, int]] = []  # (sequence, batch row with logits)
         n = 0
         filling = next((q for q in self.active if q.prefilled < len(q.prompt) - 1), None)
-        if filling is not None and (self._prefill_turn or not self._decodable()):
+        decodable = self._decodable()
+        if filling is not None and (self._credit_s >= 0.0 or not decodable):
             # A prefill step: one sequence's chunk alone, cut as the single path cuts it.
             take = min(self.chunk, len(filling.prompt) - 1 - filling.prefilled)
             for j in range(take):
@@ -237,7 +254,6 @@ class BatchEngine:
                 self._put(n, filling.prompt[pos], pos, filling.seq_id, False)
                 n += 1
             filling.prefilled += take
-            self._prefill_turn = False
         else:
             # A decode step: one row with logits per sequence, its last sampled token or its
             # last prompt token.
@@ -251,22 +267,28 @@ class BatchEngine:
                     continue
                 rows.append((seq, n))
                 n += 1
-            self._prefill_turn = True
         batch.n_tokens = n
         started = time.perf_counter()
         code = self._lib.llama_decode(self._ctx.ctx, batch)
         if code != 0:
             raise BatchError(f"llama_decode returned {code} for a batch of {n} rows")
-        in_step = {id(s) for s in self.active}
         for seq, row in rows:
             self._sample(seq, row)
         elapsed = time.perf_counter() - started
+        if rows and len(rows) == n:
+            self.step_costs.observe(n, elapsed)
+        if rows:
+            self._credit_s = min(self._credit_s + elapsed, 0.0) if filling else 0.0
+        elif decodable:
+            self._credit_s -= elapsed * self.prefill_share_ratio
         stats = self.stats
         stats.steps += 1
         stats.rows += n
-        stats.max_rows = max(stats.max_rows, n)
-        stats.sequences_stepped += len(in_step)
-        stats.last_step_sequences = len(in_step)
+        if rows:
+            stats.decode_steps += 1
+            stats.decode_rows += n
+            stats.max_rows = max(stats.max_rows, n)
+            stats.decode_s += elapsed
         stats.busy_s += elapsed
         stats.decoded_tokens += len(rows)
         for seq, _ in rows:
@@ -409,6 +431,10 @@ class BatchEngine:
         if seq.grammar is not None:
             self._lib.llama_sampler_free(seq.grammar)
             seq.grammar = None
+
+    def health(self) -> dict[str, Any]:
+        """The loop's counts and its measured decode-step cost by number of rows."""
+        return {**self.stats.as_dict(), "step_ms_by_rows": self.step_costs.as_dict()}
 
     def fail_all(self, message: str) -> list[Sequence]:
         """Every live sequence fails with ``message`` (the batch itself broke)."""

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -463,7 +463,7 @@ class LocalEngine:
             # The worker stops itself at the deadline and returns a partial answer; give it a
             # moment to do so before deciding it is stuck.
             return await asyncio.wait_for(
-                asyncio.shield(job.future), timeout=_left(deadline) + KILL_GRACE_S
+                asyncio.shield(job.future), timeout=_left(deadline) + self._grace_s()
             )
         except TimeoutError:
             self.stats.timeouts += 1
@@ -487,6 +487,20 @@ class LocalEngine:
             elif not job.future.cancelled():
                 job.future.exception()  # mark retrieved
 
+    def _grace_s(self) -> float:
+        """How long past its deadline a job may take to stop by itself.
+
+        Alone, a job checks its deadline at every token. In a batch it is checked before each
+        step, and one step may be another sequence's prompt chunk of ``n_batch`` (512) tokens:
+        killing the worker then would fail every sequence in the batch, so the grace covers the
+        longest such step at the measured prefill rate.
+        """
+        if self.parallel == 1:
+            return KILL_GRACE_S
+        rate = self.stats.prefill_tok_s
+        chunk_s = 512 / rate if rate else 10.0
+        return KILL_GRACE_S + 2.0 * chunk_s
+
     def _kill(self, why: str) -> None:
         proc = self._proc
         if proc is not None and proc.is_alive():
@@ -504,8 +518,21 @@ class LocalEngine:
         )
 
     def pending_work(self) -> PendingWork:
-        """Tokens still to prefill and decode for the running job and those queued."""
-        return self.work.pending(self.rates)
+        """Tokens still to prefill and decode for the running jobs and those queued.
+
+        With ``parallel`` > 1 the engine is modelled as a batch: prompts are still prefilled
+        one after another, but the answers ahead are decoded together, up to ``parallel`` at a
+        time, so their decode tokens count once per row of the batch they fill.
+        """
+        work = self.work.pending(self.rates)
+        rows = min(work.jobs, self.parallel)
+        if rows <= 1:
+            return work
+        return replace(
+            work,
+            decode_tokens=work.decode_tokens / rows,
+            decode_tokens_max=work.decode_tokens_max / rows,
+        )
 
     def predicted_wait_s(self) -> float | None:
         """Seconds until the work already in the engine is done (None while rates are unknown)."""

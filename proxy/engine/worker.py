@@ -178,7 +178,7 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
         choice = completion["choices"][0]
         choice["message"], _ = tools.to_message(choice["message"].get("content") or "", None)
         completion["frugal"]["quality"] = _score(request, completion)
-        completion["frugal"]["batch"]["engine"] = batch.stats.as_dict()
+        completion["frugal"]["batch"]["engine"] = batch.health()
         conn.send(("done", job_id, completion))
 
     def admit() -> None:

@@ -32,6 +32,18 @@ TOPICS = [
     "rainy Mondays",
     "mountain trains",
     "a quiet library",
+    "tea gardens",
+    "a broken clock",
+    "desert stars",
+    "street music",
+    "a village fair",
+    "paper boats",
+    "an old piano",
+    "night buses",
+    "apple orchards",
+    "a snowy pass",
+    "harbour cranes",
+    "a first job",
 ]
 LONG = (
     "The river runs past the old mill, under the stone bridge and into the valley, where "
@@ -40,7 +52,8 @@ LONG = (
 
 
 def _requests() -> list[dict[str, Any]]:
-    """24 greedy requests: short and long prompts, JSON mode, stop strings, max_tokens."""
+    """48 greedy requests: short and long prompts, JSON mode, stop strings, logit bias,
+    logprobs, several max_tokens."""
     out: list[dict[str, Any]] = []
     for i, topic in enumerate(TOPICS):
         content = f"Write two sentences about {topic}."
@@ -55,6 +68,8 @@ def _requests() -> list[dict[str, Any]]:
         }
         if i % 4 == 2:
             request["stop"] = [".", "\n"]
+        if i % 5 == 3:
+            request["logit_bias"] = {"260": -4.0, "30": 1.5}  # " the" and "." in SmolLM2
         out.append(request)
         json_request: dict[str, Any] = {
             "messages": [
@@ -118,7 +133,7 @@ def test_batched_greedy_answers_are_the_answers_run_alone(model: LocalModel) -> 
         got = _run_batched(engine, model, REQUESTS)
     finally:
         engine.close()
-    assert len(REQUESTS) >= 24
+    assert len(REQUESTS) >= 48
     assert engine.stats.max_rows > 1
     mismatched = []
     for i, request in enumerate(REQUESTS):

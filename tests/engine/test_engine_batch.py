@@ -3,7 +3,8 @@
 One ``LocalEngine`` with ``parallel = 4`` runs four greedy requests together; their answers are
 the ones the single path gives in-process. One of four is cancelled (its client went away) or
 hits its deadline: it leaves the batch, the others finish, and the worker is neither killed nor
-restarted. Tools (not batchable) still run, alone, between batches.
+restarted. Tools (not batchable) still run, alone, between batches. A worker crash fails every
+sequence of the batch (each once), and the engine comes back.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from proxy.config import LocalSettings
 from proxy.engine.client import LocalEngine
 from proxy.engine.generate import LocalModel, bundled_model_path
+from proxy.errors import EngineCrashed
 
 PROMPTS = [
     "Write two sentences about the sea.",
@@ -122,3 +124,23 @@ async def test_a_deadline_ends_one_sequence_and_tools_run_alone(engine: LocalEng
     assert done["frugal"]["stop_cause"] in ("eos", "max_tokens")
     assert called["choices"][0]["message"] is not None
     assert engine.health()["pid"] == pid and engine.stats.crashes == 0
+
+
+async def test_a_worker_crash_fails_every_sequence_of_the_batch(engine: LocalEngine) -> None:
+    deadline = time.monotonic() + 300
+    tasks = [asyncio.create_task(engine.chat(_request(p, 900), deadline=deadline)) for p in PROMPTS]
+    for _ in range(400):
+        if engine.active == 4:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.5)
+    engine._proc.kill()  # what an out-of-memory kill would do
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(r, EngineCrashed) for r in results), results
+    assert engine.stats.crashes == 1 and engine.active == 0
+    for _ in range(600):
+        if engine.state == "ready":
+            break
+        await asyncio.sleep(0.05)
+    again = await engine.chat(_request(PROMPTS[1], 4), deadline=time.monotonic() + 120)
+    assert again["usage"]["completion_tokens"] >= 1
