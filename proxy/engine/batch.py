@@ -52,7 +52,7 @@ from proxy.engine.generate import (
     TokenCallback,
     _held_back,
 )
-from proxy.engine.speculative import StepCosts, token_logprob
+from proxy.engine.speculative import DraftPolicy, PromptLookup, StepCosts, token_logprob
 
 
 class BatchError(Exception):
@@ -90,6 +90,11 @@ class Sequence:
     error: str | None = None
     steps: int = 0  # decode steps this sequence took part in
     rows_seen: int = 0  # sum of the batch sizes of those steps
+    drafter: PromptLookup | None = None  # speculation: greedy, no grammar, no penalties
+    policies: dict[int, DraftPolicy] = field(default_factory=dict)
+    draft: list[int] = field(default_factory=list)  # this step's drafted tokens
+    drafted: int = 0
+    accepted: int = 0
 
     @property
     def done(self) -> bool:
@@ -138,7 +143,17 @@ class BatchStats:
 class BatchEngine:
     """Up to ``n_seq`` sequences decoded together; see the module docstring."""
 
-    def __init__(self, model: LocalModel, n_seq: int, *, chunk: int | None = None) -> None:
+    def __init__(
+        self,
+        model: LocalModel,
+        n_seq: int,
+        *,
+        chunk: int | None = None,
+        speculative: bool = False,
+        max_draft: int = 8,
+        lookup_ngram: int = 3,
+        max_rows: int = 16,
+    ) -> None:
         import llama_cpp
         from llama_cpp._internals import LlamaContext
 
@@ -165,7 +180,11 @@ class BatchEngine:
         self._credit_s = 0.0
         self.stats = BatchStats()
         # Decode-step seconds by number of rows: the batch's cost as a function of its size.
-        self.step_costs = StepCosts(self.n_seq)
+        self.speculative = speculative
+        self.max_draft = max_draft
+        self.lookup_ngram = lookup_ngram
+        self.max_rows = max(max_rows, self.n_seq)  # rows of a decode step, drafts included
+        self.step_costs = StepCosts(self.max_rows)
         self._token_data = np.zeros(self.n_vocab, dtype=_TOKEN_DATA)
         self._token_data["id"] = np.arange(self.n_vocab, dtype=np.int32)
 
@@ -218,6 +237,10 @@ class BatchEngine:
         rng = None
         if params.temperature > 0:
             rng = np.random.default_rng(params.seed)
+        drafter = None
+        plain = not (params.presence_penalty or params.frequency_penalty)
+        if self.speculative and rng is None and sampler is None and plain:
+            drafter = PromptLookup(ngram_max=self.lookup_ngram)
         seq = Sequence(
             seq_id=seq_id,
             request=request,
@@ -229,6 +252,7 @@ class BatchEngine:
             grammar=sampler,
             rng=rng,
             started=time.perf_counter(),
+            drafter=drafter,
         )
         self.active.append(seq)
         self.stats.sequences += 1
@@ -256,11 +280,22 @@ class BatchEngine:
             filling.prefilled += take
         else:
             # A decode step: one row with logits per sequence, its last sampled token or its
-            # last prompt token.
+            # last prompt token; and a speculating sequence's drafted tokens after its own.
+            base = sum(
+                1 for q in self.active if q.pending is not None or q.prefilled == len(q.prompt) - 1
+            )
+            spare = self.max_rows - base
             for seq in self.active:
                 if seq.pending is not None:
                     self._put(n, seq.pending, seq.n_past, seq.seq_id, True)
-                elif seq.prefilled == len(seq.prompt) - 1:
+                    seq.draft = self._draft(seq, base, spare) if spare > 0 else []
+                    spare -= len(seq.draft)
+                    for j, token in enumerate(seq.draft):
+                        self._put(n + 1 + j, token, seq.n_past + 1 + j, seq.seq_id, True)
+                    rows.append((seq, n))
+                    n += 1 + len(seq.draft)
+                    continue
+                if seq.prefilled == len(seq.prompt) - 1:
                     self._put(n, seq.prompt[-1], seq.prefilled, seq.seq_id, True)
                     seq.prefilled += 1
                 else:
@@ -272,10 +307,12 @@ class BatchEngine:
         code = self._lib.llama_decode(self._ctx.ctx, batch)
         if code != 0:
             raise BatchError(f"llama_decode returned {code} for a batch of {n} rows")
+        before = sum(len(q.generated) for q, _ in rows)
         for seq, row in rows:
             self._sample(seq, row)
+        produced = sum(len(q.generated) for q, _ in rows) - before
         elapsed = time.perf_counter() - started
-        if rows and len(rows) == n:
+        if rows:
             self.step_costs.observe(n, elapsed)
         if rows:
             self._credit_s = min(self._credit_s + elapsed, 0.0) if filling else 0.0
@@ -290,7 +327,7 @@ class BatchEngine:
             stats.max_rows = max(stats.max_rows, n)
             stats.decode_s += elapsed
         stats.busy_s += elapsed
-        stats.decoded_tokens += len(rows)
+        stats.decoded_tokens += produced
         for seq, _ in rows:
             seq.steps += 1
             seq.rows_seen += n
@@ -311,7 +348,71 @@ class BatchEngine:
         ptr = self._lib.llama_get_logits_ith(self._ctx.ctx, i)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
+    def _draft(self, seq: Sequence, base: int, spare: int) -> list[int]:
+        """This step's draft for a speculating sequence: prompt lookup, cut by its policy.
+
+        The policy weighs the tokens a draft of k is expected to yield against the measured
+        cost of this step with k more rows than the ``base`` rows it has anyway.
+        """
+        if seq.drafter is None:
+            return []
+        room = min(self.max_draft, spare, seq.budget - len(seq.generated) - 1)
+        if room <= 0:
+            return []
+        tokens = np.asarray(seq.prompt + seq.generated, dtype=np.intc)
+        draft = seq.drafter.draft(tokens, room)
+        if not draft:
+            return []
+        key = seq.drafter.last_match
+        policy = seq.policies.get(key)
+        if policy is None:
+            costs = self.step_costs
+            policy = DraftPolicy(
+                max_draft=self.max_draft,
+                cost=lambda rows: costs(base - 1 + rows),
+                prior={1: 0.35, 2: 0.5}.get(key, 0.65),
+            )
+            seq.policies[key] = policy
+        else:
+            costs = self.step_costs
+            policy.cost = lambda rows: costs(base - 1 + rows)
+        return draft[: policy.choose(len(draft))]
+
+    def _verify(self, seq: Sequence, first: int) -> None:
+        """Greedy tokens from a speculating sequence's rows: its own, then each draft row
+        while the draft matched; rejected rows leave the KV cache."""
+        bias = seq.params.logit_bias
+        out: list[tuple[int, float, list[Any]]] = []
+        for i in range(len(seq.draft) + 1):
+            raw = self._row(first + i)
+            chosen = raw
+            if bias:
+                chosen = raw.copy()
+                for tok, value in bias.items():
+                    if 0 <= tok < self.n_vocab:
+                        chosen[tok] += value
+            token = int(chosen.argmax())
+            logprob, best = token_logprob(raw, token, seq.params.top_logprobs)
+            out.append((token, logprob, best))
+            if i >= len(seq.draft) or seq.draft[i] != token:
+                break
+        drafted, accepted = len(seq.draft), len(out) - 1
+        if drafted:
+            seq.drafted += drafted
+            seq.accepted += accepted
+            seq.policies[seq.drafter.last_match if seq.drafter else 0].update(drafted, accepted)
+        seq.draft = []
+        for token, logprob, best in out:
+            self._accept(seq, token, logprob, best)
+            if seq.done:
+                return
+        # Prompt and answer but the new pending token are in the cache; drop the rest.
+        self._lib.llama_memory_seq_rm(self._mem, seq.seq_id, seq.n_past, -1)
+
     def _sample(self, seq: Sequence, row_index: int) -> None:
+        if seq.drafter is not None and seq.pending is not None:
+            self._verify(seq, row_index)
+            return
         raw = self._row(row_index)
         params = seq.params
         chosen: npt.NDArray[np.float32] = raw
@@ -481,7 +582,15 @@ class BatchEngine:
                 "decode_s": done - first,
                 "cached_tokens": 0,
                 "prefilled_tokens": seq.prefilled,
-                "speculative": None,
+                "speculative": {
+                    "mode": "prompt-lookup",
+                    "steps": seq.steps,
+                    "verify_batches": seq.steps,
+                    "drafted": seq.drafted,
+                    "accepted": seq.accepted,
+                }
+                if seq.drafter is not None
+                else None,
                 "batch": {
                     "steps": seq.steps,
                     "mean_rows_per_step": round(seq.rows_seen / seq.steps, 2)

@@ -14,7 +14,8 @@ worker ever fails to stop, the proxy kills it and starts another; see ``client.p
 
 With ``parallel`` > 1 several jobs are in flight at once: plain chat jobs run as sequences of one
 :class:`~proxy.engine.batch.BatchEngine` (one decode step over all of them at a time, new jobs
-joining at the next step), and the others (tools, ``n`` > 1, legacy completions) run alone on the
+joining at the next step; with ``speculative = "prompt-lookup"`` a greedy sequence's drafts are
+rows of the same step), and the others (tools, ``n`` > 1, legacy completions) run alone on the
 single path once the batch has drained. Each job is cancelled by its own ("cancel", job_id)
 message, the shared value being able to hold one id only.
 """
@@ -32,6 +33,7 @@ from proxy.engine import grammar as grammar_mod
 from proxy.engine import tasks, tools
 from proxy.engine.batch import BatchEngine, BatchError, Sequence
 from proxy.engine.generate import LocalModel, ModelLoadError, PromptTooLong
+from proxy.engine.speculative import PromptLookup
 
 
 def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
@@ -65,7 +67,14 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
     batch: BatchEngine | None = None
     if parallel > 1:
         try:
-            batch = BatchEngine(model, parallel)
+            lookup = model.speculator.drafter if model.speculator is not None else None
+            batch = BatchEngine(
+                model,
+                parallel,
+                speculative=isinstance(lookup, PromptLookup),
+                max_draft=options.get("draft_max_tokens", 8),
+                lookup_ngram=options.get("lookup_ngram", 3),
+            )
         except (ValueError, RuntimeError) as exc:
             conn.send(("fatal", f"cannot make a context for {parallel} sequences: {exc}"))
             return

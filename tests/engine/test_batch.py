@@ -186,3 +186,35 @@ def test_each_sequence_has_the_whole_context_and_too_long_a_prompt_is_refused(
             engine.add(huge)
     finally:
         engine.close()
+
+
+COPY = (
+    "Alice Martin met Bob Stone and Carol White in Paris. Dave Brown stayed home with Erin "
+    "Black. Frank Green flew to Vienna on Monday and came back on Friday."
+)
+
+
+def test_speculating_sequences_in_the_batch_give_the_answers_run_alone(model: LocalModel) -> None:
+    copy = [
+        {
+            "messages": [
+                {"role": "user", "content": f"Copy this text word for word:\n\n{COPY} ({i})"}
+            ],
+            "max_tokens": 40,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": 1,
+        }
+        for i in range(4)
+    ]
+    requests = copy + [r for r in REQUESTS[:12] if "response_format" not in r]
+    engine = BatchEngine(model, 4, speculative=True)
+    try:
+        got = _run_batched(engine, model, requests)
+    finally:
+        engine.close()
+    assert sum(g["frugal"]["speculative"]["accepted"] for g in got[:4]) > 20
+    for completion, request in zip(got, requests, strict=True):
+        want = _alone(model, request)
+        assert _tokens(completion) == _tokens(want)
+        assert completion["choices"] == want["choices"]
