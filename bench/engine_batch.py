@@ -12,6 +12,9 @@ its latency with parallel = 4 (a batch of one) against parallel = 1. Runs are in
 rep; CPU time is reported beside wall time (the machine is shared).
 
     .venv/bin/python bench/engine_batch.py [--reps 3] [--threads 1] [--max-tokens 128]
+
+``--copy`` asks four copy-heavy requests instead, and runs the batch both plain and with prompt-
+lookup speculation inside it (``speculative = "prompt-lookup"`` with ``parallel = 4``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,16 @@ PROMPTS = [
     "Explain in detail how bread is made, step by step.",
     "Describe a walk through a busy market in the morning.",
     "Write a long letter to a friend about your summer holidays.",
+]
+
+
+MEMO = (
+    "From: Dana Reyes, Operations. To: all staff. Date: 3 March. Subject: office move. The Leeds "
+    "office moves to 14 Canal Street on 28 March. Movers arrive at 8 am; please pack your desks "
+    "by 5 pm on 27 March. IT will reconnect computers on 29 March. Questions go to Sam Patel."
+)
+COPY_PROMPTS = [
+    f"Copy this memo word for word, then add the line 'Copy {i}.':\n\n{MEMO}" for i in range(4)
 ]
 
 
@@ -88,7 +101,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--parallel", type=int, default=4)
+    parser.add_argument("--copy", action="store_true", help="copy-heavy, speculation in the batch")
     args = parser.parse_args()
+    if args.copy:
+        copy_bench(args)
+        return
     model = LocalModel.load(smollm2_path(), n_ctx=1024, n_threads=args.threads, calibrate=False)
     engine = BatchEngine(model, args.parallel)
     requests = [_request(p, args.max_tokens) for p in PROMPTS[: args.parallel]]
@@ -124,6 +141,36 @@ def main() -> None:
     )
     print(machine())
     engine.close()
+    model.close()
+
+
+def copy_bench(args: argparse.Namespace) -> None:
+    from proxy.engine.batch import BatchEngine
+    from proxy.engine.generate import LocalModel
+
+    model = LocalModel.load(smollm2_path(), n_ctx=1024, n_threads=args.threads, calibrate=False)
+    plain = BatchEngine(model, args.parallel)
+    spec = BatchEngine(model, args.parallel, speculative=True)
+    requests = [_request(p, args.max_tokens) for p in COPY_PROMPTS[: args.parallel]]
+    rates: dict[str, list[float]] = {"serial": [], "batch": [], "batch+PL": []}
+    for _ in range(args.reps):
+        w, c, t = serial(model, requests)
+        rates["serial"].append(t / c)
+        w, c, t = batched(plain, requests)
+        rates["batch"].append(t / c)
+        w, c, t = batched(spec, requests)
+        rates["batch+PL"].append(t / c)
+    m = {k: median(v) for k, v in rates.items()}
+    print(
+        f"SmolLM2-135M Q4_1, {args.threads} thread(s), {len(requests)} copy-heavy greedy requests "
+        f"x {args.max_tokens} tokens, {args.reps} interleaved runs, aggregate decode tok/s by CPU "
+        f"time: parallel=1 {m['serial']:.1f}, parallel={args.parallel} {m['batch']:.1f} "
+        f"({m['batch'] / m['serial']:.2f}x), parallel={args.parallel} + prompt-lookup "
+        f"{m['batch+PL']:.1f} ({m['batch+PL'] / m['serial']:.2f}x)"
+    )
+    print(machine())
+    spec.close()
+    plain.close()
     model.close()
 
 
