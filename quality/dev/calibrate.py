@@ -37,7 +37,6 @@ import numpy.typing as npt
 
 from quality import signals
 from quality.combiner import (
-    ANSWER_FEATURES,
     CONFIDENCE_FEATURES,
     HARD_CAP,
     MODEL_FEATURES,
@@ -47,75 +46,19 @@ from quality.combiner import (
 )
 from quality.dev.answers import ANSWERS_PATH, Graded, grade, load_answers, request_for
 from quality.dev.devset import DEV_PATH, load
-from quality.dev.metrics import roc_auc
+from quality.fit import FAULTS as FAULTS  # re-exported: moved to quality.fit (shipped)
+from quality.fit import fit_constrained, folds, log_loss, roc_auc, standardise
+from quality.fit import fit_logistic as fit_logistic
 from quality.relevance import Embedder, RelevanceUnavailable
 
 Array = npt.NDArray[np.float64]
 LAMBDAS = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 FOLDS = 5
-FAULTS = frozenset(ANSWER_FEATURES) - {"len_log"}
-"""Features whose weight must not be positive: every answer feature describes a fault, but the
-length."""
 DEFAULT_THRESHOLD = 0.6
 TARGET_PRECISION = 0.9
 OFFSETS = tuple(round(0.1 * i, 1) for i in range(41))
 MIN_ACCEPTED = 10
 """Fewest cross-validated answers a precision is read from."""
-
-
-def fit_logistic(x: Array, y: Array, lam: float, iters: int = 50) -> tuple[Array, float]:
-    """L2-penalised logistic regression by Newton's method; the intercept is not penalised."""
-    n, d = x.shape
-    xa = np.hstack([np.ones((n, 1)), x])
-    w = np.zeros(d + 1)
-    penalty = np.full(d + 1, lam)
-    penalty[0] = 0.0
-    for _ in range(iters):
-        z = xa @ w
-        p = 1.0 / (1.0 + np.exp(-z))
-        grad = xa.T @ (p - y) + penalty * w
-        hess = (xa * (p * (1 - p))[:, None]).T @ xa + np.diag(penalty) + 1e-9 * np.eye(d + 1)
-        step = np.linalg.solve(hess, grad)
-        w -= step
-        if float(np.abs(step).max()) < 1e-8:
-            break
-    return w[1:], float(w[0])
-
-
-def fit_constrained(x: Array, y: Array, lam: float, features: Sequence[str]) -> tuple[Array, float]:
-    """``fit_logistic`` with fault weights held at or below zero (active set)."""
-    active = np.ones(len(features), dtype=bool)
-    while True:
-        coef_active, b = fit_logistic(x[:, active], y, lam)
-        coef = np.zeros(len(features))
-        coef[active] = coef_active
-        bad = [i for i, f in enumerate(features) if f in FAULTS and coef[i] > 0]
-        if not bad:
-            return coef, b
-        active[bad] = False
-
-
-def _log_loss(x: Array, y: Array, coef: Array, intercept: float) -> float:
-    z = x @ coef + intercept
-    p = np.clip(1.0 / (1.0 + np.exp(-z)), 1e-6, 1 - 1e-6)
-    return float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean())
-
-
-def _folds(kinds: Sequence[str], k: int) -> list[int]:
-    """Fold of each example, stratified by kind (round-robin within each kind)."""
-    seen: dict[str, int] = {}
-    fold = []
-    for kind in kinds:
-        fold.append(seen.get(kind, 0) % k)
-        seen[kind] = seen.get(kind, 0) + 1
-    return fold
-
-
-def standardise(x: Array) -> tuple[Array, Array]:
-    mean = x.mean(axis=0)
-    scale = x.std(axis=0)
-    scale[scale < 1e-6] = 1.0
-    return mean, scale
 
 
 def operating_offset(cv_logits: Array, y: Array) -> float:
@@ -157,7 +100,7 @@ def fit_model(
 ) -> Fit:
     """Fit one model: lambda by cross-validated log loss, then the operating offset."""
     x = np.array([[r[f] for f in features] for r in rows], dtype=float)
-    fold = np.array(_folds(kinds, FOLDS))
+    fold = np.array(folds(kinds, FOLDS))
     best: tuple[float, float, float, Array] | None = None
     for lam in LAMBDAS:
         losses, cv_scores = [], np.zeros(len(y))
@@ -166,7 +109,7 @@ def fit_model(
             mean, scale = standardise(x[tr])
             coef, b = fit_constrained((x[tr] - mean) / scale, y[tr], lam, features)
             xs = (x[te] - mean) / scale
-            losses.append(_log_loss(xs, y[te], coef, b) * te.sum())
+            losses.append(log_loss(xs, y[te], coef, b) * te.sum())
             cv_scores[te] = xs @ coef + b
         loss = sum(losses) / len(y)
         auc = roc_auc(cv_scores.tolist(), (y > 0.5).tolist())

@@ -7,17 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quality.fit import roc_auc
 
-def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
-    """Probability that a random right answer outscores a random wrong one (ties count half)."""
-    s = np.asarray(scores, dtype=float)
-    y = np.asarray(labels, dtype=bool)
-    pos, neg = s[y], s[~y]
-    if len(pos) == 0 or len(neg) == 0:
-        return float("nan")
-    greater = (pos[:, None] > neg[None, :]).sum()
-    ties = (pos[:, None] == neg[None, :]).sum()
-    return float((greater + 0.5 * ties) / (len(pos) * len(neg)))
+__all__ = ["AtThreshold", "at_threshold", "roc_auc", "threshold_for_precision"]
 
 
 @dataclass(frozen=True)
