@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.types import Scope
 
 if TYPE_CHECKING:  # the parts' modules import this one for services_in
+    from proxy.audit.runner import AuditRunner
     from proxy.config import Settings
     from proxy.engine.client import LocalEngine
     from proxy.http.auth import Authenticator
@@ -40,6 +41,7 @@ class Services:
     router: Router
     metrics: Metrics
     in_flight: InFlight
+    audit: AuditRunner | None = None  # shadow audits (docs/audit.md); None: not running
 
 
 def services_in(scope: Scope) -> Services | None:

@@ -51,6 +51,13 @@ class Entry:
 
 
 @dataclass(slots=True, eq=False)
+class AuditEntry:
+    """One row of the ``audits`` table (:mod:`proxy.ledger.audits`)."""
+
+    row: dict[str, Any]
+
+
+@dataclass(slots=True, eq=False)
 class Update:
     """The count of a row that was written with an estimate, to apply now that it is known."""
 
@@ -96,6 +103,10 @@ class WriterThread:
     _items: queue.SimpleQueue[Any]
     _retained: list[Entry]
     _retained_updates: list[Update]
+    _retained_audits: list[AuditEntry]
+    audits_written: int
+    audits_rejected: int
+    audits_lost: int
     _flushes: list[FlushMarker]
     _awaiting: set[Entry]
     _count_warned: set[tuple[str, str]]
@@ -122,7 +133,7 @@ class WriterThread:
                 items, stop = self._collect(wait)
                 if stop is not None:
                     break
-                if items or self._retained or self._retained_updates:
+                if items or self._retained or self._retained_updates or self._retained_audits:
                     ok = self._flush(store, items)
                     failures = 0 if ok else failures + 1
                 self._settle_flushes()
@@ -205,6 +216,10 @@ class WriterThread:
                 time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
             items = []
             attempt += 1
+        if self._retained_audits:
+            self.audits_lost += len(self._retained_audits)
+            log.error("ledger_audits_unwritten", rows=len(self._retained_audits))
+            self._retained_audits = []
         unwritten = self._retained + [i for i in items if isinstance(i, Entry)]
         updates = len(self._retained_updates) + sum(isinstance(i, Update) for i in items)
         self._retained, self._retained_updates = [], []
@@ -224,9 +239,15 @@ class WriterThread:
 
         A failure of the database holds every row for a retry; any other failure is a row's,
         and the rows are tried one by one."""
+        audits = self._retained_audits + [i for i in items if isinstance(i, AuditEntry)]
+        self._retained_audits = []
+        if audits:
+            self._write_audits(store, audits)
         entries = self._retained + [i for i in items if isinstance(i, Entry)]
         updates = self._retained_updates + [i for i in items if isinstance(i, Update)]
         self._retained, self._retained_updates = [], []
+        if not (entries or updates):
+            return not self._retained_audits
         try:
             self._transaction(store, entries, updates)
         except Exception as exc:  # noqa: BLE001 - the writer must outlive any surprise
@@ -239,6 +260,35 @@ class WriterThread:
             return self._one_by_one(store, entries, updates)
         self._succeeded(entries)
         return True
+
+    def _write_audits(self, store: Store, audits: list[AuditEntry]) -> None:
+        """Audit rows in a transaction of their own: held for a retry when the database
+        failed; one by one when a row did, each failing row counted and logged (its request id
+        and error class only), never spilled (an audit is a sample, not money)."""
+        store.bound_wait(self._deadline)
+        try:
+            store.write_audits([a.row for a in audits])
+        except Exception as exc:  # noqa: BLE001 - the writer must outlive any surprise
+            if store.transient(exc):
+                self._retained_audits = audits
+                return
+            for audit in audits:
+                try:
+                    store.write_audits([audit.row])
+                except Exception as one:  # noqa: BLE001 - this row's failure
+                    if store.transient(one):
+                        self._retained_audits.append(audit)
+                        continue
+                    self.audits_rejected += 1
+                    log.error(
+                        "ledger_audit_rejected",
+                        request_id=audit.row.get("request_id"),
+                        error=type(one).__name__,
+                    )
+                else:
+                    self.audits_written += 1
+            return
+        self.audits_written += len(audits)
 
     def _transaction(self, store: Store, entries: list[Entry], updates: list[Update]) -> None:
         ready: list[tuple[Any, ...]] = []

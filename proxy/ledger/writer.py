@@ -66,7 +66,7 @@ from typing import Any
 
 import structlog
 
-from proxy.ledger.batching import Entry, FlushMarker, StopMarker, WriterThread
+from proxy.ledger.batching import AuditEntry, Entry, FlushMarker, StopMarker, WriterThread
 from proxy.ledger.database import Database, as_database
 from proxy.ledger.migrate import open_database
 from proxy.ledger.pricing import CountJob, PriceBook, TokenCounter, load_price_map
@@ -140,6 +140,10 @@ class Ledger(WriterThread):
         self._done = 0
         self._retrying = 0  # ... of them, held after the database failed
         self._retained_updates = []
+        self._retained_audits = []  # audit rows held after the database failed
+        self.audits_written = 0
+        self.audits_rejected = 0
+        self.audits_lost = 0
         self._flushes = []
         self._awaiting = set()
         self._count_warned = set()
@@ -250,6 +254,20 @@ class Ledger(WriterThread):
             self.dropped += 1
             log.error("ledger_record_failed", error=type(exc).__name__)
 
+    def record_audit(self, row: dict[str, Any]) -> None:
+        """Queue one row of the ``audits`` table (:mod:`proxy.ledger.audits`); written by the
+        writer thread with the next batch, in a transaction of its own. Never blocks or raises;
+        audits are sampled and bounded upstream, so they do not count against ``max_queue``."""
+        try:
+            if self._closed:
+                self.audits_lost += 1
+                log.warning("ledger_audit_lost", request_id=row.get("request_id"))
+                return
+            self._items.put(AuditEntry(row))
+        except Exception as exc:  # noqa: BLE001 - an audit never fails anything
+            self.audits_lost += 1
+            log.error("ledger_record_failed", error=type(exc).__name__)
+
     def _drop(self) -> None:
         self.dropped += 1
         self._last_incident = time.monotonic()
@@ -296,6 +314,9 @@ class Ledger(WriterThread):
             "failing_since": self._failing_since,
             "spill_path": self.spill_path,
             "token_counter": self._counter_state(),
+            "audits_written": self.audits_written,
+            "audits_rejected": self.audits_rejected,
+            "audits_lost": self.audits_lost,
         }
 
     def _reason(self) -> str | None:

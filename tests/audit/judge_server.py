@@ -4,6 +4,12 @@ In ``grade`` mode it decides like a (very simple) judge: the candidate is correc
 the reference up to case and surrounding white space and full stops. Other modes misbehave:
 ``garbage`` (content that is not the verdict object), ``fenced`` (the object in a code fence),
 ``status`` (an HTTP error with ``status``), ``hang`` (never answers).
+
+With ``relay_to`` (the fake API's URL) it is the whole upstream of an app under test: a judge
+call (``response_format`` named ``frugal_verdict``) is judged here, every other request is
+relayed to ``relay_to`` and its answer sent back. :meth:`hold` keeps the answers of one kind
+(``"judge"`` or ``"relay"``) back until :meth:`release`, so that a test can see an audit still
+pending without timing anything.
 """
 
 from __future__ import annotations
@@ -26,7 +32,12 @@ from proxy.audit.judge import Transport
 
 
 class JudgeServer:
-    def __init__(self) -> None:
+    def __init__(self, relay_to: str | None = None) -> None:
+        self.relay_to = relay_to
+        self.gates = {"judge": threading.Event(), "relay": threading.Event()}
+        for gate in self.gates.values():
+            gate.set()
+        self.relayed: list[dict[str, Any]] = []
         self.mode = "grade"
         self.status = 500
         self.garbage = "I think it is fine."
@@ -36,13 +47,46 @@ class JudgeServer:
         self._thread: threading.Thread | None = None
         self.app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
 
+    def hold(self, kind: str) -> None:
+        self.gates[kind].clear()
+
+    def release(self, kind: str) -> None:
+        self.gates[kind].set()
+
+    async def _wait(self, kind: str) -> None:
+        while not self.gates[kind].is_set():
+            await asyncio.to_thread(self.gates[kind].wait, 0.2)
+
+    async def _relay(self, request: Request, body: dict[str, Any]) -> Response:
+        self.relayed.append(body)
+        await self._wait("relay")
+        assert self.relay_to is not None
+        headers = {
+            name: request.headers[name]
+            for name in ("authorization", "x-request-id")
+            if name in request.headers
+        }
+        async with httpx.AsyncClient(timeout=30) as client:
+            answer = await client.post(
+                f"{self.relay_to}/chat/completions", json=body, headers=headers
+            )
+        return Response(
+            answer.content,
+            status_code=answer.status_code,
+            media_type=answer.headers.get("content-type", "application/json"),
+        )
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
+        schema = (body.get("response_format") or {}).get("json_schema") or {}
+        if self.relay_to is not None and schema.get("name") != "frugal_verdict":
+            return await self._relay(request, body)
         self.requests.append(body)
+        await self._wait("judge")
         if self.mode == "hang":
             await asyncio.sleep(3600)
         if self.mode == "status":
@@ -99,6 +143,8 @@ class JudgeServer:
         return self
 
     def stop(self) -> None:
+        for gate in self.gates.values():
+            gate.set()
         if self._server is not None and self._thread is not None:
             self._server.should_exit = True
             self._thread.join(timeout=10)
