@@ -14,7 +14,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
-from proxy.audit.settings import AuditSettings
 from proxy.errors import ConfigError
 
 SPECULATIVE_MODES = ("off", "prompt-lookup", "draft")
@@ -129,7 +128,6 @@ class QualitySettings:
     threshold: float = 0.6
     models: dict[str, float] = field(default_factory=dict)  # requested model -> its threshold
     relevance: bool = True  # the embedding-model signal, when its package is installed
-    target_precision: float = 0.0  # 0: off; else the threshold in force is picked from audits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,6 +140,17 @@ class LedgerSettings:
     busy_timeout_s: float = 5.0
     max_queue: int = 100_000
     shutdown_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheSettings:
+    """``[cache]``: answers to deterministic requests (temperature 0 or a seed), kept in the
+    ledger database (proxy/ledger/cache.py)."""
+
+    enabled: bool = False
+    ttl_s: float = 3600.0
+    max_entries: int = 10_000
+    shared: bool = False  # true: one client key may be answered from another key's entry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,7 +177,7 @@ class Settings:
     quality: QualitySettings = field(default_factory=QualitySettings)
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     costs: CostSettings = field(default_factory=CostSettings)
-    audit: AuditSettings = field(default_factory=AuditSettings)
+    cache: CacheSettings = field(default_factory=CacheSettings)
     pricing: dict[str, ModelPrice] = field(default_factory=dict)
     source: str = "<defaults>"
 
@@ -181,7 +190,7 @@ SECTIONS: dict[str, type] = {
     "quality": QualitySettings,
     "ledger": LedgerSettings,
     "costs": CostSettings,
-    "audit": AuditSettings,
+    "cache": CacheSettings,
 }
 
 
@@ -326,8 +335,6 @@ def validate(settings: Settings) -> Settings:
         )
     _check_range("[router] latency_margin_s", s.router.latency_margin_s, 0.0, 600.0)
     _check_range("[quality] threshold", s.quality.threshold, 0.0, 1.0)
-    if s.quality.target_precision != 0.0:
-        _check_range("[quality] target_precision", s.quality.target_precision, 0.5, 0.999)
     for model, threshold in s.quality.models.items():
         _check_range(f'[quality.models] "{model}"', threshold, 0.0, 1.0)
     if not s.ledger.path:
@@ -338,6 +345,8 @@ def validate(settings: Settings) -> Settings:
     _check_range("[ledger] busy_timeout_s", s.ledger.busy_timeout_s, 0.01, 600.0)
     _check_range("[ledger] max_queue", s.ledger.max_queue, 1)
     _check_range("[ledger] shutdown_timeout_s", s.ledger.shutdown_timeout_s, 1.0, 120.0)
+    _check_range("[cache] ttl_s", s.cache.ttl_s, 1.0, 365 * 86400.0)
+    _check_range("[cache] max_entries", s.cache.max_entries, 1)
     _check_range("[costs] monthly_fixed_usd", s.costs.monthly_fixed_usd, 0.0)
     return settings
 

@@ -26,7 +26,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.audit.runner import AuditRunner
 from proxy.config import Settings
 from proxy.engine.client import LocalEngine
 from proxy.errors import ProxyError
@@ -37,8 +36,10 @@ from proxy.http.completions import CompletionsHandler, EmbeddingsHandler
 from proxy.http.disconnect import CancelOnDisconnect
 from proxy.http.limits import InFlight, LimitsMiddleware
 from proxy.http.openapi import openapi_spec
+from proxy.http.quotas import Quotas
 from proxy.http.render import exception_handlers, render, unexpected
 from proxy.http.services import Services, services_of
+from proxy.ledger.database import from_settings
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.writer import Ledger
 from proxy.routing.router import LOCAL_ALIAS, Router
@@ -118,7 +119,6 @@ def _no_fallback_detail(settings: Settings) -> str:
 # Bounds of the shutdown steps after the ledger's flush; see shutdown_budget_s.
 ENGINE_STOP_S = 8.0  # LocalEngine.stop: 3 s for the worker to leave, then kill and 3 s more
 AUX_STOP_S = 1.0  # each of the router's, the upstream client's and the key store's close
-AUDIT_STOP_S = 1.0  # audits in flight, waited for before the ledger's flush, then cancelled
 LEDGER_CLOSE_MIN_S = 1.0  # the ledger's close, when its flush used all of shutdown_timeout_s
 
 
@@ -136,7 +136,7 @@ def shutdown_budget_s(settings: Settings) -> float:
     # A lock wait under way when the stop begins is not cut short: busy_timeout_s bounds it.
     ledger = max(settings.ledger.shutdown_timeout_s, settings.ledger.busy_timeout_s)
     ledger += LEDGER_CLOSE_MIN_S
-    return drain + ledger + ENGINE_STOP_S + 3 * AUX_STOP_S + AUDIT_STOP_S
+    return drain + ledger + ENGINE_STOP_S + 4 * AUX_STOP_S  # + quotas' stop
 
 
 async def _bounded(step: Any, timeout_s: float, part: str) -> None:
@@ -158,14 +158,10 @@ async def _shutdown(
     upstream: Upstream,
     engine: LocalEngine | None,
     router: Router | None,
-    audit: AuditRunner | None = None,
 ) -> None:
-    """Let the audits in flight end (bounded: the rest are cancelled), flush the ledger, stop
-    the router, the engine (``None``: not the app's to stop), the upstream client and the key
-    store (each bounded), then close the ledger, spilling what a locked database would not
-    take."""
-    if audit is not None:
-        await _bounded(audit.close(AUDIT_STOP_S), AUDIT_STOP_S + 0.5, "audit")
+    """Flush the ledger, stop the router, the engine (``None``: not the app's to stop), the
+    upstream client and the key store (each bounded), then close the ledger, spilling what a
+    locked database would not take."""
     budget = settings.ledger.shutdown_timeout_s
     started = time.monotonic()
     flushed = await ledger.flush(budget)
@@ -194,7 +190,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
         started_at = time.time()
         prices = PriceBook.from_settings(load_price_map(), settings.pricing)
         ledger = Ledger(
-            settings.ledger.path,
+            from_settings(settings.ledger),
             prices=prices,
             flush_interval_s=settings.ledger.flush_interval_s,
             batch_size=settings.ledger.batch_size,
@@ -205,6 +201,8 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
         await ledger.start()
         auth = Authenticator(settings)
         await auth.start()
+        quotas = Quotas(settings, from_settings(settings.ledger), prices)
+        await quotas.start()
         upstream = Upstream(settings.fallback)
         await upstream.start()
         owns_engine = engine is None
@@ -214,22 +212,11 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             private_env=(settings.fallback.api_key_env, settings.server.api_keys_env),
         )
         router: Router | None = None
-        audit: AuditRunner | None = None
         try:
             if owns_engine:
                 await local.start()
             router = Router(settings, local, upstream.enabled)
             await router.start()
-            audit = AuditRunner(
-                settings,
-                upstream=upstream,
-                ledger=ledger,
-                prices=prices,
-                router=router,
-                database=ledger.database,
-                local_model=str(local.health().get("model") or settings.local.model_path),
-            )
-            await audit.start()
             services = Services(
                 settings=settings,
                 started_at=started_at,
@@ -243,7 +230,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
                     in_flight=in_flight, engine=local, router=router, ledger=ledger
                 ),
                 in_flight=in_flight,
-                audit=audit,
+                quotas=quotas,
             )
             app.state.services = services
             # One handler per endpoint; each route looks its own up on app.state per request.
@@ -264,6 +251,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             )
             yield
         finally:
+            await _bounded(quotas.stop(), AUX_STOP_S, "quotas")
             await _shutdown(
                 settings,
                 ledger=ledger,
@@ -271,7 +259,6 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
                 upstream=upstream,
                 engine=local if owns_engine else None,
                 router=router,
-                audit=audit,
             )
 
     async def completions(request: Request) -> Response:
@@ -319,16 +306,21 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             "quality_thresholds_by_model": settings.quality.models,
             "stream_mode": settings.router.stream_mode,
             "routing": services.router.health(),
-            "audit": services.audit.health() if services.audit is not None else None,
-            "threshold_in_force": (
-                services.audit.threshold_in_force() if services.audit is not None else None
-            ),
             "ledger": {
-                "path": settings.ledger.path,
+                "path": from_settings(settings.ledger).label,
                 **services.ledger.health(),
             },
+            "budgets": services.quotas.health() if services.quotas is not None else None,
             "uptime_s": round(time.time() - services.started_at, 1),
         }
+        degraded = [  # the database is away: rows are held, budgets refuse the API (503)
+            part
+            for part in ("ledger", "budgets")
+            if isinstance(body[part], dict) and body[part].get("state") == "degraded"
+        ]
+        if degraded and body["status"] == "ok":
+            body["status"] = "degraded"
+            body["degraded"] = [f"{part}: {body[part].get('reason')}" for part in degraded]
         return JSONResponse(body, status_code=status)
 
     app = Starlette(

@@ -11,8 +11,10 @@ particular never upstream (the upstream client sends its own key).
 Open paths: ``/healthz`` always (a load balancer's health check carries no key; without one it
 answers only its status), and ``/metrics`` when ``[server] metrics_open`` is set.
 
-Stored keys are re-read every :data:`REFRESH_S` seconds, so ``frugal keys create`` and
-``revoke`` take effect on a running server within that time. Keys are "configured" once the
+Stored keys are re-read every :data:`REFRESH_S` seconds (1 s), so ``frugal keys create`` and
+``revoke`` take effect on a running server, and on every replica sharing a PostgreSQL ledger,
+within that time plus one read (2 s at most on a responsive database). Their limits (budget,
+rpm, models; :mod:`proxy.http.quotas`) come with them. Keys are "configured" once the
 database has ever held one, revoked or not: revoking the last key locks the proxy, it does not
 open it.
 
@@ -62,10 +64,11 @@ from proxy.errors import (
 from proxy.http.render import render
 from proxy.http.services import Services, services_in
 from proxy.ledger import keys as keys_mod
+from proxy.ledger.database import from_settings
 
 log = structlog.get_logger("frugal.auth")
 
-REFRESH_S = 2.0
+REFRESH_S = 1.0
 OPEN_PATHS = frozenset({"/healthz"})
 _NO_MATCH = bytes(32)
 
@@ -75,8 +78,9 @@ class Authenticator:
 
     def __init__(self, settings: Settings) -> None:
         self._env = keys_mod.env_keys(settings.server.api_keys_env)
-        self._db_path = settings.ledger.path
+        self._db_path = from_settings(settings.ledger)
         self._stored: list[keys_mod.ClientKey] = []
+        self._by_name: dict[str, keys_mod.ClientKey] = {}
         self._ever_stored = 0
         self._read_once = False  # a read of the stored keys has succeeded
         self._unreadable = False  # no read has succeeded yet, and one has failed
@@ -120,12 +124,18 @@ class Authenticator:
         if self._unreadable:
             log.info("keys_readable", stored=ever)
         self._stored, self._ever_stored = stored, max(ever, self._ever_stored)
+        self._by_name = {key.name: key for key in stored}
         self._read_once, self._unreadable = True, False
 
     async def _refresher(self) -> None:
         while True:
             await asyncio.sleep(REFRESH_S)
             await self.refresh()
+
+    def stored_key(self, name: str | None) -> keys_mod.ClientKey | None:
+        """The stored key of that name, with its limits (None: a key of the environment's,
+        which has none, or no key)."""
+        return self._by_name.get(name) if name else None
 
     def name_of(self, presented: str | None) -> str | None:
         """The name of the key ``presented``, or None. Every known digest is compared."""
@@ -319,7 +329,7 @@ def check_bind(settings: Settings, *, insecure_public: bool = False) -> bool:
     """
     server = settings.server
     from_env = bool(keys_mod.env_keys(server.api_keys_env))
-    configured = keys_mod.stored_count(settings.ledger.path) > 0 or from_env
+    configured = keys_mod.stored_count(from_settings(settings.ledger)) > 0 or from_env
     if configured or is_loopback(server.host):
         return configured
     if insecure_public or server.allow_public_without_keys:

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 from proxy.errors import LocalUnavailable, ProxyError
 from proxy.http import sse
 from proxy.http.exchange import Exchange, Handler, aiter_of, public_answer
+from proxy.http.quotas import BudgetExhausted, BudgetUnavailable
 from proxy.http.render import sse_event
 from proxy.http.validate import chat_request, parse_json
 from proxy.routing.router import LocalAttempt, Plan
@@ -42,6 +43,7 @@ class ChatHandler(Handler):
             ex.content_in = body.get("messages")
         ex.body = body
         plan, threshold = self.begin(request, body, ex)
+        await self.admit(request, body, ex)  # the key's models and rpm; the cache entry
         if ex.stream:
             return await self._stream(body, plan, threshold, ex)
         return await self._json(body, plan, threshold, ex)
@@ -51,17 +53,26 @@ class ChatHandler(Handler):
     async def _json(
         self, body: dict[str, Any], plan: Plan, threshold: float, ex: Exchange
     ) -> Response:
+        hit = await self.cached(ex)
+        if hit is not None:
+            ex.keep(hit)
+            return JSONResponse(hit, headers=ex.headers())
         if plan.route == "local":
             kept = await self.try_local(body, plan, threshold, ex, kind="chat")
             if kept is not None:
                 answer = public_answer(kept, body)
                 ex.keep(answer)
+                self.remember(ex, answer)
                 return JSONResponse(answer, headers=ex.headers())
         else:
             ex.reason = plan.reason
+        kept = await self._reserve(body, plan, threshold, ex)
+        if kept is not None:
+            return JSONResponse(public_answer(kept, body), headers=ex.headers())
         upstream = self.services.upstream
         reply = await self.from_api(upstream.chat(body, request_id=ex.request_id), ex)
         ex.keep(reply.body)
+        self.remember(ex, reply.body)
         # Upstream's bytes go back as they came: parsed once for the usage, not encoded again.
         return Response(reply.raw, media_type="application/json", headers=ex.headers())
 
@@ -71,6 +82,9 @@ class ChatHandler(Handler):
         self, body: dict[str, Any], plan: Plan, threshold: float, ex: Exchange
     ) -> Response:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        hit = await self.cached(ex)  # a cached answer is replayed as a stream
+        if hit is not None:
+            return self._replay(hit, ex, include_usage, bool(body.get("logprobs")))
         if plan.route == "local":
             mode = self.services.settings.router.stream_mode
             if mode == "live" and live_streamable(body):
@@ -81,10 +95,35 @@ class ChatHandler(Handler):
                 kept = await self.try_local(body, plan, threshold, ex, kind="chat")
                 if kept is not None:
                     answer = public_answer(kept, body)
+                    self.remember(ex, answer)
                     return self._replay(answer, ex, include_usage, bool(body.get("logprobs")))
         else:
             ex.reason = plan.reason
+        kept = await self._reserve(body, plan, threshold, ex)
+        if kept is not None:
+            return self._replay(public_answer(kept, body), ex, include_usage, False)
         return await self._relay_api(body, ex)
+
+    async def _reserve(
+        self, body: dict[str, Any], plan: Plan, threshold: float, ex: Exchange
+    ) -> dict[str, Any] | None:
+        """Reserve the key's budget before the API call. When it is spent, a request sent
+        to the API only for speed gets a local attempt instead (sent if the gate accepts it,
+        with reason ``budget_exhausted``); otherwise the 429 stands."""
+        try:
+            await self.reserve(body, ex)
+        except BudgetExhausted:
+            if plan.route == "api" and plan.reason == "predicted_slow":
+                kept = await self.try_local(body, plan, threshold, ex, kind="chat")
+                if kept is not None:
+                    ex.reason = "budget_exhausted"
+                    return kept
+            ex.reason = "budget_exhausted"
+            raise
+        except BudgetUnavailable:
+            ex.reason = "budget_unavailable"
+            raise
+        return None
 
     def _replay(
         self, answer: dict[str, Any], ex: Exchange, include_usage: bool, with_logprobs: bool

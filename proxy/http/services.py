@@ -15,12 +15,12 @@ from starlette.requests import Request
 from starlette.types import Scope
 
 if TYPE_CHECKING:  # the parts' modules import this one for services_in
-    from proxy.audit.runner import AuditRunner
     from proxy.config import Settings
     from proxy.engine.client import LocalEngine
     from proxy.http.auth import Authenticator
     from proxy.http.limits import InFlight
     from proxy.http.metrics import Metrics
+    from proxy.http.quotas import Quotas
     from proxy.ledger.pricing import PriceBook
     from proxy.ledger.writer import Ledger
     from proxy.routing.router import Router
@@ -41,7 +41,7 @@ class Services:
     router: Router
     metrics: Metrics
     in_flight: InFlight
-    audit: AuditRunner | None = None  # shadow audits (docs/audit.md); None: not running
+    quotas: Quotas | None = None  # key budgets, limits and the response cache (issue 19)
 
 
 def services_in(scope: Scope) -> Services | None:

@@ -1,6 +1,7 @@
 """Client keys: where they come from, how they are stored, and ``frugal keys``.
 
     frugal keys create NAME   [--config PATH | --db PATH|URL]   prints a new key, once
+                              [--monthly-budget-usd X] [--rpm N] [--models a,b]
     frugal keys list          [--config PATH | --db PATH|URL] [--format table|json]
     frugal keys revoke NAME   [--config PATH | --db PATH|URL]
 
@@ -18,6 +19,10 @@ A plain SHA-256 is the right hash here: the keys are random and long, so there i
 guess, and checking one costs a microsecond instead of a password hash's hundred milliseconds
 on every request. Keys from the environment are held to at least 16 characters for the same
 reason.
+
+A stored key may carry limits (``migrations/0008_budgets_cache.sql``): a monthly budget of API
+spend (:mod:`proxy.ledger.budgets`), requests per minute (:mod:`proxy.ledger.limits`) and the
+models it may ask for; the server reads them with the keys, so a change holds within a refresh.
 """
 
 from __future__ import annotations
@@ -51,6 +56,34 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 class ClientKey:
     name: str
     digest: bytes  # SHA-256 of the key
+    monthly_budget_pusd: int | None = None  # API spend allowed per UTC month; None: no budget
+    rpm: int | None = None  # requests per minute; None: no limit
+    models: tuple[str, ...] | None = None  # the models it may ask for; None: any
+
+
+PUSD_PER_USD = 10**12
+MAX_BUDGET_USD = 1_000_000_000
+
+
+def budget_pusd(usd: float) -> int:
+    """``--monthly-budget-usd`` as pico-dollars."""
+    if not 0 <= usd <= MAX_BUDGET_USD or usd != usd:
+        raise KeyCommandError(
+            f"--monthly-budget-usd {usd!r}: expected a number from 0 to {MAX_BUDGET_USD:,}"
+        )
+    from decimal import Decimal
+
+    return int(Decimal(str(usd)) * PUSD_PER_USD)
+
+
+def parse_models(text: str) -> tuple[str, ...]:
+    """``--models gpt-4o-mini,local`` as names (at least one, none empty)."""
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",")))
+    if not names or any(not name or len(name) > 256 for name in names):
+        raise KeyCommandError(
+            f"--models {text!r}: expected model names separated by commas, e.g. gpt-4o-mini,local"
+        )
+    return names
 
 
 def digest(key: str) -> bytes:
@@ -117,15 +150,33 @@ def _open(target: str | Database) -> Database:
     return db
 
 
-def create(target: str | Database, name: str) -> str:
+def create(
+    target: str | Database,
+    name: str,
+    *,
+    monthly_budget_pusd: int | None = None,
+    rpm: int | None = None,
+    models: tuple[str, ...] | None = None,
+) -> str:
     """Store a new key named ``name``; returns the key, which is never shown again."""
     check_name(name)
+    if rpm is not None and rpm < 1:
+        raise KeyCommandError(f"--rpm {rpm}: expected a whole number of at least 1")
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     with access.connect(_open(target)) as conn:
         try:
             conn.execute(
-                "INSERT INTO api_keys (name, key_hash, hint, created_at) VALUES (?, ?, ?, ?)",
-                (name, digest(key).hex(), key[:HINT_CHARS], time.time()),
+                "INSERT INTO api_keys (name, key_hash, hint, created_at, monthly_budget_pusd, "
+                "rpm, models) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    name,
+                    digest(key).hex(),
+                    key[:HINT_CHARS],
+                    time.time(),
+                    monthly_budget_pusd,
+                    rpm,
+                    ",".join(models) if models else None,
+                ),
             )
         except access.Duplicate:
             raise KeyCommandError(
@@ -154,9 +205,12 @@ def listing(target: str | Database) -> list[dict[str, Any]]:
                 "WHERE key_name IS NOT NULL GROUP BY key_name"
             )
         }
-        rows = conn.query("SELECT name, hint, created_at, revoked_at FROM api_keys ORDER BY id")
+        rows = conn.query(
+            "SELECT name, hint, created_at, revoked_at, monthly_budget_pusd, rpm, models "
+            "FROM api_keys ORDER BY id"
+        )
     out = []
-    for name, hint, created_at, revoked_at in rows:
+    for name, hint, created_at, revoked_at, budget, rpm, models in rows:
         requests, last = usage.get(name, (0, None))
         out.append(
             {
@@ -166,6 +220,9 @@ def listing(target: str | Database) -> list[dict[str, Any]]:
                 "revoked": _iso(revoked_at),
                 "requests": int(requests),
                 "last_used": _iso(last),
+                "monthly_budget_usd": None if budget is None else int(budget) / PUSD_PER_USD,
+                "rpm": rpm,
+                "models": models.split(",") if models else None,
             }
         )
     return out
@@ -175,8 +232,20 @@ def load_active(target: str | Database) -> tuple[list[ClientKey], int]:
     """(usable keys, number of keys ever stored). Read-only; the database must exist."""
     db = as_database(target)
     with access.connect(db, readonly=True) as conn:
-        rows = conn.query("SELECT name, key_hash, revoked_at FROM api_keys")
-    active = [ClientKey(name, bytes.fromhex(h)) for name, h, revoked in rows if revoked is None]
+        limits = "monthly_budget_pusd" in conn.columns("api_keys")  # 0008 applied
+        extra = ", monthly_budget_pusd, rpm, models" if limits else ", NULL, NULL, NULL"
+        rows = conn.query(f"SELECT name, key_hash, revoked_at{extra} FROM api_keys")  # noqa: S608
+    active = [
+        ClientKey(
+            name,
+            bytes.fromhex(h),
+            None if budget is None else int(budget),
+            None if rpm is None else int(rpm),
+            tuple(models.split(",")) if models else None,
+        )
+        for name, h, revoked, budget, rpm, models in rows
+        if revoked is None
+    ]
     return active, len(rows)
 
 
@@ -238,6 +307,16 @@ def add_parser(sub: Any) -> None:
         cmd = actions.add_parser(action, help=help_text)
         if action != "list":
             cmd.add_argument("name", help="the key's name, as the ledger and report show it")
+        if action == "create":
+            cmd.add_argument(
+                "--monthly-budget-usd",
+                type=float,
+                help="API spend allowed per UTC month, across every replica (default: none)",
+            )
+            cmd.add_argument("--rpm", type=int, help="requests per minute (default: no limit)")
+            cmd.add_argument(
+                "--models", help="the only models the key may ask for, e.g. gpt-4o-mini,local"
+            )
         else:
             cmd.add_argument("--format", choices=("table", "json"), default="table")
         source = cmd.add_mutually_exclusive_group()
@@ -255,7 +334,15 @@ def run(args: argparse.Namespace) -> int:
     db = from_argument(args.db) if args.db else from_settings(config_mod.load(args.config).ledger)
     try:
         if args.action == "create":
-            key = create(db, args.name)
+            key = create(
+                db,
+                args.name,
+                monthly_budget_pusd=None
+                if args.monthly_budget_usd is None
+                else budget_pusd(args.monthly_budget_usd),
+                rpm=args.rpm,
+                models=None if args.models is None else parse_models(args.models),
+            )
             print(key)
             print(
                 f"Created key {args.name!r}. This is the only time it is shown: store it now. "

@@ -1,0 +1,271 @@
+"""What a client key may do, on the request path: its models, its requests per minute, its
+monthly budget, and the response cache it may be answered from.
+
+:class:`Quotas` is one of the app's services. The handlers call it at four points
+(:mod:`proxy.http.exchange`, :mod:`proxy.http.chat`):
+
+- ``admit`` once the model is known: a model the key may not use is a 403 naming ``model``; a
+  key past its ``rpm`` is a 429 with ``Retry-After`` (:mod:`proxy.ledger.limits`).
+- ``cached`` before the local attempt, ``remember`` after an answer (:mod:`proxy.ledger.cache`).
+- ``reserve`` before an API call: the worst-case cost (prompt tokens plus ``max_tokens`` at
+  the API model's price) is reserved in the database (:mod:`proxy.ledger.budgets`).
+  :class:`BudgetExhausted` (429, ``insufficient_quota``) when it would pass the budget;
+  :class:`BudgetUnavailable` (503) when the database cannot be reached: budgets fail closed.
+- ``settle`` when the row is written: the real cost replaces the reservation, in the
+  background; a settle that never happens (a crash) is released by the reservation's expiry.
+
+The database's state is in ``/healthz`` (``health``), ``degraded`` with the reason while its
+last call failed. All database calls run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from proxy.config import Settings
+from proxy.errors import ProxyError, TooManyRequests
+from proxy.ledger.budgets import Budgets, Reservation
+from proxy.ledger.cache import ResponseCache, cache_key, cacheable
+from proxy.ledger.database import Database
+from proxy.ledger.keys import ClientKey
+from proxy.ledger.limits import LocalWindow, RateLimits
+from proxy.ledger.pool import Pool, Unavailable
+from proxy.ledger.pricing import PriceBook
+
+log = structlog.get_logger("frugal.quotas")
+
+T = TypeVar("T")
+SWEEP_S = 5.0
+DEFAULT_MAX_OUTPUT = 4096  # completion tokens reserved when a request names no max_tokens
+
+
+class ModelNotAllowed(ProxyError):
+    status = 403
+    type = "invalid_request_error"
+    code = "model_not_allowed"
+
+
+class BudgetExhausted(TooManyRequests):
+    """OpenAI's shape for a spent quota: 429 ``insufficient_quota`` (no Retry-After: waiting
+    a second does not bring money back)."""
+
+    type = "insufficient_quota"
+    code = "insufficient_quota"
+    default_headers = {}
+
+
+class BudgetUnavailable(ProxyError):
+    status = 503
+    type = "server_error"
+    code = "budget_unavailable"
+
+
+def worst_case_tokens(body: dict[str, Any], local_prompt_tokens: int | None) -> tuple[int, int]:
+    """(prompt, completion) tokens an API call for ``body`` can cost at most, as far as can be
+    told before it is made: the local tokenizer's count with a 25% margin (another tokenizer),
+    else the prompt's UTF-8 bytes / 2; and ``max_tokens`` (or 4,096) times ``n``."""
+    if local_prompt_tokens:
+        prompt = math.ceil(local_prompt_tokens * 1.25) + 16
+    else:
+        parts = [body.get(k) for k in ("messages", "prompt", "tools", "input")]
+        raw = json.dumps([p for p in parts if p is not None], ensure_ascii=False)
+        prompt = len(raw.encode("utf-8")) // 2 + 16
+    cap = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_OUTPUT
+    return prompt, int(cap) * int(body.get("n") or 1)
+
+
+class Quotas:
+    def __init__(self, settings: Settings, db: Database, prices: PriceBook) -> None:
+        self.settings = settings
+        self.db = db
+        self.prices = prices
+        self.pool = Pool(db, size=4, timeout_s=3.0)
+        self.budgets = Budgets(self.pool)
+        self.limits = RateLimits(self.pool)
+        self.window = LocalWindow()
+        cache = settings.cache
+        self.cache = ResponseCache(self.pool, ttl_s=cache.ttl_s, max_entries=cache.max_entries)
+        fallback = settings.fallback
+        self.reservation_ttl_s = fallback.timeout_s * (fallback.max_retries + 1) + 30.0
+        self.model_hash: str | None = None
+        self._failing_since: float | None = None
+        self._reason: str | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.model_hash = await asyncio.to_thread(_file_hash, self.settings.local.model_path)
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="quotas-sweep")
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        if self._tasks:  # settles under way: the budget must hear of them
+            await asyncio.wait(set(self._tasks), timeout=0.5)
+        await asyncio.to_thread(self.pool.close)
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "state": "degraded" if self._failing_since is not None else "ok",
+            "reason": self._reason,
+            "failing_since": self._failing_since,
+        }
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            result = await asyncio.to_thread(fn, *args, **kwargs)
+        except Unavailable as exc:
+            if self._failing_since is None:
+                self._failing_since = time.time()
+                log.error("quotas_database_lost", reason=str(exc))
+            self._reason = f"the budget and limits database cannot be reached ({exc})"
+            raise
+        if self._failing_since is not None:
+            log.info("quotas_database_back")
+        self._failing_since, self._reason = None, None
+        return result
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            with contextlib.suppress(Unavailable):
+                await self._call(self.budgets.sweep)
+                await self._call(self.limits.sweep)
+                if self.settings.cache.enabled:
+                    await self._call(self.cache.sweep)
+
+    # -- admission --------------------------------------------------------------------------
+
+    async def admit(self, key: ClientKey | None, model: str) -> None:
+        if key is None:
+            return
+        if key.models is not None and model not in key.models:
+            raise ModelNotAllowed(
+                f"the key {key.name!r} may not use the model {model!r}; it may use: "
+                + ", ".join(key.models),
+                param="model",
+            )
+        if key.rpm is None:
+            return
+        try:
+            wait = await self._call(self.limits.admit, key.name, key.rpm)
+        except Unavailable:
+            wait = self.window.admit(key.name, key.rpm)  # this replica alone, meanwhile
+        if wait is not None:
+            seconds = max(1, math.ceil(wait))
+            raise TooManyRequests(
+                f"the key {key.name!r} is limited to {key.rpm} requests per minute; "
+                f"retry in {seconds} s",
+                headers={"retry-after": str(seconds)},
+            )
+
+    # -- budgets ----------------------------------------------------------------------------
+
+    async def reserve(
+        self, key: ClientKey | None, body: dict[str, Any], api_model: str, local_tokens: int | None
+    ) -> Reservation | None:
+        """Reserve the worst case of an API call for ``body``; None when the key has no budget."""
+        if key is None or key.monthly_budget_pusd is None:
+            return None
+        prompt, completion = worst_case_tokens(body, local_tokens)
+        amount = self.prices.cost(api_model, prompt, completion)
+        if amount is None:
+            raise BudgetExhausted(
+                f"the key {key.name!r} has a budget, and the model {api_model!r} has no known "
+                "price, so its cost cannot be held to the budget; set [pricing] for it",
+                param="model",
+            )
+        try:
+            found = await self._call(
+                self.budgets.reserve,
+                key.name,
+                key.monthly_budget_pusd,
+                amount,
+                ttl_s=self.reservation_ttl_s,
+            )
+        except Unavailable:
+            raise BudgetUnavailable(
+                "the API fallback is refused: the budget database cannot be reached, so the "
+                "spend of this key cannot be held to its budget (local answers are still served)"
+            ) from None
+        if found is None:
+            raise BudgetExhausted(
+                f"the monthly budget of the key {key.name!r} is spent: this request could cost "
+                f"up to ${amount / 1e12:.6f} at {api_model!r}, more than is left this month "
+                "(the local model still answers what it can)"
+            )
+        return found
+
+    def settle(self, reservation: Reservation | None, cost_pusd: int | None) -> None:
+        """In the background: the real cost (0 when unknown or unpaid) replaces the reservation."""
+        if reservation is None:
+            return
+        self._spawn(self._call(self.budgets.settle, reservation, cost_pusd or 0))
+
+    def charge(self, key_name: str | None, cost_pusd: int) -> None:
+        """Spend of calls made for a key outside a request's reservation (audits, issue 17)."""
+        if key_name:
+            self._spawn(self._call(self.budgets.charge, key_name, cost_pusd))
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("quotas_write_failed", error=type(t.exception()).__name__)
+
+        task.add_done_callback(done)
+
+    # -- the response cache -----------------------------------------------------------------
+
+    def cache_key(
+        self, body: dict[str, Any], key_name: str | None, route_model: str, cache_control: str
+    ) -> tuple[str | None, bool]:
+        """(the entry's key or None, whether a hit may be served): None when the cache is off,
+        the request not deterministic, or ``Cache-Control: no-store``; no hit for ``no-cache``."""
+        directives = {part.strip().lower() for part in cache_control.split(",")}
+        if not self.settings.cache.enabled or not cacheable(body) or "no-store" in directives:
+            return None, False
+        if self.model_hash is None:
+            return None, False
+        scope = "*" if self.settings.cache.shared else (key_name or "")
+        key = cache_key(body, route_model=route_model, model_hash=self.model_hash, scope=scope)
+        return key, "no-cache" not in directives
+
+    async def cached(self, key: str | None) -> dict[str, Any] | None:
+        if key is None:
+            return None
+        try:
+            return await self._call(self.cache.get, key)
+        except Unavailable:
+            return None
+
+    def remember(self, key: str | None, answer: dict[str, Any]) -> None:
+        if key is not None:
+            self._spawn(self._call(self.cache.put, key, answer))
+
+
+def _file_hash(path: str) -> str:
+    """SHA-256 of the local model file (its name when it cannot be read)."""
+    target = Path(path) if path else None
+    if target is None or not target.is_file():
+        return "no-model-file:" + path
+    digest = hashlib.sha256()
+    with target.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

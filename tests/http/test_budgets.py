@@ -1,0 +1,122 @@
+"""Per-key budgets, rpm and models through the app (proxy/http/quotas.py), on SQLite and on a
+real PostgreSQL, with the real engine and the fake API on loopback: the budget is never passed,
+its reservations are always released, and a lost database fails the API closed (503) while
+local answers are still served."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.ledger import keys
+from proxy.ledger.budgets import Budgets, month_of
+from proxy.ledger.database import Database, parse
+from proxy.ledger.pool import Pool
+from tests import pg
+from tests.conftest import settings_for
+from tests.fake_api import FakeAPI
+from tests.ledger.conftest import database, pg_server  # noqa: F401 - fixtures
+
+ASK = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hi."}]}
+API = {"x-frugal-route": "api"}
+
+
+def _settings(tmp_path: Path, api: FakeAPI, db: Database, **sections: Any) -> Any:
+    ledger: dict[str, Any] = {"path": str(tmp_path / "ledger.db"), "flush_interval_s": 0.02}
+    if db.is_postgres:
+        ledger["url"] = db.url
+    return settings_for(tmp_path, api, ledger=ledger, **sections)
+
+
+def _spend(db: Database, name: str) -> tuple[int, int]:
+    pool = Pool(db)
+    try:
+        import time
+
+        usage = Budgets(pool).usage(month_of(time.time())).get(name)
+    finally:
+        pool.close()
+    return (usage.spent_pusd, usage.reserved_pusd) if usage else (0, 0)
+
+
+async def test_a_budget_is_never_passed_and_its_reservations_are_released(
+    tmp_path: Path,
+    fake_api: FakeAPI,
+    make_client: Any,
+    database: Database,  # noqa: F811
+) -> None:
+    # gpt-4o-mini: $0.15 / $0.60 per Mtok; a worst case of ~30 prompt + 20 answer tokens is
+    # about $0.000017, so a $0.0001 budget holds a few of these requests, not twenty.
+    key = keys.create(database, "small", monthly_budget_pusd=100_000_000)
+    auth = {"authorization": f"Bearer {key}", **API}
+    async with make_client(_settings(tmp_path, fake_api, database)) as client:
+        replies = await asyncio.gather(
+            *(
+                client.post("/v1/chat/completions", json={**ASK, "max_tokens": 20}, headers=auth)
+                for _ in range(20)
+            )
+        )
+        statuses = sorted(r.status_code for r in replies)
+        refused = [r for r in replies if r.status_code == 429]
+        await asyncio.sleep(0.3)  # the settles run in the background
+        spent, reserved = _spend(database, "small")
+    assert 200 in statuses and refused, statuses
+    error = refused[0].json()["error"]
+    assert error["code"] == "insufficient_quota" and "budget" in error["message"]
+    assert 0 < spent <= 100_000_000 and reserved == 0
+    assert fake_api.count == statuses.count(200)
+
+
+async def test_a_key_may_use_only_its_models_and_its_rpm(
+    tmp_path: Path,
+    fake_api: FakeAPI,
+    make_client: Any,
+    database: Database,  # noqa: F811
+) -> None:
+    key = keys.create(database, "narrow", rpm=2, models=("gpt-4o-mini", "local"))
+    auth = {"authorization": f"Bearer {key}", **API}
+    async with make_client(_settings(tmp_path, fake_api, database)) as client:
+        other = await client.post(
+            "/v1/chat/completions", json={**ASK, "model": "gpt-4o"}, headers=auth
+        )
+        first = await client.post("/v1/chat/completions", json=ASK, headers=auth)
+        second = await client.post("/v1/chat/completions", json=ASK, headers=auth)
+        third = await client.post("/v1/chat/completions", json=ASK, headers=auth)
+    assert other.status_code == 403 and other.json()["error"]["param"] == "model"
+    assert "gpt-4o-mini" in other.json()["error"]["message"]
+    assert (first.status_code, second.status_code) == (200, 200)
+    assert third.status_code == 429 and int(third.headers["retry-after"]) >= 1
+    assert third.json()["error"]["code"] == "rate_limit_exceeded"
+
+
+@pytest.mark.skipif(pg.binaries() is None, reason="PostgreSQL is not installed")
+async def test_a_lost_database_fails_the_budget_closed_and_local_answers_go_on(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    with pg.running() as server:
+        assert server is not None
+        db = parse(server.database())
+        key = keys.create(db, "team", monthly_budget_pusd=10**12)
+        auth = {"authorization": f"Bearer {key}"}
+        async with make_client(_settings(tmp_path, fake_api, db)) as client:
+            ok = await client.post("/v1/chat/completions", json=ASK, headers={**auth, **API})
+            assert ok.status_code == 200, ok.text
+            server.stop()
+            refused = await client.post("/v1/chat/completions", json=ASK, headers={**auth, **API})
+            local = await client.post(
+                "/v1/chat/completions",
+                json={**ASK, "model": "local", "max_tokens": 8},
+                headers=auth,
+            )
+            health = (await client.get("/healthz", headers=auth)).json()
+            server.start()  # back: the API fallback is allowed again
+            again = await client.post("/v1/chat/completions", json=ASK, headers={**auth, **API})
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "budget_unavailable"
+    assert local.status_code == 200 and local.headers["x-frugal-route"] == "local"
+    assert health["status"] == "degraded"
+    assert health["budgets"]["state"] == "degraded" and health["budgets"]["reason"]
+    assert again.status_code == 200
