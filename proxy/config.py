@@ -14,6 +14,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
+from proxy.audit.settings import AuditSettings
 from proxy.errors import ConfigError
 
 SPECULATIVE_MODES = ("off", "prompt-lookup", "draft")
@@ -128,6 +129,7 @@ class QualitySettings:
     threshold: float = 0.6
     models: dict[str, float] = field(default_factory=dict)  # requested model -> its threshold
     relevance: bool = True  # the embedding-model signal, when its package is installed
+    target_precision: float = 0.0  # 0: off; else the threshold in force is picked from audits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,6 +180,7 @@ class Settings:
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     costs: CostSettings = field(default_factory=CostSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
+    audit: AuditSettings = field(default_factory=AuditSettings)
     pricing: dict[str, ModelPrice] = field(default_factory=dict)
     source: str = "<defaults>"
 
@@ -191,6 +194,7 @@ SECTIONS: dict[str, type] = {
     "ledger": LedgerSettings,
     "costs": CostSettings,
     "cache": CacheSettings,
+    "audit": AuditSettings,
 }
 
 
@@ -335,6 +339,8 @@ def validate(settings: Settings) -> Settings:
         )
     _check_range("[router] latency_margin_s", s.router.latency_margin_s, 0.0, 600.0)
     _check_range("[quality] threshold", s.quality.threshold, 0.0, 1.0)
+    if s.quality.target_precision != 0.0:
+        _check_range("[quality] target_precision", s.quality.target_precision, 0.5, 0.999)
     for model, threshold in s.quality.models.items():
         _check_range(f'[quality.models] "{model}"', threshold, 0.0, 1.0)
     if not s.ledger.path:

@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy.audit.runner import AuditRunner
 from proxy.config import Settings
 from proxy.engine.client import LocalEngine
 from proxy.errors import ProxyError
@@ -119,6 +120,7 @@ def _no_fallback_detail(settings: Settings) -> str:
 # Bounds of the shutdown steps after the ledger's flush; see shutdown_budget_s.
 ENGINE_STOP_S = 8.0  # LocalEngine.stop: 3 s for the worker to leave, then kill and 3 s more
 AUX_STOP_S = 1.0  # each of the router's, the upstream client's and the key store's close
+AUDIT_STOP_S = 1.0  # audits in flight, waited for before the ledger's flush, then cancelled
 LEDGER_CLOSE_MIN_S = 1.0  # the ledger's close, when its flush used all of shutdown_timeout_s
 
 
@@ -136,7 +138,7 @@ def shutdown_budget_s(settings: Settings) -> float:
     # A lock wait under way when the stop begins is not cut short: busy_timeout_s bounds it.
     ledger = max(settings.ledger.shutdown_timeout_s, settings.ledger.busy_timeout_s)
     ledger += LEDGER_CLOSE_MIN_S
-    return drain + ledger + ENGINE_STOP_S + 4 * AUX_STOP_S  # + quotas' stop
+    return drain + ledger + ENGINE_STOP_S + 4 * AUX_STOP_S + AUDIT_STOP_S  # + quotas' stop
 
 
 async def _bounded(step: Any, timeout_s: float, part: str) -> None:
@@ -158,10 +160,14 @@ async def _shutdown(
     upstream: Upstream,
     engine: LocalEngine | None,
     router: Router | None,
+    audit: AuditRunner | None = None,
 ) -> None:
-    """Flush the ledger, stop the router, the engine (``None``: not the app's to stop), the
-    upstream client and the key store (each bounded), then close the ledger, spilling what a
-    locked database would not take."""
+    """Let the audits in flight end (bounded: the rest are cancelled), flush the ledger, stop
+    the router, the engine (``None``: not the app's to stop), the upstream client and the key
+    store (each bounded), then close the ledger, spilling what a locked database would not
+    take."""
+    if audit is not None:
+        await _bounded(audit.close(AUDIT_STOP_S), AUDIT_STOP_S + 0.5, "audit")
     budget = settings.ledger.shutdown_timeout_s
     started = time.monotonic()
     flushed = await ledger.flush(budget)
@@ -212,11 +218,22 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             private_env=(settings.fallback.api_key_env, settings.server.api_keys_env),
         )
         router: Router | None = None
+        audit: AuditRunner | None = None
         try:
             if owns_engine:
                 await local.start()
             router = Router(settings, local, upstream.enabled)
             await router.start()
+            audit = AuditRunner(
+                settings,
+                upstream=upstream,
+                ledger=ledger,
+                prices=prices,
+                router=router,
+                database=ledger.database,
+                local_model=str(local.health().get("model") or settings.local.model_path),
+            )
+            await audit.start()
             services = Services(
                 settings=settings,
                 started_at=started_at,
@@ -230,6 +247,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
                     in_flight=in_flight, engine=local, router=router, ledger=ledger
                 ),
                 in_flight=in_flight,
+                audit=audit,
                 quotas=quotas,
             )
             app.state.services = services
@@ -259,6 +277,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
                 upstream=upstream,
                 engine=local if owns_engine else None,
                 router=router,
+                audit=audit,
             )
 
     async def completions(request: Request) -> Response:
@@ -306,6 +325,10 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             "quality_thresholds_by_model": settings.quality.models,
             "stream_mode": settings.router.stream_mode,
             "routing": services.router.health(),
+            "audit": services.audit.health() if services.audit is not None else None,
+            "threshold_in_force": (
+                services.audit.threshold_in_force() if services.audit is not None else None
+            ),
             "ledger": {
                 "path": from_settings(settings.ledger).label,
                 **services.ledger.health(),

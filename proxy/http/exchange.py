@@ -8,7 +8,9 @@
                      try_local    the local attempt, judged: the answer to send, or None
                      from_api     one upstream call (JSON), timed, its attempts counted
                      stream       the SSE response, which writes the row when it ends
-                     finish       the ledger row, the metrics and the log line, once
+                     finish       the ledger row, the metrics and the log line, once;
+                                  then a drawn shadow audit starts in the background
+                                  (offer_audit, start_audit; proxy.audit.runner)
     public_answer  the engine's completion as OpenAI sends it (chat, or legacy text)
 
 A handler (:mod:`proxy.http.chat`, :mod:`proxy.http.completions`) implements ``handle`` with
@@ -33,6 +35,8 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.audit.runner import Case
+from proxy.audit.sampler import Ticket
 from proxy.errors import BadRequest, LocalUnavailable, ProxyError
 from proxy.http import sse
 from proxy.http.metrics import PUSD_PER_USD
@@ -87,6 +91,10 @@ class Exchange:
     reservation: Any = None
     cache_key: str | None = None
     cache_read: bool = False  # a hit may be served (no Cache-Control: no-cache)
+    # A drawn shadow audit (proxy.audit): run when the exchange ends, off the request path.
+    audit: tuple[Ticket, Case] | None = None
+    audit_reference: dict[str, Any] | None = None  # the API's answer to a rejected attempt
+    audit_text: list[str] | None = None  # ... or its streamed text
 
     def headers(self) -> dict[str, str]:
         return {
@@ -136,13 +144,15 @@ class Exchange:
                 self.content_out.append(str((choice.get("message") or {}).get("content") or ""))
 
     def keep_sse(self, chunk: bytes) -> None:
-        if self.content_out is None:
+        keepers = [k for k in (self.content_out, self.audit_text) if k is not None]
+        if not keepers:
             return
         for line in chunk.split(b"\n"):
             if line.startswith(b"data: {"):
                 with contextlib.suppress(ValueError, AttributeError, IndexError, TypeError):
                     delta = json.loads(line[6:])["choices"][0]["delta"]
-                    self.content_out.append(str(delta.get("content") or ""))
+                    for keeper in keepers:
+                        keeper.append(str(delta.get("content") or ""))
 
 
 class Handler:
@@ -207,7 +217,48 @@ class Handler:
         to be sent, None to go to the API (see :meth:`judge`)."""
         attempt = await self.router.try_local(body, threshold=threshold, kind=kind, plan=plan)
         ex.take_local(attempt)
-        return self.judge(attempt, plan, ex)
+        kept = self.judge(attempt, plan, ex)
+        self.offer_audit(body, attempt, plan, threshold, ex, accepted=kept is not None)
+        return kept
+
+    def offer_audit(
+        self,
+        body: dict[str, Any],
+        attempt: LocalAttempt,
+        plan: Plan,
+        threshold: float,
+        ex: Exchange,
+        *,
+        accepted: bool,
+    ) -> None:
+        """Offer this local attempt to the shadow audits (``docs/audit.md``): chat answers
+        the cascade could send to the API, accepted or rejected alike. A drawn one runs when
+        the exchange ends (:meth:`finish`), in the background."""
+        runner = self.services.audit
+        completion = attempt.completion
+        if (
+            runner is None
+            or self.endpoint != "chat.completions"
+            or completion is None
+            or attempt.quality is None
+            or plan.local_only
+            or not self.router.fallback_enabled
+        ):
+            return
+        ticket = runner.offer(accepted=accepted)
+        if ticket is None:
+            return
+        case = Case(
+            request_id=ex.request_id,
+            body=body,
+            completion=completion,
+            accepted=accepted,
+            score=attempt.quality,
+            threshold=threshold,
+        )
+        ex.audit = (ticket, case)
+        if not accepted:
+            ex.audit_text = []
 
     def judge(self, attempt: LocalAttempt, plan: Plan, ex: Exchange) -> dict[str, Any] | None:
         """The local completion to send, None to go to the API; raises when neither is
@@ -293,6 +344,8 @@ class Handler:
             ex.api_ms = (time.perf_counter() - started) * 1000
         ex.upstream_attempts = reply.attempts
         ex.take_usage(reply.body.get("usage"))
+        if ex.audit is not None:
+            ex.audit_reference = reply.body
         return reply
 
     def stream(
@@ -373,6 +426,8 @@ class Handler:
             count = CountJob(model=model, body=ex.body, completion=ex.local_completion)
         services.ledger.record(row, count=count)
         self.router.observe(row)
+        if ex.audit is not None:
+            self.start_audit(ex)
         # A client that left mid-stream still cost what upstream reported for it.
         paid = api_cost if ex.status < 400 or ex.status == 499 else None
         if services.quotas is not None:  # the budget: the real cost replaces the reservation
@@ -416,6 +471,29 @@ class Handler:
                 messages=ex.content_in,
                 completion="".join(ex.content_out),
             )
+
+    def start_audit(self, ex: Exchange) -> None:
+        """The exchange's drawn audit, started in the background (never awaited here): a
+        shadow call for an accepted answer sent locally, the API's answer for a rejected one."""
+        runner = self.services.audit
+        assert ex.audit is not None and runner is not None
+        (ticket, case), ex.audit = ex.audit, None
+        if case.accepted:
+            if ex.route == "local":
+                runner.shadow(ticket, case)
+            else:
+                runner.give_back(ticket)
+            return
+        if ex.status == 499:  # the client left: no answer of the API's to grade against
+            runner.give_back(ticket)
+            return
+        reference = ex.audit_reference
+        if reference is None and ex.audit_text and ex.status < 400 and ex.error is None:
+            text = "".join(ex.audit_text)
+            reference = {"choices": [{"message": {"role": "assistant", "content": text}}]}
+        if ex.route != "api" or ex.status >= 400:
+            reference = None
+        runner.reference(ticket, case, reference)
 
 
 def public_answer(

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.types import Scope
 
 if TYPE_CHECKING:  # the parts' modules import this one for services_in
+    from proxy.audit.runner import AuditRunner
     from proxy.config import Settings
     from proxy.engine.client import LocalEngine
     from proxy.http.auth import Authenticator
@@ -41,6 +42,7 @@ class Services:
     router: Router
     metrics: Metrics
     in_flight: InFlight
+    audit: AuditRunner | None = None  # shadow audits (docs/audit.md); None: not running
     quotas: Quotas | None = None  # key budgets, limits and the response cache (issue 19)
 
 

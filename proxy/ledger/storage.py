@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from proxy.ledger import postgres
+from proxy.ledger.audits import AUDIT_INSERT, audit_values
 from proxy.ledger.database import Database
 from proxy.ledger.migrate import table_columns
 from proxy.ledger.rows import COLUMNS, COUNT_UPDATE, OPTIONAL_COLUMNS
@@ -54,6 +55,10 @@ class Store:
 
     def bound_wait(self, deadline: float | None) -> None:
         """No wait (for a lock, a connection) goes past ``deadline`` (``time.monotonic()``)."""
+
+    def write_audits(self, rows: list[dict[str, Any]]) -> None:
+        """Insert rows of the ``audits`` table in one transaction, or raise."""
+        raise NotImplementedError
 
     def close(self) -> None:
         raise NotImplementedError
@@ -120,6 +125,22 @@ class SqliteStore(Store):
                 conn.execute("ROLLBACK")
             raise
         return ids
+
+    def write_audits(self, rows: list[dict[str, Any]]) -> None:
+        conn = self._conn
+        assert conn is not None
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        self._bound_lock_wait(conn)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(AUDIT_INSERT, [audit_values(row) for row in rows])
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
 
     def _bound_lock_wait(self, conn: sqlite3.Connection) -> None:
         """While a flush or the stop has a deadline, no wait for a lock goes past it (at
@@ -211,6 +232,20 @@ class PostgresStore(Store):
                 self._conn = None
             raise
         return ids
+
+    def write_audits(self, rows: list[dict[str, Any]]) -> None:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+        conn = self._conn
+        try:
+            with conn.transaction(), conn.cursor() as cursor:
+                cursor.executemany(postgres.sql(AUDIT_INSERT), [audit_values(r) for r in rows])
+        except BaseException as exc:
+            if self.transient(exc):
+                with contextlib.suppress(Exception):
+                    conn.close()
+                self._conn = None
+            raise
 
     def close(self) -> None:
         if self._conn is not None:

@@ -66,6 +66,9 @@ class Router:
         self.fallback_enabled = fallback_enabled
         self.predictor = Predictor(settings.router)
         self.pool = BackendPool.build(settings, engine, self.predictor.lengths)
+        # [quality] target_precision: the threshold picked from the audits (proxy.audit, which
+        # sets it); None while the configured thresholds are in force.
+        self._in_force: float | None = None
 
     async def start(self) -> None:
         """Probe the remote backends and learn answer lengths from the ledger (background)."""
@@ -122,10 +125,18 @@ class Router:
             route="local", reason="", local_only=local_only, forced=local_only, choice=choice
         )
 
+    def set_threshold_in_force(self, value: float | None) -> None:
+        """The threshold a target precision picked from the audits (above 1: accept nothing),
+        or None to go back to the configured ones."""
+        self._in_force = value
+
     def threshold(self, header: str | None, model: str) -> float:
         """The bar a local answer must reach: the ``x-frugal-min-quality`` header, else the
+        threshold a target precision picked (:meth:`set_threshold_in_force`), else the
         requested model's ``[quality.models]`` entry, else ``[quality] threshold``."""
         if header is None:
+            if self._in_force is not None:
+                return self._in_force
             quality = self.settings.quality
             return quality.models.get(model, quality.threshold)
         try:
