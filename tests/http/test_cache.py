@@ -1,0 +1,89 @@
+"""The response cache through the app (proxy/http/quotas.py, proxy/ledger/cache.py), on SQLite
+and on a real PostgreSQL: a deterministic request is answered from the cache (route and reason
+``cache``, its counterfactual saved), streams get it replayed as a stream, ``Cache-Control``
+opts out, and one key never gets another key's entry unless ``[cache] shared``."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from proxy.ledger import access, keys
+from proxy.ledger.database import Database
+from tests.conftest import settings_for
+from tests.fake_api import FakeAPI
+from tests.ledger.conftest import database, pg_server  # noqa: F401 - fixtures
+
+ASK = {
+    "model": "gpt-4o-mini",
+    "temperature": 0,
+    "messages": [{"role": "user", "content": "Name a colour."}],
+}
+
+
+def _settings(tmp_path: Path, api: FakeAPI, db: Database, shared: bool = False) -> Any:
+    ledger: dict[str, Any] = {"path": str(tmp_path / "ledger.db"), "flush_interval_s": 0.02}
+    if db.is_postgres:
+        ledger["url"] = db.url
+    cache = {"enabled": True, "ttl_s": 600.0, "shared": shared}
+    return settings_for(tmp_path, api, ledger=ledger, cache=cache)
+
+
+async def _settled() -> None:
+    await asyncio.sleep(0.3)  # entries are stored in the background
+
+
+async def test_a_deterministic_request_is_answered_from_the_cache(
+    tmp_path: Path,
+    fake_api: FakeAPI,
+    make_client: Any,
+    database: Database,  # noqa: F811
+) -> None:
+    alice = {"authorization": f"Bearer {keys.create(database, 'alice')}", "x-frugal-route": "api"}
+    bob = {"authorization": f"Bearer {keys.create(database, 'bob')}", "x-frugal-route": "api"}
+    url = "/v1/chat/completions"
+    async with make_client(_settings(tmp_path, fake_api, database)) as client:
+        first = await client.post(url, json=ASK, headers=alice)
+        await _settled()
+        hit = await client.post(url, json=ASK, headers=alice)
+        stream = await client.post(url, json={**ASK, "stream": True}, headers=alice)
+        fresh = await client.post(url, json=ASK, headers={**alice, "cache-control": "no-cache"})
+        other_key = await client.post(url, json=ASK, headers=bob)
+        warm = await client.post(url, json={**ASK, "temperature": 0.7}, headers=alice)
+        await asyncio.sleep(0.2)
+    assert first.headers["x-frugal-route"] == "api"
+    assert hit.headers["x-frugal-route"] == "cache" and hit.headers["x-frugal-reason"] == "cache"
+    assert hit.json()["choices"] == first.json()["choices"]
+    assert stream.headers["x-frugal-route"] == "cache"
+    assert stream.text.startswith("data: ") and stream.text.rstrip().endswith("data: [DONE]")
+    assert fresh.headers["x-frugal-route"] == "api"
+    assert other_key.headers["x-frugal-route"] == "api"  # never another key's entry
+    assert warm.headers["x-frugal-route"] == "api"  # not deterministic: not cached
+    assert fake_api.count == 4
+    with access.connect(database) as conn:
+        rows = conn.query(
+            "SELECT route, reason, api_cost_pusd, counterfactual_cost_pusd FROM requests "
+            "WHERE route = 'cache'"
+        )
+    assert len(rows) == 2
+    assert all(r[1] == "cache" and r[2] == 0 and r[3] and r[3] > 0 for r in rows)
+
+
+async def test_a_shared_cache_serves_every_key(
+    tmp_path: Path,
+    fake_api: FakeAPI,
+    make_client: Any,
+    database: Database,  # noqa: F811
+) -> None:
+    alice = {"authorization": f"Bearer {keys.create(database, 'alice')}", "x-frugal-route": "api"}
+    bob = {"authorization": f"Bearer {keys.create(database, 'bob')}", "x-frugal-route": "api"}
+    url = "/v1/chat/completions"
+    async with make_client(_settings(tmp_path, fake_api, database, shared=True)) as client:
+        await client.post(url, json=ASK, headers=alice)
+        await _settled()
+        other_key = await client.post(url, json=ASK, headers=bob)
+        no_store = await client.post(url, json=ASK, headers={**bob, "cache-control": "no-store"})
+    assert other_key.headers["x-frugal-route"] == "cache"
+    assert no_store.headers["x-frugal-route"] == "api"
+    assert fake_api.count == 2
