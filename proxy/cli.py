@@ -6,6 +6,7 @@
     frugal keys   create NAME | list | revoke NAME  [--config PATH | --db PATH|URL]
     frugal migrate [--config PATH | --db PATH|URL]
     frugal check  [--config PATH]
+    frugal calibrate [--config PATH] [--db PATH|URL] [--out PATH]
     frugal quantize IN.gguf OUT.gguf [--type Q4_K_M] [--force]
 
 Errors meant for the user (a bad config, a missing database) print one clean line and exit
@@ -103,7 +104,47 @@ def _parser() -> argparse.ArgumentParser:
     source = migrate.add_mutually_exclusive_group()
     source.add_argument("--config", help="TOML config whose [ledger] to migrate")
     source.add_argument("--db", help=DB_HELP)
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="refit the quality gate on the audits of the configured model; write a weights "
+        "file for [quality] weights_path",
+    )
+    calibrate.add_argument("--config", help="TOML config: its model, [ledger] and [quality]")
+    calibrate.add_argument("--db", help=DB_HELP + " (default: the config's [ledger])")
+    calibrate.add_argument(
+        "--out",
+        help="weights file to write (default: [quality] weights_path, else frugal-weights.json)",
+    )
     return parser
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from proxy.audit.calibrate import CalibrationError, run_once, write_weights
+    from proxy.engine.generate import bundled_model_path
+    from proxy.ledger.database import from_argument, from_settings
+
+    settings = config_mod.load(args.config)
+    db = from_argument(args.db) if args.db else from_settings(settings.ledger)
+    model_path = settings.local.model_path or bundled_model_path()
+    if not os.path.isfile(model_path):
+        raise ConfigError(f"[local] model_path = {model_path!r}: no such file")
+    out = args.out or settings.quality.weights_path or "frugal-weights.json"
+    target = getattr(settings.quality, "target_precision", 0.0) or None
+    try:
+        result = run_once(
+            db, model_path, target=target, configured_threshold=settings.quality.threshold
+        )
+    except CalibrationError as exc:
+        print(f"frugal calibrate: {exc}", file=sys.stderr)
+        return 1
+    write_weights(out, result.weights)
+    print("\n".join(result.report()))
+    print(
+        f"frugal calibrate: wrote {out} (for {os.path.basename(model_path)}); set [quality] "
+        "weights_path to it",
+        file=sys.stderr,
+    )
+    return 0
 
 
 DB_HELP = (
@@ -155,6 +196,7 @@ def _serve(args: argparse.Namespace) -> int:
     model_path = settings.local.model_path or bundled_model_path()
     if not os.path.isfile(model_path):
         raise ConfigError(f"[local] model_path = {model_path!r}: no such file")
+    _check_weights(settings, model_path)
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -168,6 +210,20 @@ def _serve(args: argparse.Namespace) -> int:
     )
     _GracefulServer(config).run()
     return 0
+
+
+def _check_weights(settings: config_mod.Settings, model_path: str) -> None:
+    """[quality] weights_path: a file for another model, or a corrupt one, is a clear error
+    now (exit 2); the engine worker loads it again, and follows its later changes."""
+    from quality.combiner import Combiner, WeightsError
+
+    path = settings.quality.weights_path
+    if not path or (settings.quality.auto_calibrate and not os.path.exists(path)):
+        return
+    try:
+        Combiner.load_for_model(path, model_path)
+    except WeightsError as exc:
+        raise ConfigError(f"[quality] weights_path: {exc}") from exc
 
 
 class _GracefulServer:
@@ -271,6 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return check_mod.run(args)
         if args.command == "migrate":
             return _migrate(args)
+        if args.command == "calibrate":
+            return _calibrate(args)
         if args.command == "quantize":
             from proxy.engine import quantize
 

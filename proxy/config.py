@@ -122,6 +122,7 @@ class RouterSettings:
     predictive: bool = True
     objective: str = "cost"
     latency_margin_s: float = 0.5
+    prereject: bool = False  # skip a local attempt the pre-router predicts will be rejected
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +130,8 @@ class QualitySettings:
     threshold: float = 0.6
     models: dict[str, float] = field(default_factory=dict)  # requested model -> its threshold
     relevance: bool = True  # the embedding-model signal, when its package is installed
+    weights_path: str = ""  # "": the shipped weights; else a file made by `frugal calibrate`
+    auto_calibrate: bool = False  # refit weights_path from the audits every 100 new audits
     target_precision: float = 0.0  # 0: off; else the threshold in force is picked from audits
 
 
@@ -343,6 +346,10 @@ def validate(settings: Settings) -> Settings:
         _check_range("[quality] target_precision", s.quality.target_precision, 0.5, 0.999)
     for model, threshold in s.quality.models.items():
         _check_range(f'[quality.models] "{model}"', threshold, 0.0, 1.0)
+    if s.quality.auto_calibrate and not s.quality.weights_path:
+        raise ConfigError(
+            "[quality] auto_calibrate = true: expected a weights_path, the file it writes"
+        )
     if not s.ledger.path:
         raise ConfigError("[ledger] path: expected a file path, got an empty string")
     _check_ledger_url(s.ledger)

@@ -6,12 +6,18 @@ same answers, with and without the confidence (logprob) features and with and wi
 relevance feature, so an answer that lacks either (the API's has no logprobs; a server without
 the embedder has no relevance) is judged by the signals that apply, on the same scale.
 
+A user's own weights (``frugal calibrate``, refitted on audits of their traffic) are a copy of
+that file tagged with the SHA-256 of the model file they were fitted for;
+:meth:`Combiner.load_for_model` refuses a file tagged for another model, or a corrupt one, with
+:class:`WeightsError`.
+
 Hard failures (``Signal.hard``) make an answer unusable whatever its other features say: the
 value is then scaled into ``[0, HARD_CAP]``, below any sensible threshold, keeping the order.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -25,6 +31,22 @@ from quality.task import KINDS
 
 WEIGHTS_PATH = Path(__file__).with_name("weights.json")
 HARD_CAP = 0.1
+MODEL_TAG = "model_sha256"
+"""The key of a calibrated weights file that names the model file it was fitted for."""
+
+
+class WeightsError(ValueError):
+    """A weights file that cannot be used: unreadable, not weights, or for another model."""
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file, read in 1 MiB blocks (a model file is gigabytes)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
 
 CONFIDENCE_FEATURES = (
     "conf_mean",
@@ -144,6 +166,38 @@ class Combiner:
     @classmethod
     def load(cls, path: str | Path = WEIGHTS_PATH) -> Combiner:
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    @classmethod
+    def load_for_model(
+        cls, path: str | Path, model_path: str | Path, *, model_sha256: str | None = None
+    ) -> Combiner:
+        """A calibrated weights file, after checking its tag against the model file's SHA-256
+        (``model_sha256`` when the caller has it already). Raises :class:`WeightsError`."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise WeightsError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise WeightsError(f"{path}: not a weights file (not JSON: {exc})") from exc
+        try:
+            combiner = cls.from_dict(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise WeightsError(f"{path}: not a weights file ({type(exc).__name__}: {exc})") from exc
+        tag = data.get(MODEL_TAG)
+        if not isinstance(tag, str) or not tag:
+            raise WeightsError(
+                f"{path}: has no {MODEL_TAG} tag, so it cannot be checked against the model; "
+                "make one with `frugal calibrate`"
+            )
+        actual = model_sha256 or file_sha256(model_path)
+        if tag.lower() != actual.lower():
+            fitted_for = data.get("model_file") or "another model file"
+            raise WeightsError(
+                f"{path} was calibrated for {fitted_for} (SHA-256 {tag[:12]}…), not for "
+                f"{Path(model_path).name} (SHA-256 {actual[:12]}…): run `frugal calibrate` "
+                "for this model, or unset [quality] weights_path"
+            )
+        return combiner
 
     def features(self, signals: Sequence[Signal]) -> dict[str, float]:
         x = dict(FEATURE_DEFAULTS)

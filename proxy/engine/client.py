@@ -123,8 +123,13 @@ class LocalEngine:
         *,
         relevance: bool = True,
         private_env: Collection[str] = (),
+        weights_path: str = "",
+        weights_optional: bool = False,
     ) -> None:
         self.settings = settings
+        # [quality] weights_path: the gate's calibrated weights, loaded and checked in the worker
+        self.weights_path = weights_path
+        self.weights_optional = weights_optional  # auto_calibrate: the file may come later
         # Variables the worker must not inherit beyond worker_env's own rules: the config's key
         # variables (the app passes [fallback] and [server] ones; the backends' are added here).
         self.private_env = (*private_env, *(b.api_key_env for b in settings.backends))
@@ -222,6 +227,8 @@ class LocalEngine:
             "prefix_cache_mb": self.settings.prefix_cache_mb,
             "flash_attn": self.settings.flash_attn,
             "relevance": self.relevance,
+            "weights_path": self.weights_path,
+            "weights_optional": self.weights_optional,
             "parallel": self.parallel,
         }
         # Started with an allow-listed environment, never the proxy's keys (worker_env.py).

@@ -34,6 +34,7 @@ from proxy.engine import tasks, tools
 from proxy.engine.batch import BatchEngine, BatchError, Sequence
 from proxy.engine.generate import LocalModel, ModelLoadError, PromptTooLong
 from proxy.engine.speculative import PromptLookup
+from proxy.engine.weights import GateWeights
 
 
 def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
@@ -63,6 +64,15 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
     import quality  # noqa: F401 - imported now, not on the first job's clock
 
     relevance = _load_embedder(bool(options.get("relevance", True)))
+    global _weights
+    _weights = GateWeights(
+        options.get("weights_path", ""), model.path, optional=options.get("weights_optional", False)
+    )
+    try:
+        weights = _weights.start()  # [quality] weights_path, checked against the model file
+    except ValueError as exc:  # quality.combiner.WeightsError
+        conn.send(("fatal", str(exc)))
+        return
     parallel = max(1, int(options.get("parallel", 1)))
     batch: BatchEngine | None = None
     if parallel > 1:
@@ -94,6 +104,7 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
                     model.calibration.as_dict() if model.calibration is not None else None
                 ),
                 "relevance": relevance,
+                "weights": weights,
                 "parallel": parallel,
             },
         )
@@ -261,6 +272,7 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
 
 
 _embedder: Any = None
+_weights: GateWeights | None = None
 """The relevance signal's embedding model (``quality.relevance.Embedder``), when loaded."""
 
 
@@ -292,5 +304,6 @@ def _score(request: dict[str, Any], completion: dict[str, Any]) -> dict[str, Any
     if completion["frugal"].get("stop_cause") == "cancelled":
         # Its client is gone: answer the proxy at once, nobody will read a score.
         return {"value": None, "reasons": ["cancelled"], "signals": {}}
-    verdict = quality.score(request, completion, embedder=_embedder)
+    combiner = _weights.current() if _weights is not None else None
+    verdict = quality.score(request, completion, embedder=_embedder, combiner=combiner)
     return {"value": verdict.value, "reasons": verdict.reasons, "signals": verdict.signals}

@@ -216,6 +216,8 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             settings.local,
             relevance=settings.quality.relevance,
             private_env=(settings.fallback.api_key_env, settings.server.api_keys_env),
+            weights_path=settings.quality.weights_path,
+            weights_optional=settings.quality.auto_calibrate,
         )
         router: Router | None = None
         audit: AuditRunner | None = None

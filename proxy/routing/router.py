@@ -3,7 +3,9 @@
     plan()          forced route, model alias ``local``, or a feature the engine lacks;
                     the local backend with the lowest predicted finish (``proxy.routing``),
                     ``context_overflow`` when the prompt certainly cannot fit it, and
-                    ``predicted_slow`` when even that one cannot make the deadline.
+                    ``predicted_slow`` when even that one cannot make the deadline;
+                    ``predicted_reject`` when the pre-router (``prerouter.py``, [router]
+                    prereject) predicts the local answer would be rejected.
                     Definite reasons (forced, unsupported, context_overflow) always win over
                     the predicted one.
     try_local()     run that backend before the deadline; classify what came back
@@ -27,6 +29,7 @@ from proxy.errors import BadRequest, EngineError
 from proxy.routing.base import Choice
 from proxy.routing.estimator import Prediction, Predictor
 from proxy.routing.pool import BackendPool
+from proxy.routing.prerouter import PreRouter
 from proxy.routing.servable import local_blocker
 
 LOCAL_ALIAS = "local"
@@ -66,6 +69,7 @@ class Router:
         self.fallback_enabled = fallback_enabled
         self.predictor = Predictor(settings.router)
         self.pool = BackendPool.build(settings, engine, self.predictor.lengths)
+        self.prerouter = PreRouter(settings.quality.weights_path, enabled=settings.router.prereject)
         # [quality] target_precision: the threshold picked from the audits (proxy.audit, which
         # sets it); None while the configured thresholds are in force.
         self._in_force: float | None = None
@@ -121,6 +125,13 @@ class Router:
             and self.predictor.too_slow(choice.prediction.seconds, choice.timeout_s)
         ):
             return Plan(route="api", reason="predicted_slow", local_only=False, choice=choice)
+        if (
+            not local_only
+            and self.fallback_enabled
+            and kind == "chat"
+            and self.prerouter.predicted_reject(body)
+        ):
+            return Plan(route="api", reason="predicted_reject", local_only=False, choice=choice)
         return Plan(
             route="local", reason="", local_only=local_only, forced=local_only, choice=choice
         )
