@@ -87,8 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--format", choices=("table", "json", "csv", "markdown"), default="table")
     report.add_argument(
         "--by",
-        choices=("model", "day", "key", "reason"),
-        help="one row per requested model, UTC day, client key name or routing reason",
+        choices=("model", "day", "key", "reason", "kind"),
+        help="one row per requested model, UTC day, client key name or routing reason; "
+        "kind: the quality section (shadow audits) per task kind",
     )
     report.add_argument(
         "--chart",
@@ -280,13 +281,16 @@ def _report(args: argparse.Namespace) -> int:
     from proxy.ledger import chart, report
     from proxy.ledger.database import from_argument, from_settings
 
+    quality = config_mod.QualitySettings()
     if args.db:
         db, fixed = from_argument(args.db), 0.0
         if os.environ.get("FRUGAL_CONFIG") or os.path.isfile("frugal.toml"):
-            fixed = config_mod.load(None).costs.monthly_fixed_usd
+            loaded = config_mod.load(None)
+            fixed, quality = loaded.costs.monthly_fixed_usd, loaded.quality
     else:
         settings = config_mod.load(args.config)
         db, fixed = from_settings(settings.ledger), settings.costs.monthly_fixed_usd
+        quality = settings.quality
     now = datetime.now(UTC)
     try:
         if args.last and not args.first:
@@ -298,7 +302,16 @@ def _report(args: argparse.Namespace) -> int:
             if args.first
             else report.Period.month(args.month, now)
         )
-        data = report.build(db, period, fixed, by=args.by, daily=bool(args.chart), now=now)
+        data = report.build(
+            db,
+            period,
+            fixed,
+            by=args.by,
+            daily=bool(args.chart),
+            now=now,
+            target_precision=quality.target_precision or None,
+            threshold=quality.threshold,
+        )
         print(report.render(data, args.format))
         if data["requests"] == 0:
             print(

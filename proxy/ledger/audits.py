@@ -75,9 +75,10 @@ def read_rows(
     if local_model is not None:
         sql += " AND local_model = ?"
         params.append(local_model)
-    if limit is not None:
-        sql = f"SELECT * FROM ({sql} ORDER BY ts DESC, id DESC LIMIT ?) AS newest"
+    if limit is None:
+        sql += " ORDER BY ts, id"
+    else:
+        sql += " ORDER BY ts DESC, id DESC LIMIT ?"
         params.append(int(limit))
     rows = [dict(zip(wanted, values, strict=True)) for values in conn.query(sql, params)]
-    rows.sort(key=lambda r: float(r["ts"]))
-    return rows
+    return rows if limit is None else rows[::-1]

@@ -64,16 +64,26 @@ def render(report: dict[str, Any], fmt: str) -> str:
     markdown = fmt == "markdown"
     header, rows = _table_rows(report, markdown_cell if markdown else visible)
     summary = _summary_rows(report)
+    quality = _quality_rows(report)
+    groups = _quality_groups(report, markdown_cell if markdown else visible)
     if markdown:
         lines = [f"**frugal report: {title(report)}**", ""]
         lines += _markdown(header, rows)
         lines += [""] + _markdown(["Summary", ""], summary)
+        if quality:
+            lines += [""] + _markdown(["Quality (shadow audits)", ""], quality)
+        if groups is not None:
+            lines += [""] + _markdown(*groups)
         if report["warnings"]:
             lines += [""] + [f"- warning: {markdown_cell(w)}" for w in report["warnings"]]
         return "\n".join(lines)
     lines = [f"frugal report: {title(report)}"]
     lines += _box(header, rows, total_row=len(rows) > 1)
     lines += _box(None, summary)
+    if quality:
+        lines += _box(None, quality)
+    if groups is not None:
+        lines += _box(*groups)
     lines += [f"warning: {visible(w)}" for w in report["warnings"]]
     return "\n".join(lines)
 
@@ -142,7 +152,7 @@ def _table_rows(
 ) -> tuple[list[str], list[list[str]]]:
     """The table's header and rows; ``escape`` is applied to the group names (client data)."""
     by = report.get("by")
-    if by is None:
+    if by is None or "groups" not in report:  # --by kind groups the quality section only
         return ["Period", *_COLUMNS], [_cells(report["month"], report)]
     rows = [_cells(escape(_group_name(by, g)), g) for g in report["groups"]]
     rows.append(_cells("Total", report))
@@ -185,6 +195,58 @@ def _summary_rows(report: dict[str, Any]) -> list[list[str]]:
             ["Not costed", f"{plural(report['unpriced_requests'], 'request')} (see warnings)"]
         )
     return rows
+
+
+def _precision(group: dict[str, Any]) -> str:
+    if group.get("audited_precision") is None:
+        return "no judged accepted answer"
+    low, high = group["audited_precision_ci"]
+    return f"{pct(group['audited_precision'])} (95%: {pct(low)} to {pct(high)})"
+
+
+def _quality_rows(report: dict[str, Any]) -> list[list[str]]:
+    """The quality section: what the audits say, what they cost, the threshold in force; none
+    while there is no audit and no target precision."""
+    if not (report.get("audits") or report.get("target_precision")):
+        return []
+    rejected = report.get("rejected_but_correct_share")
+    rows = [
+        ["Audits", f"{report['audits']:,} ({report['audits_failed']:,} without a verdict)"],
+        ["Audited precision (accepted)", _precision(report)],
+        [
+            "Rejected but correct",
+            "no judged rejected answer" if rejected is None else pct(rejected),
+        ],
+        ["Audit spend (in Paid)", usd(report["audit_cost_usd"])],
+        [
+            "Threshold in force",
+            f"{report['threshold_in_force']:g} ({report['threshold_source']})",
+        ],
+        ["Why", visible(str(report["threshold_why"]))],
+    ]
+    return rows
+
+
+def _quality_groups(
+    report: dict[str, Any], escape: Callable[[str], str]
+) -> tuple[list[str], list[list[str]]] | None:
+    by = report.get("by")
+    if by not in ("kind", "model") or "quality_groups" not in report:
+        return None
+    rows = []
+    for g in report["quality_groups"]:
+        rejected = g["rejected_but_correct_share"]
+        rows.append(
+            [
+                escape(str(g[by])),
+                f"{g['audits']:,}",
+                _precision(g),
+                "-" if rejected is None else pct(rejected),
+            ]
+        )
+    if not rows:
+        return None
+    return [by.capitalize(), "Audits", "Audited precision", "Rejected but correct"], rows
 
 
 def _box(header: list[str] | None, rows: list[list[str]], *, total_row: bool = False) -> list[str]:
@@ -243,9 +305,10 @@ def _csv(report: dict[str, Any]) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["from", "to", by or "period", *_CSV_FIELDS])
     span = [report["from"], report["to"]]
-    if by is not None:
+    if by is not None and "groups" in report:
         for group in report["groups"]:
             name = "" if group[by] is None else csv_cell(str(group[by]))
             writer.writerow([*span, name, *(group.get(f, "") for f in _CSV_FIELDS)])
-    writer.writerow([*span, "total" if by else report["month"], *(report[f] for f in _CSV_FIELDS)])
+    label = "total" if by and "groups" in report else report["month"]
+    writer.writerow([*span, label, *(report[f] for f in _CSV_FIELDS)])
     return out.getvalue().rstrip("\n")

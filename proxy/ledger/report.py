@@ -15,6 +15,12 @@ of the latency tax is a sorted query on the partial index of the taxed rows.
   month by the share of its seconds the period covers, up to now; net: saved − fixed.
 - latency tax: the time spent on local attempts whose answer was not used, its share of the
   answered requests, and its p95 (nearest rank) over the requests that paid it.
+- quality: what the period's shadow audits say (``docs/audit.md``; the keys are
+  :mod:`proxy.audit.summary`'s): audited precision with its 95% interval, the share of rejected
+  answers that were right, and the threshold in force. What the audits cost
+  (``audit_cost_usd``) is money paid: it is part of ``api_cost_usd``, never of the savings.
+  ``--by kind`` groups the quality keys by task kind (requests have no kind); ``--by model``
+  groups both.
 - rows that could not be costed (an unpriced model, or an API call that reported no usage) are
   counted, left out of the money, and named in ``warnings``.
 
@@ -36,8 +42,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from proxy.audit.summary import quality_section
 from proxy.errors import ConfigError
 from proxy.ledger import access
+from proxy.ledger.audits import read_rows, spend_pusd
 from proxy.ledger.database import Database, as_database
 from proxy.ledger.pricing import PICO
 from proxy.ledger.render import plural, render
@@ -49,7 +57,7 @@ EXIT_USAGE = 2
 EXIT_NO_DATABASE = 3
 EXIT_EMPTY = 4
 
-GROUPINGS = ("model", "day", "key", "reason")
+GROUPINGS = ("model", "day", "key", "reason", "kind")
 FORMATS = ("table", "json", "csv", "markdown")
 _DAY = timedelta(days=1)
 _MICRO = Decimal("0.000001")
@@ -226,6 +234,7 @@ def money(pico: int) -> Decimal:
 # rows a month, however many requests there were.
 _ROLLUP_GROUP = {
     None: "NULL",
+    "kind": "NULL",  # a quality grouping: requests have no task kind
     "model": "model",
     "day": "day",
     "key": "key_name",
@@ -276,9 +285,12 @@ def build(
     by: str | None = None,
     daily: bool = False,
     now: datetime | None = None,
+    target_precision: float | None = None,
+    threshold: float = 0.6,
 ) -> dict[str, Any]:
     """The report as a dict (what ``--format json`` prints). ``daily`` adds the per-day series
-    the chart draws, whatever ``by`` is."""
+    the chart draws, whatever ``by`` is. ``target_precision`` and ``threshold`` are ``[quality]``'s:
+    the threshold in force is chosen from the period's audits as the proxy chooses it."""
     if by is not None and by not in GROUPINGS:
         raise ReportError(f"--by {by!r}: expected one of {', '.join(GROUPINGS)}", EXIT_USAGE)
     now = now or datetime.now(UTC)
@@ -300,6 +312,14 @@ def build(
         p95 = _p95(conn, bounds, total.taxed)
         prediction = _prediction_error(conn, bounds) if "actual_local_ms" in columns else None
         warnings = _warnings(conn, days_range) if total.uncosted else []
+        audit_pico = spend_pusd(conn, since=bounds[0], until=bounds[1])
+        quality = quality_section(
+            read_rows(conn, since=bounds[0], until=bounds[1]),
+            by=by,
+            target_precision=target_precision,
+            threshold=threshold,
+        )
+    total.paid += audit_pico  # audits are money paid, never money saved
 
     total.fixed = fixed_cost_pico(period.start, period.end, monthly_pico, now)
     report: dict[str, Any] = {
@@ -310,12 +330,15 @@ def build(
         "latency_tax_p95_s": p95,
         "reasons": dict(sorted(total.reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
         "warnings": warnings,
+        "audit_cost_usd": money(audit_pico),
+        **quality,
     }
     if prediction is not None:  # only when the period has predicted local answers
         report["prediction_mdape"], report["prediction_samples"] = prediction
     if by is not None:
         report["by"] = by
-        report["groups"] = _group_list(by, groups, period, monthly_pico, now)
+        if by != "kind":
+            report["groups"] = _group_list(by, groups, period, monthly_pico, now)
     if days is not None:
         report["days"] = _group_list("day", days, period, monthly_pico, now)
     return report

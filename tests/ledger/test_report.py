@@ -180,6 +180,18 @@ def test_month_json_keeps_the_documented_keys(
             "1 request for 'my-finetune' not costed: no known price. "
             'Add [pricing."my-finetune"] to the config to price new requests.'
         ],
+        # The quality section (issue 17): no audit in this ledger.
+        "audit_cost_usd": Decimal("0.000000"),
+        "audits": 0,
+        "audits_failed": 0,
+        "audited_precision": None,
+        "audited_precision_ci": [0.0, 1.0],
+        "acceptance_rate": None,
+        "rejected_but_correct_share": None,
+        "target_precision": None,
+        "threshold_in_force": 0.6,
+        "threshold_source": "configured",
+        "threshold_why": "the configured threshold 0.6 (no target precision set)",
     }
 
 
