@@ -35,6 +35,9 @@ def settings_for(
         # No client keys unless a test asks: a $FRUGAL_API_KEYS in the shell must not 401 them.
         "server": {"api_keys_env": ""},
         "local": {"timeout_s": 30.0, "n_threads": 1},
+        # No shadow audits unless a test asks: a random 2% of extra upstream calls would make
+        # the tests that count upstream requests flaky.
+        "audit": {"rate": 0.0},
         "fallback": (
             {"api_base": api.url, "api_key_env": FAKE_KEY_ENV, "max_retries": 1, "timeout_s": 5.0}
             if api is not None
