@@ -60,7 +60,7 @@ TO_LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}
 LITELLM_MODEL = "claude"  # mapped to a litellm provider that speaks HTTP to the fake API
 RSS_KILL = 3072 * MB  # a process past this is SIGKILLed by the watch: the row fails, the box lives
 BOUND_MARGIN = 10  # timed bounds of the issue are asserted with this margin
-LOCK_S = 10.0  # how long row 5 holds the database locked under load (the issue says 60 s)
+LOCK_S = 60.0  # how long row 5 holds the database locked under load, as the issue asks
 LONG_PROMPT = "Count from 1 to 5000, one number per line, and write nothing else."
 REPLY = "The capital of France is Paris."
 
