@@ -10,34 +10,26 @@ name to a target; an unmapped name is sent unchanged):
   aiohttp, not httpx: on this path httpx's client and connection pool cost 4 to 10 times the CPU
   per request (``bench/upstream_clients.py``, numbers in ``bench/README.md``). A proxy set in
   ``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY`` (and ``NO_PROXY``) is read once, at start-up.
-- **litellm**: a mapped target with any other provider prefix (``anthropic/claude-3-5-haiku``).
-  litellm takes seconds to import, so it is imported at start-up only when the mapping needs it.
-  ``api_key_env`` names the key of ``api_base``; litellm providers read their own standard
-  variable (``ANTHROPIC_API_KEY``...), except when ``api_base`` is empty: then the key of
-  ``api_key_env`` is theirs.
+- **litellm**: a mapped target with any other provider prefix (``anthropic/claude-3-5-haiku``),
+  sent by :mod:`proxy.upstream.litellm_route`.
 
 Only allow-listed parameters are sent: the body upstream is built from the keys of
 :data:`proxy.params.CHAT_PARAMETERS` (``COMPLETIONS_PARAMETERS``, ``EMBEDDINGS_PARAMETERS`` for
 :meth:`Upstream.post_json`) that the request sets, on both routes. Validation has already refused
-anything else with a 400; this is the second wall. litellm is handed those parameters and the
-few this module sets itself (:data:`LITELLM_OWN_KWARGS`), never a client's ``api_base``,
-``api_key``, ``model_list``, ``mock_response`` or other routing keyword. ``metadata`` is not
-handed to litellm either: there it is litellm's own logging and routing metadata, not OpenAI's.
+anything else with a 400; this is the second wall (litellm's own keywords are kept out in
+:mod:`proxy.upstream.litellm_route`).
 
-Retries live here and nowhere else (tenacity), and only where the API cannot have done (and
-billed) the work already:
+Every call runs under the retry policy of :mod:`proxy.upstream.retry`, which lives there and
+nowhere else, and only where the API cannot have done (and billed) the work already:
 
 - a connection that could not be made (refused, DNS, TLS, the connect or pool timeout), and
 - an answer of 408, 429, 502, 503 or 504.
 
-Up to ``max_retries`` more attempts, with exponential backoff and jitter; ``Retry-After``
-(seconds or an HTTP date) is honoured on 429 and 503. A retry whose wait would end after
-``timeout_s`` from the start of the call, or whose ``Retry-After`` is over 20 s, is not made: the
-call fails at once. **Not retried**: a 500 or any other 5xx, a read timeout, a reset or
-disconnect once the request was sent, a body cut short, any other 4xx; and a stream is never
-retried once :meth:`Upstream.chat_stream` has returned it. The rule is in
-:mod:`proxy.upstream.errors`. ``timeout_s`` bounds each wait for upstream's next bytes (as
-httpx's read timeout did), ``connect_timeout_s`` each new connection.
+**Not retried**: a 500 or any other 5xx, a read timeout, a reset or disconnect once the request
+was sent, a body cut short, any other 4xx; and a stream is never retried once
+:meth:`Upstream.chat_stream` has returned it. The rule is in :mod:`proxy.upstream.errors`.
+``timeout_s`` bounds each wait for upstream's next bytes (as httpx's read timeout did),
+``connect_timeout_s`` each new connection.
 
 Every call says how many attempts it made: :attr:`UpstreamResponse.attempts` on success,
 :attr:`UpstreamStream.attempts` on a stream, and ``attempts`` on the :class:`ProxyError` it
@@ -55,50 +47,34 @@ there.
 
 from __future__ import annotations
 
-import asyncio
-import importlib
 import json
-import os
-import random
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
-import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from yarl import URL
 
 from proxy.config import FallbackSettings
-from proxy.errors import ProxyError, UpstreamError
+from proxy.errors import UpstreamError
 from proxy.params import (
     CHAT_PARAMETERS,
     COMPLETIONS_PARAMETERS,
     EMBEDDINGS_PARAMETERS,
     forwarded,
 )
-from proxy.upstream.errors import (
-    describe,
-    retry_after_of,
-    retryable,
-    status_error,
-    translate,
-)
+from proxy.upstream.errors import status_error
+from proxy.upstream.litellm_route import LitellmRoute, answer_of, sse_of
+from proxy.upstream.retry import BACKOFF_INITIAL_S, RetryPolicy
 from proxy.upstream.stream import UpstreamStream
 
 __all__ = ["Upstream", "UpstreamResponse", "UpstreamStream"]
 
-log = structlog.get_logger(__name__)
-_T = TypeVar("_T")
-
 MAX_CONNECTIONS = 64
-BACKOFF_INITIAL_S = 0.2
-BACKOFF_MAX_S = 5.0
-RETRY_AFTER_CAP_S = 20.0
 
 _encode = json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
 # The JSON endpoints of post_json and the parameters each may carry.
@@ -107,23 +83,6 @@ _POST_PARAMETERS: dict[str, frozenset[str]] = {
     "/embeddings": frozenset(EMBEDDINGS_PARAMETERS),
 }
 _CHAT = frozenset(CHAT_PARAMETERS)
-# OpenAI's chat parameters litellm is handed. `metadata` is litellm's own (logging, routing
-# hints) rather than OpenAI's; `model` and the stream flags are set by the call itself.
-LITELLM_PARAMETERS = _CHAT - {"metadata", "model", "stream", "stream_options"}
-# The keywords the litellm call sets itself, besides LITELLM_PARAMETERS.
-LITELLM_OWN_KWARGS = frozenset(
-    {
-        "model",
-        "stream",
-        "stream_options",
-        "timeout",
-        "num_retries",
-        "max_retries",
-        "drop_params",
-        "extra_headers",
-        "api_key",
-    }
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,15 +115,10 @@ class Upstream:
         self._urls: dict[str, URL] = {}
         self._session: aiohttp.ClientSession | None = None
         self._proxy: str | None = None
-        self._litellm: Any = None
-        self._backoff_s = backoff_s
-        self._retrying = AsyncRetrying(
-            stop=self._stop,
-            wait=self._wait,
-            retry=retry_if_exception(retryable),
-            before_sleep=_log_retry,
-            reraise=True,
-        )
+        self._litellm = LitellmRoute(settings)
+        self._retry = RetryPolicy(
+            max_retries=settings.max_retries, timeout_s=settings.timeout_s, backoff_s=backoff_s
+        ).run
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -186,8 +140,8 @@ class Upstream:
             ),
             trust_env=False,  # the proxy variables were read once above, not per request
         )
-        if self._litellm is None and any(via for _, via in self._routes.values()):
-            self._litellm = await asyncio.to_thread(_import_litellm)
+        if any(via for _, via in self._routes.values()):
+            await self._litellm.load()
 
     async def aclose(self) -> None:
         session, self._session = self._session, None
@@ -233,16 +187,12 @@ class Upstream:
             forward.pop("stream_options", None)
         if via_litellm:
             started = time.perf_counter()
-            kwargs = self._litellm_kwargs(forward, request_id)
-            result, tries = await self._retry(self._litellm_call, kwargs)
+            kwargs = self._litellm.kwargs(forward, request_id)
+            result, tries = await self._retry(self._litellm.call, kwargs)
             latency = time.perf_counter() - started
-            data = result.model_dump()
+            data, raw = answer_of(result)
             return UpstreamResponse(
-                body=data,
-                status=200,
-                latency_s=latency,
-                attempts=tries,
-                raw=_encode(data).encode(),
+                body=data, status=200, latency_s=latency, attempts=tries, raw=raw
             )
         return await self._post(self._url("/chat/completions"), forward, request_id)
 
@@ -258,11 +208,11 @@ class Upstream:
             forward["stream_options"] = {**extra, "include_usage": True}
         started = time.perf_counter()
         if via_litellm:
-            kwargs = self._litellm_kwargs(forward, request_id)
+            kwargs = self._litellm.kwargs(forward, request_id)
             kwargs.update(stream=True, stream_options=forward["stream_options"])
-            result, tries = await self._retry(self._litellm_call, kwargs)
+            result, tries = await self._retry(self._litellm.call, kwargs)
             stream = UpstreamStream(
-                _sse_from_litellm(result),
+                sse_of(result),
                 result.aclose,
                 strip_usage=strip_usage,
                 latency_s=time.perf_counter() - started,
@@ -301,32 +251,6 @@ class Upstream:
                 body = {**body, "model": route[0]}
         return await self._post(self._url(path), body, request_id)
 
-    async def _retry(self, attempt: Callable[..., Awaitable[_T]], *args: Any) -> tuple[_T, int]:
-        """Run ``attempt(*args)`` under the retry policy: its result and the attempts made.
-
-        The first attempt is a plain call: tenacity's bookkeeping costs about 25 µs, a few per
-        cent of a proxied request's CPU, and almost every call succeeds at once. After a failure
-        worth retrying, tenacity takes over; it is handed that failure first (replayed, not
-        re-run), so its stop, wait and log rules see every attempt, timed from the first.
-        """
-        started = time.monotonic()
-        try:
-            return await attempt(*args), 1
-        except ProxyError as exc:
-            exc.attempts = 1
-            raise
-        except Exception as exc:
-            if not retryable(exc):
-                raise translate(exc, 1) from exc
-            attempts = _Attempts(attempt, args, started, exc)
-        try:
-            return await self._retrying(attempts), attempts.tries
-        except ProxyError as exc:
-            exc.attempts = attempts.tries
-            raise
-        except Exception as exc:
-            raise translate(exc, attempts.tries) from exc
-
     # -- the direct route ----------------------------------------------------------------------
 
     def _ready(self) -> aiohttp.ClientSession:
@@ -356,81 +280,6 @@ class Upstream:
             attempts=tries,
             raw=raw,
         )
-
-    # -- the litellm route ---------------------------------------------------------------------
-
-    def _litellm_kwargs(self, forward: dict[str, Any], request_id: str) -> dict[str, Any]:
-        """litellm's keywords: allow-listed OpenAI parameters, then the call's own settings."""
-        kwargs = forwarded(forward, LITELLM_PARAMETERS)
-        kwargs.update(
-            model=forward["model"],
-            timeout=self._settings.timeout_s,
-            num_retries=0,
-            max_retries=0,
-            drop_params=True,
-            extra_headers={"x-request-id": request_id},
-        )
-        if not self._base:
-            kwargs["api_key"] = self._settings.api_key() or None
-        return kwargs
-
-    async def _litellm_call(self, kwargs: dict[str, Any]) -> Any:
-        if self._litellm is None:
-            self._litellm = await asyncio.to_thread(_import_litellm)
-        return await self._litellm.acompletion(**kwargs)
-
-    # -- retry policy --------------------------------------------------------------------------
-
-    def _backoff(self, attempt: int) -> float:
-        """Exponential from ``backoff_s``, doubled per attempt, capped at 5 s."""
-        return min(self._backoff_s * 2.0 ** (attempt - 1), BACKOFF_MAX_S)
-
-    def _wait(self, state: RetryCallState) -> float:
-        delay = self._backoff(state.attempt_number) + random.uniform(0, self._backoff_s)
-        retry_after = retry_after_of(_exception_of(state))
-        return delay if retry_after is None else max(delay, retry_after)
-
-    def _stop(self, state: RetryCallState) -> bool:
-        if state.attempt_number > self._settings.max_retries:
-            return True
-        delay = self._backoff(state.attempt_number)
-        retry_after = retry_after_of(_exception_of(state))
-        if retry_after is not None:
-            if retry_after > RETRY_AFTER_CAP_S:
-                return True
-            delay = max(delay, retry_after)
-        started = state.fn.started if isinstance(state.fn, _Attempts) else state.start_time
-        return time.monotonic() - started + delay > self._settings.timeout_s
-
-
-class _Attempts:
-    """The attempts of one call as tenacity makes them, after the first one failed.
-
-    Tenacity's first "attempt" re-raises that failure instead of calling again; ``started`` is
-    when the first attempt began, for the stop rule's time budget.
-    """
-
-    __slots__ = ("attempt", "args", "started", "tries", "_first_failure")
-
-    def __init__(
-        self,
-        attempt: Callable[..., Awaitable[Any]],
-        args: tuple[Any, ...],
-        started: float,
-        failure: Exception,
-    ) -> None:
-        self.attempt = attempt
-        self.args = args
-        self.started = started
-        self.tries = 1
-        self._first_failure: Exception | None = failure
-
-    async def __call__(self) -> Any:
-        failure, self._first_failure = self._first_failure, None
-        if failure is not None:
-            raise failure
-        self.tries += 1
-        return await self.attempt(*self.args)
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -508,28 +357,3 @@ def _route(target: str) -> tuple[str, bool]:
     if provider == "openai":
         return name, False
     return target, True
-
-
-def _import_litellm() -> Any:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    litellm: Any = importlib.import_module("litellm")
-    litellm.suppress_debug_info = True  # no "Give Feedback" banner on stdout for each error
-    return litellm
-
-
-async def _sse_from_litellm(stream: Any) -> AsyncGenerator[bytes, None]:
-    async for chunk in stream:
-        yield b"data: " + _encode(chunk.model_dump()).encode() + b"\n\n"
-    yield b"data: [DONE]\n\n"
-
-
-def _exception_of(state: RetryCallState) -> BaseException | None:
-    outcome = state.outcome
-    return outcome.exception() if outcome is not None and outcome.failed else None
-
-
-def _log_retry(state: RetryCallState) -> None:
-    exc = _exception_of(state)
-    wait = state.next_action.sleep if state.next_action is not None else None
-    error = describe(exc) if exc is not None else None
-    log.warning("upstream_retry", attempt=state.attempt_number, wait_s=wait, error=error)

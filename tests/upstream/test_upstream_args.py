@@ -37,7 +37,13 @@ from proxy.params import (
     check_parameters,
     is_routing_parameter,
 )
-from proxy.upstream.client import LITELLM_OWN_KWARGS, LITELLM_PARAMETERS, Upstream, _import_litellm
+from proxy.upstream.client import Upstream
+from proxy.upstream.litellm_route import (
+    LITELLM_OWN_KWARGS,
+    LITELLM_PARAMETERS,
+    LitellmRoute,
+    import_litellm,
+)
 from tests.conftest import FAKE_KEY_ENV, settings_for
 from tests.fake_api import FakeAPI
 
@@ -111,7 +117,7 @@ def hostile(evil: Listener) -> dict[str, Any]:
 
 def litellm_own_keywords() -> set[str]:
     """Every keyword the installed litellm takes that is its own rather than OpenAI's."""
-    litellm = _import_litellm()
+    litellm = import_litellm()
     from litellm.types.utils import all_litellm_params
 
     sdk = set(typing.get_type_hints(chat_params.CompletionCreateParamsBase)) | set(
@@ -240,9 +246,9 @@ def fallback(api: FakeAPI, **overrides: Any) -> FallbackSettings:
 def test_litellm_kwargs_of_a_hostile_body_hold_only_allow_listed_keys(
     fake_api: FakeAPI, evil: Listener
 ) -> None:
-    client = Upstream(fallback(fake_api, models=MAPPED))
+    route = LitellmRoute(fallback(fake_api, models=MAPPED))
     body = {"model": "hosted_vllm/served-model", "messages": MSG, "metadata": {"k": "v"}}
-    kwargs = client._litellm_kwargs({**body, **hostile(evil)}, "req-1")
+    kwargs = route.kwargs({**body, **hostile(evil)}, "req-1")
     assert set(kwargs) <= LITELLM_PARAMETERS | LITELLM_OWN_KWARGS
     assert set(kwargs) - LITELLM_OWN_KWARGS == {"messages"}
     assert kwargs["extra_headers"] == {"x-request-id": "req-1"}
@@ -285,7 +291,7 @@ async def test_the_real_litellm_route_never_connects_where_a_body_says(
 
 async def test_litellm_itself_would_follow_a_base_url(evil: Listener) -> None:
     """The control for the test above: the listener does see a call that is handed base_url."""
-    litellm = _import_litellm()
+    litellm = import_litellm()
     with pytest.raises(Exception):  # noqa: B017 - whatever litellm makes of a closed socket
         await litellm.acompletion(
             model="hosted_vllm/served-model",

@@ -1,0 +1,109 @@
+"""The litellm route: a mapped target with a provider prefix other than ``openai/``.
+
+``[fallback] models`` may map a requested name to ``anthropic/claude-3-5-haiku`` or any other
+provider litellm knows; :class:`LitellmRoute` sends those requests. litellm takes seconds to
+import, so it is imported (in a thread, once) at start-up only when the mapping needs it.
+``api_key_env`` names the key of ``api_base``; litellm providers read their own standard
+variable (``ANTHROPIC_API_KEY``...), except when ``api_base`` is empty: then the key of
+``api_key_env`` is theirs.
+
+litellm is handed the allow-listed OpenAI parameters (:data:`LITELLM_PARAMETERS`) and the few
+this route sets itself (:data:`LITELLM_OWN_KWARGS`), never a client's ``api_base``, ``api_key``,
+``model_list``, ``mock_response`` or other routing keyword. ``metadata`` is not handed to
+litellm either: there it is litellm's own logging and routing metadata, not OpenAI's. litellm's
+own retries are turned off; the client's :class:`~proxy.upstream.retry.RetryPolicy` retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from proxy.config import FallbackSettings
+from proxy.params import CHAT_PARAMETERS, forwarded
+
+__all__ = [
+    "LITELLM_OWN_KWARGS",
+    "LITELLM_PARAMETERS",
+    "LitellmRoute",
+    "answer_of",
+    "import_litellm",
+    "sse_of",
+]
+
+_encode = json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
+# OpenAI's chat parameters litellm is handed. `metadata` is litellm's own (logging, routing
+# hints) rather than OpenAI's; `model` and the stream flags are set by the call itself.
+LITELLM_PARAMETERS = frozenset(CHAT_PARAMETERS) - {"metadata", "model", "stream", "stream_options"}
+# The keywords the litellm call sets itself, besides LITELLM_PARAMETERS.
+LITELLM_OWN_KWARGS = frozenset(
+    {
+        "model",
+        "stream",
+        "stream_options",
+        "timeout",
+        "num_retries",
+        "max_retries",
+        "drop_params",
+        "extra_headers",
+        "api_key",
+    }
+)
+
+
+class LitellmRoute:
+    """litellm's keywords for a forwarded body, and one attempt of the call."""
+
+    def __init__(self, settings: FallbackSettings) -> None:
+        self._settings = settings
+        self._litellm: Any = None
+
+    async def load(self) -> None:
+        """Import litellm (seconds) in a thread, once."""
+        if self._litellm is None:
+            self._litellm = await asyncio.to_thread(import_litellm)
+
+    def kwargs(self, forward: dict[str, Any], request_id: str) -> dict[str, Any]:
+        """litellm's keywords: allow-listed OpenAI parameters, then the call's own settings."""
+        kwargs = forwarded(forward, LITELLM_PARAMETERS)
+        kwargs.update(
+            model=forward["model"],
+            timeout=self._settings.timeout_s,
+            num_retries=0,
+            max_retries=0,
+            drop_params=True,
+            extra_headers={"x-request-id": request_id},
+        )
+        if not self._settings.api_base.rstrip("/"):
+            kwargs["api_key"] = self._settings.api_key() or None
+        return kwargs
+
+    async def call(self, kwargs: dict[str, Any]) -> Any:
+        """One attempt: litellm's answer (a model response, or its stream when streamed)."""
+        await self.load()
+        return await self._litellm.acompletion(**kwargs)
+
+
+def answer_of(result: Any) -> tuple[dict[str, Any], bytes]:
+    """The JSON of a non-streamed litellm answer, and those bytes serialised once."""
+    data: dict[str, Any] = result.model_dump()
+    return data, _encode(data).encode()
+
+
+async def sse_of(stream: Any) -> AsyncGenerator[bytes, None]:
+    """A litellm stream as OpenAI's SSE bytes, ``[DONE]`` at its end."""
+    async for chunk in stream:
+        yield b"data: " + _encode(chunk.model_dump()).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+def import_litellm() -> Any:
+    """Import litellm with its local cost map and without its feedback banner."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    litellm: Any = importlib.import_module("litellm")
+    litellm.suppress_debug_info = True  # no "Give Feedback" banner on stdout for each error
+    return litellm
