@@ -24,6 +24,9 @@ forgets the recorded requests):
   (SO_LINGER 0) instead of answering: the provider took the request and its reply was lost
 - ``require_key``: the bearer key expected; anything else gets OpenAI's 401
 - ``models``: what ``GET /v1/models`` lists
+- ``oracle``: an object whose ``reply_for(body)`` gives the reply to a chat request (None: use
+  ``reply``); :class:`DevSetOracle` answers the dev set's prompts with their right answers and
+  plays the audit judge (``docs/audit.md``) with the dev set's checkers
 
 Every request is recorded (unless ``FakeAPI(record=False)``, as the script runs it): ``requests``
 holds ``(path, headers, body)`` tuples (headers with lower-case names, the parsed JSON body or
@@ -78,6 +81,7 @@ DEFAULTS: dict[str, Any] = {
     "reset_after_request": False,
     "require_key": None,
     "models": ("gpt-4o-mini", "gpt-4o"),
+    "oracle": None,
 }
 
 _ERROR_TYPES = {
@@ -364,7 +368,8 @@ class FakeAPI:
             return f"{prefix}-fake-{self._seq}"
 
     def _pieces(self, body: dict[str, Any]) -> tuple[list[str], str]:
-        pieces = words(self.reply)
+        reply = self.oracle.reply_for(body) if self.oracle is not None else None
+        pieces = words(self.reply if reply is None else reply)
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         if isinstance(limit, int) and 0 < limit < len(pieces):
             return pieces[:limit], "length"
@@ -462,6 +467,57 @@ class FakeAPI:
             return early
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in self.models]
         return JSONResponse({"object": "list", "data": data})
+
+
+class DevSetOracle:
+    """The stand-in API of ``bench/audit_loop.py``: knows the dev set (``quality/dev/devset.py``).
+
+    * A dev-set prompt (found by its last user message) gets its right answer: the number, the
+      label or the option the checker wants, else the text ``(reference answer)``.
+    * A judge request (the protocol of ``docs/audit.md``: the last user message is a JSON
+      object with ``request``, ``reference`` and ``candidate``) gets the verdict of the
+      prompt's own checker on the candidate, as ``{"correct": ..., "reason": "dev checker"}``;
+      a case for a prompt it does not know gets ``{"correct": false}``.
+    """
+
+    def __init__(self, path: str | None = None) -> None:
+        from quality.dev import devset
+
+        self._devset = devset
+        prompts = devset.load(path) if path else devset.load()
+        self.by_text = {self._last_user(p.request["messages"]): p for p in prompts}
+        self.judged = 0
+
+    @staticmethod
+    def _last_user(messages: Any) -> str:
+        for message in reversed(messages if isinstance(messages, list) else []):
+            if isinstance(message, dict) and message.get("role") == "user":
+                return _text_of(message.get("content"))
+        return ""
+
+    def reply_for(self, body: dict[str, Any]) -> str | None:
+        last = self._last_user(body.get("messages"))
+        try:
+            case = json.loads(last)
+        except ValueError:
+            case = None
+        if isinstance(case, dict) and {"request", "reference", "candidate"} <= set(case):
+            self.judged += 1
+            prompt = self.by_text.get(self._last_user(case["request"]))
+            correct = prompt is not None and self._devset.is_correct(
+                prompt.check, str(case["candidate"])
+            )
+            return json.dumps({"correct": correct, "reason": "dev checker"})
+        prompt = self.by_text.get(last)
+        if prompt is None:
+            return None
+        check = prompt.check
+        if check["type"] == "number":
+            value = float(check["value"])
+            return str(int(value)) if value.is_integer() else str(value)
+        if check["type"] in ("label", "last_of"):
+            return str(check["answer"])
+        return "(reference answer)"
 
 
 class _KeepSend:
