@@ -9,6 +9,12 @@ fallback can still happen before the first byte.
 
 Embeddings are not made locally: they pass through to the API.
 
+Both take the key's checks chat takes (:mod:`proxy.http.quotas`): its models and rpm once the
+model is known, and its monthly budget before any API call (the worst case reserved, settled to
+the real cost when the row is written). A spent budget is a 429 ``insufficient_quota``, or, for
+a completion sent to the API only for speed, the local answer when the gate accepts it (reason
+``budget_exhausted``); a budget database that cannot be reached refuses the API (503).
+
 The ledger row's ``endpoint`` is ``completions`` or ``embeddings``.
 """
 
@@ -23,6 +29,7 @@ from proxy.engine import legacy
 from proxy.errors import BadRequest, LocalUnavailable
 from proxy.http import sse
 from proxy.http.exchange import Exchange, Handler, aiter_of, public_answer
+from proxy.http.quotas import BudgetExhausted, BudgetUnavailable
 from proxy.http.validate import completions_request, embeddings_request, parse_json
 from proxy.routing.router import LOCAL_ALIAS, ROUTE_HEADER
 
@@ -39,24 +46,42 @@ class CompletionsHandler(Handler):
     async def handle(self, request: Request, ex: Exchange) -> Response:
         body = completions_request(parse_json(await request.body()))
         plan, threshold = self.begin(request, body, ex)
+        await self.admit(request, body, ex)  # the key's models and rpm
         if plan.route == "local":
             kept = await self.try_local(body, plan, threshold, ex, kind="complete")
             if kept is not None:
-                # The ledger counts the answer with the requested model's tokenizer: give it
-                # the prompt and the text in chat form.
-                ex.body, ex.local_completion = legacy.chat_view(body, kept)
-                if ex.stream:  # one chunk per token, as OpenAI streams: keep them for that
-                    return self._replay(public_answer(kept, {"logprobs": 5}, text=True), ex, body)
-                answer = public_answer(kept, body, text=True)
-                return JSONResponse(answer, headers=ex.headers())
+                return self._local(kept, ex, body)
         else:
             ex.reason = plan.reason
+        try:
+            await self.reserve(body, ex)  # the key's budget, before the API call
+        except BudgetExhausted:
+            # Sent to the API only for speed: a local answer the gate accepts is free.
+            if plan.route == "api" and plan.reason == "predicted_slow":
+                kept = await self.try_local(body, plan, threshold, ex, kind="complete")
+                if kept is not None:
+                    ex.reason = "budget_exhausted"
+                    return self._local(kept, ex, body)
+            ex.reason = "budget_exhausted"
+            raise
+        except BudgetUnavailable:
+            ex.reason = "budget_unavailable"
+            raise
         upstream = self.services.upstream
         call = upstream.post_json("/completions", _without_stream(body), request_id=ex.request_id)
         reply = (await self.from_api(call, ex)).body
         if ex.stream:
             return self._replay(reply, ex, body)
         return JSONResponse(reply, headers=ex.headers())
+
+    def _local(self, kept: dict[str, Any], ex: Exchange, body: dict[str, Any]) -> Response:
+        """A kept local completion sent, as JSON or replayed as a stream."""
+        # The ledger counts the answer with the requested model's tokenizer: give it the
+        # prompt and the text in chat form.
+        ex.body, ex.local_completion = legacy.chat_view(body, kept)
+        if ex.stream:  # one chunk per token, as OpenAI streams: keep them for that
+            return self._replay(public_answer(kept, {"logprobs": 5}, text=True), ex, body)
+        return JSONResponse(public_answer(kept, body, text=True), headers=ex.headers())
 
     def _replay(self, answer: dict[str, Any], ex: Exchange, body: dict[str, Any]) -> Response:
         chunks = sse.replay_text_completion(
@@ -92,6 +117,18 @@ class EmbeddingsHandler(Handler):
             raise LocalUnavailable(
                 "embeddings come from the API, and no API fallback is configured"
             )
+        await self.admit(request, body, ex)  # the key's models and rpm
+        try:
+            # Embeddings answer no tokens: the worst case is the input (one output token
+            # bounds the rest, at an embedding model's output price of 0).
+            worst = {"model": body["model"], "input": body.get("input"), "max_tokens": 1}
+            await self.reserve(worst, ex)
+        except BudgetExhausted:
+            ex.reason = "budget_exhausted"
+            raise
+        except BudgetUnavailable:
+            ex.reason = "budget_unavailable"
+            raise
         upstream = self.services.upstream
         call = upstream.post_json("/embeddings", body, request_id=ex.request_id)
         reply = (await self.from_api(call, ex)).body

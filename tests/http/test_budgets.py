@@ -120,3 +120,75 @@ async def test_a_lost_database_fails_the_budget_closed_and_local_answers_go_on(
     assert health["status"] == "degraded"
     assert health["budgets"]["state"] == "degraded" and health["budgets"]["reason"]
     assert again.status_code == 200
+
+
+# -- /v1/completions and /v1/embeddings take the same checks ---------------------------------
+
+PROMPT = {"model": "gpt-4o-mini", "prompt": "Say hi.", "max_tokens": 20}
+# text-embedding-3-small: $0.02 per Mtok in, nothing out. 500 words are reserved as ~1,270
+# tokens (the JSON's bytes / 2) and cost 500: a $0.00006 budget holds two reservations at
+# once and six real calls at most.
+EMBED = {"model": "text-embedding-3-small", "input": "word " * 500}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "budget_pusd"),
+    [("/v1/completions", PROMPT, 100_000_000), ("/v1/embeddings", EMBED, 60_000_000)],
+    ids=["completions", "embeddings"],
+)
+async def test_completions_and_embeddings_hold_to_the_budget(
+    tmp_path: Path,
+    fake_api: FakeAPI,
+    make_client: Any,
+    database: Database,  # noqa: F811
+    path: str,
+    body: dict[str, Any],
+    budget_pusd: int,
+) -> None:
+    key = keys.create(database, "small", monthly_budget_pusd=budget_pusd)
+    auth = {"authorization": f"Bearer {key}", **API}
+    async with make_client(_settings(tmp_path, fake_api, database)) as client:
+        replies = await asyncio.gather(
+            *(client.post(path, json=body, headers=auth) for _ in range(20))
+        )
+        statuses = sorted(r.status_code for r in replies)
+        refused = [r for r in replies if r.status_code == 429]
+        await asyncio.sleep(0.3)  # the settles run in the background
+        spent, reserved = _spend(database, "small")
+    assert 200 in statuses and refused, statuses
+    assert set(statuses) == {200, 429}, statuses
+    error = refused[0].json()["error"]
+    assert error["code"] == "insufficient_quota" and "budget" in error["message"]
+    assert 0 < spent <= budget_pusd and reserved == 0
+    assert fake_api.count == statuses.count(200)
+
+
+async def test_completions_and_embeddings_keep_the_keys_models_and_rpm(
+    tmp_path: Path,
+    fake_api: FakeAPI,
+    make_client: Any,
+    database: Database,  # noqa: F811
+) -> None:
+    text = keys.create(database, "text", rpm=2, models=("gpt-4o-mini",))
+    vectors = keys.create(database, "vectors", rpm=1, models=("text-embedding-3-small",))
+    as_text = {"authorization": f"Bearer {text}", **API}
+    as_vectors = {"authorization": f"Bearer {vectors}", **API}
+    async with make_client(_settings(tmp_path, fake_api, database)) as client:
+        no_embed = await client.post("/v1/embeddings", json=EMBED, headers=as_text)
+        no_prompt = await client.post("/v1/completions", json=PROMPT, headers=as_vectors)
+        completions = [
+            await client.post("/v1/completions", json=PROMPT, headers=as_text) for _ in range(3)
+        ]
+        embeddings = [
+            await client.post("/v1/embeddings", json=EMBED, headers=as_vectors) for _ in range(2)
+        ]
+    for refused in (no_embed, no_prompt):
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["param"] == "model"
+    assert "gpt-4o-mini" in no_embed.json()["error"]["message"]
+    assert [r.status_code for r in completions] == [200, 200, 429]
+    assert [r.status_code for r in embeddings] == [200, 429]
+    for limited in (completions[-1], embeddings[-1]):
+        assert int(limited.headers["retry-after"]) >= 1
+        assert limited.json()["error"]["code"] == "rate_limit_exceeded"
+    assert fake_api.count == 3
