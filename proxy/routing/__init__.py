@@ -1,13 +1,18 @@
 """Routing: which backend answers a request, and whether its local answer is good enough.
 
-    router      the cascade policy: ``plan`` (forced, unsupported, context overflow, predicted
-                too slow, or a local attempt) and ``try_local`` (accepted, low quality, ...)
-    servable    which requests the local engine can serve at all (``local_blocker``)
-    estimator   the predicted finish of a request on a backend, and what it is learned from;
-                the ``predicted_slow`` decision (``Predictor``), as in seed 000
-    base        what a local backend is to the router (``Backend``, ``Choice``)
-    pool        the bundled engine as a backend, and the choice between backends
-    remote      other llama.cpp / OpenAI-compatible servers used as local backends
+    router        the cascade policy: ``plan`` (forced, unsupported, context overflow,
+                  predicted too slow, or a local attempt) and ``try_local`` (accepted, low
+                  quality, ...)
+    servable      which requests the local engine can serve at all (``local_blocker``)
+    estimator     the predicted finish of a request on a backend, and what it is learned from;
+                  the ``predicted_slow`` decision (``Predictor``), as in seed 000
+    base          what a local backend is to the router (``Backend``, ``Choice``)
+    pool          the bundled engine as a backend, and the choice between backends
+    remote        other llama.cpp / OpenAI-compatible servers used as local backends: their
+                  life cycle, health probes, and one call with its deadline
+    remote_wire   what a remote server is sent, and how its answer is read and scored
+    remote_rates  a remote server's prefill and decode rates, measured from its answers
+    slots         a remote server's places to run and the FIFO waiting for them
 
 May import: ``proxy.engine``, ``quality``, and the shared ``proxy.params``, ``proxy.config``,
 ``proxy.errors``, ``proxy.ledger``. Never ``proxy.http`` (the router knows nothing of HTTP) nor

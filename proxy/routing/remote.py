@@ -4,11 +4,8 @@
 ``local``, so that it answers locally and never through its own API).
 
 A remote backend answers ``max_concurrency`` requests at once; the others wait in its FIFO queue
-(at most ``max_queue``). Its rates are measured by timing its answers: llama-server's
-``timings`` object (``prompt_per_second``, ``predicted_per_second``) when the answer has one;
-otherwise the answer's wall time and ``usage``, with the prefill/decode ratio taken from the
-configured rates or the bundled engine's. Until it has answered, the configured rates stand in
-(``prefill_tok_s``/``decode_tok_s``), else the bundled engine's. Its answers are scored with
+(at most ``max_queue``; :mod:`proxy.routing.slots`). Its rates are measured by timing its
+answers (:mod:`proxy.routing.remote_rates`). Its answers are scored with
 ``quality.score`` in a thread, with logprobs when the server gives them. The answer arrives
 whole (a ``live`` stream replays it), and only chat requests with one answer (``n`` = 1) go to
 a remote; legacy completions stay with the bundled engine.
@@ -28,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,66 +36,14 @@ from proxy.config import BackendSettings
 from proxy.engine.rates import PendingWork, Rates, WorkTracker
 from proxy.errors import EngineBusy, EngineCrashed, EngineTimeout
 from proxy.routing.base import Backend, BackendDown, left, rounded
-from proxy.routing.estimator import Ewma, Prediction, PrefixMemory, answer_cap, predict
+from proxy.routing.estimator import Prediction, PrefixMemory, answer_cap, predict
+from proxy.routing.remote_rates import RemoteRates
+from proxy.routing.remote_wire import error_of, request_body, score, stop_cause
+from proxy.routing.slots import Slots
 
 log = structlog.get_logger(__name__)
 
 PROBE_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
-DEFAULT_RATIO = 10.0  # prefill tok/s per decode tok/s, when nothing better is known
-# Fields of a chat request a remote llama.cpp server is not sent (the proxy's own business).
-_NOT_FORWARDED = ("stream", "stream_options", "user", "metadata", "store", "service_tier")
-
-
-class _Slots:
-    """``n`` places to run, and a FIFO of those waiting for one; the waiters can all be failed
-    at once (the backend went down)."""
-
-    def __init__(self, n: int) -> None:
-        self.free = n
-        self._waiters: deque[asyncio.Future[None]] = deque()
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiters)
-
-    async def acquire(self, deadline: float, what: str) -> None:
-        if self.free > 0 and not self._waiters:
-            self.free -= 1
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
-        try:
-            await asyncio.wait({future}, timeout=left(deadline))
-        except asyncio.CancelledError:
-            self._leave(future)
-            raise
-        if not future.done():
-            self._leave(future)
-            raise EngineTimeout(f"the deadline passed while waiting for {what}")
-        future.result()  # BackendDown when the backend went down meanwhile
-
-    def _leave(self, future: asyncio.Future[None]) -> None:
-        """Give up a place in the queue, or the slot it was just handed."""
-        with contextlib.suppress(ValueError):
-            self._waiters.remove(future)
-        if not future.done():
-            future.cancel()
-        elif not future.cancelled() and future.exception() is None:
-            self.release()
-
-    def release(self) -> None:
-        while self._waiters:
-            future = self._waiters.popleft()
-            if not future.done():
-                future.set_result(None)
-                return
-        self.free += 1
-
-    def fail_all(self, make: Callable[[], BaseException]) -> None:
-        while self._waiters:
-            future = self._waiters.popleft()
-            if not future.done():
-                future.set_exception(make())
 
 
 @dataclass
@@ -136,14 +80,11 @@ class RemoteBackend(Backend):
         self.memory = PrefixMemory()
         self.stats = RemoteStats()
         self.logprobs = settings.logprobs
-        self._prior = prior
         self._transport = transport
-        self._prefill: float | None = settings.prefill_tok_s or None
-        self._decode: float | None = settings.decode_tok_s or None
-        self._source = "config" if self._prefill and self._decode else "none"
-        self._overhead = Ewma()
-        self._alpha = 0.3
-        self._slots = _Slots(settings.max_concurrency)
+        self._rates = RemoteRates(
+            prefill_tok_s=settings.prefill_tok_s, decode_tok_s=settings.decode_tok_s, prior=prior
+        )
+        self._slots = Slots(settings.max_concurrency)
         self._calls: set[asyncio.Task[httpx.Response]] = set()  # POSTs in flight
         self._client: httpx.AsyncClient | None = None
         self._prober: asyncio.Task[None] | None = None
@@ -253,16 +194,7 @@ class RemoteBackend(Backend):
 
     @property
     def rates(self) -> Rates:
-        if self._prefill and self._decode:
-            return Rates(
-                prefill_tok_s=self._prefill, decode_tok_s=self._decode, source=self._source
-            )
-        prior = self._prior()
-        return Rates(
-            prefill_tok_s=self._prefill or prior.prefill_tok_s,
-            decode_tok_s=self._decode or prior.decode_tok_s,
-            source="assumed",
-        )
+        return self._rates.rates
 
     def pending_work(self) -> PendingWork:
         return self.work.pending(self.rates)
@@ -276,7 +208,7 @@ class RemoteBackend(Backend):
             prompt_tokens=prompt * (1.0 - self.memory.cached_share(request)),
             completion_tokens=completion_tokens,
             slots=self.slots,
-            overhead_s=self._overhead.value or 0.0,
+            overhead_s=self._rates.overhead.value or 0.0,
         )
 
     # -- one request -------------------------------------------------------------------------
@@ -317,15 +249,7 @@ class RemoteBackend(Backend):
             self.work.finish(ticket, request, completion)
 
     def _body(self, request: dict[str, Any], cap: int) -> dict[str, Any]:
-        body = {k: v for k, v in request.items() if k not in _NOT_FORWARDED}
-        body["model"] = self.settings.model
-        if not (body.get("max_tokens") or body.get("max_completion_tokens")):
-            body["max_tokens"] = cap  # [local] default_max_tokens, as the engine would
-        if self.logprobs:
-            body["logprobs"] = True
-            if not request.get("logprobs"):
-                body.pop("top_logprobs", None)
-        return body
+        return request_body(request, model=self.settings.model, cap=cap, logprobs=self.logprobs)
 
     async def _answer(
         self, request: dict[str, Any], deadline: float, expected_s: float, cap: int
@@ -345,7 +269,7 @@ class RemoteBackend(Backend):
             raise EngineCrashed(f"backend {self.name} answered HTTP {response.status_code}")
         if response.status_code != 200:
             self.stats.failures += 1
-            raise EngineCrashed(f"backend {self.name} refused the request: {_error_of(response)}")
+            raise EngineCrashed(f"backend {self.name} refused the request: {error_of(response)}")
         try:
             completion = response.json()
             completion["choices"][0]["message"]  # noqa: B018 - the shape is checked here
@@ -353,10 +277,10 @@ class RemoteBackend(Backend):
             self.stats.failures += 1
             raise EngineCrashed(f"backend {self.name} sent a malformed answer") from exc
         self.stats.completed += 1
-        info = self._observe(completion, elapsed)
-        info["stop_cause"] = _stop_cause(completion, cap)
+        info = self._rates.observe(completion, elapsed)
+        info["stop_cause"] = stop_cause(completion, cap)
         try:
-            verdict = await asyncio.to_thread(_score, request, {**completion, "frugal": info})
+            verdict = await asyncio.to_thread(score, request, {**completion, "frugal": info})
         except Exception as exc:  # noqa: BLE001 - as a failure in the engine worker's gate
             raise EngineCrashed(f"scoring the answer of backend {self.name} failed") from exc
         info["quality"] = verdict
@@ -413,50 +337,6 @@ class RemoteBackend(Backend):
                 return
             wait *= 2
 
-    def _observe(self, completion: dict[str, Any], elapsed: float) -> dict[str, Any]:
-        """Update the rates from one answer; returns the engine-style timing details."""
-        usage = completion.get("usage") or {}
-        timings = completion.get("timings")
-        prompt = int(usage.get("prompt_tokens") or 0)
-        decoded = int(usage.get("completion_tokens") or 0)
-        details = usage.get("prompt_tokens_details") or {}
-        cached = int(details.get("cached_tokens") or 0)
-        if isinstance(timings, dict) and timings.get("cache_n") is not None:
-            cached = int(timings["cache_n"])
-        prefilled = max(prompt - cached, 0)
-        info: dict[str, Any] = {"cached_tokens": cached, "prefilled_tokens": prefilled}
-        if isinstance(timings, dict) and timings.get("predicted_per_second"):
-            prompt_n = int(timings.get("prompt_n") or 0)
-            predicted_n = int(timings.get("predicted_n") or 0)
-            prompt_rate = float(timings.get("prompt_per_second") or 0.0)
-            decode_rate = float(timings.get("predicted_per_second") or 0.0)
-            if prompt_n >= 16 and prompt_rate > 0:
-                self._prefill = self._ewma(self._prefill, prompt_rate)
-            if predicted_n >= 4 and decode_rate > 0:
-                self._decode = self._ewma(self._decode, decode_rate)
-            prefill_s = float(timings.get("prompt_ms") or 0.0) / 1000
-            decode_s = float(timings.get("predicted_ms") or 0.0) / 1000
-            self._overhead.add(max(0.0, elapsed - prefill_s - decode_s))
-            self._source = "timings"
-            info.update(prefill_s=prefill_s, decode_s=decode_s)
-            return info
-        # No timings: split the wall time by the prefill/decode ratio known so far.
-        rates = self.rates
-        ratio = DEFAULT_RATIO
-        if rates.prefill_tok_s and rates.decode_tok_s:
-            ratio = rates.prefill_tok_s / rates.decode_tok_s
-        work = prefilled / ratio + decoded  # in decode-token equivalents
-        if work >= 4 and elapsed > 0:
-            self._decode = self._ewma(self._decode, work / elapsed)
-            self._prefill = self._decode * ratio
-            self._source = "requests"
-        prefill_s = elapsed * (prefilled / ratio) / work if work > 0 else 0.0
-        info.update(prefill_s=prefill_s, decode_s=elapsed - prefill_s)
-        return info
-
-    def _ewma(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self._alpha * (new - old)
-
     def health(self) -> dict[str, Any]:
         rates = self.rates
         pending = self.pending_work()
@@ -473,7 +353,7 @@ class RemoteBackend(Backend):
             "prefill_tok_s": rounded(rates.prefill_tok_s),
             "decode_tok_s": rounded(rates.decode_tok_s),
             "rates_source": rates.source,
-            "overhead_s": rounded(self._overhead.value, 3),
+            "overhead_s": rounded(self._rates.overhead.value, 3),
             "predicted_wait_s": rounded(pending.seconds(rates), 2),
             "logprobs": self.logprobs,
             "completed": self.stats.completed,
@@ -482,23 +362,6 @@ class RemoteBackend(Backend):
             "downs": self.stats.downs,
             "handed_on": self.stats.handed_on,
         }
-
-
-def _score(request: dict[str, Any], completion: dict[str, Any]) -> dict[str, Any]:
-    import quality
-
-    verdict = quality.score(request, completion)
-    return {"value": verdict.value, "reasons": verdict.reasons, "signals": verdict.signals}
-
-
-def _stop_cause(completion: dict[str, Any], cap: int) -> str:
-    """Why the remote stopped, in the engine's words: a cut by the client's own cap is not the
-    backend's fault (``max_tokens``), a cut short of it is (``context_full``)."""
-    choice = completion["choices"][0]
-    if choice.get("finish_reason") != "length":
-        return "eos"
-    tokens = int((completion.get("usage") or {}).get("completion_tokens") or 0)
-    return "max_tokens" if tokens >= cap else "context_full"
 
 
 def backend_failure(name: str, exc: Exception) -> EngineCrashed:
@@ -512,11 +375,3 @@ def backend_failure(name: str, exc: Exception) -> EngineCrashed:
     if isinstance(exc, httpx.TransportError):
         return BackendDown(f"backend {name} is unreachable: {exc!r}")
     return EngineCrashed(f"backend {name}: {type(exc).__name__}")
-
-
-def _error_of(response: httpx.Response) -> str:
-    try:
-        message = response.json()["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        message = ""
-    return f"HTTP {response.status_code} {str(message)[:200]}".strip()
