@@ -42,116 +42,65 @@ from proxy.http.render import exception_handlers, render, sse_event, unexpected
 SECRET = "SECRET-PROMPT-text"
 
 
-def _shape(message: str, type_: str, code: str | None, param: str | None = None) -> Any:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+INVALID = "invalid_request_error"
 
+# Each class: an instance of it.
+CASES: dict[type[ProxyError], Callable[[], ProxyError]] = {
+    BadRequest: lambda: BadRequest("bad n", param="n"),
+    Unauthorized: lambda: Unauthorized("no key"),
+    NotFound: lambda: NotFound("no such endpoint"),
+    MethodNotAllowed: lambda: MethodNotAllowed("not here", headers={"allow": "POST"}),
+    RequestTimeout: lambda: RequestTimeout("too slow"),
+    PayloadTooLarge: lambda: PayloadTooLarge("too big"),
+    UnsupportedMediaType: lambda: UnsupportedMediaType("send JSON"),
+    MisdirectedRequest: lambda: MisdirectedRequest("wrong host"),
+    TooManyRequests: lambda: TooManyRequests("busy"),
+    StatusError: lambda: StatusError(400, "malformed"),
+    InternalError: lambda: InternalError("req-1"),
+    LocalUnavailable: lambda: LocalUnavailable("no local answer"),
+    UpstreamError: lambda: UpstreamError("API failed"),
+    UpstreamTimeout: lambda: UpstreamTimeout("API too slow"),
+    UpstreamRateLimited: lambda: UpstreamRateLimited("API busy", retry_after_s=2.5),
+    UpstreamStatus: lambda: UpstreamStatus(
+        400,
+        {"error": {"message": "bad", "type": INVALID, "param": "x"}},
+        "the upstream API refused the request (HTTP 400)",
+    ),
+}
 
-# Each class: an instance, its status, its JSON body and its own headers.
-CASES: dict[type[ProxyError], tuple[Callable[[], ProxyError], int, Any, dict[str, str]]] = {
-    BadRequest: (
-        lambda: BadRequest("bad n", param="n"),
-        400,
-        _shape("bad n", "invalid_request_error", "invalid_value", param="n"),
-        {},
-    ),
-    Unauthorized: (
-        lambda: Unauthorized("no key"),
-        401,
-        _shape("no key", "authentication_error", "invalid_api_key"),
-        {"www-authenticate": "Bearer"},
-    ),
-    NotFound: (
-        lambda: NotFound("no such endpoint"),
-        404,
-        _shape("no such endpoint", "invalid_request_error", "not_found"),
-        {},
-    ),
-    MethodNotAllowed: (
-        lambda: MethodNotAllowed("not here", headers={"allow": "POST"}),
-        405,
-        _shape("not here", "invalid_request_error", "method_not_allowed"),
-        {"allow": "POST"},
-    ),
-    RequestTimeout: (
-        lambda: RequestTimeout("too slow"),
-        408,
-        _shape("too slow", "invalid_request_error", "request_timeout"),
-        {},
-    ),
-    PayloadTooLarge: (
-        lambda: PayloadTooLarge("too big"),
-        413,
-        _shape("too big", "invalid_request_error", "request_too_large"),
-        {},
-    ),
-    UnsupportedMediaType: (
-        lambda: UnsupportedMediaType("send JSON"),
-        415,
-        _shape("send JSON", "invalid_request_error", "unsupported_media_type"),
-        {},
-    ),
-    MisdirectedRequest: (
-        lambda: MisdirectedRequest("wrong host"),
-        421,
-        _shape("wrong host", "invalid_request_error", "misdirected_request"),
-        {},
-    ),
-    TooManyRequests: (
-        lambda: TooManyRequests("busy"),
-        429,
-        _shape("busy", "requests", "rate_limit_exceeded"),
-        {"retry-after": "1"},
-    ),
-    StatusError: (
-        lambda: StatusError(400, "malformed"),
-        400,
-        _shape("malformed", "invalid_request_error", None),
-        {},
-    ),
+# Each class: its status and its JSON body's message, type, code and param.
+BODIES: dict[type[ProxyError], tuple[int, str, str, str | None, str | None]] = {
+    BadRequest: (400, "bad n", INVALID, "invalid_value", "n"),
+    Unauthorized: (401, "no key", "authentication_error", "invalid_api_key", None),
+    NotFound: (404, "no such endpoint", INVALID, "not_found", None),
+    MethodNotAllowed: (405, "not here", INVALID, "method_not_allowed", None),
+    RequestTimeout: (408, "too slow", INVALID, "request_timeout", None),
+    PayloadTooLarge: (413, "too big", INVALID, "request_too_large", None),
+    UnsupportedMediaType: (415, "send JSON", INVALID, "unsupported_media_type", None),
+    MisdirectedRequest: (421, "wrong host", INVALID, "misdirected_request", None),
+    TooManyRequests: (429, "busy", "requests", "rate_limit_exceeded", None),
+    StatusError: (400, "malformed", INVALID, None, None),
     InternalError: (
-        lambda: InternalError("req-1"),
         500,
-        _shape(
-            "internal error; look up request id req-1 in the server log",
-            "server_error",
-            "internal_error",
-        ),
-        {"x-request-id": "req-1"},
+        "internal error; look up request id req-1 in the server log",
+        "server_error",
+        "internal_error",
+        None,
     ),
-    LocalUnavailable: (
-        lambda: LocalUnavailable("no local answer"),
-        503,
-        _shape("no local answer", "server_error", "local_unavailable"),
-        {},
-    ),
-    UpstreamError: (
-        lambda: UpstreamError("API failed"),
-        502,
-        _shape("API failed", "upstream_error", "upstream_failed"),
-        {},
-    ),
-    UpstreamTimeout: (
-        lambda: UpstreamTimeout("API too slow"),
-        504,
-        _shape("API too slow", "upstream_error", "upstream_timeout"),
-        {},
-    ),
-    UpstreamRateLimited: (
-        lambda: UpstreamRateLimited("API busy", retry_after_s=2.5),
-        429,
-        _shape("API busy", "requests", "rate_limit_exceeded"),
-        {"retry-after": "3"},
-    ),
-    UpstreamStatus: (
-        lambda: UpstreamStatus(
-            400,
-            {"error": {"message": "bad", "type": "invalid_request_error", "param": "x"}},
-            "the upstream API refused the request (HTTP 400)",
-        ),
-        400,
-        _shape("bad", "invalid_request_error", None, param="x"),
-        {},
-    ),
+    LocalUnavailable: (503, "no local answer", "server_error", "local_unavailable", None),
+    UpstreamError: (502, "API failed", "upstream_error", "upstream_failed", None),
+    UpstreamTimeout: (504, "API too slow", "upstream_error", "upstream_timeout", None),
+    UpstreamRateLimited: (429, "API busy", "requests", "rate_limit_exceeded", None),
+    UpstreamStatus: (400, "bad", INVALID, None, "x"),
+}
+
+# The classes with headers of their own; every other class has none.
+HEADERS: dict[type[ProxyError], dict[str, str]] = {
+    Unauthorized: {"www-authenticate": "Bearer"},
+    MethodNotAllowed: {"allow": "POST"},
+    TooManyRequests: {"retry-after": "1"},
+    InternalError: {"x-request-id": "req-1"},
+    UpstreamRateLimited: {"retry-after": "3"},
 }
 
 
@@ -168,7 +117,7 @@ def _sse_payload(event: bytes) -> Any:
 
 def test_every_proxy_error_class_has_its_shape_pinned() -> None:
     classes = set(_subclasses(ProxyError))
-    assert classes == set(CASES), "a ProxyError subclass without a row in CASES (or one gone)"
+    assert classes == set(CASES) == set(BODIES), "a ProxyError subclass without a row (or one gone)"
     assert all(cls.__module__ == "proxy.errors" for cls in classes)
 
 
@@ -176,8 +125,10 @@ def test_every_proxy_error_class_has_its_shape_pinned() -> None:
 def test_the_json_of_each_error_is_openais_shape_with_its_status_and_headers(
     cls: type[ProxyError],
 ) -> None:
-    make, status, body, headers = CASES[cls]
-    error = make()
+    status, message, type_, code, param = BODIES[cls]
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    headers = HEADERS.get(cls, {})
+    error = CASES[cls]()
     assert type(error) is cls
     response = render(error, "req-1")
     assert response.status_code == status
@@ -192,7 +143,7 @@ def test_the_json_of_each_error_is_openais_shape_with_its_status_and_headers(
 
 @pytest.mark.parametrize("cls", list(CASES), ids=lambda cls: cls.__name__)
 def test_json_and_sse_carry_the_same_error_object(cls: type[ProxyError]) -> None:
-    error = CASES[cls][0]()
+    error = CASES[cls]()
     assert _sse_payload(sse_event(error)) == json.loads(render(error).body) == error.body()
 
 
