@@ -12,7 +12,10 @@ to the API; keywords it ignores (``not``, ``if``...) make the grammar looser tha
 the quality gate's schema check catches what slips through.
 
 Where it runs, and why that is bounded: :func:`grammar_blocker` runs at planning time, on the
-proxy's event loop, and the worker builds the same text again in its own process. The converter
+proxy's event loop, and only sizes the grammar (below); the converter runs in the engine worker
+process alone, which builds the text to constrain sampling, so no client schema costs the event
+loop more than a linear walk. A schema the converter refuses there fails that request with reason
+``unsupported``, and it goes to the API like one refused at planning time. The converter
 spells out counted repetitions (``{n,m}`` in a ``pattern``, ``maxLength``, ``maxItems``) and
 copies rule names, which grow with the schema's nesting, into every rule that uses them, so a
 100-byte schema could ask it for gigabytes. Before the converter sees a schema,
@@ -21,7 +24,7 @@ quantifier parsing: ``int()`` of the text between braces, which also takes ``+``
 spaces) and adds up an upper bound of the grammar's characters, its rules, and the converter's
 work on optional properties (quadratic in their number). That walk is linear in the schema and
 stops at the first limit passed. Only a schema within :data:`MAX_GRAMMAR_CHARS`,
-:data:`MAX_RULES` and :data:`MAX_OPTIONAL_STEPS` is converted, so the conversion on the loop
+:data:`MAX_RULES` and :data:`MAX_OPTIONAL_STEPS` is converted, so the conversion in the worker
 takes a millisecond for an everyday schema and, for the worst one within the limits (rules whose
 names collide, which the converter resolves by a linear scan, or 140 optional properties), about
 75 ms on the 2 shared development cores; its result is cached. Past a limit,
@@ -415,10 +418,8 @@ class _PatternSizer:
         return sum(size + 2 * literal for size, literal in seq) + max(len(seq) - 1, 0), False
 
 
-@lru_cache(maxsize=128)
-def _build(spec: str) -> str:
-    """GBNF text for a canonical JSON ``spec``: {"json": schema|None, "calls": [...], "auto": b}."""
-    data = json.loads(spec)
+def _size(data: Any) -> None:
+    """Refuse a spec whose grammar would pass the limits; linear in the spec, no converter."""
     _check_bounds(data)
     try:
         _Sizer().spec(data)
@@ -426,6 +427,18 @@ def _build(spec: str) -> str:
         raise
     except Exception as exc:  # a shape the converter would fail on as well: refused, not guessed
         raise GrammarError(f"{type(exc).__name__} while sizing the grammar") from exc
+
+
+@lru_cache(maxsize=128)
+def _sized(spec: str) -> None:
+    _size(json.loads(spec))
+
+
+@lru_cache(maxsize=128)
+def _build(spec: str) -> str:
+    """GBNF text for a canonical JSON ``spec``: {"json": schema|None, "calls": [...], "auto": b}."""
+    data = json.loads(spec)
+    _size(data)
     conv = _converter()
     try:
         calls = data.get("calls")
@@ -483,9 +496,20 @@ def gbnf_for(request: dict[str, Any]) -> str | None:
 
 
 def grammar_blocker(request: dict[str, Any]) -> str | None:
-    """Why no grammar can be built for this request (so the API must answer it), or None."""
+    """Why no grammar can be built for this request (so the API must answer it), or None.
+
+    Runs on the proxy's event loop, so it only sizes the grammar (:class:`_Sizer`, linear in the
+    schema) and never runs the converter; the worker process builds the grammar, and a schema
+    the converter then refuses comes back from the worker as reason ``unsupported``.
+    """
+    spec = spec_for(request)
+    if spec is None:
+        return None
     try:
-        gbnf_for(request)
+        if len(spec) <= MAX_CACHED_SPEC:
+            _sized(spec)
+        else:
+            _size(json.loads(spec))
     except GrammarError as exc:
         return f"a schema the local grammar cannot express ({exc})"
     return None

@@ -276,6 +276,12 @@ class Handler:
                     param=self.prompt_param,
                     code="context_length_exceeded",
                 )
+            if attempt.reason == "unsupported":
+                raise BadRequest(
+                    f"the local model cannot serve this request ({attempt.error})",
+                    param="model",
+                    code="unsupported_locally",
+                )
             raise LocalUnavailable(
                 f"the local model could not answer ({attempt.reason}) and no API fallback "
                 "is " + ("allowed for model 'local'" if plan.local_only else "configured")

@@ -242,3 +242,27 @@ def test_the_bound_is_never_below_what_the_converter_writes() -> None:
             assert text.count("\n") + 1 <= sizer.rules, spec
             checked += 1
     assert checked > 400
+
+
+def test_planning_never_runs_the_converter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """grammar_blocker runs on the event loop: it sizes the grammar and leaves the build (the
+    converter) to the worker process."""
+
+    def no_converter() -> None:
+        raise AssertionError("the converter ran on the proxy's side")
+
+    monkeypatch.setattr(grammar, "_converter", no_converter)
+    grammar._sized.cache_clear()
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z]{3}$"}}}
+    body = {
+        "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+    }
+    assert local_blocker(body) is None
+    assert local_blocker({**body, "response_format": {"type": "json_object"}}) is None
+    bomb = {"type": "string", "pattern": "^a{,300000000}$"}
+    bombed = {
+        **body,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": bomb}},
+    }
+    assert local_blocker(bombed) is not None

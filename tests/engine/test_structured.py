@@ -365,3 +365,35 @@ async def test_openapi_document_lists_the_endpoints(
     from proxy.params import CHAT_PARAMETERS
 
     assert set(CHAT_PARAMETERS) <= set(chat)
+
+
+async def test_a_schema_the_converter_refuses_in_the_worker_goes_to_the_api_as_unsupported(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """The converter runs only in the engine worker: a schema it cannot turn into a grammar (a
+    ``$ref`` to nothing) passes the planning-time size check, fails in the worker, and goes to the
+    API with reason ``unsupported``; model ``local`` gets a 400 saying why."""
+    body = {
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": "A cat, as JSON."}],
+        "max_tokens": 16,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "cat", "schema": {"$ref": "#/$defs/missing"}},
+        },
+    }
+    async with make_client(settings_for(tmp_path, fake_api)) as client:
+        routed = await client.post("/v1/chat/completions", json=body)
+        local_only = await client.post("/v1/chat/completions", json={**body, "model": "local"})
+        health = (await client.get("/healthz")).json()
+    assert routed.status_code == 200, routed.text
+    assert (routed.headers["x-frugal-route"], routed.headers["x-frugal-reason"]) == (
+        "api",
+        "unsupported",
+    )
+    assert local_only.status_code == 400, local_only.text
+    assert local_only.json()["error"]["code"] == "unsupported_locally"
+    assert health["engine"]["crashes"] == 0  # a refused grammar fails its request, not the worker
+    first, second = rows(tmp_path / "ledger.db")
+    assert (first["route"], first["reason"], first["status"]) == ("api", "unsupported", 200)
+    assert second["status"] == 400
