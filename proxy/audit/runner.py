@@ -47,6 +47,7 @@ from proxy.ledger.audits import read_rows, spend_pusd
 from proxy.ledger.database import Database
 from proxy.ledger.pricing import PriceBook
 from proxy.ledger.writer import Ledger
+from proxy.routing.prerouter import request_features
 from proxy.routing.router import Router
 from proxy.upstream.client import Upstream
 
@@ -354,4 +355,8 @@ def _features(body: dict[str, Any], completion: dict[str, Any]) -> tuple[dict[st
         (name[5:] for name, value in features.items() if name.startswith("task_") and value),
         "other",
     )
-    return {k: float(v) for k, v in features.items()}, kind
+    merged = {k: float(v) for k, v in features.items()}
+    # The request's own features, which the pre-router learns from (proxy/routing/prerouter.py).
+    for name, value in request_features(body).items():
+        merged.setdefault(name, value)
+    return merged, kind

@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy.audit.calibrate import AutoCalibrator
 from proxy.audit.runner import AuditRunner
 from proxy.config import Settings
 from proxy.engine.client import LocalEngine
@@ -221,6 +222,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
         )
         router: Router | None = None
         audit: AuditRunner | None = None
+        calibrator: AutoCalibrator | None = None
         try:
             if owns_engine:
                 await local.start()
@@ -236,6 +238,17 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
                 local_model=str(local.health().get("model") or settings.local.model_path),
             )
             await audit.start()
+            if settings.quality.auto_calibrate:
+                # [quality] auto_calibrate: refit weights_path from the audits in the background;
+                # the worker picks the new file up on its next answer (proxy/engine/weights.py).
+                calibrator = AutoCalibrator(
+                    ledger.database,
+                    local.model_path,
+                    settings.quality.weights_path,
+                    target=settings.quality.target_precision or None,
+                    configured_threshold=settings.quality.threshold,
+                )
+                calibrator.start()
             services = Services(
                 settings=settings,
                 started_at=started_at,
@@ -271,6 +284,8 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             )
             yield
         finally:
+            if calibrator is not None:
+                await _bounded(calibrator.close(), AUX_STOP_S, "calibrator")
             await _bounded(quotas.stop(), AUX_STOP_S, "quotas")
             await _shutdown(
                 settings,
