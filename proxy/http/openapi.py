@@ -13,145 +13,122 @@ from functools import lru_cache
 from typing import Any
 
 from proxy.http.request_schema import CHAT_REQUEST, COMPLETIONS_REQUEST, EMBEDDINGS_REQUEST
-from proxy.http.shapes import TOOL_CALL, Schema
+from proxy.http.shapes import TOOL_CALL, Schema, obj
 
 
 def _ref(name: str) -> Schema:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-USAGE: Schema = {
-    "type": "object",
-    "required": ["prompt_tokens", "total_tokens"],
-    "properties": {
+USAGE: Schema = obj(
+    ["prompt_tokens", "total_tokens"],
+    {
         "prompt_tokens": {"type": "integer"},
         "completion_tokens": {"type": "integer"},
         "total_tokens": {"type": "integer"},
     },
-}
+)
 
-CHAT_COMPLETION: Schema = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices"],
-    "properties": {
+
+def _completion(object_: str, choice_required: list[str], choice: Schema) -> Schema:
+    """A completion: OpenAI's envelope (id, object, created, model, usage) around its choices."""
+    return obj(
+        ["id", "object", "created", "model", "choices"],
+        {
+            "id": {"type": "string"},
+            "object": {"const": object_},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {"type": "array", "items": obj(choice_required, choice)},
+            "usage": USAGE,
+        },
+    )
+
+
+def _list(
+    item_required: list[str], item: Schema, also_required: tuple[str, ...] = (), **also: Schema
+) -> Schema:
+    """A ``{"object": "list", "data": [...]}`` answer, each item as given, and ``also`` beside."""
+    return obj(
+        ["object", "data", *also_required],
+        {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": obj(item_required, item)},
+            **also,
+        },
+    )
+
+
+CHAT_COMPLETION: Schema = _completion(
+    "chat.completion",
+    ["index", "message", "finish_reason"],
+    {
+        "index": {"type": "integer"},
+        "message": obj(
+            ["role"],
+            {
+                "role": {"const": "assistant"},
+                "content": {"type": ["string", "null"]},
+                "tool_calls": {"type": "array", "items": TOOL_CALL},
+            },
+        ),
+        "logprobs": {"type": ["object", "null"]},
+        "finish_reason": {"type": ["string", "null"]},
+    },
+)
+
+TEXT_COMPLETION: Schema = _completion(
+    "text_completion",
+    ["text", "index", "finish_reason"],
+    {
+        "text": {"type": "string"},
+        "index": {"type": "integer"},
+        "logprobs": {"type": ["object", "null"]},
+        "finish_reason": {"type": ["string", "null"]},
+    },
+)
+
+EMBEDDINGS: Schema = _list(
+    ["object", "index", "embedding"],
+    {
+        "object": {"const": "embedding"},
+        "index": {"type": "integer"},
+        "embedding": {
+            "anyOf": [
+                {"type": "array", "items": {"type": "number"}},
+                {"type": "string"},
+            ]
+        },
+    },
+    ("model",),
+    model={"type": "string"},
+    usage=USAGE,
+)
+
+MODELS: Schema = _list(
+    ["id", "object", "created", "owned_by"],
+    {
         "id": {"type": "string"},
-        "object": {"const": "chat.completion"},
+        "object": {"const": "model"},
         "created": {"type": "integer"},
-        "model": {"type": "string"},
-        "choices": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["index", "message", "finish_reason"],
-                "properties": {
-                    "index": {"type": "integer"},
-                    "message": {
-                        "type": "object",
-                        "required": ["role"],
-                        "properties": {
-                            "role": {"const": "assistant"},
-                            "content": {"type": ["string", "null"]},
-                            "tool_calls": {"type": "array", "items": TOOL_CALL},
-                        },
-                    },
-                    "logprobs": {"type": ["object", "null"]},
-                    "finish_reason": {"type": ["string", "null"]},
-                },
-            },
-        },
-        "usage": USAGE,
+        "owned_by": {"type": "string"},
     },
-}
+)
 
-TEXT_COMPLETION: Schema = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices"],
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"const": "text_completion"},
-        "created": {"type": "integer"},
-        "model": {"type": "string"},
-        "choices": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["text", "index", "finish_reason"],
-                "properties": {
-                    "text": {"type": "string"},
-                    "index": {"type": "integer"},
-                    "logprobs": {"type": ["object", "null"]},
-                    "finish_reason": {"type": ["string", "null"]},
-                },
-            },
-        },
-        "usage": USAGE,
-    },
-}
-
-EMBEDDINGS: Schema = {
-    "type": "object",
-    "required": ["object", "data", "model"],
-    "properties": {
-        "object": {"const": "list"},
-        "data": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["object", "index", "embedding"],
-                "properties": {
-                    "object": {"const": "embedding"},
-                    "index": {"type": "integer"},
-                    "embedding": {
-                        "anyOf": [
-                            {"type": "array", "items": {"type": "number"}},
-                            {"type": "string"},
-                        ]
-                    },
-                },
-            },
-        },
-        "model": {"type": "string"},
-        "usage": USAGE,
-    },
-}
-
-MODELS: Schema = {
-    "type": "object",
-    "required": ["object", "data"],
-    "properties": {
-        "object": {"const": "list"},
-        "data": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["id", "object", "created", "owned_by"],
-                "properties": {
-                    "id": {"type": "string"},
-                    "object": {"const": "model"},
-                    "created": {"type": "integer"},
-                    "owned_by": {"type": "string"},
-                },
-            },
-        },
-    },
-}
-
-ERROR: Schema = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["message", "type", "param", "code"],
-            "properties": {
+ERROR: Schema = obj(
+    ["error"],
+    {
+        "error": obj(
+            ["message", "type", "param", "code"],
+            {
                 "message": {"type": "string"},
                 "type": {"type": "string"},
                 "param": {"type": ["string", "null"]},
                 "code": {"type": ["string", "null"]},
             },
-        }
+        )
     },
-}
+)
 
 ROUTING_HEADERS: Schema = {
     "x-request-id": {
@@ -221,11 +198,7 @@ def _post(
     content: dict[str, Any] = {"application/json": {"schema": _ref(response)}}
     if stream:
         content["text/event-stream"] = {
-            "schema": {
-                "type": "object",
-                "required": ["data"],
-                "properties": {"data": {"type": "string"}},
-            },
+            "schema": obj(["data"], {"data": {"type": "string"}}),
             "description": "With `stream: true`: `data: <chunk>` events, then `data: [DONE]`.",
         }
     return {
@@ -314,11 +287,9 @@ def openapi_spec() -> dict[str, Any]:
                             "description": "Serving.",
                             "content": {
                                 "application/json": {
-                                    "schema": {
-                                        "type": "object",
-                                        "required": ["status"],
-                                        "properties": {"status": {"enum": ["ok", "degraded"]}},
-                                    }
+                                    "schema": obj(
+                                        ["status"], {"status": {"enum": ["ok", "degraded"]}}
+                                    )
                                 }
                             },
                         },

@@ -49,6 +49,11 @@ def _nullable(schema: Schema) -> Schema:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
+def obj(required: list[str], properties: Schema) -> Schema:
+    """An object with these ``required`` keys and ``properties``."""
+    return {"type": "object", "required": required, "properties": properties}
+
+
 # -- fragments ---------------------------------------------------------------------------------
 
 TOKEN_IDS: Schema = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
@@ -66,55 +71,38 @@ PARTS: Schema = {
     "type": "array",
     "items": {
         "anyOf": [
-            {
-                "type": "object",
-                "required": ["type", "text"],
-                "properties": {"type": {"enum": list(TEXT_PARTS)}, "text": {"type": "string"}},
-            },
-            {
-                "type": "object",
-                "required": ["type", "refusal"],
-                "properties": {"type": {"const": "refusal"}, "refusal": {"type": "string"}},
-            },
-            {
-                "type": "object",
-                "required": ["type", "image_url"],
-                "properties": {
+            obj(["type", "text"], {"type": {"enum": list(TEXT_PARTS)}, "text": {"type": "string"}}),
+            obj(["type", "refusal"], {"type": {"const": "refusal"}, "refusal": {"type": "string"}}),
+            obj(
+                ["type", "image_url"],
+                {
                     "type": {"const": "image_url"},
-                    "image_url": {
-                        "type": "object",
-                        "required": ["url"],
-                        "properties": {"url": {"type": "string"}, "detail": {"type": "string"}},
-                    },
+                    "image_url": obj(
+                        ["url"], {"url": {"type": "string"}, "detail": {"type": "string"}}
+                    ),
                 },
-            },
-            {
-                "type": "object",
-                "required": ["type"],
-                "properties": {"type": {"enum": list(OTHER_PARTS)}},
-            },
+            ),
+            obj(["type"], {"type": {"enum": list(OTHER_PARTS)}}),
         ]
     },
     "description": "Text parts are answered locally; image, audio and file parts go to the API.",
 }
 CONTENT: Schema = {"anyOf": [{"type": "string"}, PARTS]}
 
-TOOL_CALL: Schema = {
-    "type": "object",
-    "required": ["id", "type", "function"],
-    "properties": {
+TOOL_CALL: Schema = obj(
+    ["id", "type", "function"],
+    {
         "id": {"type": "string"},
         "type": {"const": "function"},
-        "function": {
-            "type": "object",
-            "required": ["name", "arguments"],
-            "properties": {
+        "function": obj(
+            ["name", "arguments"],
+            {
                 "name": {"type": "string"},
                 "arguments": {"type": "string", "description": "JSON text"},
             },
-        },
+        ),
     },
-}
+)
 
 
 def _message(roles: list[str], required: list[str], extra: Schema | None = None) -> Schema:
@@ -124,7 +112,7 @@ def _message(roles: list[str], required: list[str], extra: Schema | None = None)
         "name": {"type": "string"},
         **(extra or {}),
     }
-    return {"type": "object", "required": required, "properties": properties}
+    return obj(required, properties)
 
 
 MESSAGE: Schema = {
@@ -135,11 +123,9 @@ MESSAGE: Schema = {
             ["role"],  # an assistant turn may carry only tool calls, a refusal or audio
             {
                 "tool_calls": {"type": "array", "items": TOOL_CALL},
-                "function_call": {
-                    "type": "object",
-                    "required": ["name"],
-                    "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
-                },
+                "function_call": obj(
+                    ["name"], {"name": {"type": "string"}, "arguments": {"type": "string"}}
+                ),
                 "refusal": _nullable({"type": "string"}),
             },
         ),
@@ -150,10 +136,9 @@ MESSAGE: Schema = {
     ]
 }
 
-FUNCTION: Schema = {
-    "type": "object",
-    "required": ["name"],
-    "properties": {
+FUNCTION: Schema = obj(
+    ["name"],
+    {
         "name": {"type": "string", "pattern": _whole(NAME_PATTERN)},
         "description": {"type": "string"},
         "parameters": {
@@ -162,24 +147,18 @@ FUNCTION: Schema = {
         },
         "strict": _nullable({"type": "boolean"}),
     },
-}
+)
 
 RESPONSE_FORMAT: Schema = {
     "anyOf": [
-        {
-            "type": "object",
-            "required": ["type"],
-            "properties": {"type": {"enum": [f for f in RESPONSE_FORMATS if f != "json_schema"]}},
-        },
-        {
-            "type": "object",
-            "required": ["type", "json_schema"],
-            "properties": {
+        obj(["type"], {"type": {"enum": [f for f in RESPONSE_FORMATS if f != "json_schema"]}}),
+        obj(
+            ["type", "json_schema"],
+            {
                 "type": {"const": "json_schema"},
-                "json_schema": {
-                    "type": "object",
-                    "required": ["name"],
-                    "properties": {
+                "json_schema": obj(
+                    ["name"],
+                    {
                         "name": {"type": "string", "pattern": _whole(NAME_PATTERN)},
                         "description": {"type": "string"},
                         "schema": {
@@ -189,13 +168,13 @@ RESPONSE_FORMAT: Schema = {
                         },
                         "strict": _nullable({"type": "boolean"}),
                     },
-                },
+                ),
             },
-        },
+        ),
     ]
 }
 
-NAMED: Schema = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
+NAMED: Schema = obj(["name"], {"name": {"type": "string"}})
 
 SHAPES: dict[str, Schema] = {
     "model": MODEL,
@@ -218,21 +197,13 @@ SHAPES: dict[str, Schema] = {
     "response_format": RESPONSE_FORMAT,
     "tools": {
         "type": "array",
-        "items": {
-            "type": "object",
-            "required": ["type", "function"],
-            "properties": {"type": {"const": "function"}, "function": FUNCTION},
-        },
+        "items": obj(["type", "function"], {"type": {"const": "function"}, "function": FUNCTION}),
     },
     "functions": {"type": "array", "minItems": 1, "items": FUNCTION},
     "tool_choice": {
         "anyOf": [
             {"type": "string", "enum": list(TOOL_CHOICES)},
-            {
-                "type": "object",
-                "required": ["type", "function"],
-                "properties": {"type": {"const": "function"}, "function": NAMED},
-            },
+            obj(["type", "function"], {"type": {"const": "function"}, "function": NAMED}),
         ]
     },
     "function_call": {"anyOf": [{"type": "string", "enum": list(FUNCTION_CALLS)}, NAMED]},
