@@ -156,7 +156,21 @@ def _table_rows(
         return ["Period", *_COLUMNS], [_cells(report["month"], report)]
     rows = [_cells(escape(_group_name(by, g)), g) for g in report["groups"]]
     rows.append(_cells("Total", report))
-    return [by.capitalize(), *_COLUMNS], rows
+    header = [by.capitalize(), *_COLUMNS]
+    if any("monthly_budget_usd" in g for g in report["groups"]):  # --by key, with budgets
+        header += ["Budget", "Budget used"]
+        for row, group in zip(rows, [*report["groups"], {}], strict=True):
+            row += _budget_cells(group)
+    return header, rows
+
+
+def _budget_cells(group: dict[str, Any]) -> list[str]:
+    """A key's monthly budget and its use (``$3.1000 (15.5%) in 2026-10``); blank without."""
+    if "monthly_budget_usd" not in group:
+        return ["", ""]
+    share = group["budget_used_share"]
+    used = usd(group["budget_spent_usd"]) + (f" ({pct(share)})" if share is not None else "")
+    return [usd(group["monthly_budget_usd"], 2), f"{used} in {group['budget_month']}"]
 
 
 def _group_name(by: str, group: dict[str, Any]) -> str:

@@ -46,6 +46,7 @@ from proxy.audit.summary import quality_section
 from proxy.errors import ConfigError
 from proxy.ledger import access
 from proxy.ledger.audits import read_rows, spend_pusd
+from proxy.ledger.budget_use import budget_use
 from proxy.ledger.database import Database, as_database
 from proxy.ledger.pricing import PICO
 from proxy.ledger.render import plural, render
@@ -319,6 +320,8 @@ def build(
             target_precision=target_precision,
             threshold=threshold,
         )
+        # --by key: each key's monthly budget and its use, in the period's last month.
+        budgets = budget_use(conn, period.last_day.strftime("%Y-%m")) if by == "key" else {}
     total.paid += audit_pico  # audits are money paid, never money saved
 
     total.fixed = fixed_cost_pico(period.start, period.end, monthly_pico, now)
@@ -339,6 +342,8 @@ def build(
         report["by"] = by
         if by != "kind":
             report["groups"] = _group_list(by, groups, period, monthly_pico, now)
+            for group in report["groups"] if by == "key" else ():
+                group.update(budgets.get(group["key"] or "", {}))
     if days is not None:
         report["days"] = _group_list("day", days, period, monthly_pico, now)
     return report

@@ -192,3 +192,38 @@ async def test_completions_and_embeddings_keep_the_keys_models_and_rpm(
         assert int(limited.headers["retry-after"]) >= 1
         assert limited.json()["error"]["code"] == "rate_limit_exceeded"
     assert fake_api.count == 3
+
+
+async def test_report_by_key_shows_each_budget_and_its_use(
+    tmp_path: Path,
+    fake_api: FakeAPI,
+    make_client: Any,
+    database: Database,  # noqa: F811
+) -> None:
+    from decimal import Decimal
+
+    from proxy.ledger.render import render
+    from proxy.ledger.report import Period, build, money
+
+    capped = keys.create(database, "capped", monthly_budget_pusd=10**12)  # $1
+    free = keys.create(database, "free")
+    async with make_client(_settings(tmp_path, fake_api, database)) as client:
+        for key in (capped, capped, free):
+            auth = {"authorization": f"Bearer {key}", **API}
+            reply = await client.post("/v1/chat/completions", json=ASK, headers=auth)
+            assert reply.status_code == 200, reply.text
+        await asyncio.sleep(0.3)  # the settles run in the background
+    spent, _ = _spend(database, "capped")
+    report = build(database, Period.month(None), 0, by="key")
+    groups = {g["key"]: g for g in report["groups"]}
+    assert spent > 0
+    assert groups["capped"]["requests"] == 2
+    assert groups["capped"]["monthly_budget_usd"] == Decimal("1.000000")
+    assert groups["capped"]["budget_spent_usd"] == money(spent)
+    assert groups["capped"]["budget_spent_usd"] == groups["capped"]["api_cost_usd"]
+    assert groups["capped"]["budget_used_share"] == round(spent / 10**12, 4)
+    assert groups["capped"]["budget_month"] == report["month"]
+    assert "monthly_budget_usd" not in groups["free"]
+    table = render(report, "table")
+    assert "Budget used" in table and "$1.00" in table
+    assert "budget_spent_usd" not in build(database, Period.month(None), 0, by="model")["groups"][0]
