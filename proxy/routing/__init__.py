@@ -6,6 +6,7 @@
     servable      which requests the local engine can serve at all (``local_blocker``)
     estimator     the predicted finish of a request on a backend, and what it is learned from;
                   the ``predicted_slow`` decision (``Predictor``), as in seed 000
+    prefix_memory the share of a prompt a backend has probably cached (``PrefixMemory``)
     base          what a local backend is to the router (``Backend``, ``Choice``)
     pool          the bundled engine as a backend, and the choice between backends
     remote        other llama.cpp / OpenAI-compatible servers used as local backends: their

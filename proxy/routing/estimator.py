@@ -6,7 +6,8 @@ Seed 000's estimate for a backend, counting the work already running and queued 
            + (decode tokens ahead + own expected answer tokens)  / decode rate
 
 The rates are the backend's live, profiled ones (:class:`proxy.engine.rates.Rates`); the work
-ahead is its :class:`~proxy.engine.rates.PendingWork`. This module adds the request's own part:
+ahead is its :class:`~proxy.engine.rates.PendingWork`. This module adds the request's own part
+(the share of its prompt a backend has cached is :mod:`proxy.routing.prefix_memory`'s):
 
 * :class:`AnswerLengths`: how long an answer to a request is expected to be. ``max_tokens`` (or
   the engine's default) is a cap, and the expected length under that cap is learned per
@@ -16,9 +17,6 @@ ahead is its :class:`~proxy.engine.rates.PendingWork`. This module adds the requ
   one. With nothing to go on, an answer is expected to be ``DEFAULT_ANSWER_TOKENS`` long (at
   most the cap): expecting every answer to run to a large default cap would predict even an
   idle engine too slow, and the lengths would never be learned.
-* :class:`PrefixMemory`: which share of a prompt the backend has probably cached (the longest
-  prefix it shares with one of the last prompts the backend ran), so that only the uncached
-  part is counted as prefill.
 * :class:`PredictionErrors`: absolute percentage errors of the predictions of local answers that
   ran to their end, for ``/metrics`` (the ledger keeps every prediction for ``frugal report``).
 * :class:`Ewma`: the API's observed latency, for ``[router] objective = "latency"``.
@@ -199,65 +197,6 @@ def read_ledger(path: str, limit: int = SEED_ROWS) -> list[tuple[str | None, int
     finally:
         conn.close()
     return [(model, int(tokens)) for model, tokens in reversed(rows)]
-
-
-def prompt_text(request: dict[str, Any]) -> str:
-    """The prompt as one string, in the order the model reads it (for prefix matching)."""
-    prompt = request.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    parts: list[str] = []
-    for message in request.get("messages") or ():
-        if not isinstance(message, dict):
-            continue
-        parts.append(str(message.get("role") or ""))
-        content = message.get("content")
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts.extend(
-                str(p.get("text") or "") for p in content if isinstance(p, dict) and "text" in p
-            )
-    return "\x00".join(parts)
-
-
-def shared_prefix(a: str, b: str) -> int:
-    """Length of the longest common prefix of two strings: chunk by chunk (C comparisons),
-    then a binary search inside the first chunk that differs."""
-    n = min(len(a), len(b))
-    low, step = 0, 1024
-    while low < n and a[low : min(low + step, n)] == b[low : min(low + step, n)]:
-        low += step
-    if low >= n:
-        return n
-    high = min(low + step, n) - 1  # a difference lies in [low, high]: the prefix ends there
-    while low < high:
-        mid = (low + high + 1) // 2
-        if a[low:mid] == b[low:mid]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
-class PrefixMemory:
-    """The last prompts a backend ran: the share of a new prompt it has probably cached."""
-
-    def __init__(self, size: int = 8) -> None:
-        self._recent: deque[str] = deque(maxlen=size)
-
-    def remember(self, request: dict[str, Any]) -> None:
-        text = prompt_text(request)
-        if text:
-            self._recent.append(text)
-
-    def cached_share(self, request: dict[str, Any]) -> float:
-        text = prompt_text(request)
-        if not text or not self._recent:
-            return 0.0
-        best = max(shared_prefix(text, old) for old in self._recent)
-        # The last token is always run again, to get the logits of the first answer token.
-        return min(best / len(text), 0.99)
 
 
 class PredictionErrors:

@@ -27,11 +27,11 @@ from proxy.routing.base import Backend, BackendDown, Choice, left, rounded
 from proxy.routing.estimator import (
     AnswerLengths,
     Prediction,
-    PrefixMemory,
     answer_cap,
     answers_per_request,
     predict,
 )
+from proxy.routing.prefix_memory import PrefixMemory
 from proxy.routing.remote import RemoteBackend
 
 log = structlog.get_logger(__name__)

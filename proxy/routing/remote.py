@@ -36,7 +36,8 @@ from proxy.config import BackendSettings
 from proxy.engine.rates import PendingWork, Rates, WorkTracker
 from proxy.errors import EngineBusy, EngineCrashed, EngineTimeout
 from proxy.routing.base import Backend, BackendDown, left, rounded
-from proxy.routing.estimator import Prediction, PrefixMemory, answer_cap, predict
+from proxy.routing.estimator import Prediction, answer_cap, predict
+from proxy.routing.prefix_memory import PrefixMemory
 from proxy.routing.remote_rates import RemoteRates
 from proxy.routing.remote_wire import error_of, request_body, score, stop_cause
 from proxy.routing.slots import Slots

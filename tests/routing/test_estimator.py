@@ -16,12 +16,10 @@ from proxy.routing.estimator import (
     Ewma,
     PredictionErrors,
     Predictor,
-    PrefixMemory,
     answer_cap,
     answers_per_request,
     predict,
     read_ledger,
-    shared_prefix,
 )
 
 RATES = Rates(prefill_tok_s=100.0, decode_tok_s=10.0, source="requests")
@@ -126,19 +124,6 @@ def test_read_ledger_returns_finished_local_answers_oldest_first(tmp_path: Path)
     conn.close()
     assert read_ledger(str(db)) == [("gpt-4o-mini", 11), ("gpt-4o-mini", 22), ("gpt-4o-mini", 33)]
     assert read_ledger(str(tmp_path / "missing.db")) == []
-
-
-def test_cached_share_is_the_longest_prefix_shared_with_a_recent_prompt() -> None:
-    memory = PrefixMemory()
-    system = {"role": "system", "content": "You are a careful assistant. " * 20}
-    first = {"messages": [system, {"role": "user", "content": "What is 2 + 2?"}]}
-    assert memory.cached_share(first) == 0.0
-    memory.remember(first)
-    second = {"messages": [system, {"role": "user", "content": "Name a colour."}]}
-    assert 0.85 < memory.cached_share(second) < 0.99
-    assert memory.cached_share({"messages": [{"role": "user", "content": "hi"}]}) == 0.0
-    assert shared_prefix("abcdef", "abcxyz") == 3
-    assert shared_prefix("", "abc") == 0
 
 
 def test_mdape_is_the_median_of_the_absolute_percentage_errors() -> None:
