@@ -29,7 +29,9 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 FRUGAL = str(Path(sys.executable).with_name("frugal"))
-QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+sys.path.insert(0, str(ROOT))
+
+from tests.ledger.load import Load  # noqa: E402
 
 
 def free_port() -> int:
@@ -99,50 +101,6 @@ class Stack:
             return {r[0] for r in conn.execute("SELECT request_id FROM requests")}
         finally:
             conn.close()
-
-
-class Load:
-    """Clients sending back-to-back requests; ``completed`` holds (id, wall time of the whole
-    response), ``sent`` every id a request went out with."""
-
-    def __init__(self, base: str, clients: int) -> None:
-        self.base = base
-        self.clients = clients
-        self.sent: list[str] = []
-        self.completed: list[tuple[str, float]] = []
-        self.errors = 0
-        self.stop = asyncio.Event()
-
-    async def run(self, seconds: float | None) -> None:
-        limits = httpx.Limits(max_connections=self.clients)
-        async with httpx.AsyncClient(base_url=self.base, limits=limits, timeout=60) as http:
-            workers = [asyncio.create_task(self._client(http, n)) for n in range(self.clients)]
-            if seconds is not None:
-                await asyncio.sleep(seconds)
-                self.stop.set()
-            await asyncio.gather(*workers)
-
-    async def _client(self, http: httpx.AsyncClient, n: int) -> None:
-        i = 0
-        while not self.stop.is_set():
-            request_id = f"c{n:02d}-{i:07d}"
-            i += 1
-            self.sent.append(request_id)
-            try:
-                r = await http.post(
-                    "/v1/chat/completions",
-                    json={"model": "gpt-4o-mini", "messages": QUESTION, "max_tokens": 8},
-                    headers={"x-frugal-route": "api", "x-request-id": request_id},
-                )
-                await r.aread()
-            except httpx.HTTPError:
-                self.errors += 1
-                if self.stop.is_set():
-                    return
-                continue
-            if r.status_code != 200:
-                self.errors += 1
-            self.completed.append((request_id, time.time()))
 
 
 async def main() -> None:

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from proxy.errors import ConfigError
@@ -28,6 +27,7 @@ from proxy.ledger.pricing import CountJob, TokenCounter, _import_litellm, check_
 from proxy.ledger.writer import COLUMNS, OPTIONAL_COLUMNS, Ledger
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
+from tests.ledger.load import Load
 
 FRUGAL = str(Path(sys.executable).with_name("frugal"))
 NAMES = [name for name, _ in migration_files()]
@@ -776,48 +776,6 @@ async def test_healthz_counts_write_failures_and_the_request_still_succeeds(
 # -- a real server under load --------------------------------------------------------------------
 
 
-class Load:
-    """32 clients sending forced-API requests as fast as they can, each request with its own
-    id; ``completed`` holds (id, wall time the whole response had arrived)."""
-
-    def __init__(self, base: str, clients: int = 32) -> None:
-        self.base = base
-        self.clients = clients
-        self.sent = 0
-        self.completed: list[tuple[str, float]] = []
-        self.failed = 0
-        self.stop = asyncio.Event()
-
-    async def run(self, seconds: float | None) -> None:
-        limits = httpx.Limits(max_connections=self.clients)
-        async with httpx.AsyncClient(base_url=self.base, limits=limits, timeout=30) as http:
-            workers = [asyncio.create_task(self._client(http, n)) for n in range(self.clients)]
-            if seconds is not None:
-                await asyncio.sleep(seconds)
-                self.stop.set()
-            await asyncio.gather(*workers)
-
-    async def _client(self, http: httpx.AsyncClient, n: int) -> None:
-        i = 0
-        while not self.stop.is_set():
-            request_id = f"load-{n}-{i}"
-            i += 1
-            self.sent += 1
-            try:
-                r = await http.post(
-                    "/v1/chat/completions",
-                    json={"model": "gpt-4o-mini", "messages": QUESTION, "max_tokens": 8},
-                    headers={"x-frugal-route": "api", "x-request-id": request_id},
-                )
-            except httpx.HTTPError:
-                self.failed += 1
-                if self.stop.is_set():
-                    return
-                continue
-            self.completed.append((request_id, time.time()))
-            assert r.status_code == 200, r.text
-
-
 @pytest.mark.serve
 async def test_under_32_concurrent_clients_every_request_is_a_row(
     tmp_path: Path, fake_api: FakeAPI
@@ -831,9 +789,9 @@ async def test_under_32_concurrent_clients_every_request_is_a_row(
     finally:
         code = await asyncio.to_thread(stop_server, served)
     assert code == 0
-    assert load.failed == 0 and load.sent == len(load.completed) > 100
+    assert load.errors == 0 and len(load.sent) == len(load.completed) > 100
     rows = ledger_rows(served.db)
-    assert len(rows) == load.sent
+    assert len(rows) == len(load.sent)
     assert {r["request_id"] for r in rows} == {rid for rid, _ in load.completed}
 
 
