@@ -14,10 +14,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from proxy.errors import ConfigError
@@ -36,6 +38,18 @@ QUESTION = [{"role": "user", "content": "What is the capital of France? Answer i
 
 def connect(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(path, isolation_level=None)
+
+
+@contextmanager
+def locked(db: Path) -> Iterator[None]:
+    """Another connection holds the database with BEGIN EXCLUSIVE until the block ends."""
+    holder = connect(db)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        yield
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
 
 
 def schema(conn: sqlite3.Connection) -> dict[str, Any]:
@@ -290,14 +304,9 @@ def test_a_corrupt_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_a_locked_database_is_a_clear_error(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     open_database(str(db))
-    holder = connect(db)
-    holder.execute("BEGIN EXCLUSIVE")
-    try:
+    with locked(db):
         with pytest.raises(ConfigError) as info:
             open_database(str(db), busy_timeout_s=0.2)
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
     assert "the database is locked by another process" in str(info.value)
     open_database(str(db), busy_timeout_s=0.2)  # and fine once released
 
@@ -333,13 +342,8 @@ def test_serve_refuses_to_start_on_a_corrupt_ledger(tmp_path: Path) -> None:
 def test_serve_refuses_to_start_on_a_locked_ledger(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     open_database(str(db))
-    holder = connect(db)
-    holder.execute("BEGIN EXCLUSIVE")
-    try:
+    with locked(db):
         out = serve_once(tmp_path, db)
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
     assert out.returncode == 2
     assert out.stderr.strip() == (
         f"frugal: config error: [ledger] path = {str(db)!r}: the database is locked by another "
@@ -380,9 +384,7 @@ async def test_rows_are_held_and_retried_while_the_database_is_locked(tmp_path: 
     db = tmp_path / "ledger.db"
     ledger = Ledger(str(db), flush_interval_s=0.02, busy_timeout_s=0.05)
     await ledger.start()
-    holder = connect(db)
-    holder.execute("BEGIN EXCLUSIVE")
-    try:
+    with locked(db):
         for i in range(50):
             ledger.record(api_row(f"r{i}"))
         await until(lambda: ledger.write_retries >= 2)
@@ -392,9 +394,6 @@ async def test_rows_are_held_and_retried_while_the_database_is_locked(tmp_path: 
         assert health["failing_since"] is not None and health["state"] == "degraded"
         assert health["last_error"] == "OperationalError"
         ledger.record(api_row("late"))
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
     await until(lambda: ledger.written == 51)
     health = ledger.health()
     assert (health["retrying"], health["pending"], health["failing_since"]) == (0, 0, None)
@@ -570,17 +569,12 @@ async def test_a_full_queue_drops_new_rows_and_counts_them(tmp_path: Path) -> No
     db = tmp_path / "ledger.db"
     ledger = Ledger(str(db), flush_interval_s=0.02, busy_timeout_s=0.05, max_queue=10)
     await ledger.start()
-    holder = connect(db)
-    holder.execute("BEGIN EXCLUSIVE")
-    try:
+    with locked(db):
         for i in range(25):
             ledger.record(api_row(f"r{i}"))
         health = ledger.health()
         assert (health["rows_dropped"], health["pending"], health["max_queue"]) == (15, 10, 10)
         assert health["state"] == "degraded"
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
     await until(lambda: ledger.written == 10)
     ledger.record(api_row("room-again"))
     await until(lambda: ledger.written == 11)
@@ -609,9 +603,7 @@ async def test_close_while_the_database_stays_locked_spills_every_row(tmp_path: 
     db = tmp_path / "ledger.db"
     ledger = Ledger(str(db), flush_interval_s=0.02, busy_timeout_s=2.0)
     await ledger.start()
-    holder = connect(db)
-    holder.execute("BEGIN EXCLUSIVE")
-    try:
+    with locked(db):
         for i in range(40):
             ledger.record(api_row(f"r{i}", upstream_attempts=1))
         assert not await ledger.flush(0.5)  # the shutdown's flush gives up...
@@ -619,9 +611,6 @@ async def test_close_while_the_database_stays_locked_spills_every_row(tmp_path: 
         await ledger.close(1.0)  # ...and the close spills at its deadline
         closed_in = time.monotonic() - started
         ledger.record(api_row("after-close"))  # a straggler goes to the file as well
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
     assert closed_in < 30  # bounded: not the busy timeout times the retries
     lines = spilled(ledger)
     assert [line["row"]["request_id"] for line in lines] == [f"r{i}" for i in range(40)] + [
@@ -639,15 +628,10 @@ async def test_a_spill_file_that_cannot_be_written_counts_the_rows_lost(tmp_path
     ledger = Ledger(str(db), flush_interval_s=0.02, busy_timeout_s=0.05)
     await ledger.start()
     Path(ledger.spill_path).mkdir()  # a folder where the file should be
-    holder = connect(db)
-    holder.execute("BEGIN EXCLUSIVE")
-    try:
+    with locked(db):
         for i in range(5):
             ledger.record(api_row(f"r{i}"))
         await ledger.close(1.0)
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
     assert (ledger.lost, ledger.spilled, ledger.health()["state"]) == (5, 0, "degraded")
 
 
@@ -673,20 +657,31 @@ async def test_the_ledger_counters_are_in_metrics(tmp_path: Path) -> None:
     assert values["frugal_ledger_degraded"] == 1
 
 
-async def test_a_slow_tokenizer_never_holds_a_row_back(tmp_path: Path) -> None:
-    """Until litellm is ready a local row goes in with the local model's counts, then is
-    updated with the requested model's; the row itself is written at once."""
+def slow_counter() -> tuple[TokenCounter, threading.Event]:
+    """A token counter whose litellm is not ready until the event is set."""
     gate = threading.Event()
 
     def slow_litellm() -> Any:
         gate.wait(30)
         return _import_litellm()
 
-    db = tmp_path / "ledger.db"
-    ledger = Ledger(str(db), counter=TokenCounter(slow_litellm), flush_interval_s=0.02)
-    await ledger.start()
+    return TokenCounter(slow_litellm), gate
+
+
+def paris_count() -> CountJob:
+    """The count of QUESTION answered "Paris." for gpt-4o-mini."""
     body = {"model": "gpt-4o-mini", "messages": QUESTION}
     completion = {"choices": [{"message": {"role": "assistant", "content": "Paris."}}]}
+    return CountJob(model="gpt-4o-mini", body=body, completion=completion)
+
+
+async def test_a_slow_tokenizer_never_holds_a_row_back(tmp_path: Path) -> None:
+    """Until litellm is ready a local row goes in with the local model's counts, then is
+    updated with the requested model's; the row itself is written at once."""
+    counter, gate = slow_counter()
+    db = tmp_path / "ledger.db"
+    ledger = Ledger(str(db), counter=counter, flush_interval_s=0.02)
+    await ledger.start()
     row = {
         **api_row("local-1"),
         "route": "local",
@@ -694,7 +689,7 @@ async def test_a_slow_tokenizer_never_holds_a_row_back(tmp_path: Path) -> None:
         "prompt_tokens": 40,
         "completion_tokens": 3,
     }
-    ledger.record(row, count=CountJob(model="gpt-4o-mini", body=body, completion=completion))
+    ledger.record(row, count=paris_count())
     await until(lambda: ledger.written == 1)
     [early] = ledger_rows(db)
     assert (early["token_source"], early["counterfactual_prompt_tokens"]) == ("local", 40)
@@ -714,19 +709,12 @@ async def test_a_slow_tokenizer_never_holds_a_row_back(tmp_path: Path) -> None:
 
 async def test_close_waits_for_the_counts_of_the_last_rows(tmp_path: Path) -> None:
     """On SIGTERM a local row still queued goes in with its real count, if it comes in time."""
-    gate = threading.Event()
-
-    def slow_litellm() -> Any:
-        gate.wait(30)
-        return _import_litellm()
-
+    counter, gate = slow_counter()
     db = tmp_path / "ledger.db"
-    ledger = Ledger(str(db), counter=TokenCounter(slow_litellm), flush_interval_s=5.0)
+    ledger = Ledger(str(db), counter=counter, flush_interval_s=5.0)
     await ledger.start()
     row = {**api_row("last"), "route": "local", "reason": "accepted", "prompt_tokens": 40}
-    body = {"model": "gpt-4o-mini", "messages": QUESTION}
-    completion = {"choices": [{"message": {"role": "assistant", "content": "Paris."}}]}
-    ledger.record(row, count=CountJob(model="gpt-4o-mini", body=body, completion=completion))
+    ledger.record(row, count=paris_count())
     closing = asyncio.create_task(ledger.close())
     await asyncio.sleep(0.3)
     assert not closing.done() and ledger.written == 0
@@ -736,39 +724,36 @@ async def test_close_waits_for_the_counts_of_the_last_rows(tmp_path: Path) -> No
     assert (stored["token_source"], stored["counterfactual_prompt_tokens"]) == ("tokenizer", 19)
 
 
+async def ledger_health_once(client: httpx.AsyncClient, counter: str) -> dict[str, Any]:
+    """The ledger's /healthz once ``counter`` is above 0, or after about five seconds."""
+    for _ in range(500):
+        health: dict[str, Any] = (await client.get("/healthz")).json()["ledger"]
+        if health[counter]:
+            break
+        await asyncio.sleep(0.01)
+    return health
+
+
 async def test_healthz_counts_write_failures_and_the_request_still_succeeds(
     tmp_path: Path, fake_api: FakeAPI, make_client: Any
 ) -> None:
     settings = settings_for(tmp_path, fake_api, ledger={"busy_timeout_s": 0.05})
     db = tmp_path / "ledger.db"
     async with make_client(settings) as client:
-        holder = connect(db)
-        holder.execute("BEGIN EXCLUSIVE")
-        try:
+        with locked(db):
             r = await client.post(
                 "/v1/chat/completions",
                 json={"model": "gpt-4o-mini", "messages": QUESTION},
                 headers={"x-frugal-route": "api"},
             )
             assert r.status_code == 200
-            for _ in range(500):
-                health = (await client.get("/healthz")).json()["ledger"]
-                if health["write_retries"]:
-                    break
-                await asyncio.sleep(0.01)
+            health = await ledger_health_once(client, "write_retries")
             assert health["write_retries"] >= 1 and health["retrying"] == 1
             assert (health["rows_written"], health["rows_dropped"], health["pending"]) == (0, 0, 1)
             assert (health["state"], health["last_error"]) == ("degraded", "OperationalError")
             assert health["max_queue"] == 100_000 and health["rows_rejected"] == 0
             assert health["usage_invalid"] == 0 and health["path"] == str(db)
-        finally:
-            holder.execute("ROLLBACK")
-            holder.close()
-        for _ in range(500):
-            health = (await client.get("/healthz")).json()["ledger"]
-            if health["rows_written"]:
-                break
-            await asyncio.sleep(0.01)
+        health = await ledger_health_once(client, "rows_written")
         assert (health["rows_written"], health["retrying"], health["state"]) == (1, 0, "ok")
     assert len(ledger_rows(db)) == 1
 
