@@ -4,6 +4,10 @@
     worker        the child process: loads the model, answers jobs over a pipe
     worker_env    the child's environment, cleared of secrets
     generate      one completion, token by token, with logprobs, stop strings and deadlines
+    sampling      a request's sampling parameters; bias, penalties, picking and logprobs on
+                  one row of logits
+    messages      a chat request's messages as chat templates take them
+    answer        the ``chat.completion`` either decoding path returns
     batch         several sequences in one llama.cpp context (continuous batching)
     speculative   prompt-lookup and draft-model speculation, with its adaptive policy
     prefix_cache  KV states of earlier prompts, reused for a shared prefix

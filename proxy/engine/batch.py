@@ -36,7 +36,6 @@ from __future__ import annotations
 import codecs
 import ctypes
 import time
-import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,13 +43,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from proxy.engine.generate import (
-    LocalModel,
-    PromptTooLong,
+from proxy.engine.answer import chat_completion
+from proxy.engine.generate import LocalModel, PromptTooLong, StopCheck, TokenCallback
+from proxy.engine.sampling import (
     SamplingParams,
-    StopCheck,
-    TokenCallback,
-    _held_back,
+    adjusted,
+    biased,
+    held_back,
+    logprob_entry,
+    pick,
 )
 from proxy.engine.speculative import DraftPolicy, PromptLookup, StepCosts, token_logprob
 
@@ -385,12 +386,7 @@ class BatchEngine:
         out: list[tuple[int, float, list[Any]]] = []
         for i in range(len(seq.draft) + 1):
             raw = self._row(first + i)
-            chosen = raw
-            if bias:
-                chosen = raw.copy()
-                for tok, value in bias.items():
-                    if 0 <= tok < self.n_vocab:
-                        chosen[tok] += value
+            chosen = biased(raw, bias) if bias else raw
             token = int(chosen.argmax())
             logprob, best = token_logprob(raw, token, seq.params.top_logprobs)
             out.append((token, logprob, best))
@@ -415,23 +411,13 @@ class BatchEngine:
             return
         raw = self._row(row_index)
         params = seq.params
-        chosen: npt.NDArray[np.float32] = raw
-        if params.logit_bias:
-            chosen = raw.copy()
-            for tok, value in params.logit_bias.items():
-                if 0 <= tok < self.n_vocab:
-                    chosen[tok] += value
-        if seq.counts and (params.presence_penalty or params.frequency_penalty):
-            chosen = chosen.copy() if chosen is raw else chosen
-            ids = np.fromiter(seq.counts.keys(), dtype=np.intp)
-            counts = np.fromiter(seq.counts.values(), dtype=np.float32)
-            chosen[ids] -= params.frequency_penalty * counts + params.presence_penalty
+        chosen = adjusted(raw, params, seq.counts)
         if seq.grammar is not None:
             chosen = self._apply_grammar(seq, chosen)
             if not np.isfinite(chosen.max()):
                 seq.error = "the grammar allows no next token"
                 return
-        token = self._pick(seq, chosen)
+        token = pick(chosen, params, seq.rng)
         if seq.grammar is not None:
             self._lib.llama_sampler_accept(seq.grammar, token)
         logprob, best = token_logprob(raw, token, params.top_logprobs)
@@ -456,27 +442,6 @@ class BatchEngine:
         out[data["id"][:size]] = data["logit"][:size]
         return out
 
-    def _pick(self, seq: Sequence, logits: npt.NDArray[np.float32]) -> int:
-        params = seq.params
-        if seq.rng is None:
-            return int(logits.argmax())
-        # llama.cpp's order for the single path: top-k 40, top-p, min-p 0.05, temperature.
-        k = min(40, self.n_vocab)
-        idx = np.argpartition(-logits, k - 1)[:k]
-        idx = idx[np.argsort(-logits[idx], kind="stable")]
-        vals = logits[idx].astype(np.float64)
-        probs = np.exp(vals - vals[0])
-        probs /= probs.sum()
-        if params.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(probs), params.top_p) + 1)
-            idx, vals = idx[:keep], vals[:keep]
-            probs = probs[:keep] / probs[:keep].sum()
-        keep_min = probs >= 0.05 * probs[0]
-        idx, vals = idx[keep_min], vals[keep_min]
-        scaled = np.exp((vals - vals[0]) / max(params.temperature, 1e-6))
-        scaled /= scaled.sum()
-        return int(seq.rng.choice(idx, p=scaled))
-
     def _accept(self, seq: Sequence, token: int, logprob: float, best: list[Any]) -> None:
         """What ``LocalModel.chat`` does with each token, for one sequence of the batch."""
         from llama_cpp import llama_vocab_is_eog
@@ -491,7 +456,7 @@ class BatchEngine:
         seq.generated.append(token)
         seq.pending = token
         seq.counts[token] = seq.counts.get(token, 0) + 1
-        seq.entries.append(self.model._logprob_entry(piece, logprob, best))
+        seq.entries.append(logprob_entry(llm, piece, logprob, best))
         seq.text += seq.decoder.decode(piece)
         stops = seq.params.stop
         cut = next((seq.text.find(s) for s in stops if s in seq.text), -1)
@@ -500,7 +465,7 @@ class BatchEngine:
             seq.stop_cause = "stop_sequence"
             return
         if seq.on_token is not None:
-            safe = len(seq.text) - _held_back(seq.text, stops)
+            safe = len(seq.text) - held_back(seq.text, stops)
             if safe > seq.emitted:
                 seq.on_token(seq.text[seq.emitted : safe])
                 seq.emitted = safe
@@ -557,51 +522,35 @@ class BatchEngine:
         first = seq.first_token_at or done
         n_prompt = len(seq.prompt)
         n_out = len(seq.generated)
-        return {
-            "id": "chatcmpl-" + uuid.uuid4().hex,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model.model_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": seq.text, "refusal": None},
-                    "logprobs": {"content": seq.entries, "refusal": None},
-                    "finish_reason": seq.finish_reason,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": n_prompt,
-                "completion_tokens": n_out,
-                "total_tokens": n_prompt + n_out,
-                "prompt_tokens_details": {"cached_tokens": 0},
-            },
-            "frugal": {
-                "stop_cause": seq.stop_cause or "eos",
-                "prefill_s": first - seq.started,
-                "decode_s": done - first,
-                "cached_tokens": 0,
-                "prefilled_tokens": seq.prefilled,
-                "speculative": {
-                    "mode": "prompt-lookup",
-                    "steps": seq.steps,
-                    "verify_batches": seq.steps,
-                    "drafted": seq.drafted,
-                    "accepted": seq.accepted,
-                }
-                if seq.drafter is not None
+        return chat_completion(
+            model=self.model.model_name,
+            text=seq.text,
+            entries=seq.entries,
+            finish_reason=seq.finish_reason,
+            prompt_tokens=n_prompt,
+            completion_tokens=n_out,
+            cached_tokens=0,
+            prefilled_tokens=seq.prefilled,
+            stop_cause=seq.stop_cause,
+            prefill_s=first - seq.started,
+            decode_s=done - first,
+            speculative={
+                "mode": "prompt-lookup",
+                "steps": seq.steps,
+                "verify_batches": seq.steps,
+                "drafted": seq.drafted,
+                "accepted": seq.accepted,
+            }
+            if seq.drafter is not None
+            else None,
+            batch={
+                "steps": seq.steps,
+                "mean_rows_per_step": round(seq.rows_seen / seq.steps, 2) if seq.steps else None,
+                "tok_s": round((n_out - 1) / (done - first), 1)
+                if n_out > 1 and done > first
                 else None,
-                "batch": {
-                    "steps": seq.steps,
-                    "mean_rows_per_step": round(seq.rows_seen / seq.steps, 2)
-                    if seq.steps
-                    else None,
-                    "tok_s": round((n_out - 1) / (done - first), 1)
-                    if n_out > 1 and done > first
-                    else None,
-                },
             },
-        }
+        )
 
     def run_all(self) -> None:
         """Step until every admitted sequence is done (tests and benchmarks)."""

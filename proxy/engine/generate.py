@@ -19,17 +19,24 @@ import codecs
 import importlib.util
 import os
 import time
-import uuid
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from proxy.engine.answer import chat_completion
 from proxy.engine.calibrate import Calibration
 from proxy.engine.calibrate import calibrate as run_calibration
+from proxy.engine.messages import template_messages
 from proxy.engine.prefix_cache import PrefixCache, common_prefix
+from proxy.engine.sampling import (
+    LogprobRecorder,
+    SamplingParams,
+    bias_processor,
+    held_back,
+    logprob_entry,
+    with_logprobs,
+)
 from proxy.engine.speculative import (
     LlamaDraftModel,
     PromptLookup,
@@ -73,19 +80,6 @@ def bundled_model_path() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], BUNDLED_FILE)
 
 
-def text_of(content: Any) -> str:
-    """The text of a message's ``content``: a string, or a list of OpenAI content parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for part in content:
-        if isinstance(part, dict) and part.get("type") in ("text", "input_text"):
-            parts.append(str(part.get("text", "")))
-    return "".join(parts)
-
-
 def _load_llama(path: str, *, n_ctx: int, n_threads: int, seed: int, flash_attn: bool) -> Any:
     if not os.path.isfile(path):
         raise ModelLoadError(f"model file not found: {path}")
@@ -103,111 +97,6 @@ def _load_llama(path: str, *, n_ctx: int, n_threads: int, seed: int, flash_attn:
         )
     except (ValueError, RuntimeError, OSError) as exc:
         raise ModelLoadError(f"cannot load model {path}: {exc}") from exc
-
-
-def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages reduced to what chat templates understand: string content, classic roles."""
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        role = message.get("role", "user")
-        if role == "developer":
-            role = "system"
-        item: dict[str, Any] = {"role": role, "content": text_of(message.get("content"))}
-        if message.get("tool_calls"):
-            item["tool_calls"] = message["tool_calls"]
-        if message.get("tool_call_id"):
-            item["tool_call_id"] = message["tool_call_id"]
-        out.append(item)
-    return out
-
-
-class _LogprobRecorder:
-    """A logits processor that keeps the logits it was shown, unchanged.
-
-    llama-cpp-python calls it once per sampled position, with the raw logits of that position,
-    before penalties, grammar and the sampler itself. ``Llama.generate`` yields the sampled token
-    right after, so each yielded token pairs with the logits of the call just before it.
-    """
-
-    def __init__(self) -> None:
-        self.last: npt.NDArray[np.float32] | None = None
-
-    def __call__(
-        self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.float32]
-    ) -> npt.NDArray[np.float32]:
-        self.last = np.array(scores, dtype=np.float32, copy=True)
-        return scores
-
-    def logprob(self, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
-        logits = self.last
-        if logits is None:  # pragma: no cover - generate always samples through the processor
-            return 0.0, []
-        peak = float(logits.max())
-        lse = peak + float(np.log(np.exp(logits - peak).sum()))
-        best: list[tuple[int, float]] = []
-        if top > 0:
-            idx = np.argpartition(-logits, top)[:top]
-            idx = idx[np.argsort(-logits[idx])]
-            best = [(int(i), float(logits[i]) - lse) for i in idx]
-        return float(logits[token]) - lse, best
-
-
-@dataclass(frozen=True, kw_only=True)
-class SamplingParams:
-    temperature: float
-    top_p: float
-    max_tokens: int
-    stop: tuple[str, ...]
-    seed: int | None
-    presence_penalty: float
-    frequency_penalty: float
-    top_logprobs: int
-    logit_bias: dict[int, float]
-
-    @classmethod
-    def from_request(cls, request: dict[str, Any], default_max_tokens: int) -> SamplingParams:
-        stop = request.get("stop")
-        stops: tuple[str, ...] = (
-            (stop,) if isinstance(stop, str) else tuple(s for s in (stop or ()) if s)
-        )
-        max_tokens = request.get("max_completion_tokens") or request.get("max_tokens")
-        bias = request.get("logit_bias") or {}
-        temperature = request.get("temperature")
-        top_p = request.get("top_p")
-        return cls(
-            temperature=0.0 if temperature is None else float(temperature),
-            top_p=1.0 if top_p is None else float(top_p),
-            max_tokens=int(max_tokens or default_max_tokens),
-            stop=stops,
-            seed=request.get("seed"),
-            presence_penalty=float(request.get("presence_penalty") or 0.0),
-            frequency_penalty=float(request.get("frequency_penalty") or 0.0),
-            top_logprobs=int(request.get("top_logprobs") or 0) if request.get("logprobs") else 0,
-            logit_bias={int(k): float(v) for k, v in bias.items()},
-        )
-
-
-def _with_logprobs(
-    stream: Generator[int, Any, None], recorder: _LogprobRecorder, top: int
-) -> Generator[Step, None, None]:
-    """``Llama.generate``'s tokens, each with the logprob the recorder saw for it."""
-    try:
-        for token in stream:
-            logprob, best = recorder.logprob(token, top)
-            yield token, logprob, best
-    finally:
-        stream.close()
-
-
-def _held_back(text: str, stops: tuple[str, ...]) -> int:
-    """How many trailing characters of ``text`` could still begin a stop sequence."""
-    hold = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:n]):
-                hold = max(hold, n)
-                break
-    return hold
 
 
 class LocalModel:
@@ -409,18 +298,10 @@ class LocalModel:
 
         if params.seed is not None:
             llm.set_seed(int(params.seed))
-        recorder = _LogprobRecorder()
+        recorder = LogprobRecorder()
         processors: list[Any] = [recorder]
         if params.logit_bias:
-            bias = params.logit_bias
-
-            def apply_bias(_ids: Any, scores: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-                for tok, value in bias.items():
-                    if 0 <= tok < scores.shape[0]:
-                        scores[tok] += value
-                return scores
-
-            processors.append(apply_bias)
+            processors.append(bias_processor(params.logit_bias))
 
         cached, stop_cause = self._prefill(tokens, should_stop)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -454,7 +335,7 @@ class LocalModel:
                 logits_processor=LogitsProcessorList(processors),
                 grammar=grammar,
             )
-            steps = _with_logprobs(stream, recorder, params.top_logprobs)
+            steps = with_logprobs(stream, recorder, params.top_logprobs)
         if stop_cause is None:
             for token, logprob, best in steps:
                 if first_token_at is None:
@@ -464,7 +345,7 @@ class LocalModel:
                     break
                 piece = llm.detokenize([token], prev_tokens=tokens + generated)
                 generated.append(token)
-                entries.append(self._logprob_entry(piece, logprob, best))
+                entries.append(logprob_entry(llm, piece, logprob, best))
                 text += decoder.decode(piece)
                 cut = next((text.find(s) for s in params.stop if s in text), -1)
                 if cut >= 0:
@@ -472,7 +353,7 @@ class LocalModel:
                     stop_cause = "stop_sequence"
                     break
                 if on_token is not None:
-                    safe = len(text) - _held_back(text, params.stop)
+                    safe = len(text) - held_back(text, params.stop)
                     if safe > emitted:
                         on_token(text[emitted:safe])
                         emitted = safe
@@ -494,35 +375,20 @@ class LocalModel:
             on_token(text[emitted:])
         done = time.perf_counter()
         first = first_token_at or done
-        logprobs = {"content": entries, "refusal": None}
-        return {
-            "id": "chatcmpl-" + uuid.uuid4().hex,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text, "refusal": None},
-                    "logprobs": logprobs,
-                    "finish_reason": finish_reason,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": n_prompt,
-                "completion_tokens": len(generated),
-                "total_tokens": n_prompt + len(generated),
-                "prompt_tokens_details": {"cached_tokens": cached},
-            },
-            "frugal": {
-                "stop_cause": stop_cause or "eos",
-                "prefill_s": first - started,
-                "decode_s": done - first,
-                "cached_tokens": cached,
-                "prefilled_tokens": n_prompt - cached,
-                "speculative": spec.as_dict() if spec is not None else None,
-            },
-        }
+        return chat_completion(
+            model=self.model_name,
+            text=text,
+            entries=entries,
+            finish_reason=finish_reason,
+            prompt_tokens=n_prompt,
+            completion_tokens=len(generated),
+            cached_tokens=cached,
+            prefilled_tokens=n_prompt - cached,
+            stop_cause=stop_cause,
+            prefill_s=first - started,
+            decode_s=done - first,
+            speculative=spec.as_dict() if spec is not None else None,
+        )
 
     def complete(
         self,
@@ -541,19 +407,3 @@ class LocalModel:
         tokens, text = legacy.prompt_of(self.llm, request.get("prompt"))
         completion = self.chat(request, on_token=on_token, should_stop=should_stop, prompt=tokens)
         return legacy.text_completion(completion, prompt_text=text, request=request)
-
-    def _logprob_entry(
-        self, piece: bytes, logprob: float, best: list[tuple[int, float]]
-    ) -> dict[str, Any]:
-        top = []
-        for tok, lp in best:
-            raw = self.llm.detokenize([tok])
-            top.append(
-                {"token": raw.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(raw)}
-            )
-        return {
-            "token": piece.decode("utf-8", errors="replace"),
-            "logprob": logprob,
-            "bytes": list(piece),
-            "top_logprobs": top,
-        }

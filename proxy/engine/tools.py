@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.engine.generate import text_of
+from proxy.engine.messages import text_of
 
 
 @dataclass(frozen=True)
