@@ -11,7 +11,8 @@
     batch         several sequences in one llama.cpp context (continuous batching)
     speculative   prompt-lookup and draft-model speculation, with its adaptive policy
     prefix_cache  KV states of earlier prompts, reused for a shared prefix
-    grammar       GBNF grammars from JSON schemas and tools, bounded before they are built
+    grammar       GBNF grammars from JSON schemas and tools, built in the worker
+    grammar_size  the bound on a grammar's size, checked (linearly) before it is built
     tasks, tools, legacy   what a job asks for: chat, tool calls, legacy text completions
     rates, calibrate       measured prefill and decode rates (the estimator's inputs)
     memory, gguf           the memory guard and the model file's header

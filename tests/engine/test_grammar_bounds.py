@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from proxy.engine import grammar
+from proxy.engine import grammar, grammar_size
 from proxy.routing.servable import local_blocker
 
 MSG = [{"role": "user", "content": "Answer in JSON."}]
@@ -104,14 +104,14 @@ def test_patterns_the_converter_would_loop_on_are_refused(pattern: str) -> None:
 
 
 def test_quantifiers_are_read_as_the_converter_reads_them() -> None:
-    assert grammar._quantifier(" +12 ") == (12, 12)
-    assert grammar._quantifier("1_0") == (10, 10)
-    assert grammar._quantifier(",7") == (0, 7)
-    assert grammar._quantifier("3,") == (3, None)
-    assert grammar._quantifier(" 2 , 5 ") == (2, 5)
+    assert grammar_size.quantifier(" +12 ") == (12, 12)
+    assert grammar_size.quantifier("1_0") == (10, 10)
+    assert grammar_size.quantifier(",7") == (0, 7)
+    assert grammar_size.quantifier("3,") == (3, None)
+    assert grammar_size.quantifier(" 2 , 5 ") == (2, 5)
     for bad in ("", "a", "1,2,3", "0x10"):
-        with pytest.raises(grammar.GrammarError):
-            grammar._quantifier(bad)
+        with pytest.raises(grammar_size.Refused):
+            grammar_size.quantifier(bad)
 
 
 def test_an_oversized_schema_sends_the_request_to_the_api_as_unsupported() -> None:
@@ -167,7 +167,7 @@ def test_everyday_schemas_build_and_the_bound_holds_over_them(
         assert spec is not None
         text = grammar.gbnf_for(body)
         assert text is not None
-        sizer = grammar._Sizer()
+        sizer = grammar_size.Sizer()
         sizer.spec(json.loads(spec))
         assert len(text) <= sizer.chars
         assert text.count("\n") + 1 <= sizer.rules
@@ -231,11 +231,11 @@ def test_the_bound_is_never_below_what_the_converter_writes() -> None:
         for body in (response_format(schema), tool_call(schema, "auto")):
             spec = grammar.spec_for(body)
             assert spec is not None
-            sizer = grammar._Sizer()
+            sizer = grammar_size.Sizer()
             try:
                 sizer.spec(json.loads(spec))
                 text = grammar.gbnf_for(body)
-            except grammar.GrammarError:
+            except (grammar_size.Refused, grammar.GrammarError):
                 continue
             assert text is not None
             assert len(text) <= sizer.chars, spec
