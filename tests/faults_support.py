@@ -360,13 +360,16 @@ def wait_idle(served: Served, timeout_s: float = 30.0) -> float | None:
 
 
 def ledger_rows(db: Path, where: str = "1", params: Iterable[Any] = ()) -> list[dict[str, Any]]:
-    """Rows of ``requests`` matching ``where``, as dicts (read-only; [] without a file)."""
+    """Rows of ``requests`` matching ``where``, as dicts, in the order they were written
+    (read-only; [] without a file)."""
     if not db.exists():
         return []
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
     conn.row_factory = sqlite3.Row
     try:
-        rows = conn.execute(f"SELECT * FROM requests WHERE {where}", tuple(params)).fetchall()
+        rows = conn.execute(
+            f"SELECT * FROM requests WHERE {where} ORDER BY id", tuple(params)
+        ).fetchall()
     finally:
         conn.close()
     return [dict(r) for r in rows]

@@ -29,6 +29,7 @@ from proxy.ledger.pricing import CountJob, TokenCounter, _import_litellm, check_
 from proxy.ledger.writer import COLUMNS, OPTIONAL_COLUMNS, Ledger
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
+from tests.faults_support import ledger_rows
 from tests.ledger.load import Load
 
 FRUGAL = str(Path(sys.executable).with_name("frugal"))
@@ -78,15 +79,6 @@ def fresh_schema(tmp_path: Path) -> dict[str, Any]:
     try:
         migrate(conn)
         return schema(conn)
-    finally:
-        conn.close()
-
-
-def ledger_rows(db: Path) -> list[dict[str, Any]]:
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute("SELECT * FROM requests ORDER BY id")]
     finally:
         conn.close()
 
