@@ -200,7 +200,8 @@ def test_a_budget_holds_across_both_replicas(replicas: Replicas) -> None:
     rows = _rows_of(replicas, "budget", len(statuses))
     time.sleep(1.0)  # the settles run in the background, after each row
     usage = _spend(replicas.db, "budget")
-    in_rows = int(float(_report_by_key(replicas.url)["budget"]["api_cost_usd"]) * 1e12 + 0.5)
+    group = _report_by_key(replicas.url)["budget"]  # one report, both replicas' spend
+    in_rows = int(float(group["api_cost_usd"]) * 1e12 + 0.5)
     over = max(usage[0], in_rows) - BUDGET_PUSD
     print(
         f"\nbudget: {answered} of {len(statuses)} answered, spend ${usage[0] / 1e12:.6f} "
@@ -213,6 +214,8 @@ def test_a_budget_holds_across_both_replicas(replicas: Replicas) -> None:
     assert usage[1] == 0  # no reservation left behind
     assert usage[0] <= BUDGET_PUSD + worst
     assert in_rows <= BUDGET_PUSD + worst
+    assert group["monthly_budget_usd"] == 0.01
+    assert abs(group["budget_spent_usd"] - usage[0] / 1e12) < 1e-6
 
 
 def test_a_key_revoked_on_one_replica_is_refused_by_the_other(replicas: Replicas) -> None:
