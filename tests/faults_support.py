@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import threading
@@ -192,48 +191,6 @@ def tail(path: Path, chars: int = 4000) -> str:
 def engine_pid(served: Served) -> int | None:
     pid = served.health()["engine"].get("pid")
     return int(pid) if pid else None
-
-
-# -- a place nothing may connect to ---------------------------------------------------------------
-
-
-class CountingListener:
-    """A loopback TCP listener that accepts, counts and closes every connection."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.sock.settimeout(0.1)
-        self.port = int(self.sock.getsockname()[1])
-        self.count = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="counting-listener", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.count += 1
-            conn.close()
-
-    def __enter__(self) -> CountingListener:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.sock.close()
 
 
 # -- memory ---------------------------------------------------------------------------------------

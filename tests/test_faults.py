@@ -33,7 +33,6 @@ import pytest
 from tests.fake_api import FakeAPI
 from tests.faults_support import (
     MB,
-    CountingListener,
     HealthPoller,
     RssWatch,
     base_config,
@@ -51,6 +50,7 @@ from tests.faults_support import (
     wait_rows,
 )
 from tests.http.test_serve import FRUGAL, QUESTION, Served, free_port
+from tests.loopback import Listener
 
 pytestmark = pytest.mark.serve
 
@@ -268,12 +268,12 @@ def test_row1_control_the_litellm_route_reaches_the_configured_host(
     response = post(served, chat_body(model=LITELLM_MODEL), headers=TO_API)
     assert response.status_code == 200, response.text
     assert api.count == 1 and api.requests[0].body["model"] == "fake-claude"
-    with CountingListener() as listener:
+    with Listener() as listener:
         socket.create_connection(("127.0.0.1", listener.port)).close()
         deadline = time.monotonic() + 5
-        while listener.count == 0 and time.monotonic() < deadline:
+        while listener.connections == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-    assert listener.count == 1
+    assert listener.connections == 1
 
 
 @pytest.mark.parametrize(
@@ -285,11 +285,11 @@ def test_row1_routing_fields_are_refused_and_nothing_connects_elsewhere(
     main: Lazy, api: FakeAPI, param: str
 ) -> None:
     served = main.get()
-    with CountingListener() as listener:
+    with Listener() as listener:
         body = chat_body(model=LITELLM_MODEL, **{param: _routing_value(param, listener.url)})
         response = post(served, body, headers=TO_API)
         time.sleep(0.5)  # a connection made after the answer would still be counted
-        connections = listener.count
+        connections = listener.connections
     print(f"row1 {param}: HTTP {response.status_code}, {connections} stray connection(s)")
     assert connections == 0, f"{param} made the proxy connect to another listener"
     assert response.status_code == 400, response.text

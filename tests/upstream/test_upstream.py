@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import re
-import select
 import socket
 import struct
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -25,6 +23,7 @@ from proxy.errors import UpstreamError, UpstreamRateLimited, UpstreamStatus, Ups
 from proxy.upstream.client import Upstream, UpstreamStream
 from proxy.upstream.errors import parse_retry_after, translate
 from tests.fake_api import FakeAPI
+from tests.loopback import Listener
 
 KEY_ENV = "FRUGAL_TEST_UPSTREAM_KEY"
 KEY = "sk-test-0123456789"
@@ -398,48 +397,29 @@ async def test_other_5xx_are_not_retried_since_the_api_may_have_done_the_work(
     assert api.count == 2
 
 
-class DropAfterRequest:
+class DropAfterRequest(Listener):
     """A loopback HTTP server that reads each whole request, then closes without answering:
     with ``reset`` by a TCP RST (SO_LINGER 0), else with a plain FIN."""
 
     def __init__(self, *, reset: bool) -> None:
+        super().__init__()
         self.reset = reset
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
         self.requests = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
 
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            ready, _, _ = select.select([self.sock], [], [], 0.05)
-            if not ready:
-                continue
-            conn, _ = self.sock.accept()
-            with conn:
-                conn.settimeout(5)
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    data += conn.recv(65536)
-                head, _, body = data.partition(b"\r\n\r\n")
-                match = re.search(rb"(?i)content-length: *(\d+)", head)
-                length = int(match.group(1)) if match else 0
-                while len(body) < length:
-                    body += conn.recv(65536)
-                self.requests += 1
-                if self.reset:
-                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-
-    def __enter__(self) -> DropAfterRequest:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.sock.close()
+    def handle(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            match = re.search(rb"(?i)content-length: *(\d+)", head)
+            length = int(match.group(1)) if match else 0
+            while len(body) < length:
+                body += conn.recv(65536)
+            self.requests += 1
+            if self.reset:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 @pytest.mark.parametrize("reset", [True, False], ids=["reset", "closed"])

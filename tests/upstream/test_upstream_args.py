@@ -10,9 +10,6 @@ against the fake API, with a second listening socket standing in for the attacke
 from __future__ import annotations
 
 import inspect
-import select
-import socket
-import threading
 import typing
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -46,40 +43,11 @@ from proxy.upstream.litellm_route import (
 )
 from tests.conftest import FAKE_KEY_ENV, settings_for
 from tests.fake_api import FakeAPI
+from tests.loopback import Listener
 
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
 MAPPED = {"claude": "hosted_vllm/served-model"}
 CANNED = "a canned answer nobody paid for"
-
-
-class Listener:
-    """A loopback socket that counts the connections made to it and closes each at once."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
-        self.connections = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            ready, _, _ = select.select([self.sock], [], [], 0.05)
-            if ready:
-                conn, _ = self.sock.accept()
-                self.connections += 1
-                conn.close()
-
-    def __enter__(self) -> Listener:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.sock.close()
 
 
 @pytest.fixture
