@@ -3,13 +3,14 @@
 - :func:`launch` / :func:`start_frugal`: a real ``frugal serve`` subprocess on a free loopback
   port, with a config built from nested dicts (:func:`toml_of`) and an environment of our own;
   the returned :class:`~tests.http.test_serve.Served` is the one ``tests/http/test_serve.py`` uses.
-- :class:`CountingListener`: a TCP socket on loopback that counts the connections made to it
-  (where a request must never go).
 - :func:`rss_bytes` and :class:`RssWatch`: a process's resident memory from
   ``/proc/<pid>/status`` (``VmRSS``), sampled in a thread that keeps the peak and, past a hard
   cap, SIGKILLs the process so that a memory bomb cannot take the whole machine down.
 - :class:`HealthPoller`: ``GET /healthz`` in a loop, counting failures and keeping latencies.
 - :func:`ledger_rows` / :func:`wait_rows`: the ledger's rows, read from its SQLite file.
+
+The listener that counts the connections made to it (where a request must never go) is
+:class:`tests.loopback.Listener`.
 """
 
 from __future__ import annotations
