@@ -8,13 +8,14 @@ it with the value (never None: an unset value is the driver's business) and the 
 failure is a :class:`BadRequest` whose ``param`` names the field in OpenAI's style, e.g.
 ``messages[2].content[0].text``.
 
-The small helpers (:func:`kind`, :func:`boolean`, :func:`string`, :func:`obj`) check one member
-of an object and are the driver's too.
+The small helpers (:func:`kind`, :func:`boolean`, :func:`string`, :func:`obj`, :func:`objects`,
+:func:`one_of`, :func:`function_or_custom`) check one member of an object and are the driver's
+and :mod:`proxy.http.tool_checks`' too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from proxy.errors import BadRequest
@@ -54,6 +55,40 @@ def obj(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadRequest(f"'{where}' must be an object, got {kind(value)}", param=where)
     return value
+
+
+def objects(items: list[Any], where: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each item of ``items`` with its ``param`` path (``where[i]``), each one an object."""
+    for i, item in enumerate(items):
+        at = f"{where}[{i}]"
+        if not isinstance(item, dict):
+            raise BadRequest(f"'{at}' must be an object", param=at)
+        yield at, item
+
+
+def one_of(value: Any, allowed: frozenset[str], where: str) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise BadRequest(
+            f"'{where}' must be one of {', '.join(sorted(allowed))}, got {value!r}", param=where
+        )
+    return value
+
+
+def function_or_custom(item: dict[str, Any], where: str) -> bool:
+    """Checks a tool's (or a tool call's) ``type``: ``custom`` with a ``custom.name``, or
+    ``function`` (the default); True for a function, whose own members the caller checks."""
+    item_type = item.get("type", "function")
+    if item_type == "custom":
+        custom = item.get("custom")
+        if not isinstance(custom, dict) or not isinstance(custom.get("name"), str):
+            raise BadRequest(f"'{where}.custom.name' is required", param=f"{where}.custom")
+        return False
+    if item_type != "function":
+        raise BadRequest(
+            f"'{where}.type' must be 'function' or 'custom', got {item_type!r}",
+            param=f"{where}.type",
+        )
+    return True
 
 
 def _token_ids(value: Any) -> bool:
@@ -149,16 +184,8 @@ def _content(content: Any, where: str, role: str) -> None:
         return
     if not isinstance(content, list):
         raise BadRequest(f"'{where}' must be a string or a list of content parts", param=where)
-    for j, part in enumerate(content):
-        at = f"{where}[{j}]"
-        if not isinstance(part, dict):
-            raise BadRequest(f"'{at}' must be an object", param=at)
-        part_type = part.get("type")
-        if not isinstance(part_type, str) or part_type not in s.PART_TYPES:
-            raise BadRequest(
-                f"'{at}.type' must be one of {', '.join(sorted(s.PART_TYPES))}, got {part_type!r}",
-                param=f"{at}.type",
-            )
+    for at, part in objects(content, where):
+        part_type = one_of(part.get("type"), s.PART_TYPES, f"{at}.type")
         if part_type in s.TEXT_PARTS and not isinstance(part.get("text"), str):
             raise BadRequest(f"'{at}.text' must be a string", param=f"{at}.text")
         if part_type == "refusal" and not isinstance(part.get("refusal"), str):
@@ -174,23 +201,11 @@ def _tool_calls(calls: Any, where: str) -> None:
         return
     if not isinstance(calls, list):
         raise BadRequest(f"'{where}' must be a list", param=where)
-    for k, call in enumerate(calls):
-        at = f"{where}[{k}]"
-        if not isinstance(call, dict):
-            raise BadRequest(f"'{at}' must be an object", param=at)
+    for at, call in objects(calls, where):
         if not isinstance(call.get("id"), str):
             raise BadRequest(f"'{at}.id' is required", param=f"{at}.id")
-        call_type = call.get("type", "function")
-        if call_type == "custom":
-            custom = call.get("custom")
-            if not isinstance(custom, dict) or not isinstance(custom.get("name"), str):
-                raise BadRequest(f"'{at}.custom.name' is required", param=f"{at}.custom")
+        if not function_or_custom(call, at):
             continue
-        if call_type != "function":
-            raise BadRequest(
-                f"'{at}.type' must be 'function' or 'custom', got {call_type!r}",
-                param=f"{at}.type",
-            )
         fn = call.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise BadRequest(f"'{at}.function.name' is required", param=f"{at}.function.name")
@@ -206,16 +221,8 @@ def _messages(messages: Any, _body: dict[str, Any]) -> None:
         raise BadRequest("'messages' must be a list of message objects", param="messages")
     if not messages:
         raise BadRequest("'messages' must contain at least one message", param="messages")
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise BadRequest(f"'{where}' must be an object", param=where)
-        role = message.get("role")
-        if not isinstance(role, str) or role not in s.ROLES:
-            raise BadRequest(
-                f"'{where}.role' must be one of {', '.join(sorted(s.ROLES))}, got {role!r}",
-                param=f"{where}.role",
-            )
+    for where, message in objects(messages, "messages"):
+        role = one_of(message.get("role"), s.ROLES, f"{where}.role")
         string(message, "name", f"{where}.name")
         _tool_calls(message.get("tool_calls"), f"{where}.tool_calls")
         fn_call = message.get("function_call")

@@ -13,7 +13,7 @@ from typing import Any
 
 from proxy.errors import BadRequest
 from proxy.http import shapes as s
-from proxy.http.shape_checks import Check, boolean, string
+from proxy.http.shape_checks import Check, boolean, function_or_custom, objects, string
 
 # -- structured answers --------------------------------------------------------------
 
@@ -73,21 +73,9 @@ def _function(fn: Any, where: str) -> None:
 def _tools(tools: Any, _body: dict[str, Any]) -> None:
     if not isinstance(tools, list):
         raise BadRequest("'tools' must be a list", param="tools")
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise BadRequest(f"'{where}' must be an object", param=where)
-        tool_type = tool.get("type", "function")
-        if tool_type == "custom":
-            custom = tool.get("custom")
-            if not isinstance(custom, dict) or not isinstance(custom.get("name"), str):
-                raise BadRequest(f"'{where}.custom.name' is required", param=f"{where}.custom")
+    for where, tool in objects(tools, "tools"):
+        if not function_or_custom(tool, where):
             continue
-        if tool_type != "function":
-            raise BadRequest(
-                f"'{where}.type' must be 'function' or 'custom', got {tool_type!r}",
-                param=f"{where}.type",
-            )
         if tool.get("function") is None:
             raise BadRequest(f"'{where}.function.name' is required", param=f"{where}.function.name")
         _function(tool["function"], f"{where}.function")
