@@ -9,7 +9,8 @@
     messages      a chat request's messages as chat templates take them
     answer        the ``chat.completion`` either decoding path returns
     batch         several sequences in one llama.cpp context (continuous batching)
-    speculative   prompt-lookup and draft-model speculation, with its adaptive policy
+    speculative   prompt-lookup and draft-model drafts, verified in one batch of rows
+    draft_policy  how long each draft should be, from the acceptance and the measured step costs
     prefix_cache  KV states of earlier prompts, reused for a shared prefix
     grammar       GBNF grammars from JSON schemas and tools, built in the worker
     grammar_size  the bound on a grammar's size, checked (linearly) before it is built

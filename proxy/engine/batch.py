@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from proxy.engine.answer import chat_completion
+from proxy.engine.draft_policy import DraftPolicy, StepCosts
 from proxy.engine.generate import LocalModel, PromptTooLong, StopCheck, TokenCallback
 from proxy.engine.sampling import (
     SamplingParams,
@@ -53,7 +54,7 @@ from proxy.engine.sampling import (
     logprob_entry,
     pick,
 )
-from proxy.engine.speculative import DraftPolicy, PromptLookup, StepCosts, token_logprob
+from proxy.engine.speculative import PromptLookup, token_logprob
 
 
 class BatchError(Exception):

@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.engine.speculative import BatchDecoder, VerifyCost
+from proxy.engine.draft_policy import VerifyCost
+from proxy.engine.speculative import BatchDecoder
 
 TEXT = (
     b"The river runs past the old mill, under the stone bridge and into the valley, where "

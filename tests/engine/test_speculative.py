@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from proxy.engine.generate import LocalModel, bundled_model_path
-from proxy.engine.speculative import DraftPolicy, PromptLookup, StepCosts, VerifyCost
+from proxy.engine.speculative import PromptLookup
 
 PARAGRAPH = (
     "Teh quick brown fox jumpd over the lazzy dog. It was a sunny day in the vilage, and all "
@@ -195,46 +195,3 @@ def test_prompt_lookup_copies_what_followed_the_latest_match() -> None:
     assert look.draft(np.array([1, 2, 3, 4], dtype=np.intc), 4) == []
     # Falls back to shorter n-grams: "9 7" is new, "7" was followed by 8.
     assert look.draft(np.array([6, 7, 8, 9, 7], dtype=np.intc), 2) == [8, 9]
-
-
-def test_the_policy_drafts_long_when_drafts_are_accepted_and_stops_when_they_fail() -> None:
-    cost = VerifyCost(fixed=0.012, per_row=0.010)  # measured shape on SmolLM2, one thread
-    good = DraftPolicy(max_draft=8, cost=cost, prior=0.97)
-    assert good.choose(room=100) >= 4
-    bad = DraftPolicy(max_draft=8, cost=cost, prior=0.6)
-    for _ in range(10):
-        bad.update(drafted=4, accepted=0)
-    choices = [bad.choose(room=100) for _ in range(32)]
-    assert choices == [0] * 32  # even the optimistic estimate says no draft pays
-    assert good.choose(room=1) == 1  # never drafts past what the caller will take
-
-
-def test_an_uncertain_policy_explores_short_drafts_until_they_fail() -> None:
-    cost = VerifyCost(fixed=0.010, per_row=0.009)  # a verify row costs 47% of a plain step
-    policy = DraftPolicy(max_draft=8, cost=cost, prior=0.35)
-    assert policy.gain(1) < policy.min_gain  # the prior alone would not draft
-    first = policy.choose(room=100)
-    assert 1 <= first <= policy.explore_max
-    tried = 0
-    while policy.choose(room=100) and tried < 50:
-        policy.update(drafted=1, accepted=0)
-        tried += 1
-    assert 0 < tried < 50
-    assert [policy.choose(room=100) for _ in range(20)] == [0] * 20
-
-
-def test_step_costs_learn_from_measured_steps_and_stay_optimistic_where_unmeasured() -> None:
-    costs = StepCosts(9, prior=VerifyCost(fixed=0.005, per_row=0.015))
-    assert costs(1) == pytest.approx(0.020)  # the calibration seeds the one-row cost only
-    for _ in range(5):
-        costs.observe(1, 0.016)
-        costs.observe(3, 0.019)
-    assert costs(1) == pytest.approx(0.016, rel=0.05)
-    assert costs(3) == pytest.approx(0.019, rel=0.05)
-    assert costs(2) <= costs(3)  # never above a measured larger batch
-    assert costs(3) < costs(5) < costs(9)  # unmeasured: extrapolated from the largest below
-    costs.observe(3, 1.0)  # a step the machine preempted moves the average a bounded amount
-    assert costs(3) < 0.019 * 1.2
-    policy = DraftPolicy(max_draft=8, cost=costs, prior=0.7)
-    assert policy.choose(room=100) >= 2  # three rows for little more than one: draft
-    assert set(costs.as_dict()) == {"1", "3"}
