@@ -1,10 +1,11 @@
 """Short connections for the ledger's readers and commands (``frugal keys``, ``frugal report``):
 the same statements on SQLite and PostgreSQL.
 
-:func:`connect` opens one; :class:`Connection` runs statements written with ``?`` placeholders
-on either backend and returns plain tuples. An integrity error (a unique name taken) is
-:class:`Duplicate` on both, and anything else psycopg raises becomes a
-:class:`~proxy.errors.ConfigError` that says what to check, without the password.
+:func:`connect` opens one (:func:`connect_postgres` a bare psycopg one);
+:class:`Connection` runs statements written with ``?`` placeholders on either backend and
+returns plain tuples. An integrity error (a unique name taken) is :class:`Duplicate` on both,
+and anything else psycopg raises becomes a :class:`~proxy.errors.ConfigError` that says what to
+check, without the password.
 """
 
 from __future__ import annotations
@@ -56,18 +57,23 @@ class Connection:
             raise postgres.config_error(self.db, exc, "a query") from None
 
 
+def connect_postgres(db: Database) -> Any:
+    """An autocommit psycopg connection to ``db``; failing to connect is a ConfigError."""
+    try:
+        return postgres.connect(db)
+    except Exception as exc:
+        if not postgres.is_error(exc):
+            raise
+        raise postgres.config_error(db, exc, "connecting") from None
+
+
 @contextmanager
 def connect(db: Database, *, readonly: bool = False) -> Iterator[Connection]:
     """A connection that autocommits each statement; SQLite ``readonly`` opens ``mode=ro``
     (the file must exist)."""
     raw: Any
     if db.is_postgres:
-        try:
-            raw = postgres.connect(db)
-        except Exception as exc:
-            if not postgres.is_error(exc):
-                raise
-            raise postgres.config_error(db, exc, "connecting") from None
+        raw = connect_postgres(db)
     elif readonly:
         uri = f"file:{Path(db.path).resolve()}?mode=ro"
         raw = sqlite3.connect(uri, uri=True, timeout=5, isolation_level=None)

@@ -23,6 +23,7 @@ from typing import Any
 
 from proxy.errors import ConfigError
 from proxy.ledger import postgres
+from proxy.ledger.access import connect, connect_postgres
 from proxy.ledger.database import Database, as_database
 
 __all__ = [
@@ -133,12 +134,7 @@ def open_database(target: str | Database, *, busy_timeout_s: float = 5.0) -> lis
 
 
 def _open_postgres(db: Database) -> list[str]:
-    try:
-        conn = postgres.connect(db)
-    except Exception as exc:
-        if not postgres.is_error(exc):
-            raise
-        raise postgres.config_error(db, exc, "connecting") from None
+    conn = connect_postgres(db)
     try:
         return migrate_postgres(conn)
     except Exception as exc:
@@ -153,25 +149,13 @@ def schema_state(target: str | Database) -> tuple[list[str], list[str]]:
     """(applied, missing) migration names of an existing database, without changing it."""
     db = as_database(target)
     expected = [name for name, _ in migration_files(db.dialect)]
-    if db.is_postgres:
-        try:
-            conn = postgres.connect(db)
-        except Exception as exc:
-            if not postgres.is_error(exc):
-                raise
-            raise postgres.config_error(db, exc, "connecting") from None
-        try:
-            exists = conn.execute("SELECT to_regclass('_migrations') IS NOT NULL").fetchone()
-            done = applied_migrations(conn) if exists and exists[0] else set()
-        finally:
-            conn.close()
-    else:
-        conn_s = sqlite3.connect(f"file:{Path(db.path).resolve()}?mode=ro", uri=True, timeout=5)
-        try:
-            tables = {r[0] for r in conn_s.execute("SELECT name FROM sqlite_master")}
-            done = applied_migrations(conn_s) if "_migrations" in tables else set()
-        finally:
-            conn_s.close()
+    with connect(db, readonly=True) as conn:
+        if db.is_postgres:
+            exists = conn.raw.execute("SELECT to_regclass('_migrations') IS NOT NULL").fetchone()
+            done = applied_migrations(conn.raw) if exists and exists[0] else set()
+        else:
+            tables = {r[0] for r in conn.raw.execute("SELECT name FROM sqlite_master")}
+            done = applied_migrations(conn.raw) if "_migrations" in tables else set()
     return sorted(done), [name for name in expected if name not in done]
 
 
