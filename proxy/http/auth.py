@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import ipaddress
 from collections.abc import Iterable
@@ -283,6 +284,7 @@ def is_json(content_type: str | None) -> bool:
     return content_type.partition(";")[0].strip().lower() == "application/json"
 
 
+@functools.lru_cache(maxsize=256)
 def host_is_local(host: str, bound: str) -> bool:
     """Whether a ``Host`` header names a loopback address, or ``bound`` (the configured host),
     with or without a port."""
@@ -311,6 +313,7 @@ def _is_port(text: str) -> bool:
 # -- the bind check ---------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=256)
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
