@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from proxy.ledger import postgres
@@ -106,6 +107,22 @@ class SqliteStore(Store):
         estimated: list[tuple[Any, ...]],
         changes: list[tuple[Any, ...]],
     ) -> list[int]:
+        with self._immediate() as conn:
+            if ready:
+                conn.executemany(self._insert, ready)
+            ids = [int(conn.execute(self._insert, values).lastrowid or 0) for values in estimated]
+            if changes:
+                conn.executemany(COUNT_UPDATE, changes)
+        return ids
+
+    def write_audits(self, rows: list[dict[str, Any]]) -> None:
+        with self._immediate() as conn:
+            conn.executemany(AUDIT_INSERT, [audit_values(row) for row in rows])
+
+    @contextlib.contextmanager
+    def _immediate(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: committed when the block ends, rolled back if
+        anything in it (or the commit) fails."""
         conn = self._conn
         assert conn is not None
         if conn.in_transaction:  # left open by a failure the rollback could not undo
@@ -114,28 +131,7 @@ class SqliteStore(Store):
         self._bound_lock_wait(conn)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if ready:
-                conn.executemany(self._insert, ready)
-            ids = [int(conn.execute(self._insert, values).lastrowid or 0) for values in estimated]
-            if changes:
-                conn.executemany(COUNT_UPDATE, changes)
-            conn.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            raise
-        return ids
-
-    def write_audits(self, rows: list[dict[str, Any]]) -> None:
-        conn = self._conn
-        assert conn is not None
-        if conn.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-        self._bound_lock_wait(conn)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.executemany(AUDIT_INSERT, [audit_values(row) for row in rows])
+            yield conn
             conn.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
@@ -203,45 +199,42 @@ class PostgresStore(Store):
         estimated: list[tuple[Any, ...]],
         changes: list[tuple[Any, ...]],
     ) -> list[int]:
+        with self._transaction() as conn:
+            if ready:
+                # COPY: no SQL to parse and no parameters to bind per row; one statement,
+                # so the rollup's statement trigger still runs once per batch.
+                with conn.cursor() as cursor:
+                    columns = ", ".join(self.columns)
+                    with cursor.copy(f"COPY requests ({columns}) FROM STDIN") as copy:
+                        for values in ready:
+                            copy.write_row([_pg_value(v) for v in values])
+            ids = []
+            for values in estimated:
+                cursor = conn.execute(
+                    self._insert(1) + " RETURNING id", [_pg_value(v) for v in values]
+                )
+                ids.append(int(cursor.fetchone()[0]))
+            if changes:
+                with conn.cursor() as cursor:
+                    cursor.executemany(postgres.sql(COUNT_UPDATE), changes)
+        return ids
+
+    def write_audits(self, rows: list[dict[str, Any]]) -> None:
+        with self._transaction() as conn, conn.cursor() as cursor:
+            cursor.executemany(postgres.sql(AUDIT_INSERT), [audit_values(r) for r in rows])
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        """One transaction, on a connection opened again if it was lost; after a transient
+        failure the connection is dropped, so the next write opens a new one."""
         if self._conn is None or self._conn.closed:
             self._conn = self._connect()
         conn = self._conn
         try:
             with conn.transaction():
-                if ready:
-                    # COPY: no SQL to parse and no parameters to bind per row; one statement,
-                    # so the rollup's statement trigger still runs once per batch.
-                    with conn.cursor() as cursor:
-                        columns = ", ".join(self.columns)
-                        with cursor.copy(f"COPY requests ({columns}) FROM STDIN") as copy:
-                            for values in ready:
-                                copy.write_row([_pg_value(v) for v in values])
-                ids = []
-                for values in estimated:
-                    cursor = conn.execute(
-                        self._insert(1) + " RETURNING id", [_pg_value(v) for v in values]
-                    )
-                    ids.append(int(cursor.fetchone()[0]))
-                if changes:
-                    with conn.cursor() as cursor:
-                        cursor.executemany(postgres.sql(COUNT_UPDATE), changes)
+                yield conn
         except BaseException as exc:
             if self.transient(exc):  # the connection may be gone: open a new one next time
-                with contextlib.suppress(Exception):
-                    conn.close()
-                self._conn = None
-            raise
-        return ids
-
-    def write_audits(self, rows: list[dict[str, Any]]) -> None:
-        if self._conn is None or self._conn.closed:
-            self._conn = self._connect()
-        conn = self._conn
-        try:
-            with conn.transaction(), conn.cursor() as cursor:
-                cursor.executemany(postgres.sql(AUDIT_INSERT), [audit_values(r) for r in rows])
-        except BaseException as exc:
-            if self.transient(exc):
                 with contextlib.suppress(Exception):
                     conn.close()
                 self._conn = None
