@@ -248,34 +248,38 @@ def _messages(messages: Any, _body: dict[str, Any]) -> None:
 # -- legacy prompts and embeddings input -------------------------------------------------------
 
 
-def _prompt(prompt: Any, _body: dict[str, Any]) -> None:
-    if isinstance(prompt, str):
-        return
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, str) for p in prompt):
-            return
-        if _token_ids(prompt) or all(_token_ids(p) for p in prompt):
-            return
-    raise BadRequest(
-        "'prompt' must be a string, a list of strings, a list of token ids or a list of lists "
-        "of token ids (none of them empty)",
-        param="prompt",
+def _texts_or_token_ids(value: Any, *, empty_strings: bool) -> bool:
+    """A string, a list of strings, a list of token ids or a list of lists of token ids; no
+    list empty, and no string either unless ``empty_strings``."""
+
+    def text(x: Any) -> bool:
+        return isinstance(x, str) and (empty_strings or bool(x))
+
+    if text(value):
+        return True
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and (all(text(x) for x in value) or _token_ids(value) or all(_token_ids(x) for x in value))
     )
+
+
+def _prompt(prompt: Any, _body: dict[str, Any]) -> None:
+    if not _texts_or_token_ids(prompt, empty_strings=True):
+        raise BadRequest(
+            "'prompt' must be a string, a list of strings, a list of token ids or a list of "
+            "lists of token ids (none of them empty)",
+            param="prompt",
+        )
 
 
 def _input(data: Any, _body: dict[str, Any]) -> None:
-    if isinstance(data, str) and data:
-        return
-    if isinstance(data, list) and data:
-        if all(isinstance(x, str) and x for x in data):
-            return
-        if _token_ids(data) or all(_token_ids(x) for x in data):
-            return
-    raise BadRequest(
-        "'input' must be a non-empty string, a list of them, a list of token ids or a list "
-        "of lists of token ids",
-        param="input",
-    )
+    if not _texts_or_token_ids(data, empty_strings=False):
+        raise BadRequest(
+            "'input' must be a non-empty string, a list of them, a list of token ids or a list "
+            "of lists of token ids",
+            param="input",
+        )
 
 
 CHECKS: dict[str, Check] = {
