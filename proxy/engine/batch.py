@@ -33,25 +33,21 @@ same random draws: this sampler is numpy's, not llama.cpp's chain.
 
 from __future__ import annotations
 
-import codecs
-import ctypes
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from proxy.engine.answer import chat_completion
+from proxy.engine.batch_grammar import GrammarMasks
+from proxy.engine.batch_sequence import BatchStats, Sequence
 from proxy.engine.draft_policy import DraftPolicy, StepCosts
 from proxy.engine.generate import LocalModel, PromptTooLong, StopCheck, TokenCallback
 from proxy.engine.sampling import (
     SamplingParams,
     adjusted,
     biased,
-    held_back,
-    logprob_entry,
     pick,
 )
 from proxy.engine.speculative import PromptLookup, token_logprob
@@ -59,87 +55,6 @@ from proxy.engine.speculative import PromptLookup, token_logprob
 
 class BatchError(Exception):
     """llama.cpp refused a batch (no KV cells left, or a decode error): every row fails."""
-
-
-_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One request in the batch: its prompt, where it is, and the answer so far."""
-
-    seq_id: int
-    request: dict[str, Any]
-    params: SamplingParams
-    prompt: list[int]
-    budget: int
-    on_token: TokenCallback | None
-    should_stop: StopCheck | None
-    grammar: Any  # a llama_sampler (grammar) of its own, or None
-    rng: np.random.Generator | None
-    started: float
-    prefilled: int = 0  # prompt tokens in the KV cache
-    pending: int | None = None  # the last sampled token, to be decoded at the next step
-    generated: list[int] = field(default_factory=list)
-    entries: list[dict[str, Any]] = field(default_factory=list)
-    text: str = ""
-    emitted: int = 0
-    first_token_at: float | None = None
-    stop_cause: str | None = None
-    finish_reason: str = "stop"
-    counts: dict[int, int] = field(default_factory=dict)
-    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
-    error: str | None = None
-    steps: int = 0  # decode steps this sequence took part in
-    rows_seen: int = 0  # sum of the batch sizes of those steps
-    drafter: PromptLookup | None = None  # speculation: greedy, no grammar, no penalties
-    policies: dict[int, DraftPolicy] = field(default_factory=dict)
-    draft: list[int] = field(default_factory=list)  # this step's drafted tokens
-    drafted: int = 0
-    accepted: int = 0
-
-    @property
-    def done(self) -> bool:
-        return self.stop_cause is not None or self.error is not None
-
-    @property
-    def n_past(self) -> int:
-        return self.prefilled + len(self.generated) - (1 if self.pending is not None else 0)
-
-
-@dataclass
-class BatchStats:
-    """What the batch loop has done, for ``/healthz`` and ``/metrics``."""
-
-    steps: int = 0
-    rows: int = 0  # sum over steps of the rows decoded
-    decode_steps: int = 0
-    decode_rows: int = 0  # sum over decode steps of their rows (one per sequence)
-    decoded_tokens: int = 0
-    busy_s: float = 0.0
-    decode_s: float = 0.0  # of busy_s, in decode steps
-    max_rows: int = 0
-    sequences: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        prefill_steps = self.steps - self.decode_steps
-        return {
-            "steps": self.steps,
-            "sequences": self.sequences,
-            "decode_steps": self.decode_steps,
-            "mean_rows_per_step": round(self.decode_rows / self.decode_steps, 2)
-            if self.decode_steps
-            else None,
-            "max_rows_per_step": self.max_rows,
-            "mean_prefill_tokens_per_step": round((self.rows - self.decode_rows) / prefill_steps, 1)
-            if prefill_steps
-            else None,
-            "decoded_tokens": self.decoded_tokens,
-            "aggregate_tok_s": round(self.decoded_tokens / self.decode_s, 1)
-            if self.decode_s
-            else None,
-            "busy_s": round(self.busy_s, 3),
-        }
 
 
 class BatchEngine:
@@ -187,8 +102,7 @@ class BatchEngine:
         self.lookup_ngram = lookup_ngram
         self.max_rows = max(max_rows, self.n_seq)  # rows of a decode step, drafts included
         self.step_costs = StepCosts(self.max_rows)
-        self._token_data = np.zeros(self.n_vocab, dtype=_TOKEN_DATA)
-        self._token_data["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        self._grammars = GrammarMasks(llama_cpp, self.llm, self.n_vocab)
 
     def close(self) -> None:
         if self._batch is not None:
@@ -227,13 +141,7 @@ class BatchEngine:
         budget = min(params.max_tokens, self.n_ctx - n_prompt)
         if not self.fits():
             return None
-        sampler = None
-        if grammar is not None:
-            sampler = self._lib.llama_sampler_init_grammar(
-                self.llm._model.vocab, grammar._grammar.encode("utf-8"), grammar._root.encode()
-            )
-            if not sampler:
-                raise ValueError("llama.cpp could not parse the grammar of this request")
+        sampler = self._grammars.new(grammar) if grammar is not None else None
         seq_id = self._free_ids.popleft()
         self._lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
         rng = None
@@ -400,7 +308,7 @@ class BatchEngine:
             seq.policies[seq.drafter.last_match if seq.drafter else 0].update(drafted, accepted)
         seq.draft = []
         for token, logprob, best in out:
-            self._accept(seq, token, logprob, best)
+            seq.accept(self.llm, token, logprob, best)
             if seq.done:
                 return
         # Prompt and answer but the new pending token are in the cache; drop the rest.
@@ -414,66 +322,15 @@ class BatchEngine:
         params = seq.params
         chosen = adjusted(raw, params, seq.counts)
         if seq.grammar is not None:
-            chosen = self._apply_grammar(seq, chosen)
+            chosen = self._grammars.apply(seq.grammar, chosen)
             if not np.isfinite(chosen.max()):
                 seq.error = "the grammar allows no next token"
                 return
         token = pick(chosen, params, seq.rng)
         if seq.grammar is not None:
-            self._lib.llama_sampler_accept(seq.grammar, token)
+            self._grammars.accept(seq.grammar, token)
         logprob, best = token_logprob(raw, token, params.top_logprobs)
-        self._accept(seq, token, logprob, best)
-
-    def _apply_grammar(
-        self, seq: Sequence, logits: npt.NDArray[np.float32]
-    ) -> npt.NDArray[np.float32]:
-        data = self._token_data
-        data["logit"] = logits
-        data["p"] = 0.0
-        array = self._lib.llama_token_data_array(
-            data=ctypes.cast(data.ctypes.data, self._lib.llama_token_data_p),
-            size=self.n_vocab,
-            selected=-1,
-            sorted=False,
-        )
-        self._lib.llama_sampler_apply(seq.grammar, ctypes.byref(array))
-        # The sampler masks in place (logit -inf) and keeps the order when nothing was sorted.
-        out = np.full(self.n_vocab, -np.inf, dtype=np.float32)
-        size = int(array.size)
-        out[data["id"][:size]] = data["logit"][:size]
-        return out
-
-    def _accept(self, seq: Sequence, token: int, logprob: float, best: list[Any]) -> None:
-        """What ``LocalModel.chat`` does with each token, for one sequence of the batch."""
-        from llama_cpp import llama_vocab_is_eog
-
-        if seq.first_token_at is None:
-            seq.first_token_at = time.perf_counter()
-        if llama_vocab_is_eog(self.llm._model.vocab, token):
-            seq.stop_cause = "eos"
-            return
-        llm = self.llm
-        piece = llm.detokenize([token], prev_tokens=seq.prompt + seq.generated)
-        seq.generated.append(token)
-        seq.pending = token
-        seq.counts[token] = seq.counts.get(token, 0) + 1
-        seq.entries.append(logprob_entry(llm, piece, logprob, best))
-        seq.text += seq.decoder.decode(piece)
-        stops = seq.params.stop
-        cut = next((seq.text.find(s) for s in stops if s in seq.text), -1)
-        if cut >= 0:
-            seq.text = seq.text[:cut]
-            seq.stop_cause = "stop_sequence"
-            return
-        if seq.on_token is not None:
-            safe = len(seq.text) - held_back(seq.text, stops)
-            if safe > seq.emitted:
-                seq.on_token(seq.text[seq.emitted : safe])
-                seq.emitted = safe
-        if len(seq.generated) >= seq.budget:
-            full = seq.budget == seq.params.max_tokens
-            seq.stop_cause = "max_tokens" if full else "context_full"
-            seq.finish_reason = "length"
+        seq.accept(self.llm, token, logprob, best)
 
     def _check_stops(self) -> list[Sequence]:
         """Ask each live sequence's ``should_stop``; take the finished ones out of the batch."""
@@ -496,7 +353,7 @@ class BatchEngine:
 
     def _free_grammar(self, seq: Sequence) -> None:
         if seq.grammar is not None:
-            self._lib.llama_sampler_free(seq.grammar)
+            self._grammars.free(seq.grammar)
             seq.grammar = None
 
     def health(self) -> dict[str, Any]:
@@ -515,43 +372,7 @@ class BatchEngine:
 
     def completion(self, seq: Sequence) -> dict[str, Any]:
         """The OpenAI ``chat.completion`` of a finished sequence, shaped as ``LocalModel.chat``."""
-        seq.text += seq.decoder.decode(b"", final=True)
-        if seq.on_token is not None and len(seq.text) > seq.emitted:
-            seq.on_token(seq.text[seq.emitted :])
-            seq.emitted = len(seq.text)
-        done = time.perf_counter()
-        first = seq.first_token_at or done
-        n_prompt = len(seq.prompt)
-        n_out = len(seq.generated)
-        return chat_completion(
-            model=self.model.model_name,
-            text=seq.text,
-            entries=seq.entries,
-            finish_reason=seq.finish_reason,
-            prompt_tokens=n_prompt,
-            completion_tokens=n_out,
-            cached_tokens=0,
-            prefilled_tokens=seq.prefilled,
-            stop_cause=seq.stop_cause,
-            prefill_s=first - seq.started,
-            decode_s=done - first,
-            speculative={
-                "mode": "prompt-lookup",
-                "steps": seq.steps,
-                "verify_batches": seq.steps,
-                "drafted": seq.drafted,
-                "accepted": seq.accepted,
-            }
-            if seq.drafter is not None
-            else None,
-            batch={
-                "steps": seq.steps,
-                "mean_rows_per_step": round(seq.rows_seen / seq.steps, 2) if seq.steps else None,
-                "tok_s": round((n_out - 1) / (done - first), 1)
-                if n_out > 1 and done > first
-                else None,
-            },
-        )
+        return seq.completion(self.model.model_name)
 
     def run_all(self) -> None:
         """Step until every admitted sequence is done (tests and benchmarks)."""

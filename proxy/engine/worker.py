@@ -31,7 +31,8 @@ from typing import Any
 
 from proxy.engine import grammar as grammar_mod
 from proxy.engine import tasks, tools
-from proxy.engine.batch import BatchEngine, BatchError, Sequence
+from proxy.engine.batch import BatchEngine, BatchError
+from proxy.engine.batch_sequence import Sequence
 from proxy.engine.generate import LocalModel, ModelLoadError, PromptTooLong
 from proxy.engine.speculative import PromptLookup
 from proxy.engine.weights import GateWeights
