@@ -30,6 +30,14 @@ def _settings(tmp_path: Path, api: FakeAPI, db: Database, shared: bool = False) 
     return settings_for(tmp_path, api, ledger=ledger, cache=cache)
 
 
+def _to_api_as(db: Database, *names: str) -> list[dict[str, str]]:
+    """Headers of a request sent to the API with a new key of each name."""
+    return [
+        {"authorization": f"Bearer {keys.create(db, name)}", "x-frugal-route": "api"}
+        for name in names
+    ]
+
+
 async def _settled() -> None:
     await asyncio.sleep(0.3)  # entries are stored in the background
 
@@ -40,8 +48,7 @@ async def test_a_deterministic_request_is_answered_from_the_cache(
     make_client: Any,
     database: Database,  # noqa: F811
 ) -> None:
-    alice = {"authorization": f"Bearer {keys.create(database, 'alice')}", "x-frugal-route": "api"}
-    bob = {"authorization": f"Bearer {keys.create(database, 'bob')}", "x-frugal-route": "api"}
+    alice, bob = _to_api_as(database, "alice", "bob")
     url = "/v1/chat/completions"
     async with make_client(_settings(tmp_path, fake_api, database)) as client:
         first = await client.post(url, json=ASK, headers=alice)
@@ -76,8 +83,7 @@ async def test_a_shared_cache_serves_every_key(
     make_client: Any,
     database: Database,  # noqa: F811
 ) -> None:
-    alice = {"authorization": f"Bearer {keys.create(database, 'alice')}", "x-frugal-route": "api"}
-    bob = {"authorization": f"Bearer {keys.create(database, 'bob')}", "x-frugal-route": "api"}
+    alice, bob = _to_api_as(database, "alice", "bob")
     url = "/v1/chat/completions"
     async with make_client(_settings(tmp_path, fake_api, database, shared=True)) as client:
         await client.post(url, json=ASK, headers=alice)

@@ -146,26 +146,20 @@ def test_html_strikethrough_is_not_a_template_leak() -> None:
 def test_engine_truncation_counts_but_the_clients_own_max_tokens_does_not() -> None:
     text = "The French Revolution began in 1789 and reshaped"
     req = request("Tell me about the French Revolution.", max_tokens=10)
-    client_cut = completion(
-        text,
-        logprobs=sure(text),
-        finish_reason="length",
-        stop_cause="max_tokens",
-        completion_tokens=10,
-    )
-    engine_cut = completion(
-        text,
-        logprobs=sure(text),
-        finish_reason="length",
-        stop_cause="deadline",
-        completion_tokens=8,
-    )
-    full_ctx = completion(
-        text,
-        logprobs=sure(text),
-        finish_reason="length",
-        stop_cause="context_full",
-        completion_tokens=8,
+
+    def cut(stop_cause: str, completion_tokens: int) -> Any:
+        return completion(
+            text,
+            logprobs=sure(text),
+            finish_reason="length",
+            stop_cause=stop_cause,
+            completion_tokens=completion_tokens,
+        )
+
+    client_cut, engine_cut, full_ctx = (
+        cut("max_tokens", 10),
+        cut("deadline", 8),
+        cut("context_full", 8),
     )
     assert "truncated" not in score(req, client_cut).reasons
     assert score(req, engine_cut).reasons[0] == "truncated"
