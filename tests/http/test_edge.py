@@ -33,6 +33,13 @@ BAD_BODY = {"model": "m", "messages": "not a list"}  # a 400 from validation: pa
 JSON = {"content-type": "application/json"}
 
 
+@pytest.fixture
+def keyed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The settings of a proxy whose one client key is GOOD (named ``ops``)."""
+    monkeypatch.setenv("FRUGAL_TEST_EDGE_KEYS", f"ops:{GOOD}")
+    return settings_for(tmp_path, server={"api_keys_env": "FRUGAL_TEST_EDGE_KEYS"})
+
+
 def assert_openai_error(response: httpx.Response, status: int, code: str) -> None:
     assert response.status_code == status, response.text
     error = response.json()["error"]
@@ -98,12 +105,10 @@ async def test_json_with_or_without_parameters_passes(
 
 
 async def test_json_is_required_with_keys_too_but_a_stranger_gets_401_first(
-    tmp_path: Path, make_client: Any, monkeypatch: pytest.MonkeyPatch
+    keyed: Any, make_client: Any
 ) -> None:
-    monkeypatch.setenv("FRUGAL_TEST_EDGE_KEYS", f"ops:{GOOD}")
-    settings = settings_for(tmp_path, server={"api_keys_env": "FRUGAL_TEST_EDGE_KEYS"})
     plain = {"content-type": "text/plain"}
-    async with make_client(settings) as client:
+    async with make_client(keyed) as client:
         stranger = await client.post("/v1/chat/completions", content=b"{}", headers=plain)
         keyed = await client.post(
             "/v1/chat/completions",
@@ -150,14 +155,10 @@ async def test_keyless_mode_refuses_a_foreign_host_on_every_endpoint(
     assert 'reason="misdirected"' in metrics
 
 
-async def test_with_keys_a_foreign_host_is_served(
-    tmp_path: Path, make_client: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_with_keys_a_foreign_host_is_served(keyed: Any, make_client: Any) -> None:
     """Behind a TLS proxy the Host is the public name; a key is what keeps pages out."""
-    monkeypatch.setenv("FRUGAL_TEST_EDGE_KEYS", f"ops:{GOOD}")
-    settings = settings_for(tmp_path, server={"api_keys_env": "FRUGAL_TEST_EDGE_KEYS"})
     host = {"host": "llm.example.com"}
-    async with make_client(settings) as client:
+    async with make_client(keyed) as client:
         keyed = await client.post(
             "/v1/chat/completions",
             json=BAD_BODY,
