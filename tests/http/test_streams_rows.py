@@ -263,14 +263,16 @@ def test_a_finished_stream_gets_one_row_with_status_200(verify: Served) -> None:
     assert (row["status"], row["error"], row["route"]) == (200, None, "local"), row
 
 
-def test_verify_stream_left_while_generating(verify: Served) -> None:
-    engine = verify.engine
+@pytest.mark.parametrize("mode", ["verify", "live"])
+def test_a_stream_left_while_generating_stops_it(mode: str, request: pytest.FixtureRequest) -> None:
+    served: Served = request.getfixturevalue(mode)
+    engine = served.engine
     pid = engine.health()["pid"]
-    sock, request_id = send(verify, local_long(stream=True))
+    sock, request_id = send(served, local_long(stream=True))
     wait_for(lambda: engine.busy, "the generation to start")
     sock.close()
-    verify.idle()
-    assert_left(verify.one_row(request_id))
+    served.idle()
+    assert_left(served.one_row(request_id))
     # The worker stopped the generation itself when asked; it was not killed.
     assert engine.state == "ready" and engine.health()["pid"] == pid
 
@@ -313,17 +315,6 @@ def test_live_stream_left_before_its_first_token_leaves_the_queue(live: Served) 
     blocker.close()
     live.idle()
     assert_left(live.one_row(blocker_id), stream=False)
-
-
-def test_live_stream_left_while_generating(live: Served) -> None:
-    engine = live.engine
-    pid = engine.health()["pid"]
-    sock, request_id = send(live, local_long(stream=True))
-    wait_for(lambda: engine.busy, "the generation to start")
-    sock.close()
-    live.idle()
-    assert_left(live.one_row(request_id))
-    assert engine.state == "ready" and engine.health()["pid"] == pid
 
 
 # -- before the first byte: the stream's generator never runs --------------------------------
