@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows, sse_events
+from tests.tool_turns import weather_turns
 
 ACCEPT = {"x-frugal-min-quality": "0"}
 REJECT = {"x-frugal-min-quality": "1"}
@@ -137,18 +138,7 @@ async def test_tool_results_come_back_in_tool_messages(
 ) -> None:
     messages = [
         *ASK_WEATHER,
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "call_1", "content": "22 C and sunny"},
+        *weather_turns("22 C and sunny"),
     ]
     body = {"model": "local", "messages": messages, "tools": [WEATHER], "max_tokens": 30}
     async with make_client(settings_for(tmp_path, fake_api)) as client:

@@ -30,6 +30,7 @@ from proxy.params import (
     IGNORED,
 )
 from proxy.routing.servable import chat_blocker, completions_blocker, live_streamable
+from tests.tool_turns import weather_turns
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "openai-compatibility.md"
 MSG = [{"role": "user", "content": "hi"}]
@@ -278,18 +279,7 @@ def test_a_full_featured_valid_request_passes_unchanged() -> None:
         "messages": [
             {"role": "developer", "content": "Be brief."},
             {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": "call_1", "content": "22 C"},
+            *weather_turns("22 C"),
         ],
         "tools": [WEATHER],
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
@@ -390,18 +380,7 @@ def test_tool_history_is_templated_as_plain_turns() -> None:
     request = {
         "messages": [
             {"role": "user", "content": "Weather in Paris?"},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": "call_1", "content": "22 C and sunny"},
+            *weather_turns("22 C and sunny", arguments='{"city":"Paris"}'),
         ],
         "tools": [WEATHER],
     }
