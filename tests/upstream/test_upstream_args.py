@@ -44,6 +44,7 @@ from proxy.upstream.litellm_route import (
 from tests.conftest import FAKE_KEY_ENV, settings_for
 from tests.fake_api import FakeAPI
 from tests.loopback import Listener
+from tests.upstream.test_upstream import settings as upstream_settings
 
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
 MAPPED = {"claude": "hosted_vllm/served-model"}
@@ -201,14 +202,8 @@ def test_model_names_up_to_256_printable_characters_pass() -> None:
 
 
 def fallback(api: FakeAPI, **overrides: Any) -> FallbackSettings:
-    values: dict[str, Any] = {
-        "api_base": api.url,
-        "api_key_env": FAKE_KEY_ENV,
-        "timeout_s": 5.0,
-        "connect_timeout_s": 1.0,
-        "max_retries": 0,
-    }
-    return FallbackSettings(**{**values, **overrides})
+    """test_upstream's settings, with the suite's fake key and no retries."""
+    return upstream_settings(api, **{"api_key_env": FAKE_KEY_ENV, "max_retries": 0, **overrides})
 
 
 def test_litellm_kwargs_of_a_hostile_body_hold_only_allow_listed_keys(
