@@ -706,19 +706,11 @@ def _long_local(max_tokens: int = 3000, **extra: Any) -> dict[str, Any]:
     )
 
 
-def _wait_busy(served: Served, timeout_s: float = 20.0) -> bool:
+def _wait_engine(served: Served, field: str, timeout_s: float = 20.0) -> bool:
+    """Whether the engine's ``field`` in /healthz (``busy``, ``queue_depth``) turns true in time."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if served.health()["engine"]["busy"]:
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def _wait_queued(served: Served, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if served.health()["engine"]["queue_depth"]:
+        if served.health()["engine"][field]:
             return True
         time.sleep(0.02)
     return False
@@ -763,17 +755,17 @@ def test_row9_a_client_that_leaves_stops_the_work_and_gets_one_row(
     elif when == "while_generating" or when == "before_first_sse_byte":
         stream = when == "before_first_sse_byte"
         sock = raw_request(served, _long_local(stream=stream), {**TO_LOCAL, "x-request-id": ids[0]})
-        assert _wait_busy(served), "the engine never started the request"
+        assert _wait_engine(served, "busy"), "the engine never started the request"
         time.sleep(0.5)
         first_bytes = received(sock)
         hard_close(sock)
         ids = ids[:1]
     else:  # queued behind a long generation (live: a stream that has not had its first token)
         blocker = raw_request(served, _long_local(), {**TO_LOCAL, "x-request-id": ids[0]})
-        assert _wait_busy(served), "the engine never started the first request"
+        assert _wait_engine(served, "busy"), "the engine never started the first request"
         queued_body = _long_local(stream=when.startswith("live"))
         waiting = raw_request(served, queued_body, {**TO_LOCAL, "x-request-id": ids[1]})
-        assert _wait_queued(served), "the second request never queued"
+        assert _wait_engine(served, "queue_depth"), "the second request never queued"
         first_bytes = received(waiting)
         hard_close(waiting)
         socks.append(blocker)
