@@ -201,7 +201,10 @@ class Sizer:
         if ref is not None:
             if isinstance(ref, str) and ref not in self.refs:
                 self.refs.add(ref)
-                self.visit(self.target(ref), len(ref.split("/")[-1]))
+                found = self.target(ref)
+                if found is None:  # another document, or a path to nothing: the converter fails
+                    raise Refused("a $ref the grammar cannot resolve")
+                self.visit(found, len(ref.split("/")[-1]))
         elif "oneOf" in schema or "anyOf" in schema:
             alternatives = schema.get("oneOf") or schema["anyOf"]
             for i, alternative in enumerate(alternatives if isinstance(alternatives, list) else ()):

@@ -13,6 +13,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from proxy.routing.servable import local_blocker
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows, sse_events
@@ -361,17 +362,19 @@ async def test_a_schema_the_converter_refuses_in_the_worker_goes_to_the_api_as_u
     tmp_path: Path, fake_api: FakeAPI, make_client: Any
 ) -> None:
     """The converter runs only in the engine worker: a schema it cannot turn into a grammar (a
-    ``$ref`` to nothing) passes the planning-time size check, fails in the worker, and goes to the
-    API with reason ``unsupported``; model ``local`` gets a 400 saying why."""
+    ``not`` inside a property) passes the planning-time size check, fails in the worker, and goes
+    to the API with reason ``unsupported``; model ``local`` gets a 400 saying why."""
+    schema = {"type": "object", "properties": {"name": {"not": {}}}}
     body = {
         "model": "gpt-4o-mini",
         "messages": [{"role": "user", "content": "A cat, as JSON."}],
         "max_tokens": 16,
         "response_format": {
             "type": "json_schema",
-            "json_schema": {"name": "cat", "schema": {"$ref": "#/$defs/missing"}},
+            "json_schema": {"name": "cat", "schema": schema},
         },
     }
+    assert local_blocker(body) is None  # planning lets it through: only the worker can tell
     async with make_client(settings_for(tmp_path, fake_api)) as client:
         routed = await client.post("/v1/chat/completions", json=body)
         local_only = await client.post("/v1/chat/completions", json={**body, "model": "local"})
