@@ -11,7 +11,10 @@
     │   ├── PayloadTooLarge         413 invalid_request_error  request_too_large
     │   ├── UnsupportedMediaType    415 invalid_request_error  unsupported_media_type
     │   ├── MisdirectedRequest      421 invalid_request_error  misdirected_request
+    │   ├── ModelNotAllowed         403 invalid_request_error  model_not_allowed (a key's --models)
     │   ├── TooManyRequests         429 requests               rate_limit_exceeded (Retry-After)
+    │   │   └── BudgetExhausted     429 insufficient_quota     insufficient_quota (a key's budget)
+    │   ├── BudgetUnavailable       503 server_error           budget_unavailable (fail closed)
     │   ├── StatusError             4xx/5xx any other status the web framework raised
     │   ├── InternalError           500 server_error           internal_error (the request id)
     │   ├── LocalUnavailable        503 server_error           local_unavailable
@@ -154,6 +157,31 @@ class TooManyRequests(ProxyError):
     code = "rate_limit_exceeded"
     retry_after_s = 1
     default_headers = {"retry-after": str(retry_after_s)}
+
+
+class ModelNotAllowed(ProxyError):
+    """A client key asked for a model its key may not use (``frugal keys create --models``)."""
+
+    status = 403
+    type = "invalid_request_error"
+    code = "model_not_allowed"
+
+
+class BudgetExhausted(TooManyRequests):
+    """OpenAI's shape for a spent quota: 429 ``insufficient_quota`` (no Retry-After: waiting
+    a second does not bring money back)."""
+
+    type = "insufficient_quota"
+    code = "insufficient_quota"
+    default_headers = {}
+
+
+class BudgetUnavailable(ProxyError):
+    """The budget database cannot be reached: the API fallback is refused (fail closed)."""
+
+    status = 503
+    type = "server_error"
+    code = "budget_unavailable"
 
 
 class StatusError(ProxyError):

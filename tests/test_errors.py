@@ -19,10 +19,13 @@ from structlog.testing import capture_logs
 import proxy.errors
 from proxy.errors import (
     BadRequest,
+    BudgetExhausted,
+    BudgetUnavailable,
     InternalError,
     LocalUnavailable,
     MethodNotAllowed,
     MisdirectedRequest,
+    ModelNotAllowed,
     NotFound,
     PayloadTooLarge,
     ProxyError,
@@ -55,6 +58,9 @@ CASES: dict[type[ProxyError], Callable[[], ProxyError]] = {
     UnsupportedMediaType: lambda: UnsupportedMediaType("send JSON"),
     MisdirectedRequest: lambda: MisdirectedRequest("wrong host"),
     TooManyRequests: lambda: TooManyRequests("busy"),
+    ModelNotAllowed: lambda: ModelNotAllowed("not for this key", param="model"),
+    BudgetExhausted: lambda: BudgetExhausted("the budget is spent"),
+    BudgetUnavailable: lambda: BudgetUnavailable("no budget database"),
     StatusError: lambda: StatusError(400, "malformed"),
     InternalError: lambda: InternalError("req-1"),
     LocalUnavailable: lambda: LocalUnavailable("no local answer"),
@@ -79,6 +85,9 @@ BODIES: dict[type[ProxyError], tuple[int, str, str, str | None, str | None]] = {
     UnsupportedMediaType: (415, "send JSON", INVALID, "unsupported_media_type", None),
     MisdirectedRequest: (421, "wrong host", INVALID, "misdirected_request", None),
     TooManyRequests: (429, "busy", "requests", "rate_limit_exceeded", None),
+    ModelNotAllowed: (403, "not for this key", INVALID, "model_not_allowed", "model"),
+    BudgetExhausted: (429, "the budget is spent", "insufficient_quota", "insufficient_quota", None),
+    BudgetUnavailable: (503, "no budget database", "server_error", "budget_unavailable", None),
     StatusError: (400, "malformed", INVALID, None, None),
     InternalError: (
         500,

@@ -43,6 +43,12 @@ class ContextOverflow(EngineError):
     reason = "context_overflow"
 
 
+class Unsupported(EngineError):
+    """The worker could not build what the request needs (its grammar): the API must answer."""
+
+    reason = "unsupported"
+
+
 @dataclass
 class _Job:
     job_id: int
@@ -302,11 +308,8 @@ class LocalEngine:
             self._crash_streak = 0
             _resolve(job.future, message[2])
         elif kind == "error":
-            error: EngineError = (
-                ContextOverflow(message[3])
-                if message[2] == "context_overflow"
-                else EngineCrashed(message[3])
-            )
+            errors = {"context_overflow": ContextOverflow, "unsupported": Unsupported}
+            error: EngineError = errors.get(message[2], EngineCrashed)(message[3])
             _fail(job.future, error)
 
     def _on_exit(self, generation: int) -> None:

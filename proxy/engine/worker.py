@@ -160,6 +160,8 @@ def _run_job(
         )
     except PromptTooLong as exc:
         conn.send(("error", job_id, "context_overflow", str(exc)))
+    except (grammar_mod.GrammarError, tasks.BadGrammar) as exc:
+        conn.send(("error", job_id, "unsupported", f"the grammar cannot be built: {exc}"))
     except Exception as exc:  # noqa: BLE001 - anything llama.cpp raises becomes a fallback
         conn.send(("error", job_id, "local_error", f"{type(exc).__name__}: {exc}"))
     else:
@@ -235,6 +237,10 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
             except PromptTooLong as exc:
                 waiting.popleft()
                 conn.send(("error", job_id, "context_overflow", str(exc)))
+                continue
+            except (grammar_mod.GrammarError, tasks.BadGrammar) as exc:
+                waiting.popleft()
+                conn.send(("error", job_id, "unsupported", f"the grammar cannot be built: {exc}"))
                 continue
             except Exception as exc:  # noqa: BLE001 - this job fails, the batch goes on
                 waiting.popleft()

@@ -20,10 +20,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from proxy.errors import LocalUnavailable, ProxyError
+from proxy.errors import BudgetExhausted, BudgetUnavailable, LocalUnavailable, ProxyError
 from proxy.http import sse
 from proxy.http.exchange import Exchange, Handler, aiter_of, public_answer
-from proxy.http.quotas import BudgetExhausted, BudgetUnavailable
 from proxy.http.render import sse_event
 from proxy.http.validate import chat_request, parse_json
 from proxy.routing.router import LocalAttempt, Plan

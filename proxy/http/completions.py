@@ -26,10 +26,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.engine import legacy
-from proxy.errors import BadRequest, LocalUnavailable
+from proxy.errors import BadRequest, BudgetExhausted, BudgetUnavailable, LocalUnavailable
 from proxy.http import sse
 from proxy.http.exchange import Exchange, Handler, aiter_of, public_answer
-from proxy.http.quotas import BudgetExhausted, BudgetUnavailable
 from proxy.http.validate import completions_request, embeddings_request, parse_json
 from proxy.routing.router import LOCAL_ALIAS, ROUTE_HEADER
 

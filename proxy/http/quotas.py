@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import structlog
 
 from proxy.config import Settings
-from proxy.errors import ProxyError, TooManyRequests
+from proxy.errors import BudgetExhausted, BudgetUnavailable, ModelNotAllowed, TooManyRequests
 from proxy.ledger.budgets import Budgets, Reservation
 from proxy.ledger.cache import ResponseCache, cache_key, cacheable
 from proxy.ledger.database import Database
@@ -47,27 +47,6 @@ log = structlog.get_logger("frugal.quotas")
 T = TypeVar("T")
 SWEEP_S = 5.0
 DEFAULT_MAX_OUTPUT = 4096  # completion tokens reserved when a request names no max_tokens
-
-
-class ModelNotAllowed(ProxyError):
-    status = 403
-    type = "invalid_request_error"
-    code = "model_not_allowed"
-
-
-class BudgetExhausted(TooManyRequests):
-    """OpenAI's shape for a spent quota: 429 ``insufficient_quota`` (no Retry-After: waiting
-    a second does not bring money back)."""
-
-    type = "insufficient_quota"
-    code = "insufficient_quota"
-    default_headers = {}
-
-
-class BudgetUnavailable(ProxyError):
-    status = 503
-    type = "server_error"
-    code = "budget_unavailable"
 
 
 def worst_case_tokens(body: dict[str, Any], local_prompt_tokens: int | None) -> tuple[int, int]:
