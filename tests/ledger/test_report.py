@@ -227,8 +227,16 @@ def test_by_day_lists_every_day_with_its_share_of_the_fixed_cost(
         data["groups"][2],
         data["groups"][-1],
     )
-    assert (first["day"], first["requests"], first["saved_usd"]) == ("2026-10-01", 2, Decimal("1.250000"))
-    assert (second["day"], second["requests"], second["saved_usd"]) == ("2026-10-02", 2, Decimal("2.000000"))
+    assert (first["day"], first["requests"], first["saved_usd"]) == (
+        "2026-10-01",
+        2,
+        Decimal("1.250000"),
+    )
+    assert (second["day"], second["requests"], second["saved_usd"]) == (
+        "2026-10-02",
+        2,
+        Decimal("2.000000"),
+    )
     assert (third["requests"], third["failed_requests"], third["unpriced_requests"]) == (2, 1, 1)
     assert (last["day"], last["requests"]) == ("2026-10-31", 0)
     # 40 USD over 31 days: 1.290323 a day, net of it each day.
@@ -243,7 +251,11 @@ def test_by_reason_and_by_key(ledger: Path, capsys: pytest.CaptureFixture[str]) 
     assert groups == {"accepted": 3, "bad_request": 1, "local_timeout": 1, "low_quality": 1}
     _, out, _ = report(capsys, "--month", "2026-10", "--by", "key", "--format", "json")
     keys = {g["key"]: (g["requests"], g["saved_usd"]) for g in loads(out)["groups"]}
-    assert keys == {"alice": (2, Decimal("2.000000")), "ci": (2, Decimal("1.250000")), None: (2, Decimal("0.000000"))}
+    assert keys == {
+        "alice": (2, Decimal("2.000000")),
+        "ci": (2, Decimal("1.250000")),
+        None: (2, Decimal("0.000000")),
+    }
 
 
 def test_by_key_on_a_ledger_from_before_client_keys_is_one_group_without_a_key(
@@ -550,7 +562,11 @@ def test_a_ledger_from_an_older_proxy_is_upgraded_and_reported(
     data = loads(out)
     assert code == 0
     # 4,500,000 pico-dollars shown to the micro-dollar, rounded half to even.
-    assert (data["requests"], data["api_cost_usd"], data["latency_tax_s"]) == (1, Decimal("0.000004"), 0.7)
+    assert (data["requests"], data["api_cost_usd"], data["latency_tax_s"]) == (
+        1,
+        Decimal("0.000004"),
+        0.7,
+    )
 
 
 # -- the chart ------------------------------------------------------------------------------------
