@@ -208,8 +208,11 @@ def upstream(kind: str, cpus: str | None, tmp: Path) -> Iterator[str]:
         server.stop()
 
 
-def frugal_config(tmp: Path, name: str, base: str, port: int, models: dict[str, str]) -> Path:
+def frugal_config(
+    tmp: Path, name: str, base: str, port: int, models: dict[str, str], ledger_url: str = ""
+) -> Path:
     mapping = "".join(f'"{k}" = "{v}"\n' for k, v in models.items())
+    url_line = f'url = "{ledger_url}"' if ledger_url else ""
     config = tmp / f"{name}.toml"
     config.write_text(
         f"""
@@ -230,6 +233,7 @@ timeout_s = 30
 {mapping}
 [ledger]
 path = "{tmp / (name + ".db")}"
+{url_line}
 """
     )
     return config
@@ -237,10 +241,15 @@ path = "{tmp / (name + ".db")}"
 
 @contextmanager
 def frugal(
-    name: str, base: str, cpus: str | None, tmp: Path, models: dict[str, str]
+    name: str,
+    base: str,
+    cpus: str | None,
+    tmp: Path,
+    models: dict[str, str],
+    ledger_url: str = "",
 ) -> Iterator[tuple[str, Server, Path]]:
     port = free_port()
-    config = frugal_config(tmp, name, base, port, models)
+    config = frugal_config(tmp, name, base, port, models, ledger_url)
     env = {
         **os.environ,
         "BENCH_UPSTREAM_KEY": UPSTREAM_KEY,
@@ -317,6 +326,7 @@ class Target:
     server: Server | None = None
     ledger: Path | None = None
     health: str | None = None
+    ledger_url: str = ""  # a PostgreSQL ledger, counted there instead of in ``ledger``
 
 
 @dataclass
@@ -373,6 +383,16 @@ def ledger_rows(target: Target) -> tuple[int, int]:
             break
         time.sleep(0.05)
     time.sleep(0.3)  # the writer's last batch commits after it leaves the queue
+    if target.ledger_url:
+        import psycopg
+
+        with psycopg.connect(target.ledger_url) as pg:
+            found = pg.execute(
+                "SELECT count(*), coalesce(sum(CASE WHEN status != 200 THEN 1 ELSE 0 END), 0)"
+                " FROM requests"
+            ).fetchone()
+        assert found is not None
+        return int(found[0]), int(found[1])
     conn = sqlite3.connect(f"file:{target.ledger}?mode=ro", uri=True)
     try:
         rows, failed = conn.execute(
@@ -509,7 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", default="1,16")
     parser.add_argument("--upstream", choices=("fast", "fake"), default="fast")
     parser.add_argument(
-        "--targets", default="direct,frugal,frugal-litellm,litellm", help="comma-separated"
+        "--targets",
+        default="direct,frugal,frugal-litellm,litellm",
+        help="comma-separated; also frugal-pg (the proxy on a PostgreSQL ledger)",
     )
     parser.add_argument("--litellm-venv", type=Path, default=LITELLM_VENV)
     parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
@@ -546,6 +568,22 @@ def main(argv: list[str] | None = None) -> int:
                 targets["frugal"] = Target(
                     "frugal", url, {"x-frugal-route": "api"}, server, db, url + "/healthz"
                 )
+            if "frugal-pg" in names:
+                # The same proxy on a PostgreSQL ledger (a real server in a temporary folder).
+                sys.path.insert(0, str(ROOT))
+                from tests import pg
+
+                server_pg = stack.enter_context(pg.running())
+                if server_pg is None:
+                    raise SystemExit("frugal-pg needs PostgreSQL: apt-get install -y postgresql")
+                pg_url = server_pg.database()
+                url, server, db = stack.enter_context(
+                    frugal("frugal-pg", base, proxy_cpus, tmp, {}, pg_url)
+                )
+                targets["frugal-pg"] = Target(
+                    "frugal-pg", url, {"x-frugal-route": "api"}, server, db, url + "/healthz"
+                )
+                targets["frugal-pg"].ledger_url = pg_url
             if "frugal-litellm" in names:
                 mapping = {MODEL: f"hosted_vllm/{MODEL}"}
                 url, server, db = stack.enter_context(
