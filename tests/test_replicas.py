@@ -42,8 +42,7 @@ pytestmark = [
     pytest.mark.skipif(pg.binaries() is None, reason="PostgreSQL is not installed"),
 ]
 
-# The issue asks for 60 s of load; 30 s keeps CI short and already makes thousands of rows.
-LOAD_S = 30.0
+LOAD_S = 60.0  # 32 clients over both replicas for 60 s, as the issue asks
 CLIENTS = 32
 BUDGET_PUSD = 10**10  # $0.01
 API = {"x-frugal-route": "api"}
