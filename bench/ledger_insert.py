@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from proxy.ledger.pricing import CountJob, TokenCounter  # noqa: E402
+from proxy.ledger.tokens import CountJob, TokenCounter  # noqa: E402
 from proxy.ledger.writer import Ledger  # noqa: E402
 
 BODY = {

@@ -42,7 +42,8 @@ from proxy.http import sse
 from proxy.http.metrics import PUSD_PER_USD
 from proxy.http.render import sse_event, unexpected
 from proxy.http.services import Services
-from proxy.ledger.pricing import CountJob, estimate_costs
+from proxy.ledger.pricing import estimate_costs
+from proxy.ledger.tokens import CountJob
 from proxy.routing.estimator import Prediction
 from proxy.routing.router import LOCAL_ALIAS, ROUTE_HEADER, LocalAttempt, Plan
 from proxy.upstream.client import UpstreamResponse

@@ -3,7 +3,9 @@
     writer    the one writer thread: batched inserts off the request path, WAL, flushed on
               shutdown, failed rows isolated and spilled, never lost silently
     migrate   the migrations runner (``migrations/NNNN_*.sql``, applied in order, recorded)
-    pricing   prices (litellm's offline map plus overrides) and token counts, in pico-dollars
+    pricing   prices (litellm's offline map plus overrides) and a row's costs, in pico-dollars
+    usage     the impossible token counts and costs of a row, blanked to unknown
+    tokens    counterfactual token counts, on a thread of their own
     report    ``frugal report``: totals, savings, latency tax, by model / day / key / reason
     chart     ``frugal report --chart``
     keys      the client API keys kept in the ledger database

@@ -1,4 +1,4 @@
-"""Model prices as exact integers, counterfactual token counts, and the cost of one ledger row.
+"""Model prices as exact integers and the cost of one ledger row.
 
 Prices come from the price map that ships inside the litellm package
 (``model_prices_and_context_window_backup.json``), read from disk once at start-up. It is the
@@ -13,23 +13,17 @@ pico-dollar, e.g. 2.9999900000000002e-06; they are rounded to the nearest pico-d
 A model with no known price is *unpriced*: its costs stay NULL in the ledger, never $0. The first
 time a model is found unpriced a warning is logged, and ``frugal report`` lists it.
 
-Counterfactual tokens: a local answer is counted again with the tokenizer of the model the client
-asked for, through ``litellm.token_counter`` (for OpenAI models with tiktoken's own encoding of
-that model: litellm's default is cl100k for every model, while gpt-4o and later use o200k).
-Importing litellm takes seconds and counting costs CPU, so :class:`TokenCounter` does both on a
-thread of its own, started with the ledger; the request path only hands it references.
+The usage figures a row is priced on are checked in :mod:`proxy.ledger.usage`; the
+counterfactual token counts come from :mod:`proxy.ledger.tokens`.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import os
-import queue
 import threading
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import TYPE_CHECKING, Any
@@ -44,8 +38,6 @@ log = structlog.get_logger(__name__)
 PICO = Decimal(10) ** 12
 PRICE_MAP_FILE = "model_prices_and_context_window_backup.json"
 LOCAL_ALIAS = "local"
-# tiktoken encodings that litellm ships in its package (TIKTOKEN_CACHE_DIR): no download needed.
-BUNDLED_ENCODINGS = frozenset({"cl100k_base", "o200k_base"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,82 +206,6 @@ def apply_costs(row: dict[str, Any], book: PriceBook) -> None:
     row["counterfactual_cost_pusd"] = counterfactual
 
 
-# -- usage validation ---------------------------------------------------------------------
-
-TOKEN_LIMIT = 2**31
-"""Token counts are integers in [0, 2**31): no context window comes near it, and a figure
-beyond it (an upstream reporting 2**70) cannot be a real count."""
-INT64 = 2**63
-TOKEN_FIELDS = (
-    "prompt_tokens",
-    "completion_tokens",
-    "local_prompt_tokens",
-    "local_completion_tokens",
-    "cached_tokens",
-    "counterfactual_prompt_tokens",
-    "counterfactual_completion_tokens",
-    "predicted_completion_tokens",
-    "upstream_attempts",
-)
-MONEY_FIELDS = ("api_cost_pusd", "counterfactual_cost_pusd")
-# NOT NULL in the schema: an impossible figure there is stored as 0 rather than NULL.
-_ZERO_WHEN_INVALID = frozenset({"cached_tokens"})
-
-
-def check_usage(row: dict[str, Any]) -> list[str]:
-    """Blank the impossible usage figures of a row, in place; returns the fields blanked.
-
-    A figure is possible when it is an integer (an integral float is taken as one; bool is not)
-    in [0, 2**31). An impossible one says the figures around it cannot be trusted either, so it
-    is not clamped but stored as NULL (``cached_tokens``, NOT NULL, as 0): costs priced on it
-    become unknown. Call :func:`check_money` once the costs are applied.
-    """
-    invalid: list[str] = []
-    for field_name in TOKEN_FIELDS:
-        value = row.get(field_name)
-        if value is None:
-            continue
-        number = _whole(value)
-        if number is None or not 0 <= number < TOKEN_LIMIT:
-            invalid.append(field_name)
-            row[field_name] = 0 if field_name in _ZERO_WHEN_INVALID else None
-        else:
-            row[field_name] = number
-    return invalid
-
-
-def distrust_costs(row: dict[str, Any], invalid: list[str]) -> None:
-    """After :func:`apply_costs`: a cost priced on a figure :func:`check_usage` blanked is not
-    known (a blank completion count would otherwise be priced as 0 tokens)."""
-    bad = set(invalid)
-    if row.get("route") == "api":
-        if bad & {"prompt_tokens", "completion_tokens", "cached_tokens"}:
-            row["api_cost_pusd"] = row["counterfactual_cost_pusd"] = None
-    elif row.get("token_source") == "local" and bad & {"prompt_tokens", "completion_tokens"}:
-        row["counterfactual_cost_pusd"] = None
-
-
-def check_money(row: dict[str, Any]) -> list[str]:
-    """Blank (to NULL, unknown) the costs of a row that do not fit SQLite's int64."""
-    invalid = []
-    for field_name in MONEY_FIELDS:
-        value = row.get(field_name)
-        if value is not None and not (isinstance(value, int) and -INT64 <= value < INT64):
-            invalid.append(field_name)
-            row[field_name] = None
-    return invalid
-
-
-def _whole(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
 def estimate_costs(row: dict[str, Any], book: PriceBook) -> tuple[int | None, int | None]:
     """(paid, counterfactual) of a row as it stands, counting a local answer's tokens with the
     local model's tokenizer; for the log line and metrics, where a recount cannot wait."""
@@ -299,142 +215,3 @@ def estimate_costs(row: dict[str, Any], book: PriceBook) -> tuple[int | None, in
         probe["counterfactual_completion_tokens"] = probe.get("completion_tokens") or 0
     apply_costs(probe, book)
     return probe["api_cost_pusd"], probe["counterfactual_cost_pusd"]
-
-
-# -- counterfactual tokens --------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CountJob:
-    """A local answer to count with the requested model's tokenizer. It holds references only:
-    the texts are read on the counter's thread, never copied on the request path."""
-
-    model: str
-    body: Mapping[str, Any]
-    """The chat request: its ``messages`` and ``tools`` are the prompt."""
-    completion: Mapping[str, Any]
-    """The local ``chat.completion``: every choice's content and tool calls are the answer."""
-
-
-def completion_texts(completion: Mapping[str, Any]) -> list[str]:
-    texts: list[str] = []
-    for choice in completion.get("choices") or []:
-        message = choice.get("message") or {}
-        if isinstance(message.get("content"), str) and message["content"]:
-            texts.append(message["content"])
-        for call in message.get("tool_calls") or []:
-            function = call.get("function") or {}
-            texts.append(str(function.get("name") or "") + str(function.get("arguments") or ""))
-    return texts
-
-
-class TokenCounter:
-    """Counts tokens with ``litellm.token_counter`` on one daemon thread of its own.
-
-    :meth:`start` imports litellm on that thread; :meth:`submit` queues a :class:`CountJob` and
-    returns a :class:`~concurrent.futures.Future` of ``(prompt_tokens, completion_tokens)``. The
-    thread is a daemon, so a tokenizer stuck on a download never holds up the process's exit.
-    """
-
-    def __init__(self, loader: Callable[[], Any] | None = None) -> None:
-        self._loader = loader or _import_litellm
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
-            queue.SimpleQueue()
-        )
-        self._thread: threading.Thread | None = None
-        self._litellm: Any = None
-        self._encodings: dict[str, Any] = {}
-        self.ready: Future[None] = Future()
-        self.failures = 0
-
-    def start(self) -> Future[None]:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="frugal-tokens", daemon=True)
-            self._thread.start()
-            self._call(self._load, self.ready)
-        return self.ready
-
-    def submit(self, job: CountJob) -> Future[tuple[int, int]]:
-        future: Future[tuple[int, int]] = Future()
-        if self._thread is None:
-            future.set_exception(RuntimeError("TokenCounter.start() was not called"))
-            return future
-        self._call(lambda: self.count(job), future)
-        return future
-
-    def close(self) -> None:
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread = None
-
-    def count(self, job: CountJob) -> tuple[int, int]:
-        """Count now, on the calling thread: (prompt tokens, completion tokens)."""
-        litellm = self._load()
-        tokenizer = self._tokenizer(job.model)
-        messages = list(job.body.get("messages") or [])
-        tools = job.body.get("tools") or None
-        prompt = int(
-            litellm.token_counter(
-                model=job.model, messages=messages, tools=tools, custom_tokenizer=tokenizer
-            )
-        )
-        completion = 0
-        for text in completion_texts(job.completion):
-            completion += int(
-                litellm.token_counter(
-                    model=job.model,
-                    text=text,
-                    count_response_tokens=True,
-                    custom_tokenizer=tokenizer,
-                )
-            )
-        return prompt, completion
-
-    def _call(self, fn: Callable[[], Any], future: Future[Any]) -> None:
-        self._jobs.put((fn, future))
-
-    def _run(self) -> None:
-        while True:
-            item = self._jobs.get()
-            if item is None:
-                return
-            fn, future = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on it
-                self.failures += 1
-                future.set_exception(exc)
-
-    def _load(self) -> Any:
-        if self._litellm is None:
-            litellm = self._loader()
-            # The first count loads litellm's bundled tiktoken files (and points tiktoken there).
-            litellm.token_counter(model="gpt-4o-mini", text="warm up", count_response_tokens=True)
-            self._litellm = litellm
-        return self._litellm
-
-    def _tokenizer(self, model: str) -> dict[str, Any] | None:
-        """tiktoken's encoding of an OpenAI model (None: litellm picks the tokenizer)."""
-        name = model.removeprefix("openai/")
-        if name not in self._encodings:
-            encoding = None
-            try:
-                import tiktoken
-
-                if tiktoken.encoding_name_for_model(name) in BUNDLED_ENCODINGS:
-                    encoding = tiktoken.encoding_for_model(name)
-            except (ImportError, KeyError, ValueError):
-                encoding = None
-            self._encodings[name] = (
-                None if encoding is None else {"type": "openai_tokenizer", "tokenizer": encoding}
-            )
-        return self._encodings[name]  # type: ignore[no-any-return]
-
-
-def _import_litellm() -> Any:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    litellm: Any = importlib.import_module("litellm")
-    litellm.suppress_debug_info = True
-    return litellm

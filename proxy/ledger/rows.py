@@ -13,7 +13,8 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any
 
-from proxy.ledger.pricing import PriceBook, apply_costs, check_money, check_usage, distrust_costs
+from proxy.ledger.pricing import PriceBook, apply_costs
+from proxy.ledger.usage import check_money, check_usage, distrust_costs
 
 COLUMNS = (
     "request_id",

@@ -69,10 +69,11 @@ import structlog
 from proxy.ledger.batching import AuditEntry, Entry, FlushMarker, StopMarker, WriterThread
 from proxy.ledger.database import Database, as_database
 from proxy.ledger.migrate import open_database
-from proxy.ledger.pricing import CountJob, PriceBook, TokenCounter, load_price_map
+from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.rows import COLUMNS, COUNT_UPDATE, OPTIONAL_COLUMNS
 from proxy.ledger.spill import SPILL_SUFFIX
 from proxy.ledger.storage import Store
+from proxy.ledger.tokens import CountJob, TokenCounter
 
 __all__ = ["COLUMNS", "COUNT_UPDATE", "OPTIONAL_COLUMNS", "SPILL_SUFFIX", "Ledger"]
 

@@ -156,7 +156,7 @@ async def test_two_writers_on_one_database_get_unique_ids_and_one_report(
 async def test_a_late_count_updates_its_row_on_both_backends(database: Database) -> None:
     from concurrent.futures import Future
 
-    from proxy.ledger.pricing import TokenCounter
+    from proxy.ledger.tokens import TokenCounter
 
     ledger = Ledger(database, flush_interval_s=0.02, counter=TokenCounter())
     await ledger.start()

@@ -25,7 +25,8 @@ import pytest
 from proxy.errors import ConfigError
 from proxy.http.metrics import Metrics
 from proxy.ledger.migrate import migrate, migration_files, open_database
-from proxy.ledger.pricing import CountJob, TokenCounter, _import_litellm, check_money, check_usage
+from proxy.ledger.tokens import CountJob, TokenCounter, _import_litellm
+from proxy.ledger.usage import check_money, check_usage
 from proxy.ledger.writer import COLUMNS, OPTIONAL_COLUMNS, Ledger
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI

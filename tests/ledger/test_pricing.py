@@ -15,14 +15,13 @@ import tiktoken
 from proxy import config
 from proxy.errors import ConfigError
 from proxy.ledger.pricing import (
-    CountJob,
     Price,
     PriceBook,
-    TokenCounter,
     apply_costs,
     load_price_map,
     pico_per_token,
 )
+from proxy.ledger.tokens import CountJob, TokenCounter
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.toml"
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
