@@ -6,7 +6,8 @@
     pricing   prices (litellm's offline map plus overrides) and a row's costs, in pico-dollars
     usage     the impossible token counts and costs of a row, blanked to unknown
     tokens    counterfactual token counts, on a thread of their own
-    report    ``frugal report``: totals, savings, latency tax, by model / day / key / reason
+    report    ``frugal report``: the period, its fixed cost, the report put together
+    rollup    the report's queries: totals, savings, latency tax, by model / day / key / reason
     chart     ``frugal report --chart``
     keys      the client API keys kept in the ledger database
 

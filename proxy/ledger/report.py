@@ -4,10 +4,10 @@ The ledger is SQLite or PostgreSQL (``--db PATH``, ``sqlite:///PATH`` or
 ``postgresql://USER@HOST/DB``); the same queries run on both. Money is summed as integers (pico-
 dollars) by the database and in Python, and becomes a Decimal only at the end, so the totals
 equal the sum of the rows exactly (to the micro-dollar in JSON, where it is a number, CSV and
-markdown; to 1/100 of a cent in the table). Rendering is :mod:`proxy.ledger.render`'s. Every
-grouping, and the totals, are read from the daily rollup ``requests_daily`` (per UTC day, model,
-client key, reason, route and outcome; triggers keep it equal to the sum of the rows); the p95
-of the latency tax is a sorted query on the partial index of the taxed rows.
+markdown; to 1/100 of a cent in the table). The queries and their totals are
+:mod:`proxy.ledger.rollup`'s (the daily rollup ``requests_daily``); rendering is
+:mod:`proxy.ledger.render`'s. This module holds the period, its fixed cost, and the report's
+assembly.
 
 - counterfactual: what every answered request would have cost on the API (the requested model's
   price, see :func:`proxy.ledger.pricing.apply_costs`); paid: what the API calls cost; saved:
@@ -31,13 +31,12 @@ request in the period (the zero report is still printed, and a message goes to s
 
 from __future__ import annotations
 
-import math
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from decimal import ROUND_HALF_EVEN, Decimal
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -49,9 +48,19 @@ from proxy.ledger.audits import read_rows, spend_pusd
 from proxy.ledger.budget_use import budget_use
 from proxy.ledger.database import Database, as_database
 from proxy.ledger.pricing import PICO
-from proxy.ledger.render import plural, render
+from proxy.ledger.render import render
+from proxy.ledger.rollup import (
+    ROLLUP,
+    ROLLUP_GROUP,
+    Totals,
+    aggregate,
+    cost_warnings,
+    latency_p95,
+    money,
+    prediction_error,
+)
 
-__all__ = ["GROUPINGS", "FORMATS", "Period", "ReportError", "build", "money", "render"]
+__all__ = ["GROUPINGS", "FORMATS", "Period", "ReportError", "build", "render"]
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -61,7 +70,6 @@ EXIT_EMPTY = 4
 GROUPINGS = ("model", "day", "key", "reason", "kind")
 FORMATS = ("table", "json", "csv", "markdown")
 _DAY = timedelta(days=1)
-_MICRO = Decimal("0.000001")
 
 
 class ReportError(Exception):
@@ -158,106 +166,6 @@ def fixed_cost_pico(start: datetime, end: datetime, monthly_pico: int, now: date
     return round(total)
 
 
-# -- the numbers ------------------------------------------------------------------------------
-
-
-@dataclass
-class Totals:
-    requests: int = 0
-    local: int = 0
-    api: int = 0
-    failed: int = 0
-    paid: int = 0  # pico-dollars
-    counterfactual: int = 0
-    uncosted: int = 0
-    tax_ms: float = 0.0
-    taxed: int = 0
-    fixed: int | None = None  # pico-dollars, where the fixed cost can be attributed
-    reasons: dict[str, int] = field(default_factory=dict)
-
-    def add(self, other: Totals) -> None:
-        self.requests += other.requests
-        self.local += other.local
-        self.api += other.api
-        self.failed += other.failed
-        self.paid += other.paid
-        self.counterfactual += other.counterfactual
-        self.uncosted += other.uncosted
-        self.tax_ms += other.tax_ms
-        self.taxed += other.taxed
-        for reason, n in other.reasons.items():
-            self.reasons[reason] = self.reasons.get(reason, 0) + n
-
-    @property
-    def saved(self) -> int:
-        return self.counterfactual - self.paid
-
-    @property
-    def answered(self) -> int:
-        return self.local + self.api
-
-    @property
-    def local_share(self) -> float:
-        return round(self.local / self.answered, 4) if self.answered else 0.0
-
-    @property
-    def tax_share(self) -> float:
-        return round(self.taxed / self.answered, 4) if self.answered else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "requests": self.requests,
-            "local_requests": self.local,
-            "api_requests": self.api,
-            "failed_requests": self.failed,
-            "unpriced_requests": self.uncosted,
-            "local_share": self.local_share,
-            "api_cost_usd": money(self.paid),
-            "counterfactual_cost_usd": money(self.counterfactual),
-            "saved_usd": money(self.saved),
-        }
-        if self.fixed is not None:
-            out["fixed_cost_usd"] = money(self.fixed)
-            out["net_saved_usd"] = money(self.saved - self.fixed)
-        out["latency_tax_s"] = round(self.tax_ms / 1000, 3)
-        out["latency_tax_requests"] = self.taxed
-        out["latency_tax_share"] = self.tax_share
-        return out
-
-
-def money(pico: int) -> Decimal:
-    """Pico-dollars as exact decimal USD, rounded half-even to the micro-dollar."""
-    return (Decimal(pico) / PICO).quantize(_MICRO, rounding=ROUND_HALF_EVEN)
-
-
-# Every grouping reads the daily rollup (migrations 0002 and 0005: per UTC day, model, client
-# key, reason, route and outcome), kept equal to the sum of the rows by triggers: a few thousand
-# rows a month, however many requests there were.
-_ROLLUP_GROUP = {
-    None: "NULL",
-    "kind": "NULL",  # a quality grouping: requests have no task kind
-    "model": "model",
-    "day": "day",
-    "key": "key_name",
-    "reason": "reason",
-}
-_ROLLUP = """
-SELECT {group} AS grp, reason,
-       SUM(requests),
-       SUM(CASE WHEN route = 'local' THEN requests ELSE 0 END),
-       SUM(CASE WHEN route = 'api' THEN requests ELSE 0 END),
-       SUM(CASE WHEN failed = 1 THEN requests ELSE 0 END),
-       SUM(api_cost_pusd),
-       SUM(counterfactual_cost_pusd),
-       SUM(uncosted),
-       SUM(latency_tax_ms),
-       SUM(taxed)
-FROM requests_daily
-WHERE day >= ? AND day < ?
-GROUP BY grp, reason
-"""
-
-
 @contextmanager
 def _connect(db: Database) -> Iterator[access.Connection]:
     """Open the ledger for reading, upgrading it first if an older proxy wrote it."""
@@ -301,18 +209,18 @@ def build(
         columns = conn.columns("requests")
         bounds = (period.start.timestamp(), period.end.timestamp())
         days_range = (int(bounds[0]) // 86400, int(bounds[1]) // 86400)
-        groups = _aggregate(conn, _ROLLUP.format(group=_ROLLUP_GROUP[by]), days_range)
+        groups = aggregate(conn, ROLLUP.format(group=ROLLUP_GROUP[by]), days_range)
         days = None
         if by == "day":
             days = groups
         elif daily:
-            days = _aggregate(conn, _ROLLUP.format(group="day"), days_range)
+            days = aggregate(conn, ROLLUP.format(group="day"), days_range)
         total = Totals()
         for totals in groups.values():
             total.add(totals)
-        p95 = _p95(conn, bounds, total.taxed)
-        prediction = _prediction_error(conn, bounds) if "actual_local_ms" in columns else None
-        warnings = _warnings(conn, days_range) if total.uncosted else []
+        p95 = latency_p95(conn, bounds, total.taxed)
+        prediction = prediction_error(conn, bounds) if "actual_local_ms" in columns else None
+        warnings = cost_warnings(conn, days_range) if total.uncosted else []
         audit_pico = spend_pusd(conn, since=bounds[0], until=bounds[1])
         quality = quality_section(
             read_rows(conn, since=bounds[0], until=bounds[1]),
@@ -347,85 +255,6 @@ def build(
     if days is not None:
         report["days"] = _group_list("day", days, period, monthly_pico, now)
     return report
-
-
-def _aggregate(conn: access.Connection, query: str, days: tuple[int, int]) -> dict[Any, Totals]:
-    groups: dict[Any, Totals] = {}
-    for row in conn.query(query, days):
-        key, reason, n, local, api, failed, paid, cf, uncosted, tax_ms, taxed = row
-        # int(): PostgreSQL sums BIGINTs as NUMERIC, which psycopg reads as exact Decimals.
-        part = Totals(
-            requests=int(n),
-            local=int(local or 0),
-            api=int(api or 0),
-            failed=int(failed or 0),
-            paid=int(paid or 0),
-            counterfactual=int(cf or 0),
-            uncosted=int(uncosted or 0),
-            tax_ms=float(tax_ms or 0.0),
-            taxed=int(taxed or 0),
-            reasons={reason: int(n)},
-        )
-        groups.setdefault(key if key != "" else None, Totals()).add(part)
-    return groups
-
-
-def _p95(conn: access.Connection, bounds: tuple[float, float], taxed: int) -> float:
-    if not taxed:
-        return 0.0
-    rank = math.ceil(0.95 * taxed)
-    rows = conn.query(
-        "SELECT latency_tax_ms FROM requests WHERE ts >= ? AND ts < ? AND latency_tax_ms > 0 "
-        "ORDER BY latency_tax_ms LIMIT 1 OFFSET ?",
-        (*bounds, rank - 1),
-    )
-    return round(rows[0][0] / 1000, 3) if rows else 0.0
-
-
-def _prediction_error(
-    conn: access.Connection, bounds: tuple[float, float]
-) -> tuple[float, int] | None:
-    """Median absolute percentage error of the predicted local times (issue 6), over the local
-    answers that ran to their end where predicted; None when there are none."""
-    errors = sorted(
-        abs(predicted - actual) / actual
-        for predicted, actual in conn.query(
-            "SELECT predicted_local_ms, actual_local_ms FROM requests WHERE ts >= ? AND ts < ? "
-            "AND predicted_local_ms IS NOT NULL AND actual_local_ms IS NOT NULL "
-            "AND actual_local_ms > 0",
-            bounds,
-        )
-    )
-    if not errors:
-        return None
-    mid = len(errors) // 2
-    median = errors[mid] if len(errors) % 2 else (errors[mid - 1] + errors[mid]) / 2
-    return round(median, 4), len(errors)
-
-
-def _warnings(conn: access.Connection, days: tuple[int, int]) -> list[str]:
-    out = []
-    rows = conn.query(
-        "SELECT model, SUM(uncosted) - SUM(uncounted), SUM(uncounted) FROM requests_daily "
-        "WHERE day >= ? AND day < ? GROUP BY model HAVING SUM(uncosted) > 0 "
-        "ORDER BY 2 DESC, model",
-        days,
-    )
-    no_usage = 0
-    for model, unpriced_n, uncounted_n in rows:
-        unpriced, uncounted = int(unpriced_n), int(uncounted_n)
-        no_usage += uncounted
-        if unpriced:
-            out.append(
-                f"{plural(unpriced, 'request')} for '{model}' not costed: no known price. "
-                f'Add [pricing."{model}"] to the config to price new requests.'
-            )
-    if no_usage:
-        out.append(
-            f"{plural(no_usage, 'request')} not costed: the API reported no token usage "
-            "(e.g. a stream cut mid-way)."
-        )
-    return out
 
 
 def _group_list(

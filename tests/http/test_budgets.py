@@ -203,7 +203,8 @@ async def test_report_by_key_shows_each_budget_and_its_use(
     from decimal import Decimal
 
     from proxy.ledger.render import render
-    from proxy.ledger.report import Period, build, money
+    from proxy.ledger.report import Period, build
+    from proxy.ledger.rollup import money
 
     capped = keys.create(database, "capped", monthly_budget_pusd=10**12)  # $1
     free = keys.create(database, "free")
