@@ -2,6 +2,8 @@
 
     writer    the one writer thread: batched inserts off the request path, WAL, flushed on
               shutdown, failed rows isolated and spilled, never lost silently
+    batching  the writer thread's loop: gathers batches, winds up at shutdown
+    flush     its writes: one transaction a batch, rows held, retried, rejected or spilled
     migrate   the migrations runner (``migrations/NNNN_*.sql``, applied in order, recorded)
     pricing   prices (litellm's offline map plus overrides) and a row's costs, in pico-dollars
     usage     the impossible token counts and costs of a row, blanked to unknown

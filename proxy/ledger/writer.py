@@ -4,11 +4,12 @@ Requests hand their row to :meth:`Ledger.record`, which only appends to a thread
 for a local answer, queues its counterfactual token count on the :class:`TokenCounter` thread).
 One writer thread, with its own connection, drains the queue in batches: at most
 ``flush_interval_s`` after a row arrives, or as soon as ``batch_size`` rows wait, one
-transaction writes them (:mod:`proxy.ledger.batching`; the database is SQLite or PostgreSQL,
-:mod:`proxy.ledger.storage`). Costs are computed there, from the row's facts and the
-:class:`PriceBook`. The writer is a thread rather than a task on the event loop so that a loop
-busy with requests cannot delay a commit. Several replicas may share one PostgreSQL ledger:
-each keeps its own writer and batching, and row ids come from the database's identity column.
+transaction writes them (:mod:`proxy.ledger.batching` gathers, :mod:`proxy.ledger.flush` writes;
+the database is SQLite or PostgreSQL, :mod:`proxy.ledger.storage`). Costs are computed there,
+from the row's facts and the :class:`PriceBook`. The writer is a thread rather than a task on
+the event loop so that a loop busy with requests cannot delay a commit. Several replicas may
+share one PostgreSQL ledger: each keeps its own writer and batching, and row ids come from the
+database's identity column.
 
 Durability: a row is committed about ``flush_interval_s`` plus one write after its response
 was handed to the server, so after a ``kill -9`` every request that completed more than a
@@ -66,8 +67,9 @@ from typing import Any
 
 import structlog
 
-from proxy.ledger.batching import AuditEntry, Entry, FlushMarker, StopMarker, WriterThread
+from proxy.ledger.batching import FlushMarker, StopMarker, WriterThread
 from proxy.ledger.database import Database, as_database
+from proxy.ledger.flush import AuditEntry, Entry
 from proxy.ledger.migrate import open_database
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.rows import COLUMNS, COUNT_UPDATE, OPTIONAL_COLUMNS
