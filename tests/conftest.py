@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import structlog
 
 from proxy import config
 from proxy.engine.client import LocalEngine
@@ -91,3 +92,11 @@ def make_client(tmp_path: Path, engine: LocalEngine) -> Callable[..., Any]:
                 yield client
 
     return factory
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logging() -> Iterator[None]:
+    """A test that runs the CLI configures structlog onto its captured stdout; reset it after,
+    so that later log lines (the shared engine's among them) never write to a closed file."""
+    yield
+    structlog.reset_defaults()
