@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from quality._view import view_of
+from quality.combiner import Model
 from quality.fit import fit_logistic, standardise
 from quality.instructions import failed_instructions
 from quality.task import KINDS, kind_of
@@ -101,29 +102,28 @@ def request_features(body: Mapping[str, Any]) -> dict[str, float]:
     return features
 
 
+def _feature(name: str, x: Mapping[str, float], templates: Mapping[int, float]) -> float:
+    """A feature's value for the model: the template's learned log-odds shift for
+    ``req_template``, else the request's own feature (0 when it lacks it)."""
+    if name == "req_template":
+        return templates.get(int(x.get(TEMPLATE_KEY, -1.0)), 0.0)
+    return float(x.get(name, 0.0))
+
+
 @dataclass(frozen=True, kw_only=True)
 class PreRouterModel:
-    features: tuple[str, ...]
-    mean: tuple[float, ...]
-    scale: tuple[float, ...]
-    coef: tuple[float, ...]
-    intercept: float
+    """The gate's own standardised logistic model (:class:`quality.combiner.Model`) over the
+    request's features, with the per-template shifts and what it was fitted on."""
+
+    model: Model
     templates: dict[int, float] = field(default_factory=dict)  # template id -> log-odds shift
     audits: int = 0
     accepted: int = 0
     cv_auc: float | None = None
 
     def probability(self, x: Mapping[str, float]) -> float:
-        z = self.intercept
-        for name, m, s, c in zip(self.features, self.mean, self.scale, self.coef, strict=True):
-            value = self._value(name, x)
-            z += c * (value - m) / s
-        return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
-
-    def _value(self, name: str, x: Mapping[str, float]) -> float:
-        if name == "req_template":
-            return self.templates.get(int(x.get(TEMPLATE_KEY, -1.0)), 0.0)
-        return float(x.get(name, 0.0))
+        values = {name: _feature(name, x, self.templates) for name in self.model.features}
+        return self.model.probability(values)
 
     @property
     def ready(self) -> bool:
@@ -132,11 +132,7 @@ class PreRouterModel:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "features": list(self.features),
-            "mean": list(self.mean),
-            "scale": list(self.scale),
-            "coef": list(self.coef),
-            "intercept": self.intercept,
+            **self.model.to_dict(),
             "templates": {str(k): v for k, v in self.templates.items()},
             "audits": self.audits,
             "accepted": self.accepted,
@@ -145,20 +141,13 @@ class PreRouterModel:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PreRouterModel:
-        model = cls(
-            features=tuple(str(f) for f in data["features"]),
-            mean=tuple(float(v) for v in data["mean"]),
-            scale=tuple(float(v) for v in data["scale"]),
-            coef=tuple(float(v) for v in data["coef"]),
-            intercept=float(data["intercept"]),
+        return cls(
+            model=Model.from_dict(data),  # checks that the four lists have one length
             templates={int(k): float(v) for k, v in (data.get("templates") or {}).items()},
             audits=int(data.get("audits", 0)),
             accepted=int(data.get("accepted", 0)),
             cv_auc=None if data.get("cv_auc") is None else float(data["cv_auc"]),
         )
-        if not (len(model.mean) == len(model.scale) == len(model.coef) == len(model.features)):
-            raise ValueError("prerouter: features, mean, scale and coef differ in length")
-        return model
 
 
 def _template_table(rows: Sequence[Mapping[str, float]], y: Sequence[bool]) -> dict[int, float]:
@@ -192,24 +181,18 @@ def fit(rows: Sequence[Mapping[str, float]], accepted: Sequence[bool]) -> PreRou
     templates = _template_table(rows, y_list) if all(TEMPLATE_KEY in r for r in rows) else {}
     if templates:
         names.append("req_template")
-    probe = PreRouterModel(
-        features=tuple(names),
-        mean=(0.0,) * len(names),
-        scale=(1.0,) * len(names),
-        coef=(0.0,) * len(names),
-        intercept=0.0,
-        templates=templates,
-    )
-    x = np.array([[probe._value(n, r) for n in names] for r in rows], dtype=float)
+    x = np.array([[_feature(n, r, templates) for n in names] for r in rows], dtype=float)
     y = np.array([1.0 if a else 0.0 for a in y_list])
     mean, scale = standardise(x) if names else (np.zeros(0), np.zeros(0))
     coef, b = fit_logistic((x - mean) / scale if names else x, y, LAMBDA)
     return PreRouterModel(
-        features=tuple(names),
-        mean=tuple(float(v) for v in mean),
-        scale=tuple(float(v) for v in scale),
-        coef=tuple(float(v) for v in coef),
-        intercept=b,
+        model=Model(
+            features=tuple(names),
+            mean=tuple(float(v) for v in mean),
+            scale=tuple(float(v) for v in scale),
+            coef=tuple(float(v) for v in coef),
+            intercept=float(b),
+        ),
         templates=templates,
         audits=len(y_list),
         accepted=sum(y_list),
