@@ -64,6 +64,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from tests.loopback import ThreadedServer
+
 DEFAULT_REPLY = "Paris is the capital of France."
 EMBEDDING_DIM = 8
 
@@ -221,8 +223,7 @@ class FakeAPI:
         self._lock = threading.Lock()
         self._seq = 0
         self._stopping = False
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._served: ThreadedServer | None = None
         self.reset()
         self.set(**knobs)
         self._routes = Starlette(
@@ -265,10 +266,6 @@ class FakeAPI:
     # -- life cycle --------------------------------------------------------------------------
 
     def start(self) -> FakeAPI:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app,
             loop="asyncio",
@@ -279,27 +276,17 @@ class FakeAPI:
             access_log=False,
             timeout_graceful_shutdown=2,
         )
-        self._server = server = uvicorn.Server(config)
         self._stopping = False
-        self._thread = threading.Thread(
-            target=server.run, kwargs={"sockets": [sock]}, name="fake-api", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                sock.close()
-                raise RuntimeError("the fake API did not start")
-            time.sleep(0.002)
+        self._served = ThreadedServer(config, host=self.host, port=self.port, name="fake-api")
+        self.port = self._served.start()
         return self
 
     def stop(self) -> None:
-        if self._server is None or self._thread is None:
+        if self._served is None:
             return
         self._stopping = True
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._server = self._thread = None
+        self._served.stop()
+        self._served = None
 
     def __enter__(self) -> FakeAPI:
         return self.start()

@@ -1,8 +1,11 @@
-"""A loopback TCP listener on a thread, for a host that must (or must not) be reached.
+"""Loopback servers on a thread: a bare TCP listener, and an ASGI app under uvicorn.
 
-:class:`Listener` accepts each connection, counts it and closes it at once; a subclass gives a
-connection another end by overriding :meth:`Listener.handle` (``tests/upstream/test_upstream.py``
-reads the whole request first). ``url`` is the listener as an API base (``http://…/v1``).
+:class:`ThreadedServer` serves an app (the fake API, the judge, the proxy itself) with uvicorn on
+a thread of the test process, on a socket it binds first, so the port is known before the
+server runs. :class:`Listener` accepts each connection, counts it and closes it at once; a
+subclass gives a connection another end by overriding :meth:`Listener.handle`
+(``tests/upstream/test_upstream.py`` reads the whole request first). ``url`` is the listener as
+an API base (``http://…/v1``).
 """
 
 from __future__ import annotations
@@ -10,6 +13,47 @@ from __future__ import annotations
 import select
 import socket
 import threading
+import time
+
+import uvicorn
+
+
+class ThreadedServer:
+    """``config``'s app served on ``host``:``port`` (0: a free port) by uvicorn on a thread."""
+
+    def __init__(
+        self, config: uvicorn.Config, *, host: str = "127.0.0.1", port: int = 0, name: str = "asgi"
+    ) -> None:
+        self.config = config
+        self.host, self.port, self.name = host, port, name
+        self.server: uvicorn.Server | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self, timeout_s: float = 10.0) -> int:
+        """Serve, and return the port once uvicorn says it has started."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = int(sock.getsockname()[1])
+        self.server = server = uvicorn.Server(self.config)
+        self.thread = thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, name=self.name, daemon=True
+        )
+        thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                sock.close()
+                raise RuntimeError(f"{self.name} did not start")
+            time.sleep(0.002)
+        return self.port
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.server is None or self.thread is None:
+            return
+        self.server.should_exit = True
+        self.thread.join(timeout=timeout_s)
+        self.server = self.thread = None
 
 
 class Listener:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from typing import Any
@@ -29,6 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy.audit.judge import Transport
+from tests.loopback import ThreadedServer
 
 
 class JudgeServer:
@@ -43,8 +43,7 @@ class JudgeServer:
         self.garbage = "I think it is fine."
         self.requests: list[dict[str, Any]] = []
         self.port = 0
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._served: ThreadedServer | None = None
         self.app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
 
     def hold(self, kind: str) -> None:
@@ -116,10 +115,6 @@ class JudgeServer:
         )
 
     def start(self) -> JudgeServer:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app,
             loop="asyncio",
@@ -130,24 +125,15 @@ class JudgeServer:
             access_log=False,
             timeout_graceful_shutdown=1,
         )
-        self._server = server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=server.run, kwargs={"sockets": [sock]}, name="judge", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the judge server did not start")
-            time.sleep(0.002)
+        self._served = ThreadedServer(config, name="judge")
+        self.port = self._served.start()
         return self
 
     def stop(self) -> None:
         for gate in self.gates.values():
             gate.set()
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)
+        if self._served is not None:
+            self._served.stop()
 
 
 def _plain(text: str) -> str:

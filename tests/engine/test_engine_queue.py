@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from proxy.engine.client import LocalEngine
 from proxy.http.app import create_app
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
+from tests.loopback import ThreadedServer
 
 LONG = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
 
@@ -69,25 +69,18 @@ async def test_a_full_queue_sends_the_next_request_to_the_api_at_once(
 
 
 class _Server:
+    """The app on a real loopback port, so that a client can really leave."""
+
     def __init__(self, app: Any) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.served = ThreadedServer(uvicorn.Config(app, log_level="warning"), name="frugal")
+        self.port = 0
 
     def __enter__(self) -> _Server:
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.05)
+        self.port = self.served.start(timeout_s=60)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+        self.served.stop(timeout_s=30)
 
 
 def _send_and_leave_open(port: int, body: dict[str, Any]) -> socket.socket:

@@ -32,6 +32,7 @@ from proxy.engine.client import LocalEngine
 from proxy.http.app import create_app
 from tests.conftest import FAKE_KEY, FAKE_KEY_ENV, settings_for
 from tests.fake_api import FakeAPI
+from tests.loopback import ThreadedServer
 
 DEADLINE_S = 20.0
 LONG = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
@@ -104,22 +105,14 @@ def _serve(tmp: Path, api: FakeAPI, mode: str) -> Iterator[Served]:
     )
     app = create_app(settings)
     wrapped = _LoopOf(app)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    config = uvicorn.Config(
-        wrapped, host="127.0.0.1", port=port, log_level="warning", interface="asgi3"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True, name=f"frugal-{mode}")
-    thread.start()
+    config = uvicorn.Config(wrapped, log_level="warning", interface="asgi3")
+    served = ThreadedServer(config, name=f"frugal-{mode}")
+    port = served.start(timeout_s=DEADLINE_S)
     try:
-        wait_for(lambda: server.started or not thread.is_alive(), "the server to start")
-        assert server.started and wrapped.loop is not None, "the server did not start"
+        assert wrapped.loop is not None, "the server did not start"
         yield Served(app, port, Path(settings.ledger.path), api, wrapped.loop)
     finally:
-        server.should_exit = True
-        thread.join(timeout=60)
+        served.stop(timeout_s=60)
 
 
 @pytest.fixture(scope="module")
