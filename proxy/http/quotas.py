@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
 
 from proxy.config import Settings
+from proxy.engine.generate import ModelLoadError, bundled_model_path
 from proxy.errors import BudgetExhausted, BudgetUnavailable, ModelNotAllowed, TooManyRequests
 from proxy.ledger.budgets import Budgets, Reservation
 from proxy.ledger.cache import ResponseCache, cache_key, cacheable
@@ -41,6 +40,7 @@ from proxy.ledger.keys import ClientKey
 from proxy.ledger.limits import LocalWindow, RateLimits
 from proxy.ledger.pool import Pool, Unavailable
 from proxy.ledger.pricing import PriceBook
+from quality.combiner import file_sha256
 
 log = structlog.get_logger("frugal.quotas")
 
@@ -83,7 +83,8 @@ class Quotas:
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self.model_hash = await asyncio.to_thread(_file_hash, self.settings.local.model_path)
+        if self.settings.cache.enabled:  # a model file is gigabytes: read it only when needed
+            self.model_hash = await asyncio.to_thread(_model_hash, self.settings.local.model_path)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="quotas-sweep")
 
     async def stop(self) -> None:
@@ -238,13 +239,10 @@ class Quotas:
             self._spawn(self._call(self.cache.put, key, answer))
 
 
-def _file_hash(path: str) -> str:
-    """SHA-256 of the local model file (its name when it cannot be read)."""
-    target = Path(path) if path else None
-    if target is None or not target.is_file():
+def _model_hash(path: str) -> str:
+    """SHA-256 of the model file the engine loads (``path``, or the bundled one); its name
+    when it cannot be read."""
+    try:
+        return file_sha256(path or bundled_model_path())
+    except (OSError, ModelLoadError):
         return "no-model-file:" + path
-    digest = hashlib.sha256()
-    with target.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
