@@ -20,7 +20,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from proxy.errors import BudgetExhausted, BudgetUnavailable, LocalUnavailable, ProxyError
+from proxy.errors import LocalUnavailable, ProxyError
 from proxy.http import sse
 from proxy.http.exchange import Exchange, Handler, aiter_of, public_answer
 from proxy.http.render import sse_event
@@ -65,7 +65,7 @@ class ChatHandler(Handler):
                 return JSONResponse(answer, headers=ex.headers())
         else:
             ex.reason = plan.reason
-        kept = await self._reserve(body, plan, threshold, ex)
+        kept = await self.reserve_or_local(body, plan, threshold, ex, kind="chat")
         if kept is not None:
             return JSONResponse(public_answer(kept, body), headers=ex.headers())
         upstream = self.services.upstream
@@ -98,31 +98,10 @@ class ChatHandler(Handler):
                     return self._replay(answer, ex, include_usage, bool(body.get("logprobs")))
         else:
             ex.reason = plan.reason
-        kept = await self._reserve(body, plan, threshold, ex)
+        kept = await self.reserve_or_local(body, plan, threshold, ex, kind="chat")
         if kept is not None:
             return self._replay(public_answer(kept, body), ex, include_usage, False)
         return await self._relay_api(body, ex)
-
-    async def _reserve(
-        self, body: dict[str, Any], plan: Plan, threshold: float, ex: Exchange
-    ) -> dict[str, Any] | None:
-        """Reserve the key's budget before the API call. When it is spent, a request sent
-        to the API only for speed gets a local attempt instead (sent if the gate accepts it,
-        with reason ``budget_exhausted``); otherwise the 429 stands."""
-        try:
-            await self.reserve(body, ex)
-        except BudgetExhausted:
-            if plan.route == "api" and plan.reason == "predicted_slow":
-                kept = await self.try_local(body, plan, threshold, ex, kind="chat")
-                if kept is not None:
-                    ex.reason = "budget_exhausted"
-                    return kept
-            ex.reason = "budget_exhausted"
-            raise
-        except BudgetUnavailable:
-            ex.reason = "budget_unavailable"
-            raise
-        return None
 
     def _replay(
         self, answer: dict[str, Any], ex: Exchange, include_usage: bool, with_logprobs: bool

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.engine import legacy
-from proxy.errors import BadRequest, BudgetExhausted, BudgetUnavailable, LocalUnavailable
+from proxy.errors import BadRequest, LocalUnavailable
 from proxy.http import sse
 from proxy.http.exchange import Exchange, Handler, aiter_of, public_answer
 from proxy.http.validate import completions_request, embeddings_request, parse_json
@@ -52,20 +52,10 @@ class CompletionsHandler(Handler):
                 return self._local(kept, ex, body)
         else:
             ex.reason = plan.reason
-        try:
-            await self.reserve(body, ex)  # the key's budget, before the API call
-        except BudgetExhausted:
-            # Sent to the API only for speed: a local answer the gate accepts is free.
-            if plan.route == "api" and plan.reason == "predicted_slow":
-                kept = await self.try_local(body, plan, threshold, ex, kind="complete")
-                if kept is not None:
-                    ex.reason = "budget_exhausted"
-                    return self._local(kept, ex, body)
-            ex.reason = "budget_exhausted"
-            raise
-        except BudgetUnavailable:
-            ex.reason = "budget_unavailable"
-            raise
+        # The key's budget, before the API call; spent, a local answer the gate accepts is free.
+        kept = await self.reserve_or_local(body, plan, threshold, ex, kind="complete")
+        if kept is not None:
+            return self._local(kept, ex, body)
         upstream = self.services.upstream
         call = upstream.post_json("/completions", _without_stream(body), request_id=ex.request_id)
         reply = (await self.from_api(call, ex)).body
@@ -117,17 +107,10 @@ class EmbeddingsHandler(Handler):
                 "embeddings come from the API, and no API fallback is configured"
             )
         await self.admit(request, body, ex)  # the key's models and rpm
-        try:
-            # Embeddings answer no tokens: the worst case is the input (one output token
-            # bounds the rest, at an embedding model's output price of 0).
-            worst = {"model": body["model"], "input": body.get("input"), "max_tokens": 1}
-            await self.reserve(worst, ex)
-        except BudgetExhausted:
-            ex.reason = "budget_exhausted"
-            raise
-        except BudgetUnavailable:
-            ex.reason = "budget_unavailable"
-            raise
+        # Embeddings answer no tokens: the worst case is the input (one output token bounds
+        # the rest, at an embedding model's output price of 0).
+        worst = {"model": body["model"], "input": body.get("input"), "max_tokens": 1}
+        await self.reserve(worst, ex)
         upstream = self.services.upstream
         call = upstream.post_json("/embeddings", body, request_id=ex.request_id)
         reply = (await self.from_api(call, ex)).body

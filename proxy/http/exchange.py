@@ -37,7 +37,13 @@ from starlette.responses import Response
 
 from proxy.audit.runner import Case
 from proxy.audit.sampler import Ticket
-from proxy.errors import BadRequest, LocalUnavailable, ProxyError
+from proxy.errors import (
+    BadRequest,
+    BudgetExhausted,
+    BudgetUnavailable,
+    LocalUnavailable,
+    ProxyError,
+)
 from proxy.http import sse
 from proxy.http.metrics import PUSD_PER_USD
 from proxy.http.render import sse_event, unexpected
@@ -329,13 +335,39 @@ class Handler:
 
     async def reserve(self, body: dict[str, Any], ex: Exchange) -> None:
         """Before an API call: the key's worst case reserved against its budget (raises
-        ``BudgetExhausted`` 429 or ``BudgetUnavailable`` 503 when it cannot be)."""
+        ``BudgetExhausted`` 429 or ``BudgetUnavailable`` 503 when it cannot be, the reason
+        noted on ``ex``)."""
         quotas = self.services.quotas
         if quotas is None:
             return
         key = self.services.auth.stored_key(ex.key_name)
         api_model = self.services.upstream.target(body["model"])
-        ex.reservation = await quotas.reserve(key, body, api_model, ex.local_prompt_tokens)
+        try:
+            ex.reservation = await quotas.reserve(key, body, api_model, ex.local_prompt_tokens)
+        except BudgetExhausted:
+            ex.reason = "budget_exhausted"
+            raise
+        except BudgetUnavailable:
+            ex.reason = "budget_unavailable"
+            raise
+
+    async def reserve_or_local(
+        self, body: dict[str, Any], plan: Plan, threshold: float, ex: Exchange, *, kind: str
+    ) -> dict[str, Any] | None:
+        """:meth:`reserve`, except that when the budget is spent, a request sent to the API only
+        for speed gets a local attempt instead: its completion when the gate accepts it (reason
+        ``budget_exhausted``), else the 429 stands. None when the API call may go ahead."""
+        try:
+            await self.reserve(body, ex)
+        except BudgetExhausted:
+            if plan.route == "api" and plan.reason == "predicted_slow":
+                kept = await self.try_local(body, plan, threshold, ex, kind=kind)
+                if kept is not None:
+                    ex.reason = "budget_exhausted"
+                    return kept
+            ex.reason = "budget_exhausted"
+            raise
+        return None
 
     async def from_api(self, call: Awaitable[UpstreamResponse], ex: Exchange) -> UpstreamResponse:
         """Await one upstream JSON call: the route, its time, its attempts and usage noted.
