@@ -85,7 +85,8 @@ def merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def base_config(port: int, db: Path, api: FakeAPI | None) -> dict[str, Any]:
-    """What every fault server has: keyless loopback, one engine thread, the fake API upstream."""
+    """What every fault server has: keyless loopback, one engine thread, the fake API upstream,
+    no audits."""
     return {
         "server": {"host": "127.0.0.1", "port": port, "log_format": "json", "api_keys_env": ""},
         "local": {"n_threads": 1, "timeout_s": 30.0},
@@ -101,6 +102,9 @@ def base_config(port: int, db: Path, api: FakeAPI | None) -> dict[str, Any]:
             else {"api_base": "", "api_key_env": ""}
         ),
         "router": {"predictive": False},
+        # No shadow audits: a random 2% of extra shadow or judge calls would blur what a fault
+        # row counts upstream.
+        "audit": {"rate": 0.0},
         "ledger": {"path": str(db), "flush_interval_s": 0.05},
     }
 

@@ -79,12 +79,18 @@ def start_server(
     *,
     server_toml: str = "",
     router_toml: str = "",
+    audit_toml: str = "rate = 0",
     env: dict[str, str] | None = None,
     client_key: str | None = None,
     **local: Any,
 ) -> Served:
-    """``server_toml`` is added to [server], ``router_toml`` to [router], ``env`` to the
-    process's environment; ``client_key`` is the key the returned :class:`Served` sends."""
+    """``server_toml`` is added to [server], ``router_toml`` to [router], ``audit_toml`` is the
+    [audit] section, ``env`` is added to the process's environment; ``client_key`` is the key the
+    returned :class:`Served` sends.
+
+    Shadow audits are off unless a test asks: the default 2% draw would add a random shadow or
+    judge call to the fake API's count (as ``settings_for`` in conftest does for in-process apps).
+    """
     port = free_port()
     db = tmp / "ledger.db"
     config = tmp / "frugal.toml"
@@ -108,6 +114,9 @@ timeout_s = 10
 
 [router]
 {router_toml}
+
+[audit]
+{audit_toml}
 
 [ledger]
 path = "{db}"
