@@ -13,6 +13,8 @@
     validate     cheap validation of request bodies (OpenAI's shapes), errors naming ``param``
     openapi      the OpenAPI description served at ``/openapi.json``
     metrics      ``/metrics`` (Prometheus)
+    report       ``GET /v1/frugal/report``: ``frugal report --format json`` over HTTP
+    dashboard    ``GET /dashboard``: the savings page, its scripts and chart library (static/)
 
 May import every other room: ``proxy.routing``, ``proxy.upstream``, ``proxy.audit``,
 ``proxy.engine`` (the handle the lifespan starts), ``proxy.ledger`` and the shared modules.

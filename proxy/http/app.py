@@ -35,11 +35,13 @@ from proxy.http import metrics as metrics_mod
 from proxy.http.auth import Authenticator, AuthMiddleware, RequestGuard
 from proxy.http.chat import ChatHandler
 from proxy.http.completions import CompletionsHandler, EmbeddingsHandler
+from proxy.http.dashboard import Dashboard
 from proxy.http.disconnect import CancelOnDisconnect
 from proxy.http.limits import InFlight, LimitsMiddleware
 from proxy.http.openapi import openapi_spec
 from proxy.http.quotas import Quotas
 from proxy.http.render import exception_handlers, render, unexpected
+from proxy.http.report import ReportEndpoint
 from proxy.http.services import Services, services_of
 from proxy.ledger.database import from_settings
 from proxy.ledger.pricing import PriceBook, load_price_map
@@ -363,6 +365,8 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             body["degraded"] = [f"{part}: {body[part].get('reason')}" for part in degraded]
         return JSONResponse(body, status_code=status)
 
+    dashboard = Dashboard()  # the page's files, read once (proxy/http/static/)
+    reports = ReportEndpoint(settings)
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -376,6 +380,9 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             Route("/models", models, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics_mod.endpoint, methods=["GET"]),
+            Route("/v1/frugal/report", reports.get, methods=["GET"]),
+            Route("/dashboard", dashboard.page, methods=["GET"]),
+            Route("/dashboard/{name}", dashboard.asset, methods=["GET"]),
         ],
         exception_handlers=exception_handlers(),
         lifespan=lifespan,

@@ -9,7 +9,9 @@ whence the ledger, the metrics and the log line take it; the key itself goes now
 particular never upstream (the upstream client sends its own key).
 
 Open paths: ``/healthz`` always (a load balancer's health check carries no key; without one it
-answers only its status), and ``/metrics`` when ``[server] metrics_open`` is set.
+answers only its status), ``/metrics`` when ``[server] metrics_open`` is set, and the dashboard's
+page and files (``/dashboard``, ``/dashboard/*``: they hold no data; the page sends the key with
+each data call it makes).
 
 Stored keys are re-read every :data:`REFRESH_S` seconds (1 s), so ``frugal keys create`` and
 ``revoke`` take effect on a running server, and on every replica sharing a PostgreSQL ledger,
@@ -70,7 +72,8 @@ from proxy.ledger.database import from_settings
 log = structlog.get_logger("frugal.auth")
 
 REFRESH_S = 1.0
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz", "/dashboard"})
+OPEN_PREFIXES = ("/dashboard/",)  # the dashboard's files
 _NO_MATCH = bytes(32)
 
 
@@ -184,7 +187,11 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        if path in OPEN_PATHS or (path == "/metrics" and services.settings.server.metrics_open):
+        if (
+            path in OPEN_PATHS
+            or path.startswith(OPEN_PREFIXES)
+            or (path == "/metrics" and services.settings.server.metrics_open)
+        ):
             await self.app(scope, receive, send)
             return
         has_key = presented_key(scope) is not None

@@ -1,0 +1,82 @@
+"""``GET /v1/frugal/report``: ``frugal report --format json`` over HTTP, for the dashboard.
+
+    GET /v1/frugal/report?month=YYYY-MM[&by=day|model|key|reason|kind]
+
+The answer is the object that ``frugal report --config FILE --month M [--by B] --format json``
+prints: the same :func:`proxy.ledger.report.build` over the same ledger (``[ledger]``), with
+the same fixed cost (``[costs]``) and quality settings, written by the same
+:func:`proxy.ledger.report.render`, so money leaves as exact six-decimal numbers here too
+(``docs/report.md``). Without ``month`` it is this month so far, as in the CLI.
+
+The build reads the ledger on a thread, at most :data:`REPORTS_AT_ONCE` at a time, so that the
+event loop goes on serving while a report reads a large ledger. A month with no request is a
+200 with the zero report (the CLI's exit code 4 is for scripts); a bad ``month`` or ``by`` is a
+400 naming it; a ledger that cannot be read is a 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.config import Settings
+from proxy.errors import BadRequest, StatusError
+from proxy.ledger import report as report_mod
+from proxy.ledger.database import from_settings
+
+REPORTS_AT_ONCE = 2
+BY = report_mod.GROUPINGS  # day, model, key, reason, and kind (the quality keys by task kind)
+
+
+class ReportEndpoint:
+    """``GET /v1/frugal/report`` for one app's settings (:meth:`get` is the route's handler)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._slots = asyncio.Semaphore(REPORTS_AT_ONCE)
+
+    async def get(self, request: Request) -> Response:
+        query = request.query_params
+        now = datetime.now(UTC)
+        month = query.get("month")
+        try:
+            period = report_mod.Period.month(month, now)
+        except report_mod.ReportError:
+            raise BadRequest(
+                f"Invalid 'month': {month!r}. Expected YYYY-MM with a month from 01 to 12, "
+                "e.g. 2026-11.",
+                param="month",
+            ) from None
+        by = query.get("by")
+        if by is not None and by not in BY:
+            raise BadRequest(
+                f"Invalid 'by': {by!r}. Expected one of {', '.join(BY)}, or no 'by'.",
+                param="by",
+            )
+        async with self._slots:
+            data = await asyncio.to_thread(self._build, period, by, now)
+        return Response(
+            report_mod.render(data, "json"),
+            media_type="application/json",
+            headers={"cache-control": "no-store"},
+        )
+
+    def _build(self, period: report_mod.Period, by: str | None, now: datetime) -> dict[str, Any]:
+        """What ``frugal report --config FILE`` builds (see ``proxy.cli``), on this thread."""
+        settings = self.settings
+        try:
+            return report_mod.build(
+                from_settings(settings.ledger),
+                period,
+                settings.costs.monthly_fixed_usd,
+                by=by,
+                now=now,
+                target_precision=settings.quality.target_precision or None,
+                threshold=settings.quality.threshold,
+            )
+        except report_mod.ReportError as exc:
+            raise StatusError(503, f"The ledger cannot be read now: {exc}") from exc
