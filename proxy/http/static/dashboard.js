@@ -190,6 +190,7 @@
   function failed(err) {
     if (err instanceof AuthError) {
       const had = state.key !== null;
+      if (!had && !$("login").hidden) return; // another call's 401 has asked already
       storeKey(null);
       showLogin(had ? "This key was not accepted by the proxy. Enter a client key of this proxy." : "");
       return;
