@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from proxy.http import report
 from proxy.http.request_schema import CHAT_REQUEST, COMPLETIONS_REQUEST, EMBEDDINGS_REQUEST
 from proxy.http.shapes import TOOL_CALL, Schema, obj
 
@@ -242,6 +243,7 @@ def openapi_spec() -> dict[str, Any]:
                 "EmbeddingsRequest": EMBEDDINGS_REQUEST,
                 "Embeddings": EMBEDDINGS,
                 "Models": MODELS,
+                "Report": report.REPORT,
                 "Error": ERROR,
             },
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -276,6 +278,24 @@ def openapi_spec() -> dict[str, Any]:
                             "content": {"application/json": {"schema": _ref("Models")}},
                         },
                         **_errors(401),
+                    },
+                }
+            },
+            "/v1/frugal/report": {
+                "get": {
+                    "summary": "The month's savings: what `frugal report --format json` prints",
+                    "parameters": report.PARAMETERS,
+                    "responses": {
+                        "200": {
+                            "description": "The report (docs/report.md); a month without "
+                            "requests is a report of zeros.",
+                            "content": {"application/json": {"schema": _ref("Report")}},
+                        },
+                        **_errors(400, 401),
+                        "503": {
+                            "description": "The ledger cannot be read.",
+                            "content": {"application/json": {"schema": _ref("Error")}},
+                        },
                     },
                 }
             },

@@ -25,11 +25,93 @@ from starlette.responses import Response
 
 from proxy.config import Settings
 from proxy.errors import BadRequest, StatusError
+from proxy.http.shapes import Schema, obj
 from proxy.ledger import report as report_mod
 from proxy.ledger.database import from_settings
 
 REPORTS_AT_ONCE = 2
-BY = report_mod.GROUPINGS  # day, model, key, reason, and kind (the quality keys by task kind)
+BY = report_mod.GROUPINGS  # model, day, key, reason, and kind (the quality keys by task kind)
+
+# -- its OpenAPI description (proxy/http/openapi.py serves it; docs/report.md has every key) ---
+
+_MONEY: Schema = {"type": "number", "description": "USD, exact to the micro-dollar"}
+_SHARE: Schema = {"type": "number", "minimum": 0, "maximum": 1}
+_COUNT: Schema = {"type": "integer", "minimum": 0}
+_TOTALS: Schema = {
+    "requests": _COUNT,
+    "local_requests": _COUNT,
+    "api_requests": _COUNT,
+    "failed_requests": _COUNT,
+    "unpriced_requests": _COUNT,
+    "local_share": _SHARE,
+    "api_cost_usd": _MONEY,
+    "counterfactual_cost_usd": _MONEY,
+    "saved_usd": _MONEY,
+    "fixed_cost_usd": _MONEY,
+    "net_saved_usd": _MONEY,
+    "latency_tax_s": {"type": "number", "minimum": 0},
+    "latency_tax_requests": _COUNT,
+    "latency_tax_share": _SHARE,
+}
+_GROUP: Schema = obj(
+    ["requests", "api_cost_usd", "counterfactual_cost_usd", "saved_usd"],
+    {**_TOTALS, **{name: {"type": ["string", "null"]} for name in BY}},
+)
+REPORT: Schema = obj(
+    [
+        "month",
+        "from",
+        "to",
+        *_TOTALS,
+        "latency_tax_p95_s",
+        "reasons",
+        "warnings",
+        "audit_cost_usd",
+        "audits",
+        "audited_precision",
+        "audited_precision_ci",
+        "threshold_in_force",
+    ],
+    {
+        "month": {"type": "string"},
+        "from": {"type": "string", "format": "date"},
+        "to": {"type": "string", "format": "date"},
+        **_TOTALS,
+        "latency_tax_p95_s": {"type": "number", "minimum": 0},
+        "reasons": {"type": "object", "additionalProperties": _COUNT},
+        "warnings": {"type": "array", "items": {"type": "string"}},
+        "audit_cost_usd": _MONEY,
+        "audits": _COUNT,
+        "audited_precision": {"type": ["number", "null"]},
+        "audited_precision_ci": {
+            "type": ["array", "null"],
+            "items": {"type": "number"},
+            "minItems": 2,
+            "maxItems": 2,
+        },
+        "threshold_in_force": {"type": "number"},
+        "by": {"enum": list(BY)},
+        "groups": {"type": "array", "items": _GROUP},
+        "quality_groups": {"type": "array", "items": {"type": "object"}},
+    },
+)
+PARAMETERS: list[Schema] = [
+    {
+        "name": "month",
+        "in": "query",
+        "required": False,
+        "description": "The UTC month, YYYY-MM; this month so far when left out.",
+        "schema": {"type": "string", "pattern": "^[0-9]{4}-(0[1-9]|1[0-2])$"},
+    },
+    {
+        "name": "by",
+        "in": "query",
+        "required": False,
+        "description": "Add `groups`, one per model, day, client key (its name) or routing "
+        "reason; `kind` adds `quality_groups` (the audits by task kind).",
+        "schema": {"enum": list(BY)},
+    },
+]
 
 
 class ReportEndpoint:

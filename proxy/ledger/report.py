@@ -100,10 +100,13 @@ class Period:
                 year, month = int(year_s), int(month_s)
                 if not 1 <= month <= 12 or len(year_s) != 4 or len(month_s) != 2:
                     raise ValueError
+                start = datetime(year, month, 1, tzinfo=UTC)
+                end = _next_month(start)  # year 0 and 9999-12 have no datetime: refused here
             except ValueError:
                 raise ReportError(
                     f"--month {text!r}: expected YYYY-MM, e.g. 2026-11", EXIT_USAGE
                 ) from None
+            return cls(f"{year:04d}-{month:02d}", start, end)
         start = datetime(year, month, 1, tzinfo=UTC)
         return cls(f"{year:04d}-{month:02d}", start, _next_month(start))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 
 from proxy import cli, config
@@ -142,7 +143,9 @@ async def test_an_empty_month_is_an_empty_report_not_an_error(
 
 
 @pytest.mark.parametrize(
-    "month", ["2026-13", "2026-00", "2026-1", "26-10", "2026-10-01", "october", "", "2026/10"]
+    "month",
+    ["2026-13", "2026-00", "2026-1", "26-10", "2026-10-01", "october", "", "2026/10", "0000-01"]
+    + ["9999-12"],  # years with no datetime: a 400 too, not a 500
 )
 async def test_a_bad_month_is_a_400_that_names_month(
     make_client: Callable[..., Any], seeded: Path, month: str
@@ -156,6 +159,30 @@ async def test_a_bad_month_is_a_400_that_names_month(
     assert error["message"] == (
         f"Invalid 'month': {month!r}. Expected YYYY-MM with a month from 01 to 12, e.g. 2026-11."
     )
+
+
+async def test_the_endpoint_is_in_openapi_and_its_answers_fit_the_schema(
+    make_client: Callable[..., Any], seeded: Path
+) -> None:
+    async with make_client(config.load(str(seeded))) as client:
+        spec = (await get(client, "/openapi.json")).json()
+        bodies = [
+            (await get(client, f"/v1/frugal/report?month={month}" + (f"&by={by}" if by else "")))
+            for month in (GOOD_MONTH, EMPTY_MONTH)
+            for by in (None, *report_mod.GROUPINGS)
+        ]
+    operation = spec["paths"]["/v1/frugal/report"]["get"]
+    assert {p["name"]: p["in"] for p in operation["parameters"]} == {
+        "month": "query",
+        "by": "query",
+    }
+    assert set(operation["responses"]) == {"200", "400", "401", "503"}
+    schema = spec["components"]["schemas"]["Report"]
+    for response in bodies:
+        assert response.status_code == 200
+        jsonschema.validate(response.json(), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**bodies[0].json(), "saved_usd": "72.609549"}, schema)
 
 
 async def test_a_bad_grouping_is_a_400_that_names_by(
