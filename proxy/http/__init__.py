@@ -6,7 +6,12 @@
                  page could send to a keyless proxy (non-JSON bodies, foreign ``Host``)
     limits       body size, header time, concurrency
     disconnect   a client that leaves cancels its handler (and so its local work)
+    handler      the life cycle every cascade endpoint shares: plan, local attempt, fallback,
+                 answer, exactly one ledger row
     exchange     what one request did, for the headers, the log and the ledger row
+    record       the row, the metrics and the log line made from an exchange, once
+    shadow       a local attempt offered to the shadow audits; a drawn audit started
+    answers      the engine's completion as OpenAI sends it
     chat         ``POST /v1/chat/completions``: the cascade as HTTP
     completions  ``POST /v1/completions`` and ``POST /v1/embeddings``
     sse          Server-Sent Events: chunks, the response that writes a stream's row once

@@ -1,6 +1,6 @@
 """``POST /v1/chat/completions``: the cascade as HTTP.
 
-The life cycle (one ledger row, written once whatever happens) is :class:`proxy.http.exchange.
+The life cycle (one ledger row, written once whatever happens) is :class:`proxy.http.handler.
 Handler`'s; this module says what chat does inside it: JSON, or a stream in one of two modes.
 ``verify`` (the default) scores the local answer before the first byte and replays it as SSE,
 or relays the API's stream instead; ``live`` streams local tokens as they come, and only a
@@ -22,7 +22,9 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.errors import LocalUnavailable, ProxyError
 from proxy.http import sse
-from proxy.http.exchange import Exchange, Handler, aiter_of, public_answer
+from proxy.http.answers import public_answer
+from proxy.http.exchange import Exchange
+from proxy.http.handler import Handler, aiter_of
 from proxy.http.render import sse_event
 from proxy.http.validate import chat_request, parse_json
 from proxy.routing.router import LocalAttempt, Plan

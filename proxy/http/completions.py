@@ -1,7 +1,7 @@
 """``POST /v1/completions`` (legacy text completions) and ``POST /v1/embeddings``.
 
 Legacy completions take the same cascade as chat, in the same life cycle
-(:class:`proxy.http.exchange.Handler`): a pre-route check (:mod:`proxy.params`), a local attempt
+(:class:`proxy.http.handler.Handler`): a pre-route check (:mod:`proxy.params`), a local attempt
 (the raw prompt, no chat template) scored by the quality gate, and the API when the answer is not
 good enough. A streamed request gets the local answer replayed as OpenAI's ``text_completion``
 chunks after it was scored; on the API route the proxy asks for JSON and replays that, so a
@@ -28,7 +28,9 @@ from starlette.responses import JSONResponse, Response
 from proxy.engine import legacy
 from proxy.errors import BadRequest, LocalUnavailable
 from proxy.http import sse
-from proxy.http.exchange import Exchange, Handler, aiter_of, public_answer
+from proxy.http.answers import public_answer
+from proxy.http.exchange import Exchange
+from proxy.http.handler import Handler, aiter_of
 from proxy.http.validate import completions_request, embeddings_request, parse_json
 from proxy.routing.router import LOCAL_ALIAS, ROUTE_HEADER
 

@@ -2,7 +2,7 @@
 monthly budget, and the response cache it may be answered from.
 
 :class:`Quotas` is one of the app's services. The handlers call it at four points
-(:mod:`proxy.http.exchange`, :mod:`proxy.http.chat`):
+(:mod:`proxy.http.handler`, :mod:`proxy.http.chat`):
 
 - ``admit`` once the model is known: a model the key may not use is a 403 naming ``model``; a
   key past its ``rpm`` is a 429 with ``Retry-After`` (:mod:`proxy.ledger.limits`).

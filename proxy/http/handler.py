@@ -1,0 +1,276 @@
+"""The life cycle every cascade handler shares, and the steps its endpoints are made of.
+
+    Handler        one endpoint of the cascade (:mod:`proxy.http.chat`, :mod:`proxy.http.
+                   completions`), which implements ``handle`` with these steps:
+      __call__     start -> handle -> exactly one ledger row (:func:`proxy.http.record.finish`)
+      begin        the model noted, the route planned, the quality bar set
+      try_local    the local attempt, judged (``judge``): the answer to send, or None; offered
+                   to the shadow audits (:mod:`proxy.http.shadow`)
+      admit, cached, remember, reserve, reserve_or_local
+                   the key's models, rpm and budget, and the response cache
+                   (:mod:`proxy.http.quotas`)
+      from_api     one upstream call (JSON), timed, its attempts counted
+      stream       the SSE response, which writes the row when it ends
+    aiter_of       chunks made already (a replayed answer), as a stream's async generator
+
+``handle`` returns JSON or ``stream(...)``. The row is written by ``__call__``'s ``finally`` for
+a JSON answer or an error, and by the :class:`proxy.http.sse.EventStream` of a stream when its
+last byte is out or its client left (status 499, ``client_gone``). Upstream failures arrive as
+:class:`~proxy.errors.ProxyError` (the upstream client translates its own): their status, code
+and attempts go into the row as they are.
+
+Imports :mod:`proxy.routing` (the plan and the local attempt), :mod:`proxy.upstream` (the reply's
+type), :mod:`proxy.errors` and this room's exchange, record, shadow, render and sse modules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, Awaitable, Iterable
+from typing import Any, ClassVar
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.errors import (
+    BadRequest,
+    BudgetExhausted,
+    BudgetUnavailable,
+    LocalUnavailable,
+    ProxyError,
+)
+from proxy.http import record, shadow, sse
+from proxy.http.exchange import Exchange
+from proxy.http.render import sse_event, unexpected
+from proxy.http.services import Services
+from proxy.routing.router import ROUTE_HEADER, LocalAttempt, Plan
+from proxy.upstream.client import UpstreamResponse
+
+MIN_QUALITY_HEADER = "x-frugal-min-quality"
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class Handler:
+    """One endpoint of the cascade: the life cycle around ``handle``, and its shared steps."""
+
+    endpoint: ClassVar[str] = ""  # the ledger's name for the endpoint
+    prompt_param: ClassVar[str] = "messages"  # the request field an overflow error names
+    prompt_noun: ClassVar[str] = "the conversation"
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.router = services.router
+
+    async def __call__(self, request: Request) -> Response:
+        ex = Exchange(
+            request_id=request.state.request_id,
+            endpoint=self.endpoint,
+            key_name=getattr(request.state, "key_name", None),
+        )
+        streaming = False
+        try:
+            response = await self.handle(request, ex)
+            streaming = isinstance(response, sse.EventStream)  # it writes the row itself
+            return response
+        except ProxyError as exc:
+            ex.status = exc.status
+            ex.error = exc.code or exc.type
+            if isinstance(exc, BadRequest):
+                ex.reason = "bad_request"
+            raise
+        except asyncio.CancelledError:
+            # The client disconnected before its answer was ready (see proxy/http/disconnect.py).
+            ex.status = 499
+            ex.error = "client_gone"
+            raise
+        except BaseException:
+            ex.status = 500
+            ex.error = "internal_error"
+            raise
+        finally:
+            if not streaming:
+                record.finish(ex, self.services)
+
+    async def handle(self, request: Request, ex: Exchange) -> Response:
+        raise NotImplementedError
+
+    # -- the shared steps -----------------------------------------------------------------------
+
+    def begin(self, request: Request, body: dict[str, Any], ex: Exchange) -> tuple[Plan, float]:
+        """The validated ``body``'s model and mode noted; its plan and quality bar."""
+        ex.model = body["model"]
+        ex.stream = bool(body.get("stream"))
+        plan = self.router.plan(body, request.headers.get(ROUTE_HEADER))
+        ex.take_plan(plan)
+        threshold = self.router.threshold(request.headers.get(MIN_QUALITY_HEADER), body["model"])
+        return plan, threshold
+
+    async def try_local(
+        self, body: dict[str, Any], plan: Plan, threshold: float, ex: Exchange, *, kind: str
+    ) -> dict[str, Any] | None:
+        """Ask the local model (``kind``: ``chat`` or ``complete``); its completion when it is
+        to be sent, None to go to the API (see :meth:`judge`)."""
+        attempt = await self.router.try_local(body, threshold=threshold, kind=kind, plan=plan)
+        ex.take_local(attempt)
+        kept = self.judge(attempt, plan, ex)
+        shadow.offer(self.services, body, attempt, plan, threshold, ex, accepted=kept is not None)
+        return kept
+
+    def judge(self, attempt: LocalAttempt, plan: Plan, ex: Exchange) -> dict[str, Any] | None:
+        """The local completion to send, None to go to the API; raises when neither is
+        possible (``model: local``, or no fallback configured)."""
+        completion = attempt.completion
+        if attempt.accepted or (completion is not None and plan.local_only):
+            ex.route, ex.reason = "local", "forced" if plan.forced else attempt.reason
+        elif completion is not None and not self.router.fallback_enabled:
+            ex.route, ex.reason = "local", "no_fallback"
+        elif completion is None and (plan.local_only or not self.router.fallback_enabled):
+            ex.reason = attempt.reason if plan.local_only else "no_fallback"
+            if attempt.reason == "context_overflow":
+                raise BadRequest(
+                    f"{self.prompt_noun} does not fit the local model's context: {attempt.error}",
+                    param=self.prompt_param,
+                    code="context_length_exceeded",
+                )
+            if attempt.reason == "unsupported":
+                raise BadRequest(
+                    f"the local model cannot serve this request ({attempt.error})",
+                    param="model",
+                    code="unsupported_locally",
+                )
+            raise LocalUnavailable(
+                f"the local model could not answer ({attempt.reason}) and no API fallback "
+                "is " + ("allowed for model 'local'" if plan.local_only else "configured")
+            )
+        else:
+            ex.reason = attempt.reason
+            return None
+        assert completion is not None
+        ex.take_usage(completion.get("usage"))
+        return completion
+
+    # -- the key's limits, its budget and the response cache (proxy.http.quotas) -------------
+
+    async def admit(self, request: Request, body: dict[str, Any], ex: Exchange) -> None:
+        """The key's models and rpm checked; the cache entry this request may use noted."""
+        quotas = self.services.quotas
+        if quotas is None:
+            return
+        await quotas.admit(self.services.auth.stored_key(ex.key_name), body["model"])
+        route_model = self.services.upstream.target(body["model"])
+        ex.cache_key, ex.cache_read = quotas.cache_key(
+            {**body, "_endpoint": self.endpoint},
+            ex.key_name,
+            route_model,
+            request.headers.get("cache-control", ""),
+        )
+
+    async def cached(self, ex: Exchange) -> dict[str, Any] | None:
+        """The cached answer to this request (route and reason ``cache``), or None."""
+        quotas = self.services.quotas
+        if quotas is None or not ex.cache_read:
+            return None
+        answer = await quotas.cached(ex.cache_key)
+        if answer is not None:
+            ex.route, ex.reason = "cache", "cache"
+            ex.take_usage(answer.get("usage"))
+            ex.cache_key = None  # nothing to store again
+        return answer
+
+    def remember(self, ex: Exchange, answer: dict[str, Any]) -> None:
+        """Keep a sent answer for the next identical deterministic request."""
+        if self.services.quotas is not None and ex.cache_key is not None:
+            self.services.quotas.remember(ex.cache_key, answer)
+
+    async def reserve(self, body: dict[str, Any], ex: Exchange) -> None:
+        """Before an API call: the key's worst case reserved against its budget (raises
+        ``BudgetExhausted`` 429 or ``BudgetUnavailable`` 503 when it cannot be, the reason
+        noted on ``ex``)."""
+        quotas = self.services.quotas
+        if quotas is None:
+            return
+        key = self.services.auth.stored_key(ex.key_name)
+        api_model = self.services.upstream.target(body["model"])
+        try:
+            ex.reservation = await quotas.reserve(key, body, api_model, ex.local_prompt_tokens)
+        except BudgetExhausted:
+            ex.reason = "budget_exhausted"
+            raise
+        except BudgetUnavailable:
+            ex.reason = "budget_unavailable"
+            raise
+
+    async def reserve_or_local(
+        self, body: dict[str, Any], plan: Plan, threshold: float, ex: Exchange, *, kind: str
+    ) -> dict[str, Any] | None:
+        """:meth:`reserve`, except that when the budget is spent, a request sent to the API only
+        for speed gets a local attempt instead: its completion when the gate accepts it (reason
+        ``budget_exhausted``), else the 429 stands. None when the API call may go ahead."""
+        try:
+            await self.reserve(body, ex)
+        except BudgetExhausted:
+            if plan.route == "api" and plan.reason == "predicted_slow":
+                kept = await self.try_local(body, plan, threshold, ex, kind=kind)
+                if kept is not None:
+                    ex.reason = "budget_exhausted"
+                    return kept
+            ex.reason = "budget_exhausted"
+            raise
+        return None
+
+    async def from_api(self, call: Awaitable[UpstreamResponse], ex: Exchange) -> UpstreamResponse:
+        """Await one upstream JSON call: the route, its time, its attempts and usage noted.
+        A failure is already a :class:`ProxyError`, carrying the attempts it made."""
+        ex.route = "api"
+        started = time.perf_counter()
+        try:
+            reply = await call
+        except ProxyError as exc:
+            ex.upstream_attempts = exc.attempts
+            raise
+        finally:
+            ex.api_ms = (time.perf_counter() - started) * 1000
+        ex.upstream_attempts = reply.attempts
+        ex.take_usage(reply.body.get("usage"))
+        if ex.audit is not None:
+            ex.audit_reference = reply.body
+        return reply
+
+    def stream(
+        self,
+        chunks: AsyncGenerator[bytes, None],
+        ex: Exchange,
+        *,
+        cleanups: Iterable[sse.Cleanup] = (),
+    ) -> sse.EventStream:
+        """The SSE response of ``chunks``; it writes the row when it ends, however it ends."""
+
+        async def body() -> AsyncGenerator[bytes, None]:
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            except Exception as exc:  # noqa: BLE001 - the status line is already out
+                ex.error = "stream_failed"  # logged once, and sent as the stream's last event
+                yield sse_event(unexpected(exc, ex.request_id, started=True))
+                yield sse.DONE
+            finally:
+                await chunks.aclose()
+
+        def on_end(finished: bool) -> None:
+            if not finished:  # the client left before the end (or before the first byte)
+                ex.status, ex.error = 499, "client_gone"
+            record.finish(ex, self.services)
+
+        return sse.EventStream(
+            body(),
+            headers={**SSE_HEADERS, **ex.headers()},
+            on_end=on_end,
+            cleanups=tuple(cleanups),
+        )
+
+
+async def aiter_of(chunks: Iterable[bytes]) -> AsyncGenerator[bytes, None]:
+    """``chunks`` (made already: a replayed answer) as the async generator a stream takes."""
+    for chunk in chunks:
+        yield chunk

@@ -1,0 +1,121 @@
+"""The end of one exchange: its ledger row, its metrics and its log line, written once.
+
+    finish(ex, services)   the row handed to the ledger (priced there, a local answer recounted
+                           off the request path), the router told what happened, the key's
+                           budget settled, the metrics and the ``request`` log line; then the
+                           drawn shadow audit started (:mod:`proxy.http.shadow`). Later calls
+                           do nothing.
+
+:class:`proxy.http.handler.Handler` calls it when a JSON answer or an error is sent, and the
+:class:`proxy.http.sse.EventStream` of a stream when its last byte is out or its client left.
+Prompts and answers reach the log only as ``request_content``, when ``[server] log_content``
+is on.
+
+Imports :mod:`proxy.ledger` (pricing, the token count job) and the exchange it reads.
+"""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+
+from proxy.http import shadow
+from proxy.http.exchange import Exchange
+from proxy.http.metrics import PUSD_PER_USD
+from proxy.http.services import Services
+from proxy.ledger.pricing import estimate_costs
+from proxy.ledger.tokens import CountJob
+from proxy.routing.router import LOCAL_ALIAS
+
+log = structlog.get_logger("frugal.request")
+
+
+def finish(ex: Exchange, services: Services) -> None:
+    """Write the exchange's ledger row, log line and metrics; once, later calls do nothing."""
+    if ex.recorded:
+        return
+    ex.recorded = True
+    latency_ms = (time.perf_counter() - ex.started) * 1000
+    model = ex.model or ""
+    row = {
+        "request_id": ex.request_id,
+        "ts": ex.arrived,
+        "endpoint": ex.endpoint,
+        "requested_model": ex.model,
+        "route": ex.route,
+        "reason": ex.reason,
+        "status": ex.status,
+        "stream": int(ex.stream),
+        "quality": ex.quality,
+        "quality_reasons": ",".join(ex.quality_reasons[:3]) or None,
+        "prompt_tokens": ex.prompt_tokens,
+        "completion_tokens": ex.completion_tokens,
+        "local_prompt_tokens": ex.local_prompt_tokens,
+        "local_completion_tokens": ex.local_completion_tokens,
+        "latency_ms": round(latency_ms, 2),
+        "local_ms": round(ex.local_ms, 2),
+        "api_ms": round(ex.api_ms, 2),
+        "error": ex.error,
+        "key_name": ex.key_name,
+        "api_model": services.upstream.target(model) if model != LOCAL_ALIAS else None,
+        "cached_tokens": ex.cached_tokens,
+        "predicted_local_ms": ex.predicted_local_ms,
+        "actual_local_ms": ex.actual_local_ms,
+        "backend": ex.backend,
+        "predicted_completion_tokens": ex.predicted_completion_tokens,
+        "upstream_attempts": ex.upstream_attempts,
+    }
+    # Costs for the log and the metrics now; the ledger prices the row itself, recounting
+    # a local answer with the requested model's tokenizer off the request path.
+    api_cost, counterfactual = estimate_costs(row, services.prices)
+    count = None
+    if ex.route == "local" and ex.status < 400 and ex.body and ex.local_completion:
+        count = CountJob(model=model, body=ex.body, completion=ex.local_completion)
+    services.ledger.record(row, count=count)
+    services.router.observe(row)
+    if ex.audit is not None:
+        shadow.start(ex, services)
+    # A client that left mid-stream still cost what upstream reported for it.
+    paid = api_cost if ex.status < 400 or ex.status == 499 else None
+    if services.quotas is not None:  # the budget: the real cost replaces the reservation
+        services.quotas.settle(ex.reservation, paid if ex.route == "api" else 0)
+    services.metrics.observe(
+        endpoint=ex.endpoint,
+        route=ex.route,
+        reason=ex.reason,
+        status=ex.status,
+        latency_s=latency_ms / 1000,
+        prompt_tokens=ex.prompt_tokens,
+        completion_tokens=ex.completion_tokens,
+        local_prompt_tokens=ex.local_prompt_tokens,
+        local_completion_tokens=ex.local_completion_tokens,
+        quality=ex.quality,
+        api_cost_pusd=paid,
+        counterfactual_pusd=counterfactual,
+    )
+    log.info(
+        "request",
+        request_id=ex.request_id,
+        model=ex.model,
+        route=ex.route,
+        reason=ex.reason,
+        status=ex.status,
+        stream=ex.stream,
+        quality=None if ex.quality is None else round(ex.quality, 3),
+        latency_ms=round(latency_ms, 1),
+        local_ms=round(ex.local_ms, 1),
+        prompt_tokens=ex.prompt_tokens,
+        completion_tokens=ex.completion_tokens,
+        cost_usd=None if paid is None else paid / PUSD_PER_USD,
+        counterfactual_usd=None if counterfactual is None else counterfactual / PUSD_PER_USD,
+        key=ex.key_name,
+        error=ex.error,
+    )
+    if ex.content_out is not None:  # [server] log_content: the operator asked for it
+        log.debug(
+            "request_content",
+            request_id=ex.request_id,
+            messages=ex.content_in,
+            completion="".join(ex.content_out),
+        )
