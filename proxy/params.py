@@ -50,6 +50,7 @@ from proxy.errors import BadRequest
 HONOURED, IGNORED, DEPENDS, API = "honoured", "ignored", "depends", "api"
 
 MAX_N = 128  # answers per request, on either route
+LOCAL_ALIAS = "local"  # the model name that means the local model only, never the API
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

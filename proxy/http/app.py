@@ -46,7 +46,8 @@ from proxy.http.services import Services, services_of
 from proxy.ledger.database import from_settings
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.writer import Ledger
-from proxy.routing.router import LOCAL_ALIAS, Router
+from proxy.params import LOCAL_ALIAS
+from proxy.routing.router import Router
 from proxy.upstream.client import Upstream
 
 log = structlog.get_logger("frugal.app")

@@ -32,7 +32,8 @@ from proxy.http.answers import public_answer
 from proxy.http.exchange import Exchange
 from proxy.http.handler import Handler, aiter_of
 from proxy.http.validate import completions_request, embeddings_request, parse_json
-from proxy.routing.router import LOCAL_ALIAS, ROUTE_HEADER
+from proxy.params import LOCAL_ALIAS
+from proxy.routing.router import ROUTE_HEADER
 
 
 def _without_stream(body: dict[str, Any]) -> dict[str, Any]:

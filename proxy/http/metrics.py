@@ -57,6 +57,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.http.services import services_of
+from proxy.ledger.pricing import PUSD_PER_USD
 
 if TYPE_CHECKING:
     from proxy.engine.client import LocalEngine
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
     from proxy.ledger.writer import Ledger
     from proxy.routing.router import Router
 
-PUSD_PER_USD = 10**12
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
 QUALITY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 

@@ -22,11 +22,10 @@ import structlog
 
 from proxy.http import shadow
 from proxy.http.exchange import Exchange
-from proxy.http.metrics import PUSD_PER_USD
 from proxy.http.services import Services
-from proxy.ledger.pricing import estimate_costs
+from proxy.ledger.pricing import PUSD_PER_USD, estimate_costs
 from proxy.ledger.tokens import CountJob
-from proxy.routing.router import LOCAL_ALIAS
+from proxy.params import LOCAL_ALIAS
 
 log = structlog.get_logger("frugal.request")
 

@@ -30,8 +30,6 @@ from datetime import UTC, datetime
 
 from proxy.ledger.pool import Pool, Tx
 
-PUSD_PER_USD = 10**12
-
 
 def month_of(ts: float) -> str:
     """The UTC month of a unix time, ``YYYY-MM``: budgets start again on the 1st."""

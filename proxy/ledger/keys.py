@@ -45,6 +45,7 @@ from proxy.errors import ConfigError
 from proxy.ledger import access
 from proxy.ledger.database import Database, as_database, from_argument, from_settings
 from proxy.ledger.migrate import open_database
+from proxy.ledger.pricing import PUSD_PER_USD
 
 KEY_PREFIX = "frugal-"
 HINT_CHARS = len(KEY_PREFIX) + 4
@@ -61,7 +62,6 @@ class ClientKey:
     models: tuple[str, ...] | None = None  # the models it may ask for; None: any
 
 
-PUSD_PER_USD = 10**12
 MAX_BUDGET_USD = 1_000_000_000
 
 

@@ -30,14 +30,16 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from proxy.params import LOCAL_ALIAS
+
 if TYPE_CHECKING:
     from proxy.config import ModelPrice
 
 log = structlog.get_logger(__name__)
 
-PICO = Decimal(10) ** 12
+PUSD_PER_USD = 10**12  # the ledger counts money in integer pico-dollars
+PICO = Decimal(PUSD_PER_USD)  # the same, for exact division
 PRICE_MAP_FILE = "model_prices_and_context_window_backup.json"
-LOCAL_ALIAS = "local"
 
 
 @dataclass(frozen=True, kw_only=True)

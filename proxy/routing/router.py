@@ -26,13 +26,13 @@ from prometheus_client.core import Metric
 from proxy.config import Settings
 from proxy.engine.client import LocalEngine
 from proxy.errors import BadRequest, EngineError
+from proxy.params import LOCAL_ALIAS
 from proxy.routing.base import Choice
 from proxy.routing.estimator import Prediction, Predictor
 from proxy.routing.pool import BackendPool
 from proxy.routing.prerouter import PreRouter
 from proxy.routing.servable import local_blocker
 
-LOCAL_ALIAS = "local"
 ROUTE_HEADER = "x-frugal-route"
 
 
