@@ -1,6 +1,7 @@
 """``frugal report`` over a ledger of 1,000,000 requests in one month.
 
     .venv/bin/python bench/report_1m.py [--rows 1000000] [--db PATH|postgresql://...] [--repeat 3]
+                                        [--endpoint]
 
 Seeds a ledger (all migrations applied: the daily rollup is kept by its triggers) with
 ``--rows`` rows spread over October 2026 plus 10% more in the months around it, with the mix
@@ -14,14 +15,23 @@ included (0005_key_rollup.sql). An existing ``--db`` with the right row count is
 upgraded by the first report if an older proxy wrote it). A ``postgresql://`` ``--db`` is
 emptied and seeded with ``COPY`` (50,000 rows a statement, so the rollup's statement trigger
 runs once each), unless it already holds the right row count.
+
+``--endpoint`` then starts a real ``frugal serve`` on the same ledger and times
+``GET /v1/frugal/report?month=2026-10[&by=...]`` (what the dashboard reads) the same way, best of
+``--repeat`` (wall time from request to the last byte, on a warm server), and the dashboard's own
+load: its three reports (by day, model and key) asked at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import random
 import resource
+import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -32,11 +42,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from proxy.ledger.migrate import open_database  # noqa: E402
 from proxy.ledger.writer import COLUMNS  # noqa: E402
+
+# The columns seeded: the writer's, with the client key's name last (whether or not the writer
+# lists it among its columns); a column the seed has no value for is NULL.
+SEEDED = (*(c for c in COLUMNS if c != "key_name"), "key_name")
 
 FRUGAL = str(Path(sys.executable).with_name("frugal"))
 OCTOBER = datetime(2026, 10, 1, tzinfo=UTC).timestamp()
@@ -55,10 +71,7 @@ def seed(db: Path, rows: int) -> None:
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=OFF")
-    insert = (
-        f"INSERT INTO requests ({', '.join(COLUMNS)}, key_name) "
-        f"VALUES ({', '.join('?' for _ in COLUMNS)}, ?)"
-    )
+    insert = f"INSERT INTO requests ({', '.join(SEEDED)}) VALUES ({', '.join('?' for _ in SEEDED)})"
     for batch in batches(rows):
         conn.execute("BEGIN")
         conn.executemany(insert, batch)
@@ -77,7 +90,7 @@ def seed_postgres(url: str, rows: int) -> None:
         conn.execute("TRUNCATE requests, requests_daily")
         for batch in batches(rows):
             with conn.transaction(), conn.cursor() as cursor:
-                statement = f"COPY requests ({', '.join(COLUMNS)}, key_name) FROM STDIN"
+                statement = f"COPY requests ({', '.join(SEEDED)}) FROM STDIN"
                 with cursor.copy(statement) as copy:
                     for values in batch:
                         copy.write_row([int(v) if isinstance(v, bool) else v for v in values])
@@ -97,7 +110,7 @@ def postgres_rows(url: str) -> int:
 
 
 def batches(rows: int) -> Iterator[list[list[Any]]]:
-    """The rows to seed, 50,000 at a time, in ``COLUMNS`` order plus the key name."""
+    """The rows to seed, 50,000 at a time, in ``SEEDED`` order."""
     rng = random.Random(1)
     total = rows + rows // 10
     batch: list[list[Any]] = []
@@ -152,7 +165,8 @@ def batches(rows: int) -> Iterator[list[list[Any]]]:
             "token_source": "tokenizer" if route == "local" else "usage",
             "latency_tax_ms": tax,
         }
-        batch.append([values[c] for c in COLUMNS] + [f"key-{i % 5}"])
+        values["key_name"] = f"key-{i % 5}"
+        batch.append([values.get(c) for c in SEEDED])
         if len(batch) == 50_000:
             yield batch
             batch = []
@@ -185,6 +199,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--db", help="ledger file to (re)use (default: a temporary one)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--endpoint", action="store_true", help="also time GET /v1/frugal/report on frugal serve"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.db and args.db.startswith("postgres"):
@@ -194,6 +211,8 @@ def main() -> None:
                 took = time.perf_counter() - started
                 print(f"seeded {args.rows:,} rows (+{args.rows // 10:,} outside): {took:.0f} s")
             report(args.db, args)
+            if args.endpoint:
+                endpoint(args.db, args)
             return
         db = Path(args.db) if args.db else Path(tmp) / "ledger.db"
         have = 0
@@ -209,6 +228,8 @@ def main() -> None:
             )
             print(f"ledger file: {size:.0f} MB")
         report(str(db), args)
+        if args.endpoint:
+            endpoint(str(db), args)
 
 
 def report(db: str, args: argparse.Namespace) -> None:
@@ -234,6 +255,75 @@ def report(db: str, args: argparse.Namespace) -> None:
         args_ = [*base, *extra] if extra[0] != "--from" else ["--db", db, *extra]
         best, cpu, _ = timed(args_, args.repeat)
         print(f"frugal report {' '.join(extra):<48} {best:5.2f} s wall, {cpu:5.2f} s CPU")
+
+
+def endpoint(db: str, args: argparse.Namespace) -> None:
+    """Time ``GET /v1/frugal/report`` on a real ``frugal serve`` over ``db``."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    where = f'url = "{db}"' if "://" in db else f'path = "{db}"'
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "frugal.toml"
+        config.write_text(
+            f'[server]\nport = {port}\napi_keys_env = ""\n\n[local]\nn_threads = 1\n\n'
+            f'[fallback]\napi_base = ""\napi_key_env = ""\n\n[audit]\nrate = 0\n\n'
+            f"[ledger]\n{where}\n"
+        )
+        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        env.pop("FRUGAL_API_KEYS", None)
+        with (Path(tmp) / "serve.log").open("w") as log:
+            proc = subprocess.Popen(
+                [FRUGAL, "serve", "--config", str(config)], stdout=log, stderr=log, env=env
+            )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            _wait_ready(base, proc)
+            _time_endpoint(base, args)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+
+
+def _wait_ready(base: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit("frugal serve exited before it was ready")
+        try:
+            if httpx.get(base + "/healthz", timeout=2).json()["engine"]["state"] == "ready":
+                return
+        except (httpx.HTTPError, KeyError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise SystemExit("frugal serve was not ready in 180 s")
+
+
+def _time_endpoint(base: str, args: argparse.Namespace) -> None:
+    path = "/v1/frugal/report?month=2026-10"
+    with httpx.Client(base_url=base, timeout=60) as http:
+        assert http.get(path).json()["requests"] == args.rows, "the report must count every row"
+        for by in (None, "model", "day", "reason", "key"):
+            query = path + (f"&by={by}" if by else "")
+            best = float("inf")
+            for _ in range(args.repeat):
+                started = time.perf_counter()
+                response = http.get(query)
+                best = min(best, time.perf_counter() - started)
+                assert response.status_code == 200, response.text
+            print(f"GET {query:<46} {best:5.2f} s wall")
+
+    async def page_load() -> float:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            started = time.perf_counter()
+            answers = await asyncio.gather(
+                *(http.get(f"{path}&by={by}") for by in ("day", "model", "key"))
+            )
+            assert all(a.status_code == 200 for a in answers)
+            return time.perf_counter() - started
+
+    best = min(asyncio.run(page_load()) for _ in range(args.repeat))
+    print(f"the dashboard's three reports (day, model, key) at once {best:5.2f} s wall")
 
 
 if __name__ == "__main__":
