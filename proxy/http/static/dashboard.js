@@ -615,6 +615,7 @@
     const c = colors();
     const many = names.length > 5;
     const chart = {
+      padding: [12, 36, 0, 0], // room for the last slanted name
       scales: { x: { time: false, range: [-0.6, Math.max(names.length - 0.4, 0.4)] } },
       axes: [
         {
