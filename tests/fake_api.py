@@ -26,7 +26,7 @@ forgets the recorded requests):
 - ``models``: what ``GET /v1/models`` lists
 - ``oracle``: an object whose ``reply_for(body)`` gives the reply to a chat request (None: use
   ``reply``); :class:`DevSetOracle` answers the dev set's prompts with their right answers and
-  plays the audit judge (``docs/audit.md``) with the dev set's checkers
+  plays the audit judge (``docs/audit.md``) with the dev set's graders, strict or content-only
 
 Every request is recorded (unless ``FakeAPI(record=False)``, as the script runs it): ``requests``
 holds ``(path, headers, body)`` tuples (headers with lower-case names, the parsed JSON body or
@@ -462,23 +462,38 @@ class DevSetOracle:
     * A dev-set prompt (found by its last user message) gets its right answer: the number, the
       label or the option the checker wants, else the text ``(reference answer)``.
     * A judge request (the protocol of ``docs/audit.md``: the last user message is a JSON
-      object with ``request``, ``reference`` and ``candidate``) gets the verdict of the
-      prompt's own checker on the candidate, as ``{"correct": ..., "reason": "dev checker"}``;
-      a case for a prompt it does not know gets ``{"correct": false}``.
+      object with ``request``, ``reference`` and ``candidate``) gets a verdict on the candidate,
+      as ``{"correct": ..., "reason": ...}``, under the notion its system message names (the
+      texts of ``proxy.audit.judge.SYSTEM_MESSAGES``): ``strict``, the prompt's own checker
+      (``devset.is_correct``); ``content``, the content-only grader
+      (``quality.dev.content.is_content_correct``). A case for a prompt it does not know gets
+      ``{"correct": false}``; a judge request whose system message is neither text gets no
+      verdict (a plain-text reply), as a judge told nothing about correctness should.
     """
 
     def __init__(self, path: str | None = None) -> None:
-        from quality.dev import devset
+        from proxy.audit.judge import SYSTEM_MESSAGES
+        from quality.dev import content, devset
 
-        self._devset = devset
         prompts = devset.load(path) if path else devset.load()
         self.by_text = {self._last_user(p.request["messages"]): p for p in prompts}
-        self.judged = 0
+        self.graders = {
+            SYSTEM_MESSAGES["strict"]: ("strict", devset.is_correct),
+            SYSTEM_MESSAGES["content"]: ("content", content.is_content_correct),
+        }
+        self.judged: dict[str, int] = {"strict": 0, "content": 0}
 
     @staticmethod
     def _last_user(messages: Any) -> str:
         for message in reversed(messages if isinstance(messages, list) else []):
             if isinstance(message, dict) and message.get("role") == "user":
+                return _text_of(message.get("content"))
+        return ""
+
+    @staticmethod
+    def _system(messages: Any) -> str:
+        for message in messages if isinstance(messages, list) else []:
+            if isinstance(message, dict) and message.get("role") == "system":
                 return _text_of(message.get("content"))
         return ""
 
@@ -489,12 +504,14 @@ class DevSetOracle:
         except ValueError:
             case = None
         if isinstance(case, dict) and {"request", "reference", "candidate"} <= set(case):
-            self.judged += 1
+            grader = self.graders.get(self._system(body.get("messages")))
+            if grader is None:
+                return "I cannot tell what correct means here."
+            notion, is_correct = grader
+            self.judged[notion] += 1
             prompt = self.by_text.get(self._last_user(case["request"]))
-            correct = prompt is not None and self._devset.is_correct(
-                prompt.check, str(case["candidate"])
-            )
-            return json.dumps({"correct": correct, "reason": "dev checker"})
+            correct = prompt is not None and is_correct(prompt.check, str(case["candidate"]))
+            return json.dumps({"correct": correct, "reason": f"dev set, {notion}"})
         prompt = self.by_text.get(last)
         if prompt is None:
             return None
