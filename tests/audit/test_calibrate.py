@@ -24,7 +24,7 @@ from proxy.audit.record import AuditRecord, insert
 from proxy.engine.weights import GateWeights
 from proxy.ledger.database import parse
 from proxy.ledger.migrate import open_database
-from quality.combiner import MODEL_TAG, Combiner, Model, WeightsError, file_sha256
+from quality.combiner import HARD_CAP, MODEL_TAG, Combiner, Model, WeightsError, file_sha256
 
 SHIPPED = cal.base_weights()
 MODEL = Model.from_dict(SHIPPED["models"]["full_no_relevance"])
@@ -85,14 +85,72 @@ def test_too_few_audits_is_a_plain_refusal() -> None:
         cal.calibrate(synthetic_audits(10), base=SHIPPED, model_sha256="ab", model_file="m")
 
 
-def test_failed_and_hard_gated_audits_are_left_out() -> None:
+def test_failed_audits_are_left_out_and_low_scored_ones_kept() -> None:
     audits = synthetic_audits(60)
     extra = [
         AuditRecord(accepted=True, verdict=None, features=audits[0].features, task_kind="other"),
         AuditRecord(accepted=False, verdict=True, features=audits[0].features, score=0.05),
     ]
     result = cal.calibrate(audits + extra, base=SHIPPED, model_sha256="ab", model_file="m")
-    assert result.fits["full_no_relevance"].n == 60
+    assert result.fits["full_no_relevance"].n == 61
+
+
+def test_the_refit_learns_from_answers_the_shipped_weights_score_below_the_hard_cap() -> None:
+    """Traffic whose truth ignores ``fmt_fail`` (a reader who forgives the form): the shipped
+    weights punish it hard, so they score many right answers at or below the hard cap. Those
+    are what tell the refit to weigh ``fmt_fail`` less."""
+    rng = random.Random(3)
+    audits = []
+    head = MODEL.features.index("conf_head")
+    for i in range(300):
+        feats = {
+            f: m + s * rng.gauss(0, 1)
+            for f, m, s in zip(MODEL.features, MODEL.mean, MODEL.scale, strict=True)
+        }
+        z = 2.0 * (feats["conf_head"] - MODEL.mean[head]) / MODEL.scale[head]
+        audits.append(
+            AuditRecord(
+                request_id=f"r{i}",
+                ts=float(i),
+                accepted=False,
+                verdict=rng.random() < 1 / (1 + math.exp(-z)),
+                features=feats,
+                score=MODEL.probability(feats),
+                task_kind=rng.choice(["math", "write", "other"]),
+            )
+        )
+    low = [a for a in audits if a.score is not None and a.score <= HARD_CAP]
+    assert len(low) > 100 and sum(1 for a in low if a.verdict) > 30
+    fit = cal.calibrate(audits, base=SHIPPED, model_sha256="ab", model_file="m").fits
+    refit = fit["full_no_relevance"]
+    assert refit.n == 300
+    shipped = MODEL.coef[MODEL.features.index("fmt_fail")]
+    assert refit.model.coef[MODEL.features.index("fmt_fail")] > shipped / 2
+    assert refit.auc_after > refit.auc_before + 0.1
+
+
+def test_the_threshold_reads_a_low_scored_answer_at_its_stored_score() -> None:
+    """An answer a hard gate capped stays capped whatever the weights, and the audit does not
+    say which low scores were caps: the threshold never counts one as accepted above it."""
+    audits = synthetic_audits(200, seed=4)
+    capped = [
+        AuditRecord(
+            request_id=f"c{i}",
+            accepted=False,
+            verdict=False,
+            features=a.features,
+            score=0.01,
+            task_kind=a.task_kind,
+        )
+        for i, a in enumerate(audits[:100])
+    ]
+    plain = cal.calibrate(audits, base=SHIPPED, model_sha256="ab", model_file="m", target=0.6)
+    both = cal.calibrate(
+        audits + capped, base=SHIPPED, model_sha256="ab", model_file="m", target=0.6
+    )
+    assert plain.threshold.source == "target"
+    # The wrong capped answers weigh on the fit, but at or above the threshold there are none:
+    assert both.threshold.source == "target" and both.threshold.threshold > HARD_CAP
 
 
 def seeded_ledger(tmp_path: Path, audits: list[AuditRecord]) -> Path:
