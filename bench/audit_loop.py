@@ -5,20 +5,29 @@ bundled SmolLM2-135M. The local answers are the cached ones
 (``tests/data/quality_answers_smollm2.jsonl``, ``quality/dev/answers.py``): the same engine, the
 same greedy answers, so the bench needs no model run. The paid API is ``tests/fake_api.py`` with
 its :class:`~tests.fake_api.DevSetOracle`: it answers each prompt with its right answer, and it
-plays the judge of ``docs/audit.md`` with the dev set's checkers. Every audit goes the real way:
-the reference from the stand-in API over HTTP, the exact check (``proxy.audit.verdict``), then
-the judge protocol (``proxy.audit.judge``) when the check cannot decide; the audits are rows of
-a real SQLite ledger (``migrations/0007_audits.sql``), and ``frugal calibrate``'s refit reads
-them back. The API and the judge are asked once per prompt; the runs resample those verdicts.
+plays the judge of ``docs/audit.md``, grading under the notion its system message names. Every
+audit goes the real way: the reference from the stand-in API over HTTP, the exact check
+(``proxy.audit.verdict``), then the judge protocol (``proxy.audit.judge``) when the check cannot
+decide; the audits are rows of a real SQLite ledger (``migrations/0007_audits.sql``), and
+``frugal calibrate``'s refit (``proxy.audit.calibrate.calibrate``) reads them back. The API and
+the judge are asked once per prompt and notion; the runs resample those verdicts.
+
+``--correctness`` picks the notions of correct, each simulated on its own (by default both):
+
+* ``strict`` (``devset.is_correct``): the right content in the form asked for. This is the notion
+  the shipped weights were fitted under, on this very dev set, so a refit has little to learn.
+* ``content`` (``quality.dev.content``): the right content in any form, as a chat reader takes
+  it. Traffic graded under another notion than the shipped weights' is what calibration is for.
 
 Each run splits the prompts at random into two halves:
 
-* first half: every answer is audited (rate 1) and the gate is refitted on those audits
-  (``proxy.audit.calibrate``), with the threshold that ``target_precision = 0.9`` needs;
-* second half (unseen): AUC of the shipped and the calibrated weights against the checkers'
-  truth; the precision of the answers the calibrated gate accepts at that threshold; and a
-  report as the proxy would give it, from audits drawn at ``--rate`` among the second half's
-  answers: the audited precision with its 95% Wilson interval, against the true precision.
+* first half: every answer is audited (rate 1) and the gate is refitted on those audits, with the
+  threshold each ``--target`` precision needs;
+* second half (unseen): AUC of the shipped and the calibrated weights against the grader's truth
+  (the grader of the notion, on the local answer); the precision of the answers the calibrated
+  gate accepts at each target's threshold; and a report as the proxy would give it, from audits
+  drawn at ``--rate`` among the second half's answers: the audited precision with its 95% Wilson
+  interval, against the true precision.
 
 The gate scores without the relevance signal (as the audits store features), so "shipped" is
 the shipped ``full_no_relevance`` model. The shipped weights were fitted on the dev set's train
@@ -49,12 +58,16 @@ from proxy.audit.verdict import answer_text, exact_check
 from proxy.ledger.migrate import open_database
 from quality import signals
 from quality.combiner import HARD_CAP, Combiner, default_combiner
-from quality.dev.answers import grade, load_answers, request_for
-from quality.dev.devset import load
+from quality.dev.answers import Graded, grade, load_answers, request_for
+from quality.dev.content import is_content_correct
+from quality.dev.devset import is_correct, load
 from quality.fit import roc_auc
+from tests.audit.judge_server import http_transport
 from tests.fake_api import DevSetOracle, FakeAPI
 
-TARGET = 0.9
+NOTIONS = ("strict", "content")
+CONFIGURED = 0.6
+GRADERS = {"strict": is_correct, "content": is_content_correct}
 
 
 @dataclass(frozen=True)
@@ -64,30 +77,42 @@ class Case:
     split: str
     features: dict[str, float]
     hard: bool
-    truth: bool  # the dev checker on the local answer
+    truth: bool  # the notion's grader on the local answer
     verdict: bool | None  # what the audit said (exact check or stand-in judge)
     method: str | None
 
 
-async def audit_all(graded: Sequence[Any], api: FakeAPI) -> list[Case]:
-    """Reference and verdict of every answer, through the stand-in API and judge, once."""
+@dataclass(frozen=True)
+class Answer:
+    graded: Graded
+    request: dict[str, Any]
+    features: dict[str, float]
+    hard: bool
+
+
+def answers() -> list[Answer]:
+    out = []
+    for g in grade(load(), load_answers()):
+        request = request_for(g.prompt)
+        sigs = signals(request, g.completion)
+        hard = any(s.hard for s in sigs)
+        out.append(Answer(g, request, default_combiner().features(sigs), hard))
+    return out
+
+
+async def audit_all(items: Sequence[Answer], api: FakeAPI, correctness: str) -> list[Case]:
+    """Reference and verdict of every answer under ``correctness``, through the stand-in API and
+    judge, once."""
     cases = []
-    async with httpx.AsyncClient(base_url=api.url, timeout=30) as client:
-
-        async def post(body: dict[str, Any]) -> dict[str, Any]:
-            response = await client.post("/chat/completions", json=body)
-            response.raise_for_status()
-            out: dict[str, Any] = response.json()
-            return out
-
-        for g in graded:
-            request = request_for(g.prompt)
-            sigs = signals(request, g.completion)
-            features = default_combiner().features(sigs)
+    grader = GRADERS[correctness]
+    async with httpx.AsyncClient(timeout=30) as client:
+        post = http_transport(client, api.url)
+        for item in items:
+            prompt, request = item.graded.prompt, item.request
             reference = answer_text(await post({**request, "model": "gpt-4o-mini"}))
-            candidate = answer_text(g.completion)
+            candidate = answer_text(item.graded.completion)
             match = exact_check(
-                reference, candidate, correctness="strict", request=request["messages"]
+                reference, candidate, correctness=correctness, request=request["messages"]
             )
             if match is not None:
                 verdict, method = True, "exact"
@@ -97,18 +122,18 @@ async def audit_all(graded: Sequence[Any], api: FakeAPI) -> list[Case]:
                     messages=request["messages"],
                     reference=reference,
                     candidate=candidate,
-                    correctness="strict",
+                    correctness=correctness,
                 )
                 outcome = await ask_judge(post, body)
                 verdict, method = outcome.correct, "judge"
             cases.append(
                 Case(
-                    g.prompt.id,
-                    g.prompt.kind,
-                    g.prompt.split,
-                    features,
-                    any(s.hard for s in sigs),
-                    g.correct,
+                    prompt.id,
+                    prompt.kind,
+                    prompt.split,
+                    item.features,
+                    item.hard,
+                    grader(prompt.check, candidate),
                     verdict,
                     method,
                 )
@@ -127,11 +152,10 @@ def auc(combiner: Combiner, cases: Sequence[Case]) -> float:
 
 
 @dataclass(frozen=True)
-class Run:
-    auc_shipped: float
-    auc_calibrated: float
-    auc_shipped_heldout: float
-    auc_calibrated_heldout: float
+class Report:
+    """One gate at one threshold on the unseen half: what it accepted, its true precision, and
+    the audited precision a report would show, with its 95% interval."""
+
     threshold: float
     accepts_nothing: bool
     accepted: int
@@ -139,17 +163,61 @@ class Run:
     audited_precision: float | None
     low: float
     high: float
-    covered: bool | None
-    # The proxy without a target (the shipped gate at the configured 0.6), audited the same way:
-    configured_accepted: int
-    configured_true: float | None
-    configured_audited: float | None
-    configured_covered: bool | None
+
+    @property
+    def covered(self) -> bool | None:
+        if self.true_precision is None or self.audited_precision is None:
+            return None
+        return self.low <= self.true_precision <= self.high
 
 
-def one_run(cases: Sequence[Case], rng: random.Random, rate: float, db: Path) -> Run:
-    order = list(cases)
-    rng.shuffle(order)
+def report(
+    gate: Combiner,
+    threshold: float,
+    cases: Sequence[Case],
+    drawn: set[str],
+    rate: float,
+    *,
+    accepts_nothing: bool = False,
+) -> Report:
+    """``drawn``: the ids of the answers the audit sampler drew (each with chance ``rate``)."""
+    accepted = [c for c in cases if score(gate, c) >= threshold]
+    true_precision = sum(c.truth for c in accepted) / len(accepted) if accepted else None
+    sampled = [c for c in accepted if c.id in drawn and c.verdict is not None]
+    share = weighted_share((1.0 / rate, bool(c.verdict)) for c in sampled)
+    return Report(
+        threshold=threshold,
+        accepts_nothing=accepts_nothing,
+        accepted=len(accepted),
+        true_precision=true_precision,
+        audited_precision=share.value,
+        low=share.low,
+        high=share.high,
+    )
+
+
+@dataclass(frozen=True)
+class Run:
+    auc_shipped: float
+    auc_calibrated: float
+    auc_shipped_heldout: float
+    auc_calibrated_heldout: float
+    targets: dict[float, Report]
+    configured: Report  # the proxy without a target: the shipped gate at 0.6
+    unseen: int
+
+
+def one_run(
+    cases: Sequence[Case],
+    seed: str,
+    rate: float,
+    db: Path,
+    targets: Sequence[float],
+    correctness: str,
+    prior_strength: float = cal.PRIOR_STRENGTH,
+) -> Run:
+    order = sorted(cases, key=lambda c: c.id)
+    random.Random(seed).shuffle(order)  # the same split for every notion and every variant
     half = len(order) // 2
     first, second = order[:half], order[half:]
     shipped = default_combiner()
@@ -161,13 +229,15 @@ def one_run(cases: Sequence[Case], rng: random.Random, rate: float, db: Path) ->
         AuditRecord(
             request_id=c.id,
             ts=float(i),
-            accepted=score(shipped, c) >= 0.6,
+            accepted=score(shipped, c) >= CONFIGURED,
             verdict=c.verdict,
             method=c.method,
             weight=1.0,
             features=c.features,
             score=score(shipped, c),
+            threshold=CONFIGURED,
             task_kind=c.kind,
+            correctness=correctness,
             local_model="SmolLM2-135M-Instruct.Q4_1.gguf",
         )
         for i, c in enumerate(first)
@@ -176,49 +246,40 @@ def one_run(cases: Sequence[Case], rng: random.Random, rate: float, db: Path) ->
         insert(conn, records, log_content=False)
     audits = read(conn, since=0, until=1e12)
     conn.close()
-    result = cal.calibrate(
-        audits,
-        base=cal.base_weights(),
-        model_sha256="bench",
-        model_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        target=TARGET,
-    )
-    calibrated = Combiner.from_dict(result.weights)
-    threshold = result.threshold.threshold
-    accepted = [c for c in second if score(calibrated, c) >= threshold]
-    true_precision = sum(c.truth for c in accepted) / len(accepted) if accepted else None
-    weight = 1.0 / rate
-    sampled = [c for c in accepted if rng.random() < rate and c.verdict is not None]
-    share = weighted_share((weight, bool(c.verdict)) for c in sampled)
-    covered = None
-    if true_precision is not None and share.value is not None:
-        covered = share.low <= true_precision <= share.high
+    results = {
+        t: cal.calibrate(
+            audits,
+            base=cal.base_weights(),
+            model_sha256="bench",
+            model_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+            target=t,
+            configured_threshold=CONFIGURED,
+            prior_strength=prior_strength,
+        )
+        for t in targets
+    }
+    calibrated = Combiner.from_dict(results[targets[0]].weights)  # the same refit for every t
     heldout = [c for c in second if c.split == "heldout"]
-    plain = [c for c in second if score(shipped, c) >= 0.6]
-    plain_true = sum(c.truth for c in plain) / len(plain) if plain else None
-    plain_share = weighted_share(
-        (weight, bool(c.verdict)) for c in plain if rng.random() < rate and c.verdict is not None
-    )
-    plain_covered = None
-    if plain_true is not None and plain_share.value is not None:
-        plain_covered = plain_share.low <= plain_true <= plain_share.high
+    draw = random.Random(f"{seed}:audits")
+    drawn = {c.id for c in second if draw.random() < rate}
     return Run(
         auc_shipped=auc(shipped, second),
         auc_calibrated=auc(calibrated, second),
         auc_shipped_heldout=auc(shipped, heldout),
         auc_calibrated_heldout=auc(calibrated, heldout),
-        threshold=threshold,
-        accepts_nothing=result.threshold.source == "accept_nothing",
-        accepted=len(accepted),
-        true_precision=true_precision,
-        audited_precision=share.value,
-        low=share.low,
-        high=share.high,
-        covered=covered,
-        configured_accepted=len(plain),
-        configured_true=plain_true,
-        configured_audited=plain_share.value,
-        configured_covered=plain_covered,
+        targets={
+            t: report(
+                calibrated,
+                r.threshold.threshold,
+                second,
+                drawn,
+                rate,
+                accepts_nothing=r.threshold.source == "accept_nothing",
+            )
+            for t, r in results.items()
+        },
+        configured=report(shipped, CONFIGURED, second, drawn, rate),
+        unseen=len(second),
     )
 
 
@@ -227,81 +288,131 @@ def _mean(values: Sequence[float | None]) -> float:
     return sum(known) / len(known) if known else float("nan")
 
 
+def _share(r: Report) -> str:
+    if r.audited_precision is None:
+        return "-"
+    return f"{r.audited_precision:.3f} [{r.low:.3f}, {r.high:.3f}]"
+
+
+def _true(r: Report) -> str:
+    return "-" if r.true_precision is None else f"{r.true_precision:.3f}"
+
+
+def summarise(runs: Sequence[Run], targets: Sequence[float], rate: float) -> None:
+    n = len(runs)
+    print(f"  runs {n}; audit rate on the unseen half {rate:g}")
+    better = sum(r.auc_calibrated > r.auc_shipped for r in runs)
+    print(
+        f"  AUC on the unseen half: shipped {_mean([r.auc_shipped for r in runs]):.3f}, "
+        f"calibrated {_mean([r.auc_calibrated for r in runs]):.3f} (better in {better}/{n} runs)"
+    )
+    print(
+        "  AUC on its held-out prompts only: shipped "
+        f"{_mean([r.auc_shipped_heldout for r in runs]):.3f}, calibrated "
+        f"{_mean([r.auc_calibrated_heldout for r in runs]):.3f} (better in "
+        f"{sum(r.auc_calibrated_heldout > r.auc_shipped_heldout for r in runs)}/{n} runs)"
+    )
+    for t in targets:
+        reports = [r.targets[t] for r in runs]
+        nothing = sum(r.accepts_nothing for r in reports)
+        some = [r for r in reports if r.true_precision is not None]
+        covered = [r.covered for r in reports if r.covered is not None]
+        gaps = [
+            abs(r.audited_precision - r.true_precision)
+            for r in reports
+            if r.audited_precision is not None and r.true_precision is not None
+        ]
+        worst = min((r.true_precision for r in some if r.true_precision is not None), default=None)
+        print(
+            f"  target precision {t:g}: accepts nothing in {nothing}/{n} runs; "
+            f"{len(some)} runs accept something: "
+            f"{_mean([r.accepted for r in some]):.1f} answers a run (of {runs[0].unseen}), true "
+            f"precision mean {_mean([r.true_precision for r in some]):.3f}, worst "
+            + ("-" if worst is None else f"{worst:.3f}")
+            + f", at least {t - 0.05:.2f} in "
+            f"{sum(1 for r in some if (r.true_precision or 0) >= t - 0.05 - 1e-9)}/{len(some)}; "
+            f"threshold mean {_mean([r.threshold for r in reports if not r.accepts_nothing]):.3f}"
+        )
+        print(
+            f"    audited vs true precision: mean gap {_mean(gaps):.3f}; the 95% interval "
+            f"covers the true precision in {sum(covered)}/{len(covered)} runs with a report"
+        )
+    plain = [r.configured for r in runs]
+    covered = [r.covered for r in plain if r.covered is not None]
+    gaps = [
+        abs(r.audited_precision - r.true_precision)
+        for r in plain
+        if r.audited_precision is not None and r.true_precision is not None
+    ]
+    print(
+        f"  without a target (shipped gate, threshold {CONFIGURED:g}): accepted "
+        f"{_mean([r.accepted for r in plain]):.1f} answers a run at true precision "
+        f"{_mean([r.true_precision for r in plain]):.3f}; audited precision off by "
+        f"{_mean(gaps):.3f} on average; the 95% interval covers the true precision in "
+        f"{sum(covered)}/{len(covered)} runs"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.audit_loop", description=__doc__)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--rate", type=float, default=0.5, help="audit rate on the second half")
     parser.add_argument("--seed", type=int, default=17)
+    parser.add_argument(
+        "--correctness",
+        nargs="+",
+        choices=NOTIONS,
+        default=list(NOTIONS),
+        help="the notions of correct to simulate, each on its own (default: both)",
+    )
+    parser.add_argument(
+        "--target",
+        type=float,
+        nargs="+",
+        default=[0.9, 0.8, 0.6, 0.5],
+        help="target precisions (default: 0.9 0.8 0.6 0.5)",
+    )
+    parser.add_argument(
+        "--prior-strength",
+        type=float,
+        default=cal.PRIOR_STRENGTH,
+        help=f"the refit's pull toward the shipped weights (default {cal.PRIOR_STRENGTH:g})",
+    )
     args = parser.parse_args(argv)
-    graded = grade(load(), load_answers())
-    with FakeAPI(oracle=DevSetOracle(), record=False) as api:
-        cases = asyncio.run(audit_all(graded, api))
-    agree = sum(1 for c in cases if c.verdict == c.truth)
-    exact = sum(1 for c in cases if c.method == "exact")
-    print(
-        f"prompts {len(cases)} (right {sum(c.truth for c in cases)}); audit verdicts agree "
-        f"with the checkers on {agree}; settled by the exact check: {exact}"
-    )
-    rng = random.Random(args.seed)
-    runs = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.runs):
-            run = one_run(cases, rng, args.rate, Path(tmp) / "ledger.db")
-            runs.append(run)
-            print(
-                f"run {i + 1:2d}: AUC shipped {run.auc_shipped:.3f} calibrated "
-                f"{run.auc_calibrated:.3f} (held-out only {run.auc_shipped_heldout:.3f} / "
-                f"{run.auc_calibrated_heldout:.3f}); threshold {run.threshold:.3f}; accepted "
-                f"{run.accepted}; precision true "
-                + (f"{run.true_precision:.3f}" if run.true_precision is not None else "-")
-                + " audited "
-                + (
-                    f"{run.audited_precision:.3f} [{run.low:.3f}, {run.high:.3f}]"
-                    if run.audited_precision is not None
-                    else "-"
-                ),
-                file=sys.stderr,
-            )
-    covered = [r.covered for r in runs if r.covered is not None]
-    nothing = sum(r.accepts_nothing for r in runs)
-    gaps = [
-        abs(r.audited_precision - r.true_precision)
-        for r in runs
-        if r.audited_precision is not None and r.true_precision is not None
-    ]
-    print(f"runs {len(runs)}; audit rate on the unseen half {args.rate:g}")
-    print(
-        f"AUC on the unseen half: shipped {_mean([r.auc_shipped for r in runs]):.3f}, calibrated "
-        f"{_mean([r.auc_calibrated for r in runs]):.3f} (better in "
-        f"{sum(r.auc_calibrated > r.auc_shipped for r in runs)}/{len(runs)} runs)"
-    )
-    print(
-        "AUC on its held-out prompts only: shipped "
-        f"{_mean([r.auc_shipped_heldout for r in runs]):.3f}, calibrated "
-        f"{_mean([r.auc_calibrated_heldout for r in runs]):.3f}"
-    )
-    print(
-        f"target precision {TARGET}: accepts nothing in {nothing}/{len(runs)} runs; otherwise "
-        f"accepted {_mean([r.accepted for r in runs if not r.accepts_nothing]):.1f} answers a "
-        f"run at true precision {_mean([r.true_precision for r in runs]):.3f}"
-    )
-    print(
-        f"reported vs true precision: mean gap {_mean(gaps):.3f}; the 95% interval covers the "
-        f"true precision in {sum(covered)}/{len(covered)} runs with a report"
-    )
-    plain = [r.configured_covered for r in runs if r.configured_covered is not None]
-    plain_gaps = [
-        abs(r.configured_audited - r.configured_true)
-        for r in runs
-        if r.configured_audited is not None and r.configured_true is not None
-    ]
-    print(
-        "without a target (shipped gate, threshold 0.6): accepted "
-        f"{_mean([r.configured_accepted for r in runs]):.1f} answers a run at true precision "
-        f"{_mean([r.configured_true for r in runs]):.3f}; audited precision off by "
-        f"{_mean(plain_gaps):.3f} on average; the 95% interval covers the true precision in "
-        f"{sum(plain)}/{len(plain)} runs"
-    )
+    items = answers()
+    oracle = DevSetOracle()
+    with FakeAPI(oracle=oracle, record=False) as api:
+        audited = {n: asyncio.run(audit_all(items, api, n)) for n in args.correctness}
+    for notion, cases in audited.items():
+        agree = sum(1 for c in cases if c.verdict == c.truth)
+        exact = sum(1 for c in cases if c.method == "exact")
+        failed = sum(1 for c in cases if c.verdict is None)
+        print(
+            f"correctness = {notion!r}: prompts {len(cases)} (right {sum(c.truth for c in cases)});"
+            f" audit verdicts agree with the grader on {agree}; settled by the exact check: "
+            f"{exact}; judged {oracle.judged[notion]}; no verdict {failed}"
+        )
+    for notion, cases in audited.items():
+        runs = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for i in range(args.runs):
+                seed = f"{args.seed}:{i}"
+                db = Path(tmp) / "ledger.db"
+                run = one_run(cases, seed, args.rate, db, args.target, notion, args.prior_strength)
+                runs.append(run)
+                print(
+                    f"{notion} run {i + 1:2d}: AUC shipped {run.auc_shipped:.3f} calibrated "
+                    f"{run.auc_calibrated:.3f} (held-out only {run.auc_shipped_heldout:.3f} / "
+                    f"{run.auc_calibrated_heldout:.3f}); "
+                    + "; ".join(
+                        f"target {t:g}: threshold {r.threshold:.3f}, accepted {r.accepted}, "
+                        f"precision true {_true(r)} audited {_share(r)}"
+                        for t, r in run.targets.items()
+                    ),
+                    file=sys.stderr,
+                )
+        print(f"correctness = {notion!r}:")
+        summarise(runs, args.target, args.rate)
     return 0
 
 
