@@ -33,7 +33,6 @@ __all__ = [
     "migration_files",
     "open_database",
     "schema_state",
-    "table_columns",
 ]
 
 
@@ -189,7 +188,3 @@ def _open_sqlite(path: str, busy_timeout_s: float) -> list[str]:
             "move the file aside or point [ledger] path elsewhere"
         ) from exc
     return applied
-
-
-def table_columns(conn: sqlite3.Connection, table: str = "requests") -> list[str]:
-    return [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]

@@ -44,9 +44,7 @@ COLUMNS = (
     "counterfactual_completion_tokens",
     "token_source",
     "latency_tax_ms",
-)
-# Written when the table has them (added by later migrations of other features).
-OPTIONAL_COLUMNS = (
+    # 0003_keys
     "key_name",
     # 0004_prediction
     "predicted_local_ms",

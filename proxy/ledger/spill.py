@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any
 
-from proxy.ledger.rows import COLUMNS, OPTIONAL_COLUMNS
+from proxy.ledger.rows import COLUMNS
 
 SPILL_SUFFIX = ".rejected.jsonl"
 
@@ -39,7 +39,7 @@ def spill_row(row: dict[str, Any]) -> dict[str, Any]:
     """The row's ledger columns, as JSON can hold them; other keys (none carry content today)
     and values of other types (shown by their type's name) are left out."""
     out: dict[str, Any] = {}
-    for column in COLUMNS + OPTIONAL_COLUMNS:
+    for column in COLUMNS:
         if column not in row:
             continue
         value = row[column]

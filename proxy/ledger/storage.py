@@ -26,8 +26,7 @@ from typing import Any
 from proxy.ledger import postgres
 from proxy.ledger.audits import AUDIT_INSERT, audit_values
 from proxy.ledger.database import Database
-from proxy.ledger.migrate import table_columns
-from proxy.ledger.rows import COLUMNS, COUNT_UPDATE, OPTIONAL_COLUMNS
+from proxy.ledger.rows import COLUMNS, COUNT_UPDATE
 
 
 class Store:
@@ -64,9 +63,6 @@ class Store:
     def close(self) -> None:
         raise NotImplementedError
 
-    def _choose_columns(self, present: set[str]) -> None:
-        self.columns = COLUMNS + tuple(c for c in OPTIONAL_COLUMNS if c in present)
-
 
 def open_store(db: Database, *, busy_timeout_s: float) -> Store:
     store: Store = PostgresStore(db) if db.is_postgres else SqliteStore(db.path, busy_timeout_s)
@@ -87,7 +83,6 @@ class SqliteStore(Store):
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
-        self._choose_columns(set(table_columns(conn)))
         self._insert = (
             f"INSERT INTO requests ({', '.join(self.columns)}) "
             f"VALUES ({', '.join('?' for _ in self.columns)})"
@@ -164,7 +159,6 @@ class PostgresStore(Store):
 
     def open(self) -> None:
         self._conn = self._connect()
-        self._choose_columns(set(postgres.table_columns(self._conn)))
 
     def _connect(self) -> Any:
         import psycopg

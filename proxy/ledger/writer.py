@@ -72,12 +72,12 @@ from proxy.ledger.database import Database, as_database
 from proxy.ledger.flush import AuditEntry, Entry
 from proxy.ledger.migrate import open_database
 from proxy.ledger.pricing import PriceBook, load_price_map
-from proxy.ledger.rows import COLUMNS, COUNT_UPDATE, OPTIONAL_COLUMNS
+from proxy.ledger.rows import COLUMNS, COUNT_UPDATE
 from proxy.ledger.spill import SPILL_SUFFIX
 from proxy.ledger.storage import Store
 from proxy.ledger.tokens import CountJob, TokenCounter
 
-__all__ = ["COLUMNS", "COUNT_UPDATE", "OPTIONAL_COLUMNS", "SPILL_SUFFIX", "Ledger"]
+__all__ = ["COLUMNS", "COUNT_UPDATE", "SPILL_SUFFIX", "Ledger"]
 
 log = structlog.get_logger(__name__)
 

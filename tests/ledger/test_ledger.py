@@ -27,7 +27,7 @@ from proxy.http.metrics import Metrics
 from proxy.ledger.migrate import migrate, migration_files, open_database
 from proxy.ledger.tokens import CountJob, TokenCounter, _import_litellm
 from proxy.ledger.usage import check_money, check_usage
-from proxy.ledger.writer import COLUMNS, OPTIONAL_COLUMNS, Ledger
+from proxy.ledger.writer import COLUMNS, Ledger
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.faults_support import ledger_rows
@@ -119,7 +119,7 @@ def test_migrating_from_empty_applies_every_migration_in_order(tmp_path: Path) -
     recorded = [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY applied_at")]
     assert recorded == NAMES
     columns = {r[1] for r in conn.execute("PRAGMA table_info(requests)")}
-    assert set(COLUMNS) <= columns and set(OPTIONAL_COLUMNS) <= columns
+    assert set(COLUMNS) <= columns
     indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"requests_ts", "requests_tax"} <= indexes
     triggers = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='trigger'")}
