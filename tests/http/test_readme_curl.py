@@ -56,6 +56,8 @@ def check_shape(path: str, body: str) -> None:
         assert data["status"] == "ok"
     elif path == "/openapi.json":
         assert data["openapi"].startswith("3.")
+    elif path == "/v1/frugal/report":
+        assert data["month"] and data["requests"] >= 0 and "net_saved_usd" in data
     else:  # pragma: no cover - a new example needs its shape here
         raise AssertionError(f"no shape check for {path}")
 
@@ -79,6 +81,7 @@ def test_the_readme_has_a_curl_example_for_every_endpoint() -> None:
         "/v1/models",
         "/healthz",
         "/openapi.json",
+        "/v1/frugal/report",
     } <= paths
 
 
