@@ -28,6 +28,7 @@ from proxy.engine.answer import chat_completion
 from proxy.engine.calibrate import Calibration
 from proxy.engine.calibrate import calibrate as run_calibration
 from proxy.engine.messages import template_messages
+from proxy.engine.prefill_plan import plan, reusable, tiled_until
 from proxy.engine.prefix_cache import PrefixCache, common_prefix
 from proxy.engine.sampling import (
     LogprobRecorder,
@@ -116,6 +117,7 @@ class LocalModel:
         self.draft_llm: Any = None
         self.n_ctx: int = int(llm.n_ctx())
         self.n_batch: int = int(llm.n_batch)
+        self._live_tiled = 0  # prefill_plan.tiled_until of the prompt the live cells came with
         template = llm.metadata.get("tokenizer.chat_template")
         if not template:
             raise ModelLoadError(f"{path}: the GGUF has no chat template (tokenizer.chat_template)")
@@ -204,6 +206,7 @@ class LocalModel:
         self.llm._ctx.kv_cache_clear()
         self.llm.n_tokens = 0
         self.llm._requires_eval = True
+        self._live_tiled = 0
 
     def is_eog(self, token: int) -> bool:
         from llama_cpp import llama_vocab_is_eog
@@ -233,36 +236,44 @@ class LocalModel:
         return tokens
 
     def _prefill(self, tokens: list[int], should_stop: StopCheck | None) -> tuple[int, str | None]:
-        """Evaluate all but the last prompt token, reusing the cached prefix, batch by batch.
+        """Evaluate all but the last prompt token, reusing the cached prefix, step by step.
 
         Returns the number of prompt tokens that were already in the KV cache, and a stop reason
-        if ``should_stop`` fired between batches. ``Llama.generate`` then finds everything but
-        the last token cached and evaluates just that one.
+        if ``should_stop`` fired between steps. ``Llama.generate`` then finds everything but
+        the last token cached and evaluates just that one. A prefix is reused (from the live
+        context or the prefix cache) only as far as its cells were evaluated as a cold prefill
+        of this prompt would evaluate them, and the rest is cut to keep it so
+        (``prefill_plan.py``): the answer is the one the prompt gets from an empty context.
         """
         llm = self.llm
         wanted = np.asarray(tokens, dtype=np.intc)
-        cached = min(common_prefix(llm.input_ids[: llm.n_tokens], wanted), len(tokens) - 1)
+        tiled = tiled_until(len(tokens), self.n_batch)
+        common = common_prefix(llm.input_ids[: llm.n_tokens], wanted)
+        cached = reusable(common, self._live_tiled, tiled)
         cache = self.prefix_cache
         if cache is not None:
-            entry, hit = cache.best(wanted)
-            hit = min(hit, len(tokens) - 1)
+            entry, hit = cache.best(wanted, tiled)
             if llm.n_tokens - cached >= cache.min_tokens:
-                cache.save()  # the live state is about to be cut back: keep it for later
+                cache.save(self._live_tiled)  # the live state is about to be cut: keep it
             if entry is not None and hit >= cached + 16:
                 cached = hit if cache.restore(entry) else 0
+                self._live_tiled = entry.tiled
+        cached, steps = plan(cached, len(tokens), self.n_batch)
         if cached < llm.n_tokens:
             if not llm._ctx.kv_cache_seq_rm(-1, cached, -1):
                 # Some caches (sliding-window attention) cannot drop a tail: start afresh.
                 llm._ctx.kv_cache_clear()
-                cached = 0
+                cached, steps = plan(0, len(tokens), self.n_batch)
             llm.n_tokens = cached
-        todo = tokens[cached:-1]
-        for start in range(0, len(todo), self.n_batch):
+        self._live_tiled = tiled
+        position = cached
+        for size in steps:
             if should_stop is not None:
                 reason = should_stop()
                 if reason:
                     return cached, reason
-            llm.eval(todo[start : start + self.n_batch])
+            llm.eval(tokens[position : position + size])
+            position += size
         return cached, None
 
     # -- generation -------------------------------------------------------------------------

@@ -7,6 +7,10 @@ back by a request that diverges from it, its state (``llama_state_seq_get_data``
 rows of sequence 0) is copied into RAM; a later request whose prompt shares a longer prefix with a
 saved state than with the live one restores it and trims it to the shared part.
 
+Each state remembers how its cells were evaluated (``prefill_plan.tiled_until`` of its prompt),
+and serves another prompt only as far as a cold prefill of that prompt would have evaluated them
+the same way (``prefill_plan.py``): a restored prefix never changes an answer.
+
 Memory is bounded by ``max_bytes`` (``[local] prefix_cache_mb``): the least recently used
 states go first.
 """
@@ -19,6 +23,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from proxy.engine.prefill_plan import reusable
 
 
 def common_prefix(a: npt.NDArray[np.intc], b: npt.NDArray[np.intc]) -> int:
@@ -33,6 +39,7 @@ class _Entry:
     tokens: npt.NDArray[np.intc]
     state: Any  # ctypes uint8 array
     size: int
+    tiled: int  # prefill_plan.tiled_until of the prompt these cells were evaluated for
 
 
 class PrefixCache:
@@ -67,25 +74,28 @@ class PrefixCache:
             "evictions": self.evictions,
         }
 
-    def best(self, tokens: npt.NDArray[np.intc]) -> tuple[_Entry | None, int]:
-        """The saved state sharing the longest prefix with ``tokens``, and that length."""
+    def best(self, tokens: npt.NDArray[np.intc], tiled: int) -> tuple[_Entry | None, int]:
+        """The saved state with the longest prefix usable by a prompt (``tokens``, whose
+        ``prefill_plan.tiled_until`` is ``tiled``), and that length."""
         found: _Entry | None = None
         longest = 0
         for entry in self._entries:
-            n = common_prefix(entry.tokens, tokens)
+            n = reusable(common_prefix(entry.tokens, tokens), entry.tiled, tiled)
             if n > longest:
                 found, longest = entry, n
         return found, longest
 
-    def save(self) -> bool:
-        """Copy the live sequence's state in; False if it is too short, too big or known."""
+    def save(self, tiled: int) -> bool:
+        """Copy the live sequence's state in (its cells evaluated for a prompt whose
+        ``tiled_until`` is ``tiled``); False if it is too short, too big or known."""
         llm = self.llm
         n = int(llm.n_tokens)
         if n < self.min_tokens:
             return False
         tokens = np.array(llm.input_ids[:n], dtype=np.intc)
         for entry in self._entries:
-            if len(entry.tokens) >= n and common_prefix(entry.tokens, tokens) == n:
+            same = entry.tiled == tiled or min(entry.tiled, tiled) >= n
+            if same and len(entry.tokens) >= n and common_prefix(entry.tokens, tokens) == n:
                 self._touch(entry)  # already held, in full or as part of a longer state
                 return False
         ctx = llm._ctx.ctx
@@ -96,7 +106,11 @@ class PrefixCache:
         self._entries = [
             e
             for e in self._entries
-            if not (len(e.tokens) < n and common_prefix(e.tokens, tokens) == len(e.tokens))
+            if not (
+                len(e.tokens) < n
+                and common_prefix(e.tokens, tokens) == len(e.tokens)
+                and reusable(len(e.tokens), tiled, e.tiled) == len(e.tokens)
+            )
         ]
         while self._entries and self.bytes + size > self.max_bytes:
             self._entries.pop(0)
@@ -105,7 +119,7 @@ class PrefixCache:
         written = int(self._lib.llama_state_seq_get_data(ctx, state, size, 0))
         if written <= 0:
             return False
-        self._entries.append(_Entry(tokens=tokens, state=state, size=written))
+        self._entries.append(_Entry(tokens=tokens, state=state, size=written, tiled=tiled))
         self.saves += 1
         return True
 
