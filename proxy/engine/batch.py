@@ -34,7 +34,6 @@ same random draws: this sampler is numpy's, not llama.cpp's chain.
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Any
 
 import numpy as np
@@ -42,8 +41,10 @@ import numpy.typing as npt
 
 from proxy.engine.batch_grammar import GrammarMasks
 from proxy.engine.batch_sequence import BatchStats, Sequence
+from proxy.engine.batch_streams import Streams
 from proxy.engine.draft_policy import DraftPolicy, StepCosts
 from proxy.engine.generate import LocalModel, PromptTooLong, StopCheck, TokenCallback
+from proxy.engine.prefill_plan import tiled_until
 from proxy.engine.sampling import (
     SamplingParams,
     adjusted,
@@ -65,7 +66,6 @@ class BatchEngine:
         model: LocalModel,
         n_seq: int,
         *,
-        chunk: int | None = None,
         speculative: bool = False,
         max_draft: int = 8,
         lookup_ngram: int = 3,
@@ -85,17 +85,17 @@ class BatchEngine:
         params.kv_unified = False  # a KV stream of n_ctx cells per sequence; see above
         params.n_ctx = self.n_ctx * self.n_seq
         self.n_batch = int(params.n_batch)
-        self.chunk = max(1, min(chunk or self.n_batch, self.n_batch))
+        self.chunk = self.n_batch  # the single path's cut: see prefill_plan.py
         self._ctx = LlamaContext(model=self.llm._model, params=params, verbose=False)
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        self._free_ids: deque[int] = deque(range(self.n_seq))
         self.active: list[Sequence] = []
         # Time sharing between joining prompts and running answers: a prefill step that made
         # decoders wait costs that long (times the ratio) of decode steps before the next one.
         self.prefill_share_ratio = 4.0
         self._credit_s = 0.0
         self.stats = BatchStats()
+        self.streams = Streams(llama_cpp, self._mem, self.n_seq, self.chunk, self.stats)
         # Decode-step seconds by number of rows: the batch's cost as a function of its size.
         self.speculative = speculative
         self.max_draft = max_draft
@@ -118,7 +118,7 @@ class BatchEngine:
 
     def fits(self) -> bool:
         """Whether a sequence can join now: a free sequence id (its KV stream is its own)."""
-        return bool(self._free_ids)
+        return bool(self.streams.free)
 
     def add(
         self,
@@ -142,8 +142,6 @@ class BatchEngine:
         if not self.fits():
             return None
         sampler = self._grammars.new(grammar) if grammar is not None else None
-        seq_id = self._free_ids.popleft()
-        self._lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
         rng = None
         if params.temperature > 0:
             rng = np.random.default_rng(params.seed)
@@ -152,7 +150,7 @@ class BatchEngine:
         if self.speculative and rng is None and sampler is None and plain:
             drafter = PromptLookup(ngram_max=self.lookup_ngram)
         seq = Sequence(
-            seq_id=seq_id,
+            seq_id=-1,
             request=request,
             params=params,
             prompt=tokens,
@@ -163,7 +161,9 @@ class BatchEngine:
             rng=rng,
             started=time.perf_counter(),
             drafter=drafter,
+            tiled=tiled_until(n_prompt, self.chunk),
         )
+        self.streams.place(seq, self.active)
         self.active.append(seq)
         self.stats.sequences += 1
         return seq
@@ -178,11 +178,15 @@ class BatchEngine:
         batch = self._batch
         rows: list[tuple[Sequence, int]] = []  # (sequence, batch row with logits)
         n = 0
-        filling = next((q for q in self.active if q.prefilled < len(q.prompt) - 1), None)
+        for q in self.active:
+            if q.leader is not None:
+                self.streams.waiting(q, self.active)
+        filling = next((q for q in self.active if q.prefilling and q.leader is None), None)
         decodable = self._decodable()
         if filling is not None and (self._credit_s >= 0.0 or not decodable):
-            # A prefill step: one sequence's chunk alone, cut as the single path cuts it.
-            take = min(self.chunk, len(filling.prompt) - 1 - filling.prefilled)
+            # A prefill step: one sequence's chunk alone, cut by its plan (prefill_plan.py).
+            left = len(filling.prompt) - 1 - filling.prefilled
+            take = min(filling.plan.pop(0) if filling.plan else self.chunk, left)
             for j in range(take):
                 pos = filling.prefilled + j
                 self._put(n, filling.prompt[pos], pos, filling.seq_id, False)
@@ -212,6 +216,8 @@ class BatchEngine:
                     continue
                 rows.append((seq, n))
                 n += 1
+        if n == 0:  # every sequence is waiting for a prefix (not for long: its leader is not)
+            return finished
         batch.n_tokens = n
         started = time.perf_counter()
         code = self._lib.llama_decode(self._ctx.ctx, batch)
@@ -219,7 +225,10 @@ class BatchEngine:
             raise BatchError(f"llama_decode returned {code} for a batch of {n} rows")
         before = sum(len(q.generated) for q, _ in rows)
         for seq, row in rows:
-            self._sample(seq, row)
+            try:
+                self._sample(seq, row)
+            except Exception as exc:  # noqa: BLE001 - this sequence fails, the batch goes on
+                seq.error = f"{type(exc).__name__}: {exc}"
         produced = sum(len(q.generated) for q, _ in rows) - before
         elapsed = time.perf_counter() - started
         if rows:
@@ -347,8 +356,7 @@ class BatchEngine:
 
     def _release(self, seq: Sequence) -> None:
         self.active.remove(seq)
-        self._lib.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
-        self._free_ids.append(seq.seq_id)
+        self.streams.release(seq)
         self._free_grammar(seq)
 
     def _free_grammar(self, seq: Sequence) -> None:
@@ -366,6 +374,7 @@ class BatchEngine:
         for seq in failed:
             seq.error = message
             self._release(seq)
+        self.streams.clear()
         return failed
 
     # -- the answer -------------------------------------------------------------------------

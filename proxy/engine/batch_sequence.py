@@ -29,7 +29,7 @@ __all__ = ["BatchStats", "Sequence"]
 class Sequence:
     """One request in the batch: its prompt, where it is, and the answer so far."""
 
-    seq_id: int
+    seq_id: int  # -1 until the batch places it (batch_streams.py)
     request: dict[str, Any]
     params: SamplingParams
     prompt: list[int]
@@ -40,6 +40,11 @@ class Sequence:
     rng: np.random.Generator | None
     started: float
     prefilled: int = 0  # prompt tokens in the KV cache
+    cached: int = 0  # of which held or copied from another sequence, not prefilled
+    tiled: int = 0  # prefill_plan.tiled_until of the prompt: how its cells were evaluated
+    plan: list[int] = field(default_factory=list)  # the prefill steps still to run, in tokens
+    leader: Sequence | None = None  # a running sequence prefilling this prompt's prefix
+    lead_target: int = 0  # the tokens of it to wait for, then copy
     pending: int | None = None  # the last sampled token, to be decoded at the next step
     generated: list[int] = field(default_factory=list)
     entries: list[dict[str, Any]] = field(default_factory=list)
@@ -66,6 +71,15 @@ class Sequence:
     @property
     def n_past(self) -> int:
         return self.prefilled + len(self.generated) - (1 if self.pending is not None else 0)
+
+    @property
+    def prefilling(self) -> bool:
+        """Prompt tokens (but the last, decoded with the answer) still to prefill."""
+        return self.prefilled < len(self.prompt) - 1
+
+    def held(self) -> list[int]:
+        """The tokens whose KV this sequence's stream holds now (cells ``0 .. n_past - 1``)."""
+        return (self.prompt + self.generated)[: self.n_past]
 
     def accept(self, llm: Any, token: int, logprob: float, best: list[Any]) -> None:
         """Take one sampled token (with its logprobs) as ``LocalModel.chat`` does: end at EOS, a
@@ -117,8 +131,8 @@ class Sequence:
             finish_reason=self.finish_reason,
             prompt_tokens=n_prompt,
             completion_tokens=n_out,
-            cached_tokens=0,
-            prefilled_tokens=self.prefilled,
+            cached_tokens=self.cached,
+            prefilled_tokens=self.prefilled - self.cached,
             stop_cause=self.stop_cause,
             prefill_s=first - self.started,
             decode_s=done - first,
@@ -154,9 +168,14 @@ class BatchStats:
     decode_s: float = 0.0  # of busy_s, in decode steps
     max_rows: int = 0
     sequences: int = 0
+    reused: int = 0  # sequences that kept a prefix instead of prefilling it
+    reused_tokens: int = 0
+    copies: int = 0  # prefixes copied from another sequence's stream
+    followed: int = 0  # sequences that waited for another to prefill their prefix
 
     def as_dict(self) -> dict[str, Any]:
         prefill_steps = self.steps - self.decode_steps
+        prefill_s = self.busy_s - self.decode_s
         return {
             "steps": self.steps,
             "sequences": self.sequences,
@@ -172,5 +191,14 @@ class BatchStats:
             "aggregate_tok_s": round(self.decoded_tokens / self.decode_s, 1)
             if self.decode_s
             else None,
+            "prefill_tok_s": round((self.rows - self.decode_rows) / prefill_s, 1)
+            if prefill_s > 0 and self.rows > self.decode_rows
+            else None,
             "busy_s": round(self.busy_s, 3),
+            "prefix": {
+                "sequences": self.reused,
+                "tokens": self.reused_tokens,
+                "copies": self.copies,
+                "followed": self.followed,
+            },
         }

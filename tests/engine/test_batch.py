@@ -3,7 +3,8 @@
 The real bundled SmolLM2 is loaded in-process; each request is answered once alone by
 ``LocalModel.chat`` (from an empty context) and once inside a batch of four sequences that join
 and leave at different steps, with prompts of mixed lengths, JSON-mode grammars, stop strings
-and logprobs. Prompts are prefilled while the others decode, in the same steps.
+and logprobs. Prompts are prefilled between the others' decode steps, and prompts that share a
+system prompt reuse its KV cells (held, copied or waited for: ``batch_streams.py``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ TOPICS = [
     "a snowy pass",
     "harbour cranes",
     "a first job",
+    "a violin lesson",
 ]
 LONG = (
     "The river runs past the old mill, under the stone bridge and into the valley, where "
@@ -52,7 +54,7 @@ LONG = (
 
 
 def _requests() -> list[dict[str, Any]]:
-    """48 greedy requests: short and long prompts, JSON mode, stop strings, logit bias,
+    """50 greedy requests: short and long prompts, JSON mode, stop strings, logit bias,
     logprobs, several max_tokens."""
     out: list[dict[str, Any]] = []
     for i, topic in enumerate(TOPICS):
@@ -85,7 +87,53 @@ def _requests() -> list[dict[str, Any]]:
     return out
 
 
+RULE = (
+    "Rule {i}: when a customer asks about an order, first confirm the order number, then the "
+    "delivery address, and never share the payment details; answer politely and briefly. "
+)
+QUESTIONS = [
+    "Where is my order 1234?",
+    "Hello",
+    "Can I change my delivery address?",
+    "Do you ship to Norway?",
+    "I want a refund for order 99.",
+]
+
+
+def _policy(rules: int) -> dict[str, str]:
+    text = "Policy. " + "".join(RULE.format(i=i) for i in range(1, rules + 1))
+    return {"role": "system", "content": text}
+
+
+def _shared_prefix_requests() -> list[dict[str, Any]]:
+    """12 greedy requests on two system prompts: one of about 170 tokens, one of 513 to 533
+    whose last prefill chunk is shorter than 64 rows; the next turn of a chat; a repeat."""
+    out: list[dict[str, Any]] = []
+    for i, question in enumerate(QUESTIONS):
+        for rules in (5, 14):
+            out.append(
+                {
+                    "messages": [_policy(rules), {"role": "user", "content": question}],
+                    "max_tokens": 10 + i,
+                    "temperature": 0,
+                    "logprobs": True,
+                    "top_logprobs": 2,
+                    **({"stop": ["\n"]} if i % 2 else {}),
+                }
+            )
+    turn = [
+        _policy(5),
+        {"role": "user", "content": QUESTIONS[3]},
+        {"role": "assistant", "content": "Yes, we ship to Norway."},
+        {"role": "user", "content": "And to Sweden?"},
+    ]
+    out.append({"messages": turn, "max_tokens": 12, "temperature": 0, "logprobs": True})
+    out.append(dict(out[1]))
+    return out
+
+
 REQUESTS = _requests()
+SHARED = _shared_prefix_requests()
 
 
 @pytest.fixture(scope="module")
@@ -127,22 +175,47 @@ def _run_batched(
     return [engine.completion(seqs[i]) for i in range(len(requests))]
 
 
-def test_batched_greedy_answers_are_the_answers_run_alone(model: LocalModel) -> None:
-    engine = BatchEngine(model, 4)
-    try:
-        got = _run_batched(engine, model, REQUESTS)
-    finally:
-        engine.close()
-    assert len(REQUESTS) >= 48
-    assert engine.stats.max_rows > 1
+def _check_alone(
+    model: LocalModel, requests: list[dict[str, Any]], got: list[dict[str, Any]]
+) -> None:
     mismatched = []
-    for i, request in enumerate(REQUESTS):
+    for i, request in enumerate(requests):
         want = _alone(model, request)
         if _tokens(got[i]) != _tokens(want) or got[i]["choices"] != want["choices"]:
             mismatched.append(i)
         assert got[i]["frugal"]["stop_cause"] == want["frugal"]["stop_cause"]
         assert got[i]["usage"]["completion_tokens"] == want["usage"]["completion_tokens"]
     assert mismatched == []
+
+
+@pytest.mark.timeout(900)  # about 90 s on a quiet machine; this one is shared
+def test_batched_greedy_answers_are_the_answers_run_alone(model: LocalModel) -> None:
+    engine = BatchEngine(model, 4)
+    try:
+        got = _run_batched(engine, model, REQUESTS)
+    finally:
+        engine.close()
+    assert len(REQUESTS) >= 50
+    assert engine.stats.max_rows > 1
+    _check_alone(model, REQUESTS, got)
+
+
+@pytest.mark.timeout(900)
+def test_answers_sharing_a_system_prompt_reuse_its_cells_and_are_the_answers_run_alone(
+    model: LocalModel,
+) -> None:
+    engine = BatchEngine(model, 4)
+    try:
+        got = _run_batched(engine, model, SHARED)
+    finally:
+        engine.close()
+    # Each system prompt was prefilled about once, not once per request: its cells were held
+    # by a free stream, copied from a running sequence, or waited for while another
+    # sequence prefilled them (the first four join together).
+    stats = engine.stats
+    assert stats.reused >= 8 and stats.copies >= 1 and stats.followed >= 1
+    assert sum(g["frugal"]["cached_tokens"] for g in got) > 3000
+    _check_alone(model, SHARED, got)
 
 
 def test_a_cancelled_sequence_leaves_the_batch_and_the_others_go_on(model: LocalModel) -> None:
@@ -168,6 +241,37 @@ def test_a_cancelled_sequence_leaves_the_batch_and_the_others_go_on(model: Local
         engine.close()
     assert got[1]["frugal"]["stop_cause"] == "cancelled"
     assert 0 < got[1]["usage"]["completion_tokens"] < 24
+    for i in (0, 2, 3):
+        assert _tokens(got[i]) == _tokens(_alone(model, requests[i]))
+
+
+def test_a_grammar_that_fails_mid_generation_fails_its_own_sequence_only(
+    model: LocalModel,
+) -> None:
+    from llama_cpp import LlamaGrammar
+
+    # "Hi", then a NUL character: no token of the vocabulary can give one (llama.cpp refuses
+    # a piece that starts with NUL), so after two tokens the grammar allows nothing.
+    dead_end = LlamaGrammar.from_string('root ::= "Hi" "\\x00"', verbose=False)
+    requests = [{**REQUESTS[i], "max_tokens": 20, "stop": []} for i in (0, 2, 4, 6)]
+    engine = BatchEngine(model, 4)
+    try:
+        seqs = [
+            engine.add(r, grammar=dead_end if i == 1 else _grammar_of(model, r))
+            for i, r in enumerate(requests)
+        ]
+        assert all(s is not None for s in seqs)
+        engine.run_all()
+        got = [engine.completion(s) for s in seqs if s is not None]
+    finally:
+        engine.close()
+    assert [s.error for s in seqs if s is not None] == [
+        None,
+        "the grammar allows no next token",
+        None,
+        None,
+    ]
+    assert got[1]["choices"][0]["message"]["content"] == "Hi"
     for i in (0, 2, 3):
         assert _tokens(got[i]) == _tokens(_alone(model, requests[i]))
 
