@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -26,6 +26,7 @@ import structlog
 
 from proxy.config import LocalSettings
 from proxy.engine import memory
+from proxy.engine.batch_forecast import BatchCosts, Forecast, Work, forecast
 from proxy.engine.generate import ModelLoadError, bundled_model_path
 from proxy.engine.gguf import GGUFError, GGUFHeader, read_header
 from proxy.engine.rates import PendingWork, Rates, WorkTracker
@@ -55,6 +56,7 @@ class _Job:
     future: asyncio.Future[dict[str, Any]]
     on_token: Callable[[str], None] | None
     deadline: float
+    ticket: int = 0  # its WorkTracker ticket
 
 
 @dataclass
@@ -156,6 +158,8 @@ class LocalEngine:
         self._slots = asyncio.Semaphore(self.parallel)
         self._waiting = 0
         self._jobs: dict[int, _Job] = {}
+        # What a batched worker last reported of its jobs: prompt tokens left, answer tokens.
+        self._progress: dict[int, tuple[int, int]] = {}
         self._proc: Any = None
         self._conn: Connection | None = None
         self._ready: asyncio.Event = asyncio.Event()
@@ -295,10 +299,15 @@ class LocalEngine:
             loop.call_soon_threadsafe(self._on_exit, generation)
 
     def _dispatch(self, generation: int, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "progress":
+            if generation == self._generation:
+                self._progress = message[1]["jobs"]
+                self.stats.batch = message[1]["batch"]
+            return
         job = self._jobs.get(message[1])
         if generation != self._generation or job is None:
             return
-        kind = message[0]
         if kind == "token":
             if job.on_token is not None:
                 job.on_token(message[2])
@@ -440,7 +449,7 @@ class LocalEngine:
                 except TimeoutError as exc:
                     raise EngineCrashed(f"the local engine is not ready ({self.state})") from exc
             self.work.start(ticket)
-            return await self._run(request, deadline, on_token, kind)
+            return await self._run(request, deadline, on_token, kind, ticket)
         finally:
             self._slots.release()
 
@@ -460,9 +469,10 @@ class LocalEngine:
         deadline: float,
         on_token: Callable[[str], None] | None,
         kind: str = "chat",
+        ticket: int = 0,
     ) -> dict[str, Any]:
         assert self._loop is not None and self._conn is not None
-        job = _Job(next(self._ids), self._loop.create_future(), on_token, deadline)
+        job = _Job(next(self._ids), self._loop.create_future(), on_token, deadline, ticket)
         self._jobs[job.job_id] = job
         try:
             self._conn.send(("job", job.job_id, request, on_token is not None, deadline, kind))
@@ -528,24 +538,39 @@ class LocalEngine:
         )
 
     def pending_work(self) -> PendingWork:
-        """Tokens still to prefill and decode for the running jobs and those queued.
+        """Tokens still to prefill and decode for the running jobs and those queued."""
+        return self.work.pending(self.rates)
 
-        With ``parallel`` > 1 the engine is modelled as a batch: prompts are still prefilled
-        one after another, but the answers ahead are decoded together, up to ``parallel`` at a
-        time, so their decode tokens count once per row of the batch they fill.
-        """
-        work = self.work.pending(self.rates)
-        rows = min(work.jobs, self.parallel)
-        if rows <= 1:
-            return work
-        return replace(
-            work,
-            decode_tokens=work.decode_tokens / rows,
-            decode_tokens_max=work.decode_tokens_max / rows,
+    def batch_costs(self) -> BatchCosts | None:
+        """The batch's measured prefill rate and decode-step costs (None while unknown)."""
+        return BatchCosts.from_health(
+            self.stats.batch,
+            prefill_tok_s=self.stats.prefill_tok_s,
+            decode_tok_s=self.stats.decode_tok_s,
         )
+
+    def forecast(self, prompt_tokens: float, completion_tokens: float) -> Forecast | None:
+        """With ``parallel`` > 1: when a new request with these tokens would get a slot and be
+        done, played forward from the jobs in the engine (``batch_forecast.py``); None while
+        the costs are unknown. ``completion_tokens`` 0 and ``prompt_tokens`` 0: no new
+        request, the time until the work already in the engine is done."""
+        costs = self.batch_costs()
+        if costs is None:
+            return None
+        by_ticket = {
+            job.ticket: self._progress[job_id]
+            for job_id, job in self._jobs.items()
+            if job_id in self._progress
+        }
+        running, queued = self.work.batch_work(by_ticket)
+        new = Work(prompt_tokens, completion_tokens) if completion_tokens > 0 else None
+        return forecast(running, queued, new, slots=self.parallel, costs=costs)
 
     def predicted_wait_s(self) -> float | None:
         """Seconds until the work already in the engine is done (None while rates are unknown)."""
+        if self.parallel > 1:
+            done = self.forecast(0.0, 0.0)
+            return None if done is None else done.finish_s
         return self.pending_work().seconds(self.rates)
 
     def health(self) -> dict[str, Any]:
@@ -571,7 +596,7 @@ class LocalEngine:
             "calibration": self.info.get("calibration"),
             "relevance": self.info.get("relevance"),
             "pending": pending.as_dict(),
-            "predicted_wait_s": _round(pending.seconds(self.rates), 2),
+            "predicted_wait_s": _round(self.predicted_wait_s(), 2),
             "speculative": {
                 "mode": self.settings.speculative,
                 "requests": self.stats.speculated,

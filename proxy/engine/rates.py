@@ -16,8 +16,11 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from proxy.engine.batch_forecast import Work
 
 DEFAULT_BYTES_PER_TOKEN = 4.0
 MESSAGE_OVERHEAD_TOKENS = 4  # role markers of a chat template, per message
@@ -150,13 +153,35 @@ class WorkTracker:
                 float(answer) if old is None else old + self.alpha * (answer - old)
             )
 
+    def expected_answer(self, ticket: int) -> float:
+        """Answer tokens a job is expected to produce: the mean seen, capped by its max_tokens."""
+        t = self._tickets[ticket]
+        expected = float(t.max_tokens)
+        if self.mean_answer_tokens is not None:
+            expected = min(expected, self.mean_answer_tokens)
+        return expected
+
+    def batch_work(self, progress: Mapping[int, tuple[int, int]]) -> tuple[list[Work], list[Work]]:
+        """The jobs started and those still queued, oldest first, as tokens still to prefill
+        and to decode. ``progress`` is what the worker last reported of a started job, by
+        ticket: prompt tokens still to prefill and answer tokens so far."""
+        running: list[Work] = []
+        queued: list[Work] = []
+        for ticket, t in self._tickets.items():
+            expected = self.expected_answer(ticket)
+            if t.started is None:
+                queued.append(Work(t.prompt_tokens, expected))
+                continue
+            left, generated = progress.get(ticket, (t.prompt_tokens, 0))
+            # A job already past the expected length still has at least a token to go.
+            running.append(Work(float(left), max(expected - generated, 1.0)))
+        return running, queued
+
     def pending(self, rates: Rates) -> PendingWork:
         now = time.monotonic()
         prefill = decode = decode_max = 0.0
-        for t in self._tickets.values():
-            expected = float(t.max_tokens)
-            if self.mean_answer_tokens is not None:
-                expected = min(expected, self.mean_answer_tokens)
+        for ticket, t in self._tickets.items():
+            expected = self.expected_answer(ticket)
             left_prefill, done_decode = t.prompt_tokens, 0.0
             if t.started is not None and rates.prefill_tok_s and rates.decode_tok_s:
                 elapsed = now - t.started

@@ -7,6 +7,8 @@ It is started with the ``spawn`` method and talks to the proxy over one duplex p
     worker -> proxy   ("ready", info)  |  ("fatal", message)
                       ("token", job_id, text)  |  ("done", job_id, completion)
                       ("error", job_id, kind, message)
+                      ("progress", {"jobs": {job_id: (prompt left, answer tokens)},
+                                    "batch": batch health})   (parallel > 1, every 0.25 s)
 
 A job stops early when its ``deadline`` (``time.monotonic()``, which is shared by every process on
 the machine) passes, or when the proxy writes its id into the shared ``cancel`` value. If the
@@ -36,6 +38,8 @@ from proxy.engine.batch_sequence import Sequence
 from proxy.engine.generate import LocalModel, ModelLoadError, PromptTooLong
 from proxy.engine.speculative import PromptLookup
 from proxy.engine.weights import GateWeights
+
+PROGRESS_S = 0.25  # how often a batched worker reports its jobs' progress
 
 
 def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
@@ -251,6 +255,7 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
             waiting.popleft()
             running[id(seq)] = (job_id, request)
 
+    reported = 0.0
     while True:
         idle = not batch.active and not waiting
         try:
@@ -276,6 +281,21 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
             finished = batch.fail_all(str(exc))
         for seq in finished:
             finish(seq)
+        if time.monotonic() - reported >= PROGRESS_S:
+            reported = time.monotonic()
+            conn.send(("progress", _progress(batch, running)))
+
+
+def _progress(batch: BatchEngine, running: dict[int, tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+    """Where each running job is (prompt tokens still to prefill, answer tokens so far) and the
+    batch's counts and measured costs: what the proxy's forecast starts from (batch_forecast)."""
+    jobs: dict[int, tuple[int, int]] = {}
+    for seq in batch.active:
+        entry = running.get(id(seq))
+        if entry is not None:
+            done = seq.lead_target if seq.leader is not None else seq.prefilled
+            jobs[entry[0]] = (max(0, len(seq.prompt) - 1 - done), len(seq.generated))
+    return {"jobs": jobs, "batch": batch.health()}
 
 
 _embedder: Any = None

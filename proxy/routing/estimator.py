@@ -6,7 +6,10 @@ Seed 000's estimate for a backend, counting the work already running and queued 
            + (decode tokens ahead + own expected answer tokens)  / decode rate
 
 The rates are the backend's live, profiled ones (:class:`proxy.engine.rates.Rates`); the work
-ahead is its :class:`~proxy.engine.rates.PendingWork`. This module adds the request's own part
+ahead is its :class:`~proxy.engine.rates.PendingWork`. The bundled engine with ``[local]
+parallel`` > 1 is a batch, not a queue: its finish time is played forward from the rows ahead,
+the batch's decode-step cost by number of rows and the request's own tokens
+(:mod:`proxy.engine.batch_forecast`, :func:`batched`). This module adds the request's own part
 (the share of its prompt a backend has cached is :mod:`proxy.routing.prefix_memory`'s):
 
 * :class:`AnswerLengths`: how long an answer to a request is expected to be. ``max_tokens`` (or
@@ -38,6 +41,7 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from proxy.config import RouterSettings
+from proxy.engine.batch_forecast import Forecast
 from proxy.engine.rates import PendingWork, Rates
 
 log = structlog.get_logger(__name__)
@@ -102,6 +106,30 @@ def predict(
         completion_tokens=completion_tokens,
         jobs_ahead=pending.jobs,
         rates_source=rates.source,
+    )
+
+
+def batched(
+    backend: str,
+    ahead: Forecast,
+    *,
+    pending: PendingWork,
+    prompt_tokens: float,
+    completion_tokens: float,
+    rates_source: str,
+) -> Prediction:
+    """The finish time on a batched engine (``[local] parallel`` > 1): played forward by
+    :func:`proxy.engine.batch_forecast.forecast` from the rows ahead, the batch's measured
+    step costs and the request's own tokens. ``wait_s`` is the time until it gets a slot."""
+    return Prediction(
+        backend=backend,
+        seconds=ahead.finish_s,
+        wait_s=ahead.wait_s,
+        own_s=ahead.finish_s - ahead.wait_s,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        jobs_ahead=pending.jobs,
+        rates_source=rates_source,
     )
 
 

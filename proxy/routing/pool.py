@@ -1,7 +1,8 @@
 """Every local backend, and the choice between them by predicted finish time (seed 000).
 
-    EngineBackend    the bundled engine (``proxy.engine.client.LocalEngine``, one job at a time;
-                     its queue and rates are the engine's own, ``proxy.engine.rates``)
+    EngineBackend    the bundled engine (``proxy.engine.client.LocalEngine``: one job at a time,
+                     or ``[local] parallel`` batched; its queue, rates and forecast are the
+                     engine's own, ``proxy.engine.rates`` and ``proxy.engine.batch_forecast``)
     RemoteBackend    another OpenAI-compatible llama.cpp server (``[[local.backends]]``, in
                      ``proxy.routing.remote``)
     BackendPool      picks the backend with the lowest predicted finish, and moves a request to
@@ -29,6 +30,7 @@ from proxy.routing.estimator import (
     Prediction,
     answer_cap,
     answers_per_request,
+    batched,
     predict,
 )
 from proxy.routing.prefix_memory import PrefixMemory
@@ -64,13 +66,26 @@ class EngineBackend(Backend):
         return f"a prompt of about {too_long} tokens does not fit a {engine.n_ctx}-token context"
 
     def predict(self, request: dict[str, Any], completion_tokens: float) -> Prediction:
-        rates = self.engine.rates
-        prompt = self.engine.work.estimate_prompt_tokens(request)
+        engine = self.engine
+        prompt = engine.work.estimate_prompt_tokens(request)
+        prompt *= 1.0 - self.memory.cached_share(request)
+        if engine.parallel > 1:
+            ahead = engine.forecast(prompt, max(completion_tokens, 1.0))
+            if ahead is not None:
+                batch = engine.stats.batch or {}
+                return batched(
+                    self.name,
+                    ahead,
+                    pending=engine.pending_work(),
+                    prompt_tokens=prompt,
+                    completion_tokens=completion_tokens,
+                    rates_source="batch" if batch.get("step_ms_by_rows") else engine.rates.source,
+                )
         return predict(
             self.name,
-            rates=rates,
-            pending=self.engine.pending_work(),
-            prompt_tokens=prompt * (1.0 - self.memory.cached_share(request)),
+            rates=engine.rates,
+            pending=engine.pending_work(),
+            prompt_tokens=prompt,
             completion_tokens=completion_tokens,
         )
 
@@ -86,7 +101,6 @@ class EngineBackend(Backend):
         return await self.engine.chat(request, deadline=deadline, on_token=on_token, kind=kind)
 
     def health(self) -> dict[str, Any]:
-        pending = self.engine.pending_work()
         rates = self.engine.rates
         return {
             "name": self.name,
@@ -97,7 +111,7 @@ class EngineBackend(Backend):
             "prefill_tok_s": rounded(rates.prefill_tok_s),
             "decode_tok_s": rounded(rates.decode_tok_s),
             "rates_source": rates.source,
-            "predicted_wait_s": rounded(pending.seconds(rates), 2),
+            "predicted_wait_s": rounded(self.engine.predicted_wait_s(), 2),
         }
 
 

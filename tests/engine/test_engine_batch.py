@@ -1,25 +1,33 @@
 """``[local] parallel`` through the real worker process: several jobs in flight at once.
 
-One ``LocalEngine`` with ``parallel = 4`` runs four greedy requests together; their answers are
-the ones the single path gives in-process. One of four is cancelled (its client went away) or
-hits its deadline: it leaves the batch, the others finish, and the worker is neither killed nor
-restarted. Tools (not batchable) still run, alone, between batches. A worker crash fails every
-sequence of the batch (each once), and the engine comes back.
+One ``LocalEngine`` with ``parallel = 4`` (and prompt-lookup speculation, whose drafts are rows
+of the same steps) runs four greedy requests together; their answers are the ones the single
+path gives in-process. One of four is cancelled (its client went away) or hits its deadline: it
+leaves the batch, the others finish, and the worker is neither killed nor restarted. Tools (not
+batchable) still run, alone, between batches. A worker crash fails every sequence of the batch
+(each once), and the engine comes back; through the app, each of those requests is answered by
+the API instead, with exactly one ledger row. ``/healthz`` and ``/metrics`` show the batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from proxy.config import LocalSettings
 from proxy.engine.client import LocalEngine
 from proxy.engine.generate import LocalModel, bundled_model_path
 from proxy.errors import EngineCrashed
+from proxy.http.app import create_app
+from tests.conftest import settings_for
+from tests.fake_api import FakeAPI
 
 PROMPTS = [
     "Write two sentences about the sea.",
@@ -46,7 +54,9 @@ def alone() -> Iterator[LocalModel]:
 
 @pytest.fixture
 async def engine() -> AsyncIterator[LocalEngine]:
-    settings = LocalSettings(n_threads=1, n_ctx=1024, parallel=4, timeout_s=60.0)
+    settings = LocalSettings(
+        n_threads=1, n_ctx=1024, parallel=4, timeout_s=60.0, speculative="prompt-lookup"
+    )
     started = LocalEngine(settings, relevance=False)
     await started.start()
     yield started
@@ -144,3 +154,102 @@ async def test_a_worker_crash_fails_every_sequence_of_the_batch(engine: LocalEng
         await asyncio.sleep(0.05)
     again = await engine.chat(_request(PROMPTS[1], 4), deadline=time.monotonic() + 120)
     assert again["usage"]["completion_tokens"] >= 1
+
+
+async def _wait_all_running(engine: LocalEngine, jobs: int) -> None:
+    for _ in range(600):
+        if engine.active == jobs and (engine.stats.batch or {}).get("decode_steps"):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{jobs} jobs never ran together")
+
+
+async def test_a_worker_crash_sends_each_batched_request_to_the_api_with_one_row(
+    engine: LocalEngine, tmp_path: Path, fake_api: FakeAPI
+) -> None:
+    settings = settings_for(
+        tmp_path, fake_api, router={"predictive": False}, local={"timeout_s": 120.0}
+    )
+    app = create_app(settings, engine=engine)
+    ids = [f"batch-crash-{i}" for i in range(4)]
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://localhost", timeout=300
+        ) as client:
+
+            def post(request_id: str, prompt: str) -> Any:
+                return client.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": "gpt-4o-mini",
+                        "messages": [{"role": "user", "content": prompt}],
+                        "max_tokens": 900,
+                    },
+                    headers={"x-request-id": request_id},
+                )
+
+            tasks = [asyncio.create_task(post(i, p)) for i, p in zip(ids, PROMPTS, strict=True)]
+            await _wait_all_running(engine, 4)
+            engine._proc.kill()  # what an out-of-memory kill would do
+            responses = await asyncio.gather(*tasks)
+    for response in responses:
+        assert response.status_code == 200, response.text
+        assert response.headers["x-frugal-route"] == "api"
+        assert response.headers["x-frugal-reason"] == "local_error"
+    assert fake_api.count == 4
+    conn = sqlite3.connect(tmp_path / "ledger.db")
+    try:
+        rows = conn.execute("SELECT request_id, route, reason FROM requests").fetchall()
+    finally:
+        conn.close()
+    assert sorted(rows) == [(i, "api", "local_error") for i in ids]
+    assert engine.stats.crashes == 1
+
+
+async def test_healthz_and_metrics_show_the_batch_and_its_drafts(
+    engine: LocalEngine, tmp_path: Path, fake_api: FakeAPI
+) -> None:
+    memo = (
+        "From: Dana Reyes. To: all staff. The Leeds office moves to 14 Canal Street on 28 "
+        "March. Movers arrive at 8 am; please pack your desks by 5 pm on 27 March."
+    )
+    copy = [f"Copy this memo word for word ({i}):\n\n{memo}" for i in range(3)]
+    settings = settings_for(tmp_path, fake_api, quality={"threshold": 0.0})
+    app = create_app(settings, engine=engine)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://localhost", timeout=300
+        ) as client:
+            body = {"model": "gpt-4o-mini", "max_tokens": 48, "temperature": 0}
+            answers = await asyncio.gather(
+                *(
+                    client.post(
+                        "/v1/chat/completions",
+                        json={**body, "messages": [{"role": "user", "content": p}]},
+                        headers={"x-frugal-route": "local"},
+                    )
+                    for p in copy
+                )
+            )
+            assert all(a.status_code == 200 for a in answers)
+            health = (await client.get("/healthz")).json()["engine"]
+            metrics = (await client.get("/metrics")).text
+    assert health["parallel"] == 4 and health["active_sequences"] == 0
+    batch = health["batch"]
+    assert batch["max_rows_per_step"] >= 2 and batch["mean_rows_per_step"] > 1
+    assert batch["aggregate_tok_s"] > 0 and batch["sequence_tok_s"] > 0
+    assert batch["step_ms_by_rows"]["1"]["steps"] >= 1
+    assert health["speculative"]["drafted"] > 0
+    assert 0 < health["speculative"]["acceptance_rate"] <= 1
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in metrics.splitlines()
+        if line.startswith("frugal_engine_")
+    }
+    assert values["frugal_engine_active_sequences"] == 0
+    assert values["frugal_engine_batch_rows_per_step"] > 1
+    assert values["frugal_engine_batch_tokens_per_second"] > 0
+    assert values["frugal_engine_sequence_tokens_per_second"] > 0
+    assert 0 < values["frugal_engine_draft_acceptance_ratio"] <= 1

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import RouterSettings
+from proxy.engine.batch_forecast import BatchCosts, Work, forecast
 from proxy.engine.rates import PendingWork, Rates
 from proxy.ledger.migrate import open_database
 from proxy.routing.estimator import (
@@ -18,6 +19,7 @@ from proxy.routing.estimator import (
     Predictor,
     answer_cap,
     answers_per_request,
+    batched,
     predict,
     read_ledger,
 )
@@ -46,6 +48,24 @@ def test_a_free_slot_means_no_wait_and_a_full_backend_shares_the_work_ahead() ->
         "gpu", rates=RATES, pending=ahead, prompt_tokens=0, completion_tokens=10, slots=2
     )
     assert full.seconds == pytest.approx(40 / 10 / 2 + 1.0)
+
+
+def test_a_batched_engine_predicts_from_the_rows_ahead_and_its_step_costs() -> None:
+    costs = BatchCosts(prefill_tok_s=100.0, step_s={1: 0.02, 2: 0.03, 3: 0.04, 4: 0.05})
+    ahead = PendingWork(jobs=4, prefill_tokens=0, decode_tokens=400, decode_tokens_max=400)
+    full = forecast([Work(0, 20)] + [Work(0, 100)] * 3, [], Work(50, 10), slots=4, costs=costs)
+    p = batched(
+        "engine", full, pending=ahead, prompt_tokens=50, completion_tokens=10, rates_source="batch"
+    )
+    # a slot frees after 20 four-row steps; then its prompt at a fifth of 100 tok/s while the
+    # three others decode (2.5 s), then 10 four-row steps
+    assert p.wait_s == pytest.approx(20 * 0.05)
+    assert p.seconds == pytest.approx(20 * 0.05 + 2.5 + 10 * 0.05)
+    assert p.own_s == pytest.approx(p.seconds - p.wait_s)
+    assert p.jobs_ahead == 4 and p.rates_source == "batch"
+    # seed 000's serial formula would say 400 / 10 + ...: the batch is not a queue
+    serial = predict("engine", rates=RATES, pending=ahead, prompt_tokens=50, completion_tokens=10)
+    assert serial.seconds is not None and serial.seconds > 10 * p.seconds
 
 
 def test_unknown_rates_predict_nothing() -> None:
