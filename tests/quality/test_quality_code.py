@@ -39,20 +39,27 @@ def test_the_asked_expression_is_read_from_print_or_a_result_question() -> None:
     assert asked_expression("In Python, what is the result of a + b?") is None  # unknown names
 
 
-def test_an_answer_that_does_not_state_the_printed_value_is_flagged() -> None:
-    q = "What is the output of print(3 * 'ab') in Python?"
-    _, right, _ = check(q, "It prints `ababab`: the string repeated three times.")
-    _, wrong, _ = check(q, "The output of `print(3 * 'ab')` will be `10`.")
-    assert right["code_mismatch"] == 0.0
-    assert wrong["code_mismatch"] == 1.0
-
-
-def test_restating_the_expression_does_not_count_as_stating_its_value() -> None:
-    q = "What is the output of print(10 // 3) in Python?"
-    _, echo, _ = check(q, "The output of print(10 // 3) is the floor division of the numbers.")
-    _, right, _ = check(q, "The output of `print(10 // 3)` in Python will be 3.")
-    assert echo["code_mismatch"] == 1.0
-    assert right["code_mismatch"] == 0.0
+@pytest.mark.parametrize(
+    ("expression", "right", "wrong"),
+    [
+        (
+            "3 * 'ab'",
+            "It prints `ababab`: the string repeated three times.",
+            "The output of `print(3 * 'ab')` will be `10`.",
+        ),
+        (  # restating the expression does not count as stating its value
+            "10 // 3",
+            "The output of `print(10 // 3)` in Python will be 3.",
+            "The output of print(10 // 3) is the floor division of the numbers.",
+        ),
+    ],
+)
+def test_an_answer_that_does_not_state_the_printed_value_is_flagged(
+    expression: str, right: str, wrong: str
+) -> None:
+    q = f"What is the output of print({expression}) in Python?"
+    assert check(q, right)[1]["code_mismatch"] == 0.0
+    assert check(q, wrong)[1]["code_mismatch"] == 1.0
 
 
 def test_a_function_that_always_calls_itself_is_a_hard_failure() -> None:
