@@ -6,10 +6,12 @@ decoded) until another sequence takes the id, so that a later prompt starting th
 shared system prompt, the next turn of a chat) does not prefill that part again. A joining
 prompt gets, in this order of preference (:meth:`Streams.place`):
 
-    held     the free id whose stream holds the longest usable prefix: kept in place
-    copied   a running sequence's cells, when they go further (by ``COPY_MIN_TOKENS``):
-             ``llama_memory_seq_cp`` into the least recently used free id, which llama.cpp
-             does as one copy of the whole stream before the next step
+    held     the free id whose stream holds the longest usable prefix: kept in place when
+             the prompt keeps at least half of what it holds
+    copied   a running sequence's cells, when they go further (by ``COPY_MIN_TOKENS``), or a
+             held stream's that the prompt would cut back by more than half:
+             ``llama_memory_seq_cp`` into the least recently used free id (an empty one
+             first), which llama.cpp does as one copy of the whole stream before the next step
     follow   a running sequence still prefilling the same prefix (requests that arrive
              together): the prompt waits until that prefix is in, then copies it, instead of
              prefilling it a second time alongside
@@ -65,37 +67,53 @@ class Streams:
 
     def place(self, seq: Sequence, active: list[Sequence]) -> None:
         """Give a joining sequence a free id (``seq.seq_id``) and its start: the prefix it keeps
-        (``seq.cached``, in place or copied), or the running ``seq.leader`` to wait for."""
+        (``seq.cached``, in place or copied), or the running ``seq.leader`` to wait for.
+
+        A held stream is taken over in place only when the prompt keeps at least half of it
+        (or no other id is free): otherwise the prompt goes to the least recently used free id
+        (an empty one first), and copies what it shares with the held stream, so that a long
+        held prefix is not cut back for a short match.
+        """
         wanted = np.asarray(seq.prompt, dtype=np.intc)
-        best_id, best = self.free[0], 0
+        held_id, kept = None, 0
         for seq_id in self.free:
             held = self.held.get(seq_id)
             if held is not None:
                 n = reusable(common_prefix(held.tokens, wanted), held.tiled, seq.tiled)
-                if n > best:
-                    best_id, best = seq_id, n
+                if n > kept:
+                    held_id, kept = seq_id, n
+        if kept < COPY_MIN_TOKENS:
+            held_id, kept = None, 0
+        others = [i for i in self.free if i != held_id]
+        victim = next((i for i in others if i not in self.held), others[0] if others else None)
         source, copied = None, 0
+        if held_id is not None and victim is not None and 2 * kept < len(self.held[held_id].tokens):
+            source, copied = held_id, kept  # copy it rather than cut it back
+            held_id, kept = None, 0
         leader, target = None, 0
         for other in active:
             n = reusable(common_prefix(_cells(other), wanted), other.tiled, seq.tiled)
             if n > copied:
-                source, copied = other, n
+                source, copied = other.seq_id, n
             if other.prefilling:
                 ahead = np.asarray(other.prompt[: len(other.prompt) - 1], dtype=np.intc)
                 n = reusable(common_prefix(ahead, wanted), other.tiled, seq.tiled)
                 if n > target:
                     leader, target = other, n
-        if leader is not None and target >= max(best, copied) + COPY_MIN_TOKENS:
+        chosen = held_id if held_id is not None else victim
+        assert chosen is not None  # a free id exists: the batch checked fits()
+        if leader is not None and target >= max(kept, copied) + COPY_MIN_TOKENS:
             seq.leader, seq.lead_target = leader, target
             self.stats.followed += 1
-        elif source is not None and copied >= best + COPY_MIN_TOKENS:
-            best_id, best = self.free[0], copied
-            self._copy(source.seq_id, best_id)
-        self.free.remove(best_id)
-        self.held.pop(best_id, None)
-        seq.seq_id, seq.cached = best_id, best
+        elif source is not None and copied >= kept + COPY_MIN_TOKENS:
+            chosen = victim if victim is not None else chosen
+            self._copy(source, chosen)
+            kept = copied
+        self.free.remove(chosen)
+        self.held.pop(chosen, None)
+        seq.seq_id, seq.cached = chosen, kept
         if seq.leader is None:
-            self.start(seq, best)
+            self.start(seq, kept)
 
     def start(self, seq: Sequence, kept: int) -> None:
         """Keep ``kept`` held tokens (or fewer: see ``prefill_plan.plan``) and plan the rest."""
