@@ -22,7 +22,7 @@ GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 
 
 def smollm2_path() -> str:
-    from proxy.engine.generate import bundled_model_path
+    from proxy.engine.model_files import bundled_model_path
 
     return bundled_model_path()
 

