@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/routing.py                       # 16 requests, timeout auto
     .venv/bin/python bench/routing.py --rounds 2 --timeout 40 --json /tmp/routing.json
+    .venv/bin/python bench/routing.py --parallel 1 4 --rounds 2  # batching, both predictive
 
 The burst (seed 000): ``--requests`` chat requests of about ``--prompt-tokens`` prompt tokens
 (each its own text, so no prompt is served from the prefix cache) asking for ``--max-tokens``
@@ -18,6 +19,10 @@ The API is ``tests/fake_api.py`` answering ``--max-tokens`` words after ``--api-
 threshold is 0, so that every local answer that finishes is used: this measures routing, not
 the gate. ``--timeout auto`` sets the local deadline to 3.5 times the time one request takes
 alone (measured in a warm-up), so that about three local answers fit in the deadline.
+
+With several ``--parallel`` values, one engine per value runs the same bursts, rounds
+alternating the order, with one local deadline for all (3.5 times the first engine's lone
+request); by default only the ``predictive`` variant runs then.
 
 Printed per variant: the burst's completion time (first request sent to last answer received),
 mean / p50 / p95 latency, the local share, dollars saved (counterfactual − paid, from the
@@ -49,7 +54,7 @@ import httpx  # noqa: E402
 
 from proxy import config  # noqa: E402
 from proxy.engine.client import LocalEngine  # noqa: E402
-from proxy.engine.generate import bundled_model_path  # noqa: E402
+from proxy.engine.model_files import bundled_model_path  # noqa: E402
 from proxy.http.app import create_app  # noqa: E402
 from tests.fake_api import FakeAPI  # noqa: E402
 
@@ -278,62 +283,81 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     reply = " ".join(random.Random(7).choice(WORDS) for _ in range(args.max_tokens))
     os.environ[KEY_ENV] = "sk-bench-" + "0" * 16
     workdir = Path(tempfile.mkdtemp(prefix="frugal-routing-"))
-    engine = LocalEngine(
-        config.LocalSettings(n_threads=args.threads, max_queue=64, parallel=args.parallel)
+    variants = args.variants or (
+        ["naive", "predictive"] if len(args.parallel) == 1 else ["predictive"]
     )
+    engines = {
+        p: LocalEngine(config.LocalSettings(n_threads=args.threads, max_queue=64, parallel=p))
+        for p in args.parallel
+    }
+    runs: list[Run] = []
     with FakeAPI(record=False, reply=reply, latency_s=api_latency) as api:
-        await engine.start()
+        for engine in engines.values():
+            await engine.start()
         try:
-            alone = await warm_up(engine, api, args, workdir)
-            timeout_s = alone * 3.5 if args.timeout == "auto" else float(args.timeout)
-            rates = engine.rates
+            alone = {p: await warm_up(e, api, args, workdir) for p, e in engines.items()}
+            first = args.parallel[0]
+            timeout_s = alone[first] * 3.5 if args.timeout == "auto" else float(args.timeout)
+            for p, engine in engines.items():
+                rates = engine.rates
+                print(
+                    f"parallel {p}: one request alone: {alone[p]:.2f} s; engine rates: prefill "
+                    f"{rates.prefill_tok_s:.0f} tok/s, decode {rates.decode_tok_s:.1f} tok/s "
+                    f"({args.threads} thread)",
+                    flush=True,
+                )
             print(
-                f"one request alone: {alone:.2f} s; local timeout_s = {timeout_s:.1f} s; "
-                f"engine rates: prefill {rates.prefill_tok_s:.0f} tok/s, decode "
-                f"{rates.decode_tok_s:.1f} tok/s ({args.threads} thread); API latency "
-                f"{api_latency:.2f} s; load average {os.getloadavg()[0]:.1f} on "
-                f"{os.cpu_count()} CPUs",
+                f"local timeout_s = {timeout_s:.1f} s; API latency {api_latency:.2f} s; load "
+                f"average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
                 flush=True,
             )
-            runs: list[Run] = []
+            combos = [(p, v) for p in args.parallel for v in variants]
             for round_ in range(args.rounds):
-                order = ["naive", "predictive"] if round_ % 2 == 0 else ["predictive", "naive"]
-                for variant in order:
+                order = combos if round_ % 2 == 0 else list(reversed(combos))
+                for parallel, variant in order:
                     prompts = make_prompts(args.requests, args.prompt_tokens, seed=len(runs))
-                    run = await run_burst(variant, engine, api, prompts, args, timeout_s, workdir)
+                    label = variant if len(engines) == 1 else f"{variant} p={parallel}"
+                    run = await run_burst(
+                        variant, engines[parallel], api, prompts, args, timeout_s, workdir
+                    )
+                    run.variant = label
                     runs.append(run)
-                    print(f"round {round_ + 1} {variant}: {run.summary()}", flush=True)
+                    print(f"round {round_ + 1} {label}: {run.summary()}", flush=True)
                     await asyncio.sleep(1.0)
         finally:
-            await engine.stop()
+            for engine in engines.values():
+                await engine.stop()
     print()
     print_table(runs)
-    naive = [r for r in runs if r.variant == "naive"]
-    predictive = [r for r in runs if r.variant == "predictive"]
-    mean_naive = statistics.fmean(statistics.fmean(r.latencies()) for r in naive)
-    mean_pred = statistics.fmean(statistics.fmean(r.latencies()) for r in predictive)
-    errors = [e for r in predictive for e in r.errors]
-    mdape = statistics.median(errors) if errors else None
     print()
-    print(f"mean latency predictive / naive: {mean_pred / mean_naive:.2f} (target <= 0.5)")
-    print(
-        "local share predictive vs naive: "
-        f"{statistics.fmean(r.local_share for r in predictive) * 100:.1f}% vs "
-        f"{statistics.fmean(r.local_share for r in naive) * 100:.1f}%"
-    )
-    if mdape is not None:
+    labels = list(dict.fromkeys(r.variant for r in runs))
+    for label in labels:
+        mine = [r for r in runs if r.variant == label]
+        errors = [e for r in mine for e in r.errors]
+        mdape = f"{statistics.median(errors) * 100:.1f}%" if errors else "-"
+        mean = statistics.fmean(statistics.fmean(r.latencies()) for r in mine)
         print(
-            f"prediction MdAPE over the {len(errors)} local answers of the predictive runs: "
-            f"{mdape * 100:.1f}% (target <= 20%)"
+            f"{label}: mean latency {mean:.2f} s, "
+            f"local share {statistics.fmean(r.local_share for r in mine) * 100:.1f}%, "
+            f"MdAPE {mdape} over {len(errors)} local answers"
         )
-    return {
+    result: dict[str, Any] = {
         "alone_s": alone,
         "timeout_s": timeout_s,
         "runs": [r.summary() for r in runs],
         "rows": {f"{i}-{r.variant}": r.rows for i, r in enumerate(runs)},
-        "mean_ratio": mean_pred / mean_naive,
-        "mdape": mdape,
     }
+    if len(engines) == 1:
+        naive = [r for r in runs if r.variant == "naive"]
+        predictive = [r for r in runs if r.variant == "predictive"]
+        if naive and predictive:
+            mean_naive = statistics.fmean(statistics.fmean(r.latencies()) for r in naive)
+            mean_pred = statistics.fmean(statistics.fmean(r.latencies()) for r in predictive)
+            print(f"mean latency predictive / naive: {mean_pred / mean_naive:.2f} (target <= 0.5)")
+            result["mean_ratio"] = mean_pred / mean_naive
+        errors = [e for r in predictive for e in r.errors]
+        result["mdape"] = statistics.median(errors) if errors else None
+    return result
 
 
 def main() -> None:
@@ -344,7 +368,20 @@ def main() -> None:
     parser.add_argument("--gap-ms", type=float, default=50.0)
     parser.add_argument("--timeout", default="auto", help="local timeout_s, or 'auto'")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--parallel", type=int, default=1, help="[local] parallel")
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="[local] parallel; several values run side by side (one engine each)",
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=["naive", "predictive"],
+        default=None,
+        help="default: both with one --parallel value, predictive with several",
+    )
     parser.add_argument("--api-latency", type=float, default=1.5)
     parser.add_argument("--api-per-token", type=float, default=0.02)
     parser.add_argument("--rounds", type=int, default=1)
