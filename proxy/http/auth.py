@@ -51,7 +51,6 @@ import functools
 import hmac
 import ipaddress
 from collections.abc import Iterable
-from typing import Any
 
 import structlog
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -223,6 +222,7 @@ class RequestGuard:
     ) -> None:
         self.app = app
         self.server = settings
+        self.loopback = is_loopback(settings.host)  # the Host check applies on a loopback bind
         self.json_paths = frozenset(json_paths)
         """Where a POST carries a JSON body; a POST elsewhere is left to the router (405)."""
 
@@ -249,11 +249,14 @@ class RequestGuard:
         await render(error, scope_state.get("request_id"))(scope, receive, send)
 
     def _check(self, scope: Scope, services: Services | None) -> tuple[ProxyError | None, str]:
-        headers = scope.get("headers", ())
-        server = self.server
-        if (services is None or not services.auth.enabled) and is_loopback(server.host):
-            host = _header(headers, b"host")
-            if host is not None and not host_is_local(host, server.host):
+        host = content_type = None  # the first of each, as Starlette's request.headers reads
+        for key, value in scope.get("headers", ()):
+            if key == b"host" and host is None:
+                host = value.decode("latin-1")
+            elif key == b"content-type" and content_type is None:
+                content_type = value.decode("latin-1")
+        if self.loopback and (services is None or not services.auth.enabled):
+            if host is not None and not host_is_local(host, self.server.host):
                 return (
                     MisdirectedRequest(
                         "This proxy has no client keys, so it answers only requests addressed "
@@ -265,7 +268,7 @@ class RequestGuard:
         if (
             scope.get("method") == "POST"
             and scope.get("path") in self.json_paths
-            and not is_json(_header(headers, b"content-type"))
+            and not is_json(content_type)
         ):
             return (
                 UnsupportedMediaType(
@@ -275,13 +278,6 @@ class RequestGuard:
                 "unsupported_media_type",
             )
         return None, ""
-
-
-def _header(headers: Any, name: bytes) -> str | None:
-    for key, value in headers:
-        if key == name:
-            return str(value.decode("latin-1"))
-    return None
 
 
 def is_json(content_type: str | None) -> bool:

@@ -157,14 +157,16 @@ class Handler:
         quotas = self.services.quotas
         if quotas is None:
             return
-        await quotas.admit(self.services.auth.stored_key(ex.key_name), body["model"])
-        route_model = self.services.upstream.target(body["model"])
-        ex.cache_key, ex.cache_read = quotas.cache_key(
-            {**body, "_endpoint": self.endpoint},
-            ex.key_name,
-            route_model,
-            request.headers.get("cache-control", ""),
-        )
+        key = self.services.auth.stored_key(ex.key_name)
+        if key is not None:  # a key of the environment's (or none) has no models and no rpm
+            await quotas.admit(key, body["model"])
+        if quotas.caching:
+            ex.cache_key, ex.cache_read = quotas.cache_key(
+                {**body, "_endpoint": self.endpoint},
+                ex.key_name,
+                self.services.upstream.target(body["model"]),
+                request.headers.get("cache-control", ""),
+            )
 
     async def cached(self, ex: Exchange) -> dict[str, Any] | None:
         """The cached answer to this request (route and reason ``cache``), or None."""
@@ -188,9 +190,9 @@ class Handler:
         ``BudgetExhausted`` 429 or ``BudgetUnavailable`` 503 when it cannot be, the reason
         noted on ``ex``)."""
         quotas = self.services.quotas
-        if quotas is None:
-            return
         key = self.services.auth.stored_key(ex.key_name)
+        if quotas is None or key is None or key.monthly_budget_pusd is None:
+            return  # no budget to hold this call to
         api_model = self.services.upstream.target(body["model"])
         try:
             ex.reservation = await quotas.reserve(key, body, api_model, ex.local_prompt_tokens)

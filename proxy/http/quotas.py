@@ -212,6 +212,11 @@ class Quotas:
 
     # -- the response cache -----------------------------------------------------------------
 
+    @property
+    def caching(self) -> bool:
+        """Whether ``[cache]`` is on (the handlers skip the cache's steps when it is not)."""
+        return self.settings.cache.enabled
+
     def cache_key(
         self, body: dict[str, Any], key_name: str | None, route_model: str, cache_control: str
     ) -> tuple[str | None, bool]:
