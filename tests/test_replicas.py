@@ -28,13 +28,12 @@ import pytest
 
 from proxy.http.quotas import worst_case_tokens
 from proxy.ledger import keys
-from proxy.ledger.budgets import Budgets, month_of
 from proxy.ledger.database import Database, parse
-from proxy.ledger.pool import Pool
 from proxy.ledger.pricing import PriceBook, load_price_map
 from tests import pg
 from tests.fake_api import FakeAPI
 from tests.faults_support import launch, server_env, stop, tail, wait_ready
+from tests.http.test_budgets import spend
 from tests.http.test_serve import FRUGAL, Served
 
 pytestmark = [
@@ -198,7 +197,7 @@ def test_a_budget_holds_across_both_replicas(replicas: Replicas) -> None:
     answered = statuses.count(200)
     rows = _rows_of(replicas, "budget", len(statuses))
     time.sleep(1.0)  # the settles run in the background, after each row
-    usage = _spend(replicas.db, "budget")
+    usage = spend(replicas.db, "budget")
     group = _report_by_key(replicas.url)["budget"]  # one report, both replicas' spend
     in_rows = int(float(group["api_cost_usd"]) * 1e12 + 0.5)
     over = max(usage[0], in_rows) - BUDGET_PUSD
@@ -247,12 +246,3 @@ def test_a_key_revoked_on_one_replica_is_refused_by_the_other(replicas: Replicas
     )
     assert set(refused_after) == {0, 1}, [tail(s.log) for s in replicas.servers]
     assert max(refused_after.values()) < 4.0  # the issue's 2 s, with a generous margin
-
-
-def _spend(db: Database, name: str) -> tuple[int, int]:
-    pool = Pool(db)
-    try:
-        usage = Budgets(pool).usage(month_of(time.time())).get(name)
-    finally:
-        pool.close()
-    return (usage.spent_pusd, usage.reserved_pusd) if usage else (0, 0)

@@ -6,6 +6,7 @@ local answers are still served."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,10 @@ def _settings(tmp_path: Path, api: FakeAPI, db: Database, **sections: Any) -> An
     return settings_for(tmp_path, api, ledger=ledger, **sections)
 
 
-def _spend(db: Database, name: str) -> tuple[int, int]:
+def spend(db: Database, name: str) -> tuple[int, int]:
+    """(spent, reserved) pico-dollars of the key ``name`` this month."""
     pool = Pool(db)
     try:
-        import time
-
         usage = Budgets(pool).usage(month_of(time.time())).get(name)
     finally:
         pool.close()
@@ -62,7 +62,7 @@ async def test_a_budget_is_never_passed_and_its_reservations_are_released(
         statuses = sorted(r.status_code for r in replies)
         refused = [r for r in replies if r.status_code == 429]
         await asyncio.sleep(0.3)  # the settles run in the background
-        spent, reserved = _spend(database, "small")
+        spent, reserved = spend(database, "small")
     assert 200 in statuses and refused, statuses
     error = refused[0].json()["error"]
     assert error["code"] == "insufficient_quota" and "budget" in error["message"]
@@ -154,7 +154,7 @@ async def test_completions_and_embeddings_hold_to_the_budget(
         statuses = sorted(r.status_code for r in replies)
         refused = [r for r in replies if r.status_code == 429]
         await asyncio.sleep(0.3)  # the settles run in the background
-        spent, reserved = _spend(database, "small")
+        spent, reserved = spend(database, "small")
     assert 200 in statuses and refused, statuses
     assert set(statuses) == {200, 429}, statuses
     error = refused[0].json()["error"]
@@ -214,7 +214,7 @@ async def test_report_by_key_shows_each_budget_and_its_use(
             reply = await client.post("/v1/chat/completions", json=ASK, headers=auth)
             assert reply.status_code == 200, reply.text
         await asyncio.sleep(0.3)  # the settles run in the background
-    spent, _ = _spend(database, "capped")
+    spent, _ = spend(database, "capped")
     report = build(database, Period.month(None), 0, by="key")
     groups = {g["key"]: g for g in report["groups"]}
     assert spent > 0
