@@ -2,6 +2,9 @@
 
     .venv/bin/python bench/overhead.py                      # 3 rounds of 8 s per cell
     .venv/bin/python bench/overhead.py --rounds 5 --window 10 --json /tmp/overhead.json
+    git worktree add /tmp/before efff029 && git worktree add /tmp/after HEAD
+    .venv/bin/python bench/overhead.py --targets direct,frugal-before,frugal-after \
+        --tree before=/tmp/before --tree after=/tmp/after
 
 What runs (all on loopback, started and stopped by this script):
 
@@ -9,7 +12,9 @@ What runs (all on loopback, started and stopped by this script):
   ``--upstream fake`` the test suite's ``tests/fake_api.py`` (Starlette on uvicorn);
 - ``direct``: wrk straight to the upstream;
 - ``frugal``: a real ``frugal serve`` process (engine loaded, ledger on), every request forced to
-  the API with ``x-frugal-route: api``, so it takes the direct httpx path;
+  the API with ``x-frugal-route: api``, so it takes the direct aiohttp path;
+- ``frugal-NAME``: the same from another checkout, ``--tree NAME=PATH`` (a ``git worktree`` of
+  another commit, served with this venv), so that two commits are measured side by side;
 - ``frugal-litellm``: a second ``frugal serve`` whose ``[fallback.models]`` maps the model to
   ``hosted_vllm/gpt-4o-mini``, so the same requests go through ``litellm.acompletion``;
 - ``litellm``: LiteLLM proxy (``litellm --config bench/litellm_config.yaml``, 1 worker, no
@@ -247,7 +252,10 @@ def frugal(
     tmp: Path,
     models: dict[str, str],
     ledger_url: str = "",
+    tree: Path | None = None,
 ) -> Iterator[tuple[str, Server, Path]]:
+    """A ``frugal serve``; with ``tree``, the ``proxy/`` of that checkout (another commit's, in
+    a ``git worktree``) on ``PYTHONPATH`` instead of this one's, run with this venv."""
     port = free_port()
     config = frugal_config(tmp, name, base, port, models, ledger_url)
     env = {
@@ -257,6 +265,8 @@ def frugal(
         "HOSTED_VLLM_API_KEY": UPSTREAM_KEY,
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     }
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
@@ -267,6 +277,8 @@ def frugal(
         return bool(health["engine"]["state"] == "ready" and counter != "loading")
 
     argv = [FRUGAL, "serve", "--config", str(config)]
+    if tree is not None:
+        argv = [PYTHON, "-m", "proxy", "serve", "--config", str(config)]
     server = start(name, pinned(cpus, argv), tmp, env, ready)
     try:
         yield url, server, tmp / (name + ".db")
@@ -274,6 +286,19 @@ def frugal(
         code = server.stop()
         if code != 0:
             print(f"warning: {name} exited with {code}; see {server.log}", file=sys.stderr)
+
+
+def runnable_tree(tree: Path) -> Path:
+    """``tree`` made runnable from ``PYTHONPATH``: the SQL migrations install as
+    ``proxy.migrations`` (pyproject's package-dir), so a link ``proxy/migrations`` to the tree's
+    own ``migrations/`` is made, or the installed (newer) ones would be applied."""
+    tree = tree.resolve()
+    if not (tree / "proxy" / "__main__.py").is_file():
+        raise SystemExit(f"--tree {tree}: no proxy/__main__.py there")
+    link = tree / "proxy" / "migrations"
+    if not link.exists():
+        link.symlink_to(tree / "migrations", target_is_directory=True)
+    return tree
 
 
 def ensure_litellm_venv(venv: Path) -> Path:
@@ -531,7 +556,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--targets",
         default="direct,frugal,frugal-litellm,litellm",
-        help="comma-separated; also frugal-pg (the proxy on a PostgreSQL ledger)",
+        help="comma-separated; also frugal-pg (the proxy on a PostgreSQL ledger) and "
+        "frugal-NAME for each --tree NAME=PATH",
+    )
+    parser.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a checkout of some commit (git worktree add PATH REV): the frugal-NAME target "
+        "serves its proxy/ with this venv; repeat it to compare commits side by side",
     )
     parser.add_argument("--litellm-venv", type=Path, default=LITELLM_VENV)
     parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
@@ -567,6 +601,17 @@ def main(argv: list[str] | None = None) -> int:
                 url, server, db = stack.enter_context(frugal("frugal", base, proxy_cpus, tmp, {}))
                 targets["frugal"] = Target(
                     "frugal", url, {"x-frugal-route": "api"}, server, db, url + "/healthz"
+                )
+            for spec in args.tree:
+                label, _, path = spec.partition("=")
+                name = f"frugal-{label}"
+                if name not in names or not path:
+                    raise SystemExit(f"--tree {spec}: expected NAME=PATH, and {name} in --targets")
+                url, server, db = stack.enter_context(
+                    frugal(name, base, proxy_cpus, tmp, {}, tree=runnable_tree(Path(path)))
+                )
+                targets[name] = Target(
+                    name, url, {"x-frugal-route": "api"}, server, db, url + "/healthz"
                 )
             if "frugal-pg" in names:
                 # The same proxy on a PostgreSQL ledger (a real server in a temporary folder).
