@@ -80,11 +80,13 @@ def batched(engine: Any, requests: list[dict[str, Any]]) -> tuple[float, float, 
 
 
 def lone(model: Any, engine: Any, request: dict[str, Any]) -> tuple[float, float]:
-    """Whole-request wall seconds of one request alone: single path, then a batch of one."""
+    """Whole-request wall seconds of one request alone, from an empty cache: single path, then
+    a batch of one."""
     model.forget()
     w = time.perf_counter()
     model.chat(request)
     single = time.perf_counter() - w
+    engine.forget()  # cold too: no prompt held from the runs before
     w = time.perf_counter()
     seq = engine.add(request)
     engine.run_all()

@@ -116,6 +116,11 @@ class BatchEngine:
 
     # -- admission --------------------------------------------------------------------------
 
+    def forget(self) -> None:
+        """Drop the cells the free sequence ids still hold: the next prompts are prefilled
+        from an empty cache, as after start (benchmarks of a cold request)."""
+        self.streams.clear()
+
     def fits(self) -> bool:
         """Whether a sequence can join now: a free sequence id (its KV stream is its own)."""
         return bool(self.streams.free)

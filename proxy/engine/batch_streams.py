@@ -164,7 +164,8 @@ class Streams:
         self.free.append(seq.seq_id)
 
     def clear(self) -> None:
-        """Forget every held cell (after a failed decode, whose leftovers are unknown)."""
-        for seq_id in range(self.n_seq):
+        """Empty the streams of the free ids (after a failed decode, whose leftovers are
+        unknown, or for a cold start)."""
+        for seq_id in self.free:
             self._lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
-        self.held.clear()
+            self.held.pop(seq_id, None)
