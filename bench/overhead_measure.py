@@ -1,0 +1,266 @@
+"""The measuring half of ``bench/overhead.py``: one wrk run per cell (a Lua script that stops
+issuing requests at the end of the window and lets those in flight finish), the CPU the server
+used over it, the ledger rows it wrote, and the report's table and lines.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from overhead_servers import MODEL, Server, pinned, proc_tree_cpu_s
+
+BODY = json.dumps(
+    {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 16,
+    },
+    separators=(",", ":"),
+)
+
+LUA = r"""
+wrk.method = "POST"
+wrk.body = [==[BODY]==]
+wrk.headers["content-type"] = "application/json"
+HEADERS
+local ffi = require("ffi")
+ffi.cdef[[
+typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
+int clock_gettime(int clk_id, bench_timespec *tp);
+]]
+local ts = ffi.new("bench_timespec")
+local function now()
+  ffi.C.clock_gettime(1, ts)
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+local window = WINDOW
+local first = nil
+-- Called before every request: after the window, no new request is issued (the connection
+-- idles until wrk's duration ends), so requests in flight complete and are counted.
+function delay()
+  local t = now()
+  if first == nil then first = t end
+  if t - first < window then return 0 end
+  return 3600000
+end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'RESULT {"requests":%d,"p50_us":%d,"p99_us":%d,"mean_us":%.1f,"max_us":%d,' ..
+    '"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d}\n',
+    summary.requests, latency:percentile(50), latency:percentile(99), latency.mean, latency.max,
+    e.connect, e.read, e.write, e.status, e.timeout))
+end
+"""
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    headers: dict[str, str]
+    server: Server | None = None
+    ledger: Path | None = None
+    health: str | None = None
+    ledger_url: str = ""  # a PostgreSQL ledger, counted there instead of in ``ledger``
+
+
+@dataclass
+class Cell:
+    target: str
+    connections: int
+    round: int
+    requests: int
+    errors: int
+    p50_ms: float
+    p99_ms: float
+    rps: float
+    cpu_ms_per_request: float | None = None
+    ledger_rows: int | None = None
+    ledger_failed_rows: int | None = None
+
+
+@dataclass
+class Run:
+    cells: list[Cell] = field(default_factory=list)
+    conditions: dict[str, Any] = field(default_factory=dict)
+
+
+def lua_script(tmp: Path, target: Target, window: float) -> Path:
+    headers = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in target.headers.items())
+    text = LUA.replace("BODY", BODY).replace("HEADERS", headers).replace("WINDOW", str(window))
+    path = tmp / f"{target.name}.lua"
+    path.write_text(text)
+    return path
+
+
+def wrk(
+    target: Target, connections: int, window: float, cpus: str | None, tmp: Path
+) -> dict[str, Any]:
+    script = lua_script(tmp, target, window)
+    duration = int(window + 3)
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--timeout", "10s"]
+    argv += ["-s", str(script), target.url + "/v1/chat/completions"]
+    out = subprocess.run(pinned(cpus, argv), capture_output=True, text=True, check=False)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result: dict[str, Any] = json.loads(line[len("RESULT ") :])
+            return result
+    raise SystemExit(f"wrk gave no result for {target.name}:\n{out.stdout}\n{out.stderr}")
+
+
+def ledger_rows(target: Target) -> tuple[int, int]:
+    """(rows, rows with a non-200 status) once the ledger has written all it was handed."""
+    assert target.ledger is not None and target.health is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ledger = httpx.get(target.health, timeout=5).json()["ledger"]
+        if ledger["pending"] == 0:
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)  # the writer's last batch commits after it leaves the queue
+    if target.ledger_url:
+        import psycopg
+
+        with psycopg.connect(target.ledger_url) as pg:
+            found = pg.execute(
+                "SELECT count(*), coalesce(sum(CASE WHEN status != 200 THEN 1 ELSE 0 END), 0)"
+                " FROM requests"
+            ).fetchone()
+        assert found is not None
+        return int(found[0]), int(found[1])
+    conn = sqlite3.connect(f"file:{target.ledger}?mode=ro", uri=True)
+    try:
+        rows, failed = conn.execute(
+            "SELECT count(*), coalesce(sum(status != 200), 0) FROM requests"
+        ).fetchone()
+    finally:
+        conn.close()
+    return int(rows), int(failed)
+
+
+def measure(
+    target: Target,
+    connections: int,
+    window: float,
+    round_: int,
+    cpus: str | None,
+    tmp: Path,
+) -> Cell:
+    before_rows = ledger_rows(target) if target.ledger else None
+    cpu_before = proc_tree_cpu_s(target.server.proc.pid) if target.server else None
+    result = wrk(target, connections, window, cpus, tmp)
+    cpu_after = proc_tree_cpu_s(target.server.proc.pid) if target.server else None
+    errors = sum(result[k] for k in ("connect", "read", "write", "status", "timeout"))
+    cell = Cell(
+        target=target.name,
+        connections=connections,
+        round=round_,
+        requests=result["requests"],
+        errors=errors,
+        p50_ms=result["p50_us"] / 1000,
+        p99_ms=result["p99_us"] / 1000,
+        rps=result["requests"] / window,
+    )
+    if cpu_before is not None and cpu_after is not None and result["requests"]:
+        cell.cpu_ms_per_request = (cpu_after - cpu_before) * 1000 / result["requests"]
+    if before_rows is not None:
+        after_rows = ledger_rows(target)
+        cell.ledger_rows = after_rows[0] - before_rows[0]
+        cell.ledger_failed_rows = after_rows[1] - before_rows[1]
+    return cell
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def spread(values: list[float], fmt: str) -> str:
+    mid = statistics.median(values)
+    if len(values) == 1:
+        return format(mid, fmt)
+    return f"{format(mid, fmt)} ({format(min(values), fmt)}–{format(max(values), fmt)})"
+
+
+def report(run: Run, names: list[str], connections: list[int]) -> str:
+    cells = run.cells
+    rounds = sorted({c.round for c in cells})
+
+    def pick(name: str, conns: int) -> list[Cell]:
+        return [c for c in cells if c.target == name and c.connections == conns]
+
+    lines = [
+        "| path | conns | median ms | p99 ms | req/s | errors | CPU ms/req | ledger rows"
+        " / requests |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for conns in connections:
+        for name in names:
+            got = pick(name, conns)
+            if not got:
+                continue
+            cpu = [c.cpu_ms_per_request for c in got if c.cpu_ms_per_request is not None]
+            rows = (
+                f"{sum(c.ledger_rows or 0 for c in got)} / {sum(c.requests for c in got)}"
+                if got[0].ledger_rows is not None
+                else "–"
+            )
+            lines.append(
+                f"| {name} | {conns} | {spread([c.p50_ms for c in got], '.3f')} "
+                f"| {spread([c.p99_ms for c in got], '.2f')} "
+                f"| {spread([c.rps for c in got], ',.0f')} | {sum(c.errors for c in got)} "
+                f"| {spread(cpu, '.3f') if cpu else '–'} | {rows} |"
+            )
+    lines.append("")
+
+    def per_round(f: Callable[[int], float | None]) -> list[float]:
+        return [v for r in rounds if (v := f(r)) is not None]
+
+    def one(name: str, conns: int, r: int) -> Cell | None:
+        return next((c for c in pick(name, conns) if c.round == r), None)
+
+    def added(name: str, r: int) -> float | None:
+        a, d = one(name, 1, r), one("direct", 1, r)
+        return a.p50_ms - d.p50_ms if a and d else None
+
+    def ratio(name: str, r: int) -> float | None:
+        a, b = one(name, 16, r), one("litellm", 16, r)
+        return a.rps / b.rps if a and b and b.rps else None
+
+    for name in names:
+        if name == "direct":
+            continue
+        if 1 in connections and (values := per_round(lambda r, n=name: added(n, r))):
+            lines.append(
+                f"- {name}: added median latency at 1 connection: {spread(values, '.3f')} ms"
+            )
+        if name != "litellm" and 16 in connections:
+            values = per_round(lambda r, n=name: ratio(n, r))
+            if values:
+                lines.append(
+                    f"- {name}: req/s at 16 connections ÷ LiteLLM proxy's: {spread(values, '.1f')}×"
+                )
+    bad = [c for c in cells if c.errors or (c.ledger_rows not in (None, c.requests))]
+    bad += [c for c in cells if c.ledger_failed_rows]
+    lines.append(
+        "- every run: no errors, one ledger row per request"
+        if not bad
+        else f"- PROBLEMS in {len(bad)} runs: "
+        + "; ".join(
+            f"{c.target}/c{c.connections}/r{c.round}: errors={c.errors} "
+            f"rows={c.ledger_rows} requests={c.requests} failed_rows={c.ledger_failed_rows}"
+            for c in bad
+        )
+    )
+    return "\n".join(lines)
