@@ -47,6 +47,28 @@ BODY = json.dumps(
 ).encode()
 
 
+PATH = "/v1/chat/completions"
+SCOPE: dict[str, Any] = dict(  # the ASGI scope uvicorn would make for the request
+    type="http",
+    asgi={"version": "3.0", "spec_version": "2.3"},
+    http_version="1.1",
+    method="POST",
+    scheme="http",
+    path=PATH,
+    raw_path=PATH.encode(),
+    root_path="",
+    query_string=b"",
+    headers=[
+        (b"host", b"127.0.0.1:8080"),
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(BODY)).encode()),
+        (b"x-frugal-route", b"api"),
+    ],
+    client=("127.0.0.1", 50000),
+    server=("127.0.0.1", 8080),
+)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -113,27 +135,7 @@ class Lifespan:
 
 async def one_request(app: Any, state: dict[str, Any]) -> int:
     """One POST /v1/chat/completions through the app; its status."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "root_path": "",
-        "query_string": b"",
-        "headers": [
-            (b"host", b"127.0.0.1:8080"),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(BODY)).encode()),
-            (b"x-frugal-route", b"api"),
-        ],
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8080),
-        "state": dict(state),
-        "app": app,
-    }
+    scope = {**SCOPE, "headers": list(SCOPE["headers"]), "state": dict(state), "app": app}
     sent = False
     status = 0
 
