@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from proxy.audit.settings import AuditSettings
+from proxy.audit.settings import PICO_PER_USD, AuditSettings
 
 log = structlog.get_logger(__name__)
 
@@ -181,7 +181,7 @@ class Sampler:
             log.warning(
                 "audit_budget_spent",
                 month=self._month,
-                spent_usd=self._spent_pusd / 10**12,
+                spent_usd=self._spent_pusd / PICO_PER_USD,
                 budget_usd=self.settings.monthly_budget_usd,
             )
 
@@ -198,7 +198,7 @@ class Sampler:
             "state": state,
             "rate": self.settings.rate,
             "month": self._month,
-            "spent_usd": self._spent_pusd / 10**12,
+            "spent_usd": self._spent_pusd / PICO_PER_USD,
             "budget_usd": self.settings.monthly_budget_usd,
             "pending": self._pending,
             "max_pending": self.settings.max_pending,

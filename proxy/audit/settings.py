@@ -17,6 +17,8 @@ CORRECTNESS = ("strict", "content")
 """``strict``: the right content and every explicit format instruction of the request (what a
 parsing pipeline needs). ``content``: the right content in any form (what a reader needs)."""
 
+# The ledger's unit (proxy.ledger.pricing.PUSD_PER_USD); these settings sit below the ledger in
+# the import layers (they are built by the config loader), so they cannot import it from there.
 PICO_PER_USD = 10**12
 
 

@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
-from proxy.audit.settings import AuditSettings
+from proxy.audit.settings import PICO_PER_USD, AuditSettings
 from proxy.errors import ConfigError
+from proxy.ledger.pricing import PUSD_PER_USD
 
 
 def test_defaults_are_the_issues() -> None:
@@ -21,6 +22,12 @@ def test_defaults_are_the_issues() -> None:
     )
     assert s.enabled
     assert s.monthly_budget_pusd == 5 * 10**12
+
+
+def test_the_audit_budget_is_counted_in_the_ledgers_unit() -> None:
+    # two names for one unit, because these settings sit below the ledger in the import layers
+    assert PICO_PER_USD == PUSD_PER_USD
+    assert AuditSettings(monthly_budget_usd=0.000001).monthly_budget_pusd * 10**6 == PUSD_PER_USD
 
 
 def test_settings_are_frozen_and_keyword_only() -> None:
