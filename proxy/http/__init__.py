@@ -1,6 +1,7 @@
 """HTTP: the Starlette app, its middleware and one handler per endpoint.
 
     app          ``create_app(settings)``: the services built in the lifespan, the routes
+    shutdown     the orderly stop after the drain (ledger flushed first), and its time bound
     services     the typed bundle of services the handlers and middleware receive
     auth         client keys (``Authorization: Bearer``), and the guard that refuses what a web
                  page could send to a keyless proxy (non-JSON bodies, foreign ``Host``)

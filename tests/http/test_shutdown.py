@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from proxy import config
-from proxy.http.app import shutdown_budget_s
+from proxy.http.shutdown import shutdown_budget_s
 from proxy.ledger.writer import SPILL_SUFFIX
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import start_server, stop_server
