@@ -42,6 +42,7 @@ import numpy.typing as npt
 from proxy.engine.batch_grammar import GrammarMasks
 from proxy.engine.batch_sequence import BatchStats, Sequence
 from proxy.engine.batch_streams import Streams
+from proxy.engine.batch_turns import Turns
 from proxy.engine.draft_policy import DraftPolicy, StepCosts
 from proxy.engine.generate import LocalModel, PromptTooLong, StopCheck, TokenCallback
 from proxy.engine.prefill_plan import tiled_until
@@ -90,10 +91,6 @@ class BatchEngine:
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.active: list[Sequence] = []
-        # Time sharing between joining prompts and running answers: a prefill step that made
-        # decoders wait costs that long (times the ratio) of decode steps before the next one.
-        self.prefill_share_ratio = 4.0
-        self._credit_s = 0.0
         self.stats = BatchStats()
         self.streams = Streams(llama_cpp, self._mem, self.n_seq, self.chunk, self.stats)
         # Decode-step seconds by number of rows: the batch's cost as a function of its size.
@@ -102,6 +99,7 @@ class BatchEngine:
         self.lookup_ngram = lookup_ngram
         self.max_rows = max(max_rows, self.n_seq)  # rows of a decode step, drafts included
         self.step_costs = StepCosts(self.max_rows)
+        self.turns = Turns(self.step_costs)  # prefill or decode next: batch_turns.py
         self._grammars = GrammarMasks(llama_cpp, self.llm, self.n_vocab)
 
     def close(self) -> None:
@@ -133,6 +131,7 @@ class BatchEngine:
         should_stop: StopCheck | None = None,
         grammar: Any = None,
         prompt: list[int] | None = None,
+        deadline: float | None = None,
     ) -> Sequence | None:
         """Admit a chat request at the next step; None while there is no room for it yet.
 
@@ -167,6 +166,7 @@ class BatchEngine:
             started=time.perf_counter(),
             drafter=drafter,
             tiled=tiled_until(n_prompt, self.chunk),
+            deadline=deadline,
         )
         self.streams.place(seq, self.active)
         self.active.append(seq)
@@ -188,7 +188,7 @@ class BatchEngine:
                 self.streams.waiting(q, self.active)
         filling = next((q for q in self.active if q.prefilling and q.leader is None), None)
         decodable = self._decodable()
-        if filling is not None and (self._credit_s >= 0.0 or not decodable):
+        if self.turns.prefill_next(self.active, filling) and filling is not None:
             # A prefill step: one sequence's chunk alone, cut by its plan (prefill_plan.py).
             left = len(filling.prompt) - 1 - filling.prefilled
             take = min(filling.plan.pop(0) if filling.plan else self.chunk, left)
@@ -238,10 +238,9 @@ class BatchEngine:
         elapsed = time.perf_counter() - started
         if rows:
             self.step_costs.observe(n, elapsed)
-        if rows:
-            self._credit_s = min(self._credit_s + elapsed, 0.0) if filling else 0.0
-        elif decodable:
-            self._credit_s -= elapsed * self.prefill_share_ratio
+        self.turns.after(
+            prefill=not rows, seconds=elapsed, decoders=decodable, waiting=bool(filling)
+        )
         stats = self.stats
         stats.steps += 1
         stats.rows += n
@@ -356,6 +355,7 @@ class BatchEngine:
                     seq.finish_reason = "length"
         finished = [seq for seq in self.active if seq.done]
         for seq in finished:
+            self.turns.ended(seq)
             self._release(seq)
         return finished
 
@@ -371,7 +371,13 @@ class BatchEngine:
 
     def health(self) -> dict[str, Any]:
         """The loop's counts and its measured decode-step cost by number of rows."""
-        return {**self.stats.as_dict(), "step_ms_by_rows": self.step_costs.as_dict()}
+        turns = self.turns
+        return {
+            **self.stats.as_dict(),
+            "step_ms_by_rows": self.step_costs.as_dict(),
+            "due_steps": turns.due,
+            "mean_answer_tokens": None if turns.mean_answer is None else round(turns.mean_answer),
+        }
 
     def fail_all(self, message: str) -> list[Sequence]:
         """Every live sequence fails with ``message`` (the batch itself broke)."""

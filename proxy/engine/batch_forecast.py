@@ -3,9 +3,10 @@
 Seed 000's estimate (work ahead / rate + own work / rate) treats the engine as one queue. A batch
 is not one: up to ``slots`` sequences run at once, a decode step gives each running answer one
 token and costs more the more rows it has, and a joining prompt is prefilled in steps of its own
-that take turns with the decode steps (``batch.py``: after a prefill step of t seconds, 4t
-seconds of decode steps). :func:`forecast` plays that schedule forward from what is in the
-engine now, in the batch's measured costs, until the new request is done:
+that take turns with the decode steps (``batch_turns.py``: a prefill step of t seconds, of
+``CHUNK`` tokens at most, is followed by up to 4t seconds of decode steps). :func:`forecast`
+plays that schedule forward from what is in the engine now, step kind by step kind, in the
+batch's measured costs, until the new request is done:
 
     running   each job's prompt tokens still to prefill and answer tokens still to come (the
               worker reports its sequences' progress; the expected answer length is the
@@ -14,20 +15,23 @@ engine now, in the batch's measured costs, until the new request is done:
     costs     :class:`BatchCosts`: the batch's raw prefill rate and its decode-step seconds by
               number of rows (``/healthz`` ``engine.batch.step_ms_by_rows``), measured
 
-It is a fluid model: between two events (a prompt done, an answer done, a slot taken) every
-rate is constant. What it leaves out: prefix reuse among the jobs ahead (their prompts count in
-full; the new request's own cached share is the caller's), and speculation's extra rows.
+It jumps from event to event (a prefill step, an answer done, the prompts' turn). What it leaves
+out: prefix reuse among the jobs ahead (their prompts count in
+full; the new request's own cached share is the caller's), speculation's extra rows, and the
+decode steps an answer gets when it is due (batch_turns.py).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["BatchCosts", "Forecast", "Work", "forecast"]
 
-PREFILL_SHARE = 0.2  # of the time, while answers are running (batch.py: prefill_share_ratio 4)
+SHARE_RATIO = 4.0  # decode seconds owed per prefill second (batch_turns.py)
+CHUNK = 512  # prompt tokens a prefill step takes at most (n_batch)
 
 
 @dataclass(eq=False)  # told apart by identity
@@ -44,7 +48,6 @@ class BatchCosts:
 
     prefill_tok_s: float
     step_s: Mapping[int, float]  # measured sizes only; at least one
-    share: float = PREFILL_SHARE
 
     @classmethod
     def from_health(
@@ -107,16 +110,17 @@ def forecast(
     *,
     slots: int,
     costs: BatchCosts,
+    chunk: int = CHUNK,
     limit_s: float = 3600.0,
 ) -> Forecast:
-    """Play the batch's schedule forward; see the module docstring. With ``new`` None, the
-    time until everything in the engine now is done."""
+    """Play the batch's schedule forward, step kind by step kind; see the module docstring.
+    With ``new`` None, the time until everything in the engine now is done."""
     active = [Work(w.prefill, w.decode) for w in running]
     waiting = [Work(w.prefill, w.decode) for w in queued]
     mine = Work(new.prefill, new.decode) if new is not None else None
     if mine is not None:
         waiting.append(mine)
-    now, admitted = 0.0, None
+    now, admitted, credit = 0.0, None, 0.0
     while now < limit_s:
         while waiting and len(active) < max(1, slots):
             job = waiting.pop(0)
@@ -129,23 +133,22 @@ def forecast(
             return Forecast(admitted or 0.0, now)
         filler = next((w for w in active if w.prefill > 0), None)
         decoders = [w for w in active if w.prefill <= 0]
-        step = costs.step(len(decoders)) if decoders else 0.0
-        prefill_rate = decode_rate = 0.0  # tokens per second, for the filler and each decoder
-        if filler is not None:
-            prefill_rate = costs.prefill_tok_s * (costs.share if decoders else 1.0)
-        if decoders:
-            decode_rate = (1.0 - costs.share if filler is not None else 1.0) / step
-        dt = filler.prefill / prefill_rate if filler is not None else float("inf")
-        if decoders:
-            dt = min(dt, min(w.decode for w in decoders) / decode_rate)
-        dt = max(dt, 1e-6)
-        if filler is not None:
-            filler.prefill -= prefill_rate * dt
-        for w in decoders:
-            w.decode -= decode_rate * dt
+        if filler is not None and (credit >= 0.0 or not decoders):
+            take = min(filler.prefill, float(chunk))  # one prefill step
+            dt = take / costs.prefill_tok_s
+            filler.prefill -= take
+            if decoders:
+                credit -= SHARE_RATIO * dt
+        else:  # decode steps until an answer is done, or the next prompt's turn
+            step = costs.step(len(decoders))
+            steps = math.ceil(min(w.decode for w in decoders) - 1e-9)
+            if filler is not None:
+                steps = min(steps, math.ceil(-credit / step - 1e-9))
+            steps = max(1, steps)
+            dt = steps * step
+            for w in decoders:
+                w.decode -= steps
+            credit = min(credit + dt, 0.0) if filler is not None else 0.0
         now += dt
         active = [w for w in active if w.prefill > 1e-9 or w.decode > 1e-9]
-        for w in active:
-            if w.prefill <= 1e-9:
-                w.prefill = 0.0
     return Forecast(admitted if admitted is not None else limit_s, limit_s)

@@ -43,6 +43,7 @@ class Sequence:
     cached: int = 0  # of which held or copied from another sequence, not prefilled
     tiled: int = 0  # prefill_plan.tiled_until of the prompt: how its cells were evaluated
     plan: list[int] = field(default_factory=list)  # the prefill steps still to run, in tokens
+    deadline: float | None = None  # time.monotonic() by which the answer is due
     leader: Sequence | None = None  # a running sequence prefilling this prompt's prefix
     lead_target: int = 0  # the tokens of it to wait for, then copy
     pending: int | None = None  # the last sampled token, to be decoded at the next step

@@ -238,6 +238,7 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
                     on_token=on_token,
                     should_stop=stopper(job_id, deadline),
                     grammar=grammar,
+                    deadline=deadline,
                 )
             except PromptTooLong as exc:
                 waiting.popleft()

@@ -30,11 +30,15 @@ def test_answers_decoded_together_cost_a_step_of_their_rows_each_token() -> None
     assert done.finish_s == pytest.approx(100 * 0.05)  # four rows a step: 5 s, not 4 x 2 s
 
 
-def test_a_joining_prompt_takes_a_fifth_of_the_time_while_answers_run() -> None:
-    running = [Work(0, 1000)]
-    done = forecast(running, [], Work(100, 10), slots=4, costs=COSTS)
-    # prefill at 20 tok/s for 5 s, then 10 steps of two rows
-    assert done.finish_s == pytest.approx(5.0 + 10 * 0.03)
+def test_a_prompt_step_is_followed_by_four_times_its_time_of_decode_steps() -> None:
+    running = [Work(0, 100)]
+    done = forecast(running, [], Work(1024, 10), slots=4, costs=COSTS)
+    # 512 prompt tokens (5.12 s); the running answer's 100 steps alone (2 s, of the 20.48 s
+    # owed); the other 512 (5.12 s); then 10 steps
+    assert done.finish_s == pytest.approx(5.12 + 2.0 + 5.12 + 10 * 0.02)
+    longer = forecast([Work(0, 2000)], [], Work(1024, 10), slots=4, costs=COSTS)
+    # a longer answer gets its 20.48 s (1024 steps) before the prompt goes on, then both decode
+    assert longer.finish_s == pytest.approx(5.12 + 1024 * 0.02 + 5.12 + 10 * 0.03)
 
 
 def test_a_request_waits_for_a_slot_when_every_one_is_taken() -> None:

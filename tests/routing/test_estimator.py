@@ -57,10 +57,10 @@ def test_a_batched_engine_predicts_from_the_rows_ahead_and_its_step_costs() -> N
     p = batched(
         "engine", full, pending=ahead, prompt_tokens=50, completion_tokens=10, rates_source="batch"
     )
-    # a slot frees after 20 four-row steps; then its prompt at a fifth of 100 tok/s while the
-    # three others decode (2.5 s), then 10 four-row steps
+    # a slot frees after 20 four-row steps; then its prompt at 100 tok/s while the three others
+    # wait (0.5 s), then 10 four-row steps
     assert p.wait_s == pytest.approx(20 * 0.05)
-    assert p.seconds == pytest.approx(20 * 0.05 + 2.5 + 10 * 0.05)
+    assert p.seconds == pytest.approx(20 * 0.05 + 0.5 + 10 * 0.05)
     assert p.own_s == pytest.approx(p.seconds - p.wait_s)
     assert p.jobs_ahead == 4 and p.rates_source == "batch"
     # seed 000's serial formula would say 400 / 10 + ...: the batch is not a queue
