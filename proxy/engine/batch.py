@@ -244,6 +244,8 @@ class BatchEngine:
         stats = self.stats
         stats.steps += 1
         stats.rows += n
+        if not rows:
+            stats.prefilled_step(n, elapsed)
         if rows:
             stats.decode_steps += 1
             stats.decode_rows += n

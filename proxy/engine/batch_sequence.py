@@ -173,10 +173,16 @@ class BatchStats:
     reused_tokens: int = 0
     copies: int = 0  # prefixes copied from another sequence's stream
     followed: int = 0  # sequences that waited for another to prefill their prefix
+    prefill_rate: float | None = None  # prompt tokens per second of prefill steps (EWMA)
+
+    def prefilled_step(self, tokens: int, seconds: float) -> None:
+        """One prefill step: its rate, as a moving average (the machine's speed drifts)."""
+        if tokens >= 16 and seconds > 0:
+            rate, old = tokens / seconds, self.prefill_rate
+            self.prefill_rate = rate if old is None else old + 0.2 * (rate - old)
 
     def as_dict(self) -> dict[str, Any]:
         prefill_steps = self.steps - self.decode_steps
-        prefill_s = self.busy_s - self.decode_s
         return {
             "steps": self.steps,
             "sequences": self.sequences,
@@ -192,9 +198,7 @@ class BatchStats:
             "aggregate_tok_s": round(self.decoded_tokens / self.decode_s, 1)
             if self.decode_s
             else None,
-            "prefill_tok_s": round((self.rows - self.decode_rows) / prefill_s, 1)
-            if prefill_s > 0 and self.rows > self.decode_rows
-            else None,
+            "prefill_tok_s": None if self.prefill_rate is None else round(self.prefill_rate, 1),
             "busy_s": round(self.busy_s, 3),
             "prefix": {
                 "sequences": self.reused,
