@@ -65,7 +65,11 @@ def fake_api(fake_api_server: FakeAPI, monkeypatch: pytest.MonkeyPatch) -> FakeA
 
 @pytest.fixture(scope="session")
 async def engine() -> AsyncIterator[LocalEngine]:
-    shared = LocalEngine(config.LocalSettings(n_threads=1, timeout_s=30.0))
+    # One request at a time ([local] parallel = 1, not the default 4): the tests that share
+    # this engine read the single path's queue, prefix cache and rates. The batch has its own
+    # (tests/engine/test_engine_batch.py); `frugal serve` in tests/http/test_serve.py runs the
+    # default.
+    shared = LocalEngine(config.LocalSettings(n_threads=1, timeout_s=30.0, parallel=1))
     await shared.start()
     yield shared
     await shared.stop()

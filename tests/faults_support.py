@@ -85,11 +85,11 @@ def merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def base_config(port: int, db: Path, api: FakeAPI | None) -> dict[str, Any]:
-    """What every fault server has: keyless loopback, one engine thread, the fake API upstream,
-    no audits."""
+    """What every fault server has: keyless loopback, one engine thread running one request at
+    a time (row 9 queues a request behind another), the fake API upstream, no audits."""
     return {
         "server": {"host": "127.0.0.1", "port": port, "log_format": "json", "api_keys_env": ""},
-        "local": {"n_threads": 1, "timeout_s": 30.0},
+        "local": {"n_threads": 1, "timeout_s": 30.0, "parallel": 1},
         "fallback": (
             {
                 "api_base": api.url,

@@ -84,7 +84,7 @@ class LocalSettings:
     draft_model_path: str = ""
     default_max_tokens: int = 512
     max_queue: int = 16
-    parallel: int = 1  # sequences decoded together in one llama.cpp context (batch.py)
+    parallel: int = 4  # sequences decoded together in one llama.cpp context (batch.py)
     seed: int = 0
     draft_max_tokens: int = 8
     lookup_ngram: int = 3

@@ -126,7 +126,7 @@ async def test_a_prompt_longer_than_the_context_is_refused_before_generation() -
 
 
 async def test_a_full_queue_refuses_new_work_at_once() -> None:
-    own = LocalEngine(LocalSettings(n_threads=1, max_queue=1))
+    own = LocalEngine(LocalSettings(n_threads=1, max_queue=1, parallel=1))  # one slot
     await own.start()
     try:
         long = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 200}

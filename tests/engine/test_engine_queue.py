@@ -26,7 +26,11 @@ LONG = [{"role": "user", "content": "Write a very long story about a lighthouse 
 async def test_a_full_queue_sends_the_next_request_to_the_api_at_once(
     tmp_path: Path, fake_api: FakeAPI, make_client: Any
 ) -> None:
-    settings = settings_for(tmp_path, fake_api, local={"max_queue": 1, "n_ctx": 1024})
+    settings = settings_for(
+        tmp_path,
+        fake_api,
+        local={"max_queue": 1, "n_ctx": 1024, "parallel": 1},  # one slot
+    )
     async with make_client(settings, own_engine=True) as client:
         local_only = {"x-frugal-route": "local"}
         slow = {"model": "gpt-4o-mini", "messages": LONG, "max_tokens": 400}
@@ -108,7 +112,7 @@ def _wait_for(check: Any, timeout: float = 20.0) -> bool:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[_Server, Any]]:
     settings = settings_for(
-        tmp_path, None, local={"max_queue": 4, "n_ctx": 1024, "timeout_s": 120.0}
+        tmp_path, None, local={"max_queue": 4, "n_ctx": 1024, "timeout_s": 120.0, "parallel": 1}
     )
     app = create_app(settings)
     with _Server(app) as server:

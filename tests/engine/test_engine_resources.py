@@ -51,7 +51,7 @@ async def test_rates_come_from_calibration_then_from_requests() -> None:
 
 
 async def test_pending_work_counts_the_running_and_the_queued_jobs() -> None:
-    own = LocalEngine(LocalSettings(n_threads=1, n_ctx=1024, max_queue=4))
+    own = LocalEngine(LocalSettings(n_threads=1, n_ctx=1024, max_queue=4, parallel=1))
     await own.start()
     try:
         assert own.pending_work().jobs == 0
@@ -106,7 +106,8 @@ async def test_a_shared_system_prompt_is_restored_after_other_requests_came_betw
 
 async def test_the_prefix_cache_stays_within_its_budget() -> None:
     # One MiB holds about 45 SmolLM2 tokens: a 150-token prefix is never kept.
-    own = LocalEngine(LocalSettings(n_threads=1, n_ctx=1024, prefix_cache_mb=1))
+    # The single path's prefix cache: one request at a time.
+    own = LocalEngine(LocalSettings(n_threads=1, n_ctx=1024, prefix_cache_mb=1, parallel=1))
     await own.start()
     try:
         a = _system("Answer as a pirate would, with many arrs and mateys. " * 12)
@@ -123,7 +124,7 @@ async def test_the_prefix_cache_stays_within_its_budget() -> None:
 
 
 async def test_a_prompt_that_cannot_fit_fails_before_it_queues() -> None:
-    own = LocalEngine(LocalSettings(n_threads=1, n_ctx=512, max_queue=1))
+    own = LocalEngine(LocalSettings(n_threads=1, n_ctx=512, max_queue=1, parallel=1))
     await own.start()
     try:
         story = {"messages": [{"role": "user", "content": "Write a long story."}]}
@@ -246,7 +247,7 @@ async def test_the_engine_steps_n_ctx_down_when_ram_is_short(
     header = read_header(bundled_model_path())
     room = memory.estimate(header, 1024, prefix_cache_mb=0).total + MIB
     monkeypatch.setattr(memory, "available_memory", lambda: (room, "test"))
-    own = LocalEngine(LocalSettings(n_threads=1, n_ctx=4096, prefix_cache_mb=0))
+    own = LocalEngine(LocalSettings(n_threads=1, n_ctx=4096, prefix_cache_mb=0, parallel=1))
     await own.start()
     try:
         health = own.health()

@@ -100,7 +100,8 @@ def _serve(tmp: Path, api: FakeAPI, mode: str) -> Iterator[Served]:
     settings = settings_for(
         tmp,
         api,
-        local={"max_queue": 4, "n_ctx": 1024, "timeout_s": 120.0},
+        # One request at a time: the streams left while queued need a queue.
+        local={"max_queue": 4, "n_ctx": 1024, "timeout_s": 120.0, "parallel": 1},
         router={"stream_mode": mode, "predictive": False},
     )
     app = create_app(settings)
