@@ -3,14 +3,13 @@
 The real bundled SmolLM2 is loaded in-process; each request is answered once alone by
 ``LocalModel.chat`` (from an empty context) and once inside a batch of four sequences that join
 and leave at different steps, with prompts of mixed lengths, JSON-mode grammars, stop strings
-and logprobs. Prompts are prefilled between the others' decode steps, and prompts that share a
-system prompt reuse its KV cells (held, copied or waited for: ``batch_streams.py``).
+and logprobs. Prompts are prefilled between the others' decode steps. Prompts that share a
+system prompt are in ``test_batch_streams.py``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +17,6 @@ import pytest
 from proxy.engine import grammar as grammar_mod
 from proxy.engine.batch import BatchEngine, Sequence
 from proxy.engine.generate import LocalModel, PromptTooLong
-from proxy.engine.model_files import bundled_model_path
 from proxy.engine.tasks import _grammar
 
 TOPICS = [
@@ -88,60 +86,7 @@ def _requests() -> list[dict[str, Any]]:
     return out
 
 
-RULE = (
-    "Rule {i}: when a customer asks about an order, first confirm the order number, then the "
-    "delivery address, and never share the payment details; answer politely and briefly. "
-)
-QUESTIONS = [
-    "Where is my order 1234?",
-    "Hello",
-    "Can I change my delivery address?",
-    "Do you ship to Norway?",
-    "I want a refund for order 99.",
-]
-
-
-def _policy(rules: int) -> dict[str, str]:
-    text = "Policy. " + "".join(RULE.format(i=i) for i in range(1, rules + 1))
-    return {"role": "system", "content": text}
-
-
-def _shared_prefix_requests() -> list[dict[str, Any]]:
-    """12 greedy requests on two system prompts: one of about 170 tokens, one of 513 to 533
-    whose last prefill chunk is shorter than 64 rows; the next turn of a chat; a repeat."""
-    out: list[dict[str, Any]] = []
-    for i, question in enumerate(QUESTIONS):
-        for rules in (5, 14):
-            out.append(
-                {
-                    "messages": [_policy(rules), {"role": "user", "content": question}],
-                    "max_tokens": 10 + i,
-                    "temperature": 0,
-                    "logprobs": True,
-                    "top_logprobs": 2,
-                    **({"stop": ["\n"]} if i % 2 else {}),
-                }
-            )
-    turn = [
-        _policy(5),
-        {"role": "user", "content": QUESTIONS[3]},
-        {"role": "assistant", "content": "Yes, we ship to Norway."},
-        {"role": "user", "content": "And to Sweden?"},
-    ]
-    out.append({"messages": turn, "max_tokens": 12, "temperature": 0, "logprobs": True})
-    out.append(dict(out[1]))
-    return out
-
-
 REQUESTS = _requests()
-SHARED = _shared_prefix_requests()
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[LocalModel]:
-    loaded = LocalModel.load(bundled_model_path(), n_ctx=2048, n_threads=1, calibrate=False)
-    yield loaded
-    loaded.close()
 
 
 def _grammar_of(model: LocalModel, request: dict[str, Any]) -> Any:
@@ -199,24 +144,6 @@ def test_batched_greedy_answers_are_the_answers_run_alone(model: LocalModel) -> 
     assert len(REQUESTS) >= 50
     assert engine.stats.max_rows > 1
     _check_alone(model, REQUESTS, got)
-
-
-@pytest.mark.timeout(900)
-def test_answers_sharing_a_system_prompt_reuse_its_cells_and_are_the_answers_run_alone(
-    model: LocalModel,
-) -> None:
-    engine = BatchEngine(model, 4)
-    try:
-        got = _run_batched(engine, model, SHARED)
-    finally:
-        engine.close()
-    # Each system prompt was prefilled about once, not once per request: its cells were held
-    # by a free stream, copied from a running sequence, or waited for while another
-    # sequence prefilled them (the first four join together).
-    stats = engine.stats
-    assert stats.reused >= 8 and stats.copies >= 1 and stats.followed >= 1
-    assert sum(g["frugal"]["cached_tokens"] for g in got) > 3000
-    _check_alone(model, SHARED, got)
 
 
 def test_a_cancelled_sequence_leaves_the_batch_and_the_others_go_on(model: LocalModel) -> None:

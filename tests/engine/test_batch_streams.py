@@ -1,0 +1,80 @@
+"""Prompts that share a prefix share its KV cells in the batch (batch_streams.py), and the answers
+are still the ones each request gets alone from an empty context, token for token and logprob for
+logprob: held by a free stream, copied from a running sequence, or waited for while another
+sequence prefilled it. The real bundled SmolLM2, in-process, as in ``test_batch.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.engine.batch import BatchEngine
+from proxy.engine.generate import LocalModel
+from tests.engine.test_batch import _check_alone, _run_batched
+
+RULE = (
+    "Rule {i}: when a customer asks about an order, first confirm the order number, then the "
+    "delivery address, and never share the payment details; answer politely and briefly. "
+)
+QUESTIONS = [
+    "Where is my order 1234?",
+    "Hello",
+    "Can I change my delivery address?",
+    "Do you ship to Norway?",
+    "I want a refund for order 99.",
+]
+
+
+def _policy(rules: int) -> dict[str, str]:
+    text = "Policy. " + "".join(RULE.format(i=i) for i in range(1, rules + 1))
+    return {"role": "system", "content": text}
+
+
+def _shared_prefix_requests() -> list[dict[str, Any]]:
+    """12 greedy requests on two system prompts: one of about 170 tokens, one of 513 to 533
+    whose last prefill chunk is shorter than 64 rows; the next turn of a chat; a repeat."""
+    out: list[dict[str, Any]] = []
+    for i, question in enumerate(QUESTIONS):
+        for rules in (5, 14):
+            out.append(
+                {
+                    "messages": [_policy(rules), {"role": "user", "content": question}],
+                    "max_tokens": 10 + i,
+                    "temperature": 0,
+                    "logprobs": True,
+                    "top_logprobs": 2,
+                    **({"stop": ["\n"]} if i % 2 else {}),
+                }
+            )
+    turn = [
+        _policy(5),
+        {"role": "user", "content": QUESTIONS[3]},
+        {"role": "assistant", "content": "Yes, we ship to Norway."},
+        {"role": "user", "content": "And to Sweden?"},
+    ]
+    out.append({"messages": turn, "max_tokens": 12, "temperature": 0, "logprobs": True})
+    out.append(dict(out[1]))
+    return out
+
+
+SHARED = _shared_prefix_requests()
+
+
+@pytest.mark.timeout(900)
+def test_answers_sharing_a_system_prompt_reuse_its_cells_and_are_the_answers_run_alone(
+    model: LocalModel,
+) -> None:
+    engine = BatchEngine(model, 4)
+    try:
+        got = _run_batched(engine, model, SHARED)
+    finally:
+        engine.close()
+    # Each system prompt was prefilled about once, not once per request: its cells were held
+    # by a free stream, copied from a running sequence, or waited for while another
+    # sequence prefilled them (the first four join together).
+    stats = engine.stats
+    assert stats.reused >= 8 and stats.copies >= 1 and stats.followed >= 1
+    assert sum(g["frugal"]["cached_tokens"] for g in got) > 3000
+    _check_alone(model, SHARED, got)
