@@ -5,30 +5,27 @@
 that every sequence has the whole context of the single path and attention never looks across
 sequences: with one unified cache, a row's logits changed with what else was in the step (by up
 to 0.7 in logprob here, enough to flip greedy choices). Each sequence has its own sequence id;
-each :meth:`BatchEngine.step` is one ``llama_decode``, of one of two kinds, in turn:
+each :meth:`BatchEngine.step` is one ``llama_decode``, of one of two kinds:
 
     decode   one row with logits for every sequence that has one: its last sampled token, or
-             the last token of its prompt (which gives it its first answer token)
-    prefill  a chunk (``chunk`` tokens at most) of one joining sequence's prompt but its last
-             token, no logits. While others are decoding, a prefill step that took t seconds
-             is followed by 4t seconds of decode steps before the next one (or fewer, if the
-             decoders finish): running answers get 80% of the time, so that they finish in
-             about the order they came (what deadlines want), a long prompt slows them down
-             by a fifth but never stops them, and short prompts still join within a few steps
+             the last token of its prompt (which gives it its first answer token); with
+             speculation, a greedy sequence's drafted tokens are more rows of it
+    prefill  one step of one joining sequence's prompt but its last token, no logits, cut by
+             ``prefill_plan.py`` as a cold prefill on the single path would cut it
 
-After the decode each row with logits is sampled on its own: its sampling parameters (greedy,
-or temperature / top-p / top-k / min-p with its own seeded generator), penalties, logit bias,
-grammar (a llama.cpp grammar sampler per sequence), logprobs, stop strings, ``max_tokens``,
-deadline and cancellation (``should_stop``). A sequence that stops leaves the batch before the
-next step and its KV cells are freed (``llama_memory_seq_rm``); the others go on.
+Which kind comes next is ``batch_turns.py``'s (the answers keep 80% of the time, more when one
+is due); which stream a prompt gets, and the cells of a shared prefix it keeps, copies or waits
+for, is ``batch_streams.py``'s. After the decode each row with logits is sampled on its own: its
+sampling parameters (greedy, or temperature / top-p / top-k / min-p with its own seeded
+generator), penalties, logit bias, grammar (a llama.cpp grammar sampler per sequence),
+logprobs, stop strings, ``max_tokens``, deadline and cancellation (``should_stop``). A sequence
+that stops leaves the batch before the next step; the others go on.
 
-With flash attention on and these two kinds of step, greedy answers are token for token (and
-logprob for logprob) those of the same request run alone (``tests/engine/test_batch.py``). The
-prompt is cut as the single path cuts it, ``n_batch`` tokens at a time, because the KV values of a
-prompt depend slightly on its cut. llama-server differs: it puts prompt chunks and decode rows in
-the same step, which interleaves more finely and lets answers depend on the batch.
-Sampled answers (temperature > 0) follow the same distribution as the single path's but not the
-same random draws: this sampler is numpy's, not llama.cpp's chain.
+With flash attention on and one thread, greedy answers are token for token (and logprob for
+logprob) those of the same request run alone from an empty context (``tests/engine/
+test_batch.py``, ``test_batch_streams.py``). llama-server differs: it puts prompt chunks and
+decode rows in the same step, which lets answers depend on the batch. Sampled answers
+(temperature > 0) follow the single path's distribution, not its random draws.
 """
 
 from __future__ import annotations
