@@ -44,7 +44,7 @@ class EventStream(StreamingResponse):
       each of ``cleanups`` is awaited (closing an upstream connection, stopping a generation:
       they must be idempotent, since the generator may have done the same);
     - last, ``on_end(finished)`` is called once, ``finished`` saying whether the body ran to its
-      end. It is called even when the response itself is cancelled.
+      end, or at least sent ``[DONE]``. It is called even when the response itself is cancelled.
     """
 
     def __init__(
@@ -65,6 +65,10 @@ class EventStream(StreamingResponse):
     async def _relay(self, chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
         async for chunk in chunks:
             yield chunk
+            if chunk.endswith(DONE):
+                # Sent: the client has the whole answer. A client that closes at once, while
+                # the body's own clean-up still runs, has not left early.
+                self.finished = True
         self.finished = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
