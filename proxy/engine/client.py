@@ -177,7 +177,7 @@ class LocalEngine:
     ) -> dict[str, Any]:
         """Run one chat completion before ``deadline`` (a ``time.monotonic()`` value).
 
-        ``kind="complete"`` runs a legacy text completion instead (see :meth:`complete`).
+        ``kind="complete"`` runs a legacy text completion (``/v1/completions``) instead.
 
         A prompt that certainly cannot fit the context fails at once with ContextOverflow, and a
         full queue with EngineBusy, without waiting. Cancelling the call (the client went away)
@@ -228,16 +228,6 @@ class LocalEngine:
             return await self.worker.run(request, deadline, on_token, kind, ticket)
         finally:
             self._slots.release()
-
-    async def complete(
-        self,
-        request: dict[str, Any],
-        *,
-        deadline: float,
-        on_token: Callable[[str], None] | None = None,
-    ) -> dict[str, Any]:
-        """Run one legacy text completion (``/v1/completions``) before ``deadline``."""
-        return await self.chat(request, deadline=deadline, on_token=on_token, kind="complete")
 
     @property
     def rates(self) -> Rates:
