@@ -28,9 +28,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BatchCosts", "Forecast", "Work", "forecast"]
+__all__ = ["CHUNK", "SHARE_RATIO", "BatchCosts", "Forecast", "Work", "forecast"]
 
-SHARE_RATIO = 4.0  # decode seconds owed per prefill second (batch_turns.py)
+SHARE_RATIO = 4.0  # decode seconds owed per prefill second while answers run (batch_turns.py)
 CHUNK = 512  # prompt tokens a prefill step takes at most (n_batch)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from proxy.engine.answer import chat_completion
 from proxy.engine.draft_policy import DraftPolicy
 from proxy.engine.generate import StopCheck, TokenCallback
+from proxy.engine.rates import ewma
 from proxy.engine.sampling import SamplingParams, held_back, logprob_entry
 from proxy.engine.speculative import PromptLookup
 
@@ -178,8 +179,7 @@ class BatchStats:
     def prefilled_step(self, tokens: int, seconds: float) -> None:
         """One prefill step: its rate, as a moving average (the machine's speed drifts)."""
         if tokens >= 16 and seconds > 0:
-            rate, old = tokens / seconds, self.prefill_rate
-            self.prefill_rate = rate if old is None else old + 0.2 * (rate - old)
+            self.prefill_rate = ewma(self.prefill_rate, tokens / seconds)
 
     def as_dict(self) -> dict[str, Any]:
         prefill_steps = self.steps - self.decode_steps

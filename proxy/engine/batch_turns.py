@@ -25,11 +25,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from proxy.engine.batch_forecast import SHARE_RATIO
 from proxy.engine.batch_sequence import Sequence
+from proxy.engine.rates import ewma
 
 __all__ = ["Turns"]
 
-SHARE_RATIO = 4.0  # decode seconds owed per prefill second while answers are running
 MARGIN = 1.2  # on the projected time of an answer, before it counts as due
 
 
@@ -84,6 +85,4 @@ class Turns:
     def ended(self, seq: Sequence) -> None:
         """Learn the length of an answer that ended by itself (EOS or a stop string)."""
         if seq.stop_cause in ("eos", "stop_sequence") and seq.error is None:
-            n = float(len(seq.generated))
-            old = self.mean_answer
-            self.mean_answer = n if old is None else old + 0.2 * (n - old)
+            self.mean_answer = ewma(self.mean_answer, float(len(seq.generated)))

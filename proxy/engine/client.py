@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -29,7 +28,7 @@ from proxy.engine.engine_stats import EngineStats
 from proxy.engine.gguf import GGUFError, GGUFHeader, read_header
 from proxy.engine.model_files import ModelLoadError, bundled_model_path
 from proxy.engine.rates import PendingWork, Rates, WorkTracker
-from proxy.engine.worker_link import ContextOverflow, Unsupported, WorkerLink
+from proxy.engine.worker_link import ContextOverflow, Unsupported, WorkerLink, seconds_left
 from proxy.errors import EngineBusy, EngineCrashed, EngineTimeout
 
 __all__ = ["ContextOverflow", "LocalEngine", "Unsupported"]
@@ -212,7 +211,7 @@ class LocalEngine:
     ) -> dict[str, Any]:
         self._waiting += 1
         try:
-            await asyncio.wait_for(self._slots.acquire(), timeout=_left(deadline))
+            await asyncio.wait_for(self._slots.acquire(), timeout=seconds_left(deadline))
         except TimeoutError as exc:
             self.stats.timeouts += 1
             raise EngineTimeout("the deadline passed while waiting in the local queue") from exc
@@ -221,7 +220,7 @@ class LocalEngine:
         try:
             if not self.worker.ready.is_set():
                 try:
-                    await asyncio.wait_for(self.worker.ready.wait(), timeout=_left(deadline))
+                    await asyncio.wait_for(self.worker.ready.wait(), timeout=seconds_left(deadline))
                 except TimeoutError as exc:
                     raise EngineCrashed(f"the local engine is not ready ({self.state})") from exc
             self.work.start(ticket)
@@ -315,10 +314,6 @@ class LocalEngine:
             },
             "memory": self.memory.as_dict() if self.memory is not None else None,
         }
-
-
-def _left(deadline: float) -> float:
-    return max(0.0, deadline - time.monotonic())
 
 
 def _round(value: float | None, digits: int = 1) -> float | None:

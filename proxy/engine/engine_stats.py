@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.engine.rates import ewma
+
 __all__ = ["EngineStats"]
 
 
@@ -59,7 +61,7 @@ class EngineStats:
         if batch:
             self.batch = batch.get("engine")
             if batch.get("tok_s"):
-                self.sequence_tok_s = self._ewma(self.sequence_tok_s, float(batch["tok_s"]))
+                self.sequence_tok_s = ewma(self.sequence_tok_s, float(batch["tok_s"]), self.alpha)
         prefill_s, decode_s = info.get("prefill_s", 0.0), info.get("decode_s", 0.0)
         prefilled = info.get("prefilled_tokens", 0)
         decoded = (completion.get("usage") or {}).get("completion_tokens", 0)
@@ -68,11 +70,8 @@ class EngineStats:
             # queue): only part of it was evaluated, so its time says nothing of the rate.
             prefilled = 0
         if prefilled >= 16 and prefill_s > 0:
-            self.prefill_tok_s = self._ewma(self.prefill_tok_s, prefilled / prefill_s)
+            self.prefill_tok_s = ewma(self.prefill_tok_s, prefilled / prefill_s, self.alpha)
         if decoded >= 4 and decode_s > 0:
-            self.decode_tok_s = self._ewma(self.decode_tok_s, (decoded - 1) / decode_s)
+            self.decode_tok_s = ewma(self.decode_tok_s, (decoded - 1) / decode_s, self.alpha)
         if (prefilled >= 16 and prefill_s > 0) or (decoded >= 4 and decode_s > 0):
             self.rates_source = "requests"
-
-    def _ewma(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.alpha * (new - old)

@@ -25,6 +25,13 @@ from proxy.engine.batch_forecast import Work
 DEFAULT_BYTES_PER_TOKEN = 4.0
 MESSAGE_OVERHEAD_TOKENS = 4  # role markers of a chat template, per message
 OVERFLOW_MARGIN = 2.0  # an estimate this many times past n_ctx is taken as certain
+ALPHA = 0.2  # weight of the newest value in the moving averages of rates and lengths
+
+
+def ewma(old: float | None, new: float, alpha: float = ALPHA) -> float:
+    """Exponentially weighted moving average: ``new`` moves ``old`` by ``alpha`` of the gap
+    (``new`` itself while there is no ``old``)."""
+    return new if old is None else old + alpha * (new - old)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,10 +155,7 @@ class WorkTracker:
             self.bytes_per_token += self.alpha * (ratio - self.bytes_per_token)
         answer = usage.get("completion_tokens")
         if isinstance(answer, int) and answer > 0:
-            old = self.mean_answer_tokens
-            self.mean_answer_tokens = (
-                float(answer) if old is None else old + self.alpha * (answer - old)
-            )
+            self.mean_answer_tokens = ewma(self.mean_answer_tokens, float(answer), self.alpha)
 
     def expected_answer(self, ticket: int) -> float:
         """Answer tokens a job is expected to produce: the mean seen, capped by its max_tokens."""

@@ -28,13 +28,21 @@ from typing import Any
 
 import structlog
 
+from proxy.engine.batch_forecast import CHUNK
 from proxy.engine.engine_stats import EngineStats
 from proxy.engine.model_files import ModelLoadError
 from proxy.engine.worker import worker_main
 from proxy.engine.worker_env import WorkerProcess
 from proxy.errors import EngineCrashed, EngineError, EngineTimeout
 
-__all__ = ["KILL_GRACE_S", "RESTART_BACKOFF_S", "ContextOverflow", "Unsupported", "WorkerLink"]
+__all__ = [
+    "KILL_GRACE_S",
+    "RESTART_BACKOFF_S",
+    "ContextOverflow",
+    "Unsupported",
+    "WorkerLink",
+    "seconds_left",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -247,7 +255,7 @@ class WorkerLink:
             # The worker stops itself at the deadline and returns a partial answer; give it a
             # moment to do so before deciding it is stuck.
             return await asyncio.wait_for(
-                asyncio.shield(job.future), timeout=_left(deadline) + self.grace_s()
+                asyncio.shield(job.future), timeout=seconds_left(deadline) + self.grace_s()
             )
         except TimeoutError:
             self.stats.timeouts += 1
@@ -286,7 +294,7 @@ class WorkerLink:
         if self.parallel == 1:
             return KILL_GRACE_S
         rate = self.stats.prefill_tok_s
-        chunk_s = 512 / rate if rate else 10.0
+        chunk_s = CHUNK / rate if rate else 10.0
         return KILL_GRACE_S + 2.0 * chunk_s
 
     def kill(self, why: str) -> None:
@@ -316,7 +324,8 @@ class WorkerLink:
             conn.close()
 
 
-def _left(deadline: float) -> float:
+def seconds_left(deadline: float) -> float:
+    """Seconds from now to ``deadline`` (a ``time.monotonic()`` value), never below 0."""
     return max(0.0, deadline - time.monotonic())
 
 

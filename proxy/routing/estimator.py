@@ -42,7 +42,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from proxy.config import RouterSettings
 from proxy.engine.batch_forecast import Forecast
-from proxy.engine.rates import PendingWork, Rates
+from proxy.engine.rates import PendingWork, Rates, ewma
 
 log = structlog.get_logger(__name__)
 
@@ -257,7 +257,7 @@ class Ewma:
         self.count = 0
 
     def add(self, value: float) -> None:
-        self.value = value if self.value is None else self.value + self.alpha * (value - self.value)
+        self.value = ewma(self.value, value, self.alpha)
         self.count += 1
 
 

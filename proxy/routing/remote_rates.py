@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from proxy.engine.rates import Rates
+from proxy.engine.rates import Rates, ewma
 from proxy.routing.estimator import Ewma
 
 __all__ = ["DEFAULT_RATIO", "RemoteRates"]
@@ -69,9 +69,9 @@ class RemoteRates:
             prompt_rate = float(timings.get("prompt_per_second") or 0.0)
             decode_rate = float(timings.get("predicted_per_second") or 0.0)
             if prompt_n >= 16 and prompt_rate > 0:
-                self._prefill = self._ewma(self._prefill, prompt_rate)
+                self._prefill = ewma(self._prefill, prompt_rate, self._alpha)
             if predicted_n >= 4 and decode_rate > 0:
-                self._decode = self._ewma(self._decode, decode_rate)
+                self._decode = ewma(self._decode, decode_rate, self._alpha)
             prefill_s = float(timings.get("prompt_ms") or 0.0) / 1000
             decode_s = float(timings.get("predicted_ms") or 0.0) / 1000
             self.overhead.add(max(0.0, elapsed - prefill_s - decode_s))
@@ -85,12 +85,9 @@ class RemoteRates:
             ratio = rates.prefill_tok_s / rates.decode_tok_s
         work = prefilled / ratio + decoded  # in decode-token equivalents
         if work >= 4 and elapsed > 0:
-            self._decode = self._ewma(self._decode, work / elapsed)
+            self._decode = ewma(self._decode, work / elapsed, self._alpha)
             self._prefill = self._decode * ratio
             self._source = "requests"
         prefill_s = elapsed * (prefilled / ratio) / work if work > 0 else 0.0
         info.update(prefill_s=prefill_s, decode_s=elapsed - prefill_s)
         return info
-
-    def _ewma(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self._alpha * (new - old)
