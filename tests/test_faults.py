@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 import pytest
 
+from proxy.ledger import keys as keys_mod
 from tests.fake_api import FakeAPI
 from tests.faults_support import (
     MB,
@@ -913,3 +914,83 @@ def test_row3_redos_keeps_healthz_answering(
     _redos((remote if engine == "remote" else main).get())
     if engine == "remote":
         assert remote_api.count >= 1, "the remote backend was not asked: the row tested nothing"
+
+
+# Issue 24, row 4: 64 stalled bodies from one key: another key's request gets 200 ----------------
+
+STALLED = 64
+
+
+def _stalled_body(served: Served, key: str) -> socket.socket:
+    """A connection that sends a chat request's headers and the first bytes of its body, then
+    nothing more (the caller closes it)."""
+    data = json.dumps(chat_body()).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\n"
+        f"host: {served.base.removeprefix('http://')}\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(data)}\r\n"
+        f"authorization: Bearer {key}\r\n\r\n"
+    )
+    sock = socket.create_connection(("127.0.0.1", int(served.base.rsplit(":", 1)[1])), timeout=30)
+    sock.sendall(head.encode() + data[:8])
+    return sock
+
+
+def _metric(served: Served, key: str, name: str) -> float:
+    text = httpx.get(
+        served.base + "/metrics", headers={"authorization": f"Bearer {key}"}, timeout=10
+    ).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_issue24_row4_one_keys_stalled_bodies_leave_another_key_served(
+    tmp_path: Path, api: FakeAPI
+) -> None:
+    db = tmp_path / "ledger.db"
+    hog = keys_mod.create(str(db), "hog")
+    other = keys_mod.create(str(db), "other")
+    served = launch(tmp_path, api, db=db)  # max_concurrency 64, body_timeout_s 30
+    served.key = other  # /healthz shows the engine's state to a key only
+    wait_ready(served)
+    socks: list[socket.socket] = []
+    answers: dict[int, bytes] = {}
+    try:
+        socks = [_stalled_body(served, hog) for _ in range(STALLED)]
+        deadline = time.monotonic() + 20
+        in_flight = 0.0
+        while time.monotonic() < deadline:  # until each one is answered or held in flight
+            for index, sock in enumerate(socks):
+                if index not in answers and (data := received(sock)):
+                    answers[index] = data
+            in_flight = _metric(served, other, "frugal_in_flight_requests ")
+            if len(answers) + in_flight >= STALLED:
+                break
+            time.sleep(0.05)
+        started = time.perf_counter()
+        reply = post(served, chat_body(), headers={"authorization": f"Bearer {other}", **TO_API})
+        other_ms = (time.perf_counter() - started) * 1000
+        own = post(served, chat_body(), headers={"authorization": f"Bearer {hog}", **TO_API})
+        health = httpx.get(served.base + "/healthz", timeout=10).status_code
+        share_429s = _metric(served, other, 'frugal_rejected_requests_total{reason="key_share"}')
+    finally:
+        for sock in socks:
+            hard_close(sock)
+        stop(served)
+    refused = [a for a in answers.values() if a.startswith(b"HTTP/1.1 429 ")]
+    print(
+        f"\nissue24 row4: of {STALLED} stalled bodies from one key, {len(refused)} refused with "
+        f"429 at once and {int(in_flight)} held in flight (its share); the other key got HTTP "
+        f"{reply.status_code} in {other_ms:.0f} ms; the hog's next request HTTP "
+        f"{own.status_code}; /healthz {health}; key_share refusals counted {int(share_429s)}"
+    )
+    assert reply.status_code == 200, reply.text
+    assert in_flight == 16  # a quarter of max_concurrency = 64
+    assert len(refused) == len(answers) == STALLED - 16, sorted({a[:12] for a in answers.values()})
+    for answer in refused:
+        head = answer.partition(b"\r\n\r\n")[0].lower()
+        assert b"retry-after: 1" in head and b"connection: close" in head
+        assert b"rate_limit_exceeded" in answer and b"holds its share" in answer
+    assert own.status_code == 429 and "holds its share" in own.json()["error"]["message"]
+    assert health == 200
+    assert share_429s == STALLED - 16 + 1

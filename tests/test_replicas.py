@@ -70,8 +70,11 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
         url = server.database()
         db = parse(url)
         secrets = {
-            "load": keys.create(db, "load"),
-            "budget": keys.create(db, "budget", monthly_budget_pusd=BUDGET_PUSD),
+            # 32 and 16 clients over two replicas: more in flight than a key's default share
+            "load": keys.create(db, "load", max_concurrency=CLIENTS),
+            "budget": keys.create(
+                db, "budget", monthly_budget_pusd=BUDGET_PUSD, max_concurrency=16
+            ),
             "doomed": keys.create(db, "doomed"),
         }
         config = {"ledger": {"url": url}}

@@ -39,6 +39,15 @@ def validate(settings: Settings) -> Settings:
     _check_range("[server] header_timeout_s", s.server.header_timeout_s, 0.1, 600.0)
     _check_range("[server] body_timeout_s", s.server.body_timeout_s, 0.1, 3600.0)
     _check_range("[server] keep_alive_s", s.server.keep_alive_s, 1, 3600)
+    if s.server.max_concurrency_per_key and not (
+        1 <= s.server.max_concurrency_per_key < max(2, s.server.max_concurrency)
+    ):
+        raise ConfigError(
+            f"[server] max_concurrency_per_key = {s.server.max_concurrency_per_key!r}: expected 0 "
+            f"(a quarter of max_concurrency) or 1 to {max(1, s.server.max_concurrency - 1)}, "
+            f"below max_concurrency = {s.server.max_concurrency}, so that one key never holds "
+            "every slot"
+        )
     if s.server.api_keys_env and not s.server.api_keys_env.replace("_", "").isalnum():
         raise ConfigError(
             f"[server] api_keys_env = {s.server.api_keys_env!r}: expected the name of an "

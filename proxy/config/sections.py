@@ -48,6 +48,14 @@ class ServerSettings:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     keep_alive_s: int = 30
+    max_concurrency_per_key: int = 0  # 0: a quarter of max_concurrency, at least 1
+
+    def key_concurrency(self, own: int | None = None) -> int:
+        """The requests in flight one client key may hold: its own share (``frugal keys create
+        --max-concurrency``) or ``max_concurrency_per_key`` (0: a quarter of ``max_concurrency``),
+        never every slot: at most ``max_concurrency`` - 1, and at least 1."""
+        share = own or self.max_concurrency_per_key or self.max_concurrency // 4
+        return max(1, min(share, self.max_concurrency - 1))
 
 
 @dataclass(frozen=True, kw_only=True)

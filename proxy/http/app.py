@@ -42,6 +42,7 @@ from proxy.http.quotas import Quotas
 from proxy.http.render import exception_handlers, render, unexpected
 from proxy.http.report import ReportEndpoint
 from proxy.http.services import Services, services_of
+from proxy.http.shares import KeyShareMiddleware, KeyShares
 from proxy.http.shutdown import AUX_STOP_S, bounded, shutdown
 from proxy.ledger.database import from_settings
 from proxy.ledger.pricing import PriceBook, load_price_map
@@ -319,6 +320,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
     )
     # Outermost last: request id (and the 500 for anything unexpected), then auth (a stranger
     # takes no concurrency slot), then the guard (JSON only; a loopback Host when keyless), then
+    # the key's share and rpm (from the headers: a key at its share takes no slot either), then
     # limits. Innermost: a client that leaves before its answer is ready cancels the handler
     # (and so its place in the engine's queue, or its generation).
     app.add_middleware(
@@ -327,9 +329,13 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
     )
     app.add_middleware(LimitsMiddleware, settings=settings.server, in_flight=in_flight)
     # The JSON-body check applies where a POST is served; elsewhere a POST is the router's 405.
+    # The same paths serve models, and count against a key's rpm.
     json_paths = {
         r.path for r in app.routes if isinstance(r, Route) and "POST" in (r.methods or ())
     }
+    app.add_middleware(
+        KeyShareMiddleware, settings=settings.server, shares=KeyShares(), rate_paths=json_paths
+    )
     app.add_middleware(RequestGuard, settings=settings.server, json_paths=json_paths)
     app.add_middleware(AuthMiddleware)
     app.add_middleware(RequestIdMiddleware)

@@ -5,8 +5,13 @@ needs one, sent as ``Authorization: Bearer KEY`` (what the ``openai`` client sen
 ``x-api-key: KEY``. A missing or wrong key gets OpenAI's 401. The key is hashed and compared
 with every known digest through ``hmac.compare_digest``, so the time taken does not say how much
 of a guess was right. A good key's *name* goes into the request's scope state (``key_name``),
-whence the ledger, the metrics and the log line take it; the key itself goes nowhere, and in
-particular never upstream (the upstream client sends its own key).
+whence the ledger, the metrics and the log line take it, and its record (``client_key``: its
+limits and its identity, never the key) for :mod:`proxy.http.shares`; the key itself goes
+nowhere, and in particular never upstream (the upstream client sends its own key).
+
+All of this is read from the headers alone, before a byte of the body: a request without a good
+key gets its 401 before it takes a slot of ``[server] max_concurrency`` or of its key's share,
+and when its body is still to come the 401 closes the connection, so it holds nothing after.
 
 Open paths: ``/healthz`` always (a load balancer's health check carries no key; without one it
 answers only its status), ``/metrics`` when ``[server] metrics_open`` is set, and the dashboard's
@@ -63,6 +68,7 @@ from proxy.errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
+from proxy.http.limits import body_pending
 from proxy.http.render import render
 from proxy.http.services import Services, services_in
 from proxy.ledger import keys as keys_mod
@@ -142,11 +148,17 @@ class Authenticator:
 
     def name_of(self, presented: str | None) -> str | None:
         """The name of the key ``presented``, or None. Every known digest is compared."""
+        key = self.key_of(presented)
+        return None if key is None else key.name
+
+    def key_of(self, presented: str | None) -> keys_mod.ClientKey | None:
+        """The key ``presented`` (its name, limits and identity), or None. Every known digest
+        is compared."""
         candidate = keys_mod.digest(presented) if presented else _NO_MATCH
-        found: str | None = None
+        found: keys_mod.ClientKey | None = None
         for key in (*self._env, *self._stored):
             if hmac.compare_digest(candidate, key.digest) and presented:
-                found = key.name
+                found = key
         return found
 
 
@@ -178,11 +190,12 @@ class AuthMiddleware:
         if services is None or not services.auth.enabled:
             await self.app(scope, receive, send)
             return
-        name = services.auth.name_of(presented_key(scope))
+        key = services.auth.key_of(presented_key(scope))
         scope_state = scope.setdefault("state", {})
-        scope_state["authenticated"] = name is not None
-        if name is not None:
-            scope_state["key_name"] = name
+        scope_state["authenticated"] = key is not None
+        if key is not None:
+            scope_state["key_name"] = key.name
+            scope_state["client_key"] = key
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
@@ -200,6 +213,7 @@ class AuthMiddleware:
             if has_key
             else "You didn't provide an API key. Send a key of this proxy as "
             "'Authorization: Bearer KEY'.",
+            headers={"connection": "close"} if body_pending(scope) else None,
         )
         log.info(
             "rejected",

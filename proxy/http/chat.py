@@ -44,7 +44,7 @@ class ChatHandler(Handler):
             ex.content_in = body.get("messages")
         ex.body = body
         plan, threshold = self.begin(request, body, ex)
-        await self.admit(request, body, ex)  # the key's models and rpm; the cache entry
+        await self.admit(request, body, ex)  # the key's models; the cache entry
         if ex.stream:
             return await self._stream(body, plan, threshold, ex)
         return await self._json(body, plan, threshold, ex)

@@ -9,9 +9,10 @@ fallback can still happen before the first byte.
 
 Embeddings are not made locally: they pass through to the API.
 
-Both take the key's checks chat takes (:mod:`proxy.http.quotas`): its models and rpm once the
-model is known, and its monthly budget before any API call (the worst case reserved, settled to
-the real cost when the row is written). A spent budget is a 429 ``insufficient_quota``, or, for
+Both take the key's checks chat takes (:mod:`proxy.http.quotas`): its rpm and its concurrency
+share from the headers (:mod:`proxy.http.shares`), its models once the model is known, and its
+monthly budget before any API call (the worst case reserved, settled to the real cost when the
+row is written). A spent budget is a 429 ``insufficient_quota``, or, for
 a completion sent to the API only for speed, the local answer when the gate accepts it (reason
 ``budget_exhausted``); a budget database that cannot be reached refuses the API (503).
 
@@ -48,7 +49,7 @@ class CompletionsHandler(Handler):
     async def handle(self, request: Request, ex: Exchange) -> Response:
         body = completions_request(parse_json(await request.body()))
         plan, threshold = self.begin(request, body, ex)
-        await self.admit(request, body, ex)  # the key's models and rpm
+        await self.admit(request, body, ex)  # the key's models (its rpm: before the body)
         if plan.route == "local":
             kept = await self.try_local(body, plan, threshold, ex, kind="complete")
             if kept is not None:
@@ -109,7 +110,7 @@ class EmbeddingsHandler(Handler):
             raise LocalUnavailable(
                 "embeddings come from the API, and no API fallback is configured"
             )
-        await self.admit(request, body, ex)  # the key's models and rpm
+        await self.admit(request, body, ex)  # the key's models (its rpm: before the body)
         # Embeddings answer no tokens: the worst case is the input (one output token bounds
         # the rest, at an embedding model's output price of 0).
         worst = {"model": body["model"], "input": body.get("input"), "max_tokens": 1}

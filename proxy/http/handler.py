@@ -153,17 +153,19 @@ class Handler:
     # -- the key's limits, its budget and the response cache (proxy.http.quotas) -------------
 
     async def admit(self, request: Request, body: dict[str, Any], ex: Exchange) -> None:
-        """The key's models and rpm checked; the cache entry this request may use noted."""
+        """The key's models checked (its rpm was, before the body: :mod:`proxy.http.shares`);
+        the cache entry this request may use noted, the key's own by its identity."""
         quotas = self.services.quotas
         if quotas is None:
             return
         key = self.services.auth.stored_key(ex.key_name)
-        if key is not None:  # a key of the environment's (or none) has no models and no rpm
+        if key is not None:  # a key of the environment's (or none) has no models
             await quotas.admit(key, body["model"])
         if quotas.caching:
+            client = getattr(request.state, "client_key", None)  # set by the auth middleware
             ex.cache_key, ex.cache_read = quotas.cache_key(
                 {**body, "_endpoint": self.endpoint},
-                ex.key_name,
+                None if client is None else client.identity,
                 self.services.upstream.target(body["model"]),
                 request.headers.get("cache-control", ""),
             )

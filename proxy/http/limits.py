@@ -155,6 +155,13 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
+def body_pending(scope: Scope) -> bool:
+    """Whether the request has a body still to be read (a declared length, or chunked): a
+    refusal sent before it is read closes the connection, so the rest is never waited for."""
+    declared = _content_length(scope)
+    return (declared is None and _chunked(scope)) or bool(declared)
+
+
 def _chunked(scope: Scope) -> bool:
     return any(name == b"transfer-encoding" for name, _ in scope.get("headers", ()))
 

@@ -117,7 +117,7 @@ class Metrics:
         self.rejections = Counter(
             "frugal_rejected_requests",
             "Requests refused before the app saw them, by reason "
-            "(unauthorized|too_large|too_many|body_timeout).",
+            "(unauthorized|too_large|too_many|body_timeout|key_share|key_rpm).",
             ["reason"],
             registry=reg,
         )

@@ -1,12 +1,16 @@
 """What a client key may do, on the request path: its models, its requests per minute, its
 monthly budget, and the response cache it may be answered from.
 
-:class:`Quotas` is one of the app's services. The handlers call it at four points
-(:mod:`proxy.http.handler`, :mod:`proxy.http.chat`):
+:class:`Quotas` is one of the app's services. :mod:`proxy.http.shares` calls ``admit_rate``
+from the headers, before the body is read: a key past its ``rpm`` is a 429 with
+``Retry-After`` (:mod:`proxy.ledger.limits`), so a key at its limit cannot hold a slot while it
+sends a body. The handlers call it at four points (:mod:`proxy.http.handler`,
+:mod:`proxy.http.chat`):
 
-- ``admit`` once the model is known: a model the key may not use is a 403 naming ``model``; a
-  key past its ``rpm`` is a 429 with ``Retry-After`` (:mod:`proxy.ledger.limits`).
-- ``cached`` before the local attempt, ``remember`` after an answer (:mod:`proxy.ledger.cache`).
+- ``admit`` once the model is known: a model the key may not use is a 403 naming ``model``.
+- ``cached`` before the local attempt, ``remember`` after an answer (:mod:`proxy.ledger.cache`);
+  a key's entries are its own, by its identity (:attr:`ClientKey.identity`), not its name, which
+  a revoked key hands on.
 - ``reserve`` before an API call: the worst-case cost (prompt tokens plus ``max_tokens`` at
   the API model's price) is reserved in the database (:mod:`proxy.ledger.budgets`).
   :class:`BudgetExhausted` (429, ``insufficient_quota``) when it would pass the budget;
@@ -129,6 +133,7 @@ class Quotas:
     # -- admission --------------------------------------------------------------------------
 
     async def admit(self, key: ClientKey | None, model: str) -> None:
+        """The key's models (once the body has named one)."""
         if key is None:
             return
         if key.models is not None and model not in key.models:
@@ -137,7 +142,13 @@ class Quotas:
                 + ", ".join(key.models),
                 param="model",
             )
-        if key.rpm is None:
+
+    async def admit_rate(
+        self, key: ClientKey | None, headers: dict[str, str] | None = None
+    ) -> None:
+        """The key's ``rpm``: counts this request, or raises a 429 with ``Retry-After`` (and
+        ``headers``). Needs nothing of the body."""
+        if key is None or key.rpm is None:
             return
         try:
             wait = await self._call(self.limits.admit, key.name, key.rpm)
@@ -148,7 +159,7 @@ class Quotas:
             raise TooManyRequests(
                 f"the key {key.name!r} is limited to {key.rpm} requests per minute; "
                 f"retry in {seconds} s",
-                headers={"retry-after": str(seconds)},
+                headers={**(headers or {}), "retry-after": str(seconds)},
             )
 
     # -- budgets ----------------------------------------------------------------------------
@@ -218,16 +229,18 @@ class Quotas:
         return self.settings.cache.enabled
 
     def cache_key(
-        self, body: dict[str, Any], key_name: str | None, route_model: str, cache_control: str
+        self, body: dict[str, Any], owner: str | None, route_model: str, cache_control: str
     ) -> tuple[str | None, bool]:
         """(the entry's key or None, whether a hit may be served): None when the cache is off,
-        the request not deterministic, or ``Cache-Control: no-store``; no hit for ``no-cache``."""
+        the request not deterministic, or ``Cache-Control: no-store``; no hit for ``no-cache``.
+        ``owner``: the client key's identity (None without keys); unused when ``[cache]
+        shared``."""
         directives = {part.strip().lower() for part in cache_control.split(",")}
         if not self.settings.cache.enabled or not cacheable(body) or "no-store" in directives:
             return None, False
         if self.model_hash is None:
             return None, False
-        scope = "*" if self.settings.cache.shared else (key_name or "")
+        scope = "*" if self.settings.cache.shared else (owner or "")
         key = cache_key(body, route_model=route_model, model_hash=self.model_hash, scope=scope)
         return key, "no-cache" not in directives
 

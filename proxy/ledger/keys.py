@@ -2,6 +2,7 @@
 
     frugal keys create NAME   [--config PATH | --db PATH|URL]   prints a new key, once
                               [--monthly-budget-usd X] [--rpm N] [--models a,b]
+                              [--max-concurrency N]
     frugal keys list          [--config PATH | --db PATH|URL] [--format table|json]
     frugal keys revoke NAME   [--config PATH | --db PATH|URL]
 
@@ -9,7 +10,8 @@ Two sources, one namespace of names:
 
 - the environment variable named by ``[server] api_keys_env`` (``FRUGAL_API_KEYS``): keys
   separated by commas, each ``name:key`` or a bare key (named ``key-1``, ``key-2``, … by
-  position). Parsed by :func:`parse_env_keys`.
+  position). A name may carry options after a ``;``: ``name;max_concurrency=4:key``.
+  Parsed by :func:`parse_env_keys`.
 - the ``api_keys`` table of the ledger database (``migrations/0003_keys.sql``; SQLite or the
   PostgreSQL database that every replica shares), managed by the commands above. A key is 32
   random bytes; only its SHA-256 digest and a short hint (its first characters, to tell keys
@@ -23,6 +25,11 @@ reason.
 A stored key may carry limits (``migrations/0008_budgets_cache.sql``): a monthly budget of API
 spend (:mod:`proxy.ledger.budgets`), requests per minute (:mod:`proxy.ledger.limits`) and the
 models it may ask for; the server reads them with the keys, so a change holds within a refresh.
+It may also carry its share of the server's concurrency (``migrations/0009_key_concurrency.sql``,
+``--max-concurrency``; :mod:`proxy.http.shares`).
+
+A name is 1 to 64 letters, digits or ``_ . @ -``, matched whole (``fullmatch``): a newline or
+any other control character is refused, so two keys can never show as the same name.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from proxy.ledger.pricing import PUSD_PER_USD
 KEY_PREFIX = "frugal-"
 HINT_CHARS = len(KEY_PREFIX) + 4
 MIN_ENV_KEY_CHARS = 16
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")  # always fullmatch: "$" allows "\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +67,15 @@ class ClientKey:
     monthly_budget_pusd: int | None = None  # API spend allowed per UTC month; None: no budget
     rpm: int | None = None  # requests per minute; None: no limit
     models: tuple[str, ...] | None = None  # the models it may ask for; None: any
+    max_concurrency: int | None = None  # its requests in flight at most; None: the default
+    key_id: int | None = None  # the api_keys row; None: a key of the environment's
+
+    @property
+    def identity(self) -> str:
+        """What belongs to this key and no other (its cache entries, its share of the slots):
+        the stored row's id, or the digest of an environment key. Never its name, which a
+        revoked key hands on to the next key given it."""
+        return f"id:{self.key_id}" if self.key_id is not None else "env:" + self.digest.hex()
 
 
 MAX_BUDGET_USD = 1_000_000_000
@@ -91,12 +107,47 @@ def digest(key: str) -> bytes:
 
 
 def check_name(name: str) -> str:
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
+        control = any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name)
         raise ConfigError(
-            f"key name {name!r}: expected 1 to 64 letters, digits or _ . @ -, "
-            "starting with a letter or digit"
+            f"key name {name!r}: "
+            + ("a name may not hold a newline or any other control character; " if control else "")
+            + "expected 1 to 64 letters, digits or _ . @ -, starting with a letter or digit"
         )
     return name
+
+
+MAX_KEY_CONCURRENCY = 100_000
+
+
+def check_concurrency(value: int | None, where: str = "--max-concurrency") -> int | None:
+    """A key's share of the server's requests in flight: a whole number of at least 1."""
+    if value is not None and not 1 <= value <= MAX_KEY_CONCURRENCY:
+        raise KeyCommandError(
+            f"{where} {value}: expected a whole number from 1 to {MAX_KEY_CONCURRENCY:,} (the "
+            "server holds it below [server] max_concurrency, so that other keys keep a slot)"
+        )
+    return value
+
+
+def _env_options(name: str, where: str) -> tuple[str, int | None]:
+    """``alice;max_concurrency=4`` -> ("alice", 4); the only option an entry may carry."""
+    name, _, options = name.partition(";")
+    share: int | None = None
+    for option in filter(None, (o.strip() for o in options.split(";"))):
+        field, _, value = option.partition("=")
+        if field.strip() != "max_concurrency" or not value.strip().isdigit():
+            raise ConfigError(
+                f"{where}: unknown option {field.strip()[:40]!r} after the name; expected "
+                "name;max_concurrency=N:key"
+            )
+        share = int(value)
+        if not 1 <= share <= MAX_KEY_CONCURRENCY:
+            raise ConfigError(
+                f"{where}: max_concurrency={share}: expected a whole number from 1 to "
+                f"{MAX_KEY_CONCURRENCY:,}"
+            )
+    return name, share
 
 
 def parse_env_keys(value: str, env_name: str) -> list[ClientKey]:
@@ -111,7 +162,8 @@ def parse_env_keys(value: str, env_name: str) -> list[ClientKey]:
         if not sep:
             name, key = f"key-{position}", entry
         where = f"${env_name} (entry {position})"
-        if not NAME_RE.match(name):
+        name, share = _env_options(name, where) if sep else (name, None)
+        if not NAME_RE.fullmatch(name):
             raise ConfigError(
                 f"{where}: the name before ':' must be 1 to 64 letters, digits or _ . @ -; "
                 "write entries as name:key or as a bare key"
@@ -126,7 +178,7 @@ def parse_env_keys(value: str, env_name: str) -> list[ClientKey]:
         if name in names:
             raise ConfigError(f"{where}: the name {name!r} is given twice")
         names.add(name)
-        keys.append(ClientKey(name, digest(key)))
+        keys.append(ClientKey(name, digest(key), max_concurrency=share))
     return keys
 
 
@@ -157,17 +209,19 @@ def create(
     monthly_budget_pusd: int | None = None,
     rpm: int | None = None,
     models: tuple[str, ...] | None = None,
+    max_concurrency: int | None = None,
 ) -> str:
     """Store a new key named ``name``; returns the key, which is never shown again."""
     check_name(name)
     if rpm is not None and rpm < 1:
         raise KeyCommandError(f"--rpm {rpm}: expected a whole number of at least 1")
+    check_concurrency(max_concurrency)
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     with access.connect(_open(target)) as conn:
         try:
             conn.execute(
                 "INSERT INTO api_keys (name, key_hash, hint, created_at, monthly_budget_pusd, "
-                "rpm, models) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "rpm, models, max_concurrency) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     name,
                     digest(key).hex(),
@@ -176,6 +230,7 @@ def create(
                     monthly_budget_pusd,
                     rpm,
                     ",".join(models) if models else None,
+                    max_concurrency,
                 ),
             )
         except access.Duplicate:
@@ -206,11 +261,11 @@ def listing(target: str | Database) -> list[dict[str, Any]]:
             )
         }
         rows = conn.query(
-            "SELECT name, hint, created_at, revoked_at, monthly_budget_pusd, rpm, models "
-            "FROM api_keys ORDER BY id"
+            "SELECT name, hint, created_at, revoked_at, monthly_budget_pusd, rpm, models, "
+            "max_concurrency FROM api_keys ORDER BY id"
         )
     out = []
-    for name, hint, created_at, revoked_at, budget, rpm, models in rows:
+    for name, hint, created_at, revoked_at, budget, rpm, models, share in rows:
         requests, last = usage.get(name, (0, None))
         out.append(
             {
@@ -223,6 +278,7 @@ def listing(target: str | Database) -> list[dict[str, Any]]:
                 "monthly_budget_usd": None if budget is None else int(budget) / PUSD_PER_USD,
                 "rpm": rpm,
                 "models": models.split(",") if models else None,
+                "max_concurrency": None if share is None else int(share),  # None: the default
             }
         )
     return out
@@ -232,9 +288,11 @@ def load_active(target: str | Database) -> tuple[list[ClientKey], int]:
     """(usable keys, number of keys ever stored). Read-only; the database must exist."""
     db = as_database(target)
     with access.connect(db, readonly=True) as conn:
-        limits = "monthly_budget_pusd" in conn.columns("api_keys")  # 0008 applied
+        columns = conn.columns("api_keys")
+        limits = "monthly_budget_pusd" in columns  # 0008 applied
         extra = ", monthly_budget_pusd, rpm, models" if limits else ", NULL, NULL, NULL"
-        rows = conn.query(f"SELECT name, key_hash, revoked_at{extra} FROM api_keys")  # noqa: S608
+        extra += ", max_concurrency" if "max_concurrency" in columns else ", NULL"  # 0009
+        rows = conn.query(f"SELECT id, name, key_hash, revoked_at{extra} FROM api_keys")  # noqa: S608
     active = [
         ClientKey(
             name,
@@ -242,8 +300,10 @@ def load_active(target: str | Database) -> tuple[list[ClientKey], int]:
             None if budget is None else int(budget),
             None if rpm is None else int(rpm),
             tuple(models.split(",")) if models else None,
+            None if share is None else int(share),
+            int(key_id),
         )
-        for name, h, revoked, budget, rpm, models in rows
+        for key_id, name, h, revoked, budget, rpm, models, share in rows
         if revoked is None
     ]
     return active, len(rows)
@@ -317,6 +377,12 @@ def add_parser(sub: Any) -> None:
             cmd.add_argument(
                 "--models", help="the only models the key may ask for, e.g. gpt-4o-mini,local"
             )
+            cmd.add_argument(
+                "--max-concurrency",
+                type=int,
+                help="its requests in flight at most, on each server (default: [server] "
+                "max_concurrency_per_key, a quarter of max_concurrency)",
+            )
         else:
             cmd.add_argument("--format", choices=("table", "json"), default="table")
         source = cmd.add_mutually_exclusive_group()
@@ -331,7 +397,8 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from proxy import config as config_mod
 
-    db = from_argument(args.db) if args.db else from_settings(config_mod.load(args.config).ledger)
+    settings = None if args.db else config_mod.load(args.config)
+    db = from_argument(args.db) if settings is None else from_settings(settings.ledger)
     try:
         if args.action == "create":
             key = create(
@@ -342,6 +409,7 @@ def run(args: argparse.Namespace) -> int:
                 else budget_pusd(args.monthly_budget_usd),
                 rpm=args.rpm,
                 models=None if args.models is None else parse_models(args.models),
+                max_concurrency=args.max_concurrency,
             )
             print(key)
             print(
@@ -357,7 +425,7 @@ def run(args: argparse.Namespace) -> int:
             if args.format == "json":
                 print(json.dumps(rows, indent=2))
             elif rows:
-                print(_table(rows))
+                print(_table(rows, None if settings is None else settings.server.key_concurrency()))
             else:
                 print("No keys stored; create one with `frugal keys create NAME`.", file=sys.stderr)
     except KeyCommandError as exc:
@@ -366,8 +434,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
-    header = ("NAME", "KEY", "CREATED (UTC)", "STATUS", "REQUESTS", "LAST USED (UTC)")
+def _table(rows: list[dict[str, Any]], default_share: int | None = None) -> str:
+    """The listing; ``default_share``: what a key without ``--max-concurrency`` may hold (known
+    when the config was read, not with ``--db``)."""
+    default = "default" if default_share is None else f"{default_share} (default)"
+    header = (
+        "NAME",
+        "KEY",
+        "CREATED (UTC)",
+        "STATUS",
+        "REQUESTS",
+        "LAST USED (UTC)",
+        "CONCURRENCY",
+    )
     lines = [
         (
             r["name"],
@@ -376,6 +455,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
             f"revoked {r['revoked']}" if r["revoked"] else "active",
             str(r["requests"]),
             r["last_used"] or "-",
+            default if r["max_concurrency"] is None else str(r["max_concurrency"]),
         )
         for r in rows
     ]

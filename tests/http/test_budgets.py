@@ -49,8 +49,9 @@ async def test_a_budget_is_never_passed_and_its_reservations_are_released(
     database: Database,  # noqa: F811
 ) -> None:
     # gpt-4o-mini: $0.15 / $0.60 per Mtok; a worst case of ~30 prompt + 20 answer tokens is
-    # about $0.000017, so a $0.0001 budget holds a few of these requests, not twenty.
-    key = keys.create(database, "small", monthly_budget_pusd=100_000_000)
+    # about $0.000017, so a $0.0001 budget holds a few of these requests, not twenty. All twenty
+    # are in flight at once: the key's share of the slots (a quarter by default) must hold them.
+    key = keys.create(database, "small", monthly_budget_pusd=100_000_000, max_concurrency=20)
     auth = {"authorization": f"Bearer {key}", **API}
     async with make_client(_settings(tmp_path, fake_api, database)) as client:
         replies = await asyncio.gather(
@@ -76,7 +77,8 @@ async def test_a_key_may_use_only_its_models_and_its_rpm(
     make_client: Any,
     database: Database,  # noqa: F811
 ) -> None:
-    key = keys.create(database, "narrow", rpm=2, models=("gpt-4o-mini", "local"))
+    # rpm is counted from the headers, before the body names a model: the 403 counts too.
+    key = keys.create(database, "narrow", rpm=3, models=("gpt-4o-mini", "local"))
     auth = {"authorization": f"Bearer {key}", **API}
     async with make_client(_settings(tmp_path, fake_api, database)) as client:
         other = await client.post(
@@ -145,7 +147,7 @@ async def test_completions_and_embeddings_hold_to_the_budget(
     body: dict[str, Any],
     budget_pusd: int,
 ) -> None:
-    key = keys.create(database, "small", monthly_budget_pusd=budget_pusd)
+    key = keys.create(database, "small", monthly_budget_pusd=budget_pusd, max_concurrency=20)
     auth = {"authorization": f"Bearer {key}", **API}
     async with make_client(_settings(tmp_path, fake_api, database)) as client:
         replies = await asyncio.gather(
@@ -169,8 +171,9 @@ async def test_completions_and_embeddings_keep_the_keys_models_and_rpm(
     make_client: Any,
     database: Database,  # noqa: F811
 ) -> None:
-    text = keys.create(database, "text", rpm=2, models=("gpt-4o-mini",))
-    vectors = keys.create(database, "vectors", rpm=1, models=("text-embedding-3-small",))
+    # Each key's 403 below counts against its rpm (counted before the body names the model).
+    text = keys.create(database, "text", rpm=3, models=("gpt-4o-mini",))
+    vectors = keys.create(database, "vectors", rpm=2, models=("text-embedding-3-small",))
     as_text = {"authorization": f"Bearer {text}", **API}
     as_vectors = {"authorization": f"Bearer {vectors}", **API}
     async with make_client(_settings(tmp_path, fake_api, database)) as client:

@@ -93,3 +93,30 @@ async def test_a_shared_cache_serves_every_key(
     assert other_key.headers["x-frugal-route"] == "cache"
     assert no_store.headers["x-frugal-route"] == "api"
     assert fake_api.count == 2
+
+
+async def test_a_new_key_given_a_revoked_keys_name_never_gets_its_entries(
+    tmp_path: Path,
+    fake_api: FakeAPI,
+    make_client: Any,
+    database: Database,  # noqa: F811
+) -> None:
+    (old,) = _to_api_as(database, "alice")
+    url = "/v1/chat/completions"
+    async with make_client(_settings(tmp_path, fake_api, database)) as client:
+        first = await client.post(url, json=ASK, headers=old)
+        await _settled()
+        hit = await client.post(url, json=ASK, headers=old)  # the old key's own entry
+        keys.revoke(database, "alice")
+        (new,) = _to_api_as(database, "alice")  # the same name, another key
+        await client.app.state.services.auth.refresh()  # as the server does every second
+        fresh = await client.post(url, json=ASK, headers=new)
+        await _settled()
+        new_hit = await client.post(url, json=ASK, headers=new)
+        gone = await client.post(url, json=ASK, headers=old)
+    assert first.headers["x-frugal-route"] == "api"
+    assert hit.headers["x-frugal-route"] == "cache"
+    assert fresh.status_code == 200 and fresh.headers["x-frugal-route"] == "api"
+    assert new_hit.headers["x-frugal-route"] == "cache"  # its own entry, from now on
+    assert gone.status_code == 401
+    assert fake_api.count == 2

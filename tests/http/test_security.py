@@ -32,6 +32,7 @@ from tests.fake_api import FakeAPI
 from tests.http.test_serve import ACCEPT_ANY, FRUGAL, REJECT_ALL, Served, start_server, stop_server
 
 ALICE = "alice-" + secrets.token_urlsafe(24)
+CAROL = "carol-" + secrets.token_urlsafe(24)  # a third key: max_concurrency = 2 is a share of 1
 UPSTREAM_KEY = "sk-upstream-" + secrets.token_urlsafe(24)
 MAX_BODY = 4096
 TO_API = {"x-frugal-route": "api"}
@@ -48,7 +49,11 @@ class Secrets:
     """Everything the log must never contain."""
 
     def __init__(self) -> None:
-        self.values: dict[str, str] = {"alice's key": ALICE, "upstream key": UPSTREAM_KEY}
+        self.values: dict[str, str] = {
+            "alice's key": ALICE,
+            "carol's key": CAROL,
+            "upstream key": UPSTREAM_KEY,
+        }
 
     def add(self, what: str, value: str | None = None) -> str:
         value = value or f"MARKER-{what.replace(' ', '-')}-{secrets.token_hex(6)}"
@@ -79,7 +84,10 @@ def guarded(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         tmp,
         api,
         server_toml=LIMITS,
-        env={"FRUGAL_TEST_CLIENT_KEYS": f"alice:{ALICE}", FAKE_KEY_ENV: UPSTREAM_KEY},
+        env={
+            "FRUGAL_TEST_CLIENT_KEYS": f"alice:{ALICE},carol:{CAROL}",
+            FAKE_KEY_ENV: UPSTREAM_KEY,
+        },
         client_key=ALICE,
     )
     yield server
@@ -283,13 +291,16 @@ def test_a_body_over_the_limit_gets_413_declared_or_not(guarded: Served) -> None
 def test_one_request_over_the_concurrency_limit_gets_429_with_retry_after(
     guarded: Served, api: FakeAPI
 ) -> None:
+    # Two keys fill the two slots (each key's share is one of them, max_concurrency // 4 at
+    # least 1); a third key gets the server's 429, and a key at its share gets its own.
     api.set(latency_s=2.0)
     results: list[int] = []
 
-    def slow() -> None:
-        results.append(post(guarded, ALICE, json=chat_body("hi"), headers=TO_API).status_code)
+    def slow(key: str) -> None:
+        results.append(post(guarded, key, json=chat_body("hi"), headers=TO_API).status_code)
 
-    workers = [threading.Thread(target=slow) for _ in range(2)]
+    bob = SECRETS.values["bob's key"]
+    workers = [threading.Thread(target=slow, args=(key,)) for key in (ALICE, bob)]
     try:
         for worker in workers:
             worker.start()
@@ -297,9 +308,14 @@ def test_one_request_over_the_concurrency_limit_gets_429_with_retry_after(
         while in_flight(guarded) < 2:
             assert time.monotonic() < deadline, "the two slow requests never got in flight"
             time.sleep(0.05)
-        third = post(guarded, ALICE, json=chat_body("hi"))
+        third = post(guarded, CAROL, json=chat_body("hi"))
         assert_openai_error(third, 429, "requests", "rate_limit_exceeded")
         assert third.headers["retry-after"] == "1"
+        assert "its limit of 2 requests at once" in third.json()["error"]["message"]
+        own = post(guarded, ALICE, json=chat_body("hi"))
+        assert_openai_error(own, 429, "requests", "rate_limit_exceeded")
+        assert own.headers["retry-after"] == "1"
+        assert "the key 'alice' holds its share of this proxy's 2 slots (1 in" in own.text
         # monitoring is neither counted nor refused
         assert httpx.get(guarded.base + "/healthz", timeout=5).status_code == 200
     finally:

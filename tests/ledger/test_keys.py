@@ -246,3 +246,115 @@ def test_a_public_bind_without_keys_is_refused_unless_forced(
     monkeypatch.setenv("FRUGAL_API_KEYS", "x:short")
     with pytest.raises(ConfigError, match="at least 16"):
         auth.check_bind(local)
+
+
+# -- issue 24: names matched whole, a key's concurrency share, its identity ----------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["alice\n", "al\nice", "bob\r", "tab\there", "nul\x00", "esc\x1b[31m", "del\x7f"]
+)
+def test_names_with_a_newline_or_control_character_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    db = tmp_path / "ledger.db"
+    code, out, err = run_cli(capsys, "keys", "create", name, "--db", str(db))
+    assert code == 2 and out == ""
+    assert f"key name {name!r}: a name may not hold a newline or any other control" in err
+    assert not db.exists()  # refused before anything was stored
+    with pytest.raises(ConfigError, match="control character"):
+        keys.create(str(db), name)
+    with pytest.raises(ConfigError, match=r"\$KEYS \(entry 1\): the name before ':' must be"):
+        keys.parse_env_keys(f"{name}:{GOOD}", "KEYS")
+
+
+def test_a_good_name_is_still_accepted_whole() -> None:
+    assert keys.check_name("alice.b@x-1_2") == "alice.b@x-1_2"
+    assert keys.check_name("a" * 64) == "a" * 64
+    with pytest.raises(ConfigError):
+        keys.check_name("a" * 65)
+
+
+def test_max_concurrency_is_stored_listed_and_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "ledger.db"
+    code, _, _ = run_cli(
+        capsys, "keys", "create", "batch", "--max-concurrency", "3", "--db", str(db)
+    )
+    assert code == 0
+    keys.create(str(db), "plain")
+    for bad in ("0", "-2", "100001"):
+        code, _, err = run_cli(
+            capsys, "keys", "create", "x", "--max-concurrency", bad, "--db", str(db)
+        )
+        assert code == 1 and f"--max-concurrency {bad}: expected a whole number from 1" in err
+    active, _ = keys.load_active(str(db))
+    assert [(k.name, k.max_concurrency) for k in active] == [("batch", 3), ("plain", None)]
+    code, out, _ = run_cli(capsys, "keys", "list", "--db", str(db), "--format", "json")
+    assert [(r["name"], r["max_concurrency"]) for r in json.loads(out)] == [
+        ("batch", 3),
+        ("plain", None),
+    ]
+    code, out, _ = run_cli(capsys, "keys", "list", "--db", str(db))
+    header, batch, plain = out.splitlines()
+    assert header.endswith("CONCURRENCY") and batch.endswith(" 3") and plain.endswith(" default")
+    cfg = tmp_path / "frugal.toml"  # with the config, the default is known: 40 // 4
+    cfg.write_text(f'[server]\nmax_concurrency = 40\n\n[ledger]\npath = "{db}"\n')
+    code, out, _ = run_cli(capsys, "keys", "list", "--config", str(cfg))
+    assert out.splitlines()[2].endswith(" 10 (default)")
+
+
+def test_env_keys_may_carry_a_concurrency_share() -> None:
+    parsed = keys.parse_env_keys(f"alice;max_concurrency=4:{GOOD}a, bob:{GOOD}b", "KEYS")
+    assert [(k.name, k.max_concurrency) for k in parsed] == [("alice", 4), ("bob", None)]
+    assert parsed[0].digest == keys.digest(GOOD + "a")
+    for value, needle in (
+        (f"alice;admin:{GOOD}", "unknown option 'admin' after the name"),
+        (f"alice;max_concurrency=x:{GOOD}", "unknown option 'max_concurrency'"),
+        (f"alice;max_concurrency=0:{GOOD}", "max_concurrency=0: expected a whole number"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            keys.parse_env_keys(value, "KEYS")
+        assert "$KEYS (entry 1)" in str(info.value) and needle in str(info.value)
+        assert GOOD not in str(info.value)
+
+
+def test_a_keys_identity_is_its_row_or_its_digest_never_its_name(tmp_path: Path) -> None:
+    db = str(tmp_path / "ledger.db")
+    keys.create(db, "alice")
+    (first,), _ = keys.load_active(db)
+    keys.revoke(db, "alice")
+    keys.create(db, "alice")
+    (second,), _ = keys.load_active(db)
+    assert first.name == second.name == "alice"
+    assert first.identity != second.identity
+    assert first.identity == f"id:{first.key_id}" and second.identity == f"id:{second.key_id}"
+    (env,) = keys.parse_env_keys(f"alice:{GOOD}", "KEYS")
+    assert env.key_id is None and env.identity == "env:" + keys.digest(GOOD).hex()
+
+
+@pytest.mark.parametrize(
+    ("server", "own", "share"),
+    [
+        ({}, None, 16),  # a quarter of 64
+        ({"max_concurrency": 2}, None, 1),  # at least 1
+        ({"max_concurrency": 1}, None, 1),  # the only slot: nothing else is possible
+        ({}, 100, 63),  # never every slot
+        ({"max_concurrency_per_key": 5}, None, 5),
+        ({"max_concurrency_per_key": 5}, 9, 9),  # the key's own wins
+    ],
+)
+def test_a_keys_share_defaults_to_a_quarter_and_is_never_every_slot(
+    server: dict[str, int], own: int | None, share: int
+) -> None:
+    settings = config.from_dict({"server": server})
+    assert settings.server.key_concurrency(own) == share
+
+
+@pytest.mark.parametrize("value", [-1, 64, 65])
+def test_max_concurrency_per_key_must_leave_a_slot_for_others(value: int) -> None:
+    with pytest.raises(ConfigError) as info:
+        config.from_dict({"server": {"max_concurrency_per_key": value}})
+    assert f"[server] max_concurrency_per_key = {value}: expected 0" in str(info.value)
+    assert "1 to 63, below max_concurrency = 64" in str(info.value)
