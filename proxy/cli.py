@@ -355,6 +355,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `frugal report | head`: the reader has gone, so the rest of the output has nowhere
+        # to go. End quietly, and point stdout at /dev/null so the interpreter's own flush at
+        # exit does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

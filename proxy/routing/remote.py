@@ -23,9 +23,8 @@ probe answers. No wait ever outlives the request's deadline.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +44,7 @@ from proxy.routing.slots import Slots
 log = structlog.get_logger(__name__)
 
 PROBE_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+STOP_GRACE_S = 1.0  # how long a cancelled call or watch may take to end
 
 
 @dataclass
@@ -112,11 +112,7 @@ class RemoteBackend(Backend):
         self.state = "closed"
         tasks: list[asyncio.Task[Any]] = [t for t in (self._prober, *self._checks) if t]
         tasks += self._calls
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await stop_tasks(tasks)
         self._slots.fail_all(lambda: BackendDown(f"backend {self.name} is closed"))
         if self._client is not None:
             await self._client.aclose()
@@ -137,9 +133,10 @@ class RemoteBackend(Backend):
         if self._client is None:
             return False
         try:
-            response = await asyncio.wait_for(
-                self._client.get("models"), timeout=self.settings.probe_timeout_s
-            )
+            # asyncio.timeout, not wait_for: on Python 3.11, wait_for can lose a cancellation
+            # that arrives just as the probe's answer does, and the caller then never stops.
+            async with asyncio.timeout(self.settings.probe_timeout_s):
+                response = await self._client.get("models")
         except (httpx.HTTPError, TimeoutError) as exc:
             self.error = f"health probe: {type(exc).__name__}"
             return False
@@ -298,18 +295,14 @@ class RemoteBackend(Backend):
         assert self._client is not None
         call = asyncio.create_task(self._client.post("chat/completions", json=body))
         self._calls.add(call)
-        watch = asyncio.create_task(self._watch(expected_s))
+        watch = asyncio.create_task(self._watch(expected_s, call))
         try:
             done, _ = await asyncio.wait(
                 {call, watch}, timeout=left(deadline), return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             self._calls.discard(call)
-            for task in (watch, call):
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
+            await stop_tasks((watch, call))
         if call in done and not call.cancelled():
             try:
                 return call.result()
@@ -325,16 +318,19 @@ class RemoteBackend(Backend):
         self._check_soon("no answer before the deadline")
         raise EngineTimeout(f"backend {self.name} did not answer before the deadline")
 
-    async def _watch(self, expected_s: float) -> None:
-        """Returns when the backend is found dead while a call runs: after twice the call's
-        predicted time (at least 2 s more), then at doubling intervals, a probe must answer."""
+    async def _watch(self, expected_s: float, call: asyncio.Task[httpx.Response]) -> None:
+        """Returns when the backend is found dead while ``call`` runs: after twice the call's
+        predicted time (at least 2 s more), then at doubling intervals, a probe must answer.
+        It also returns as soon as ``call`` is over, so that a cancellation it never received
+        cannot leave it probing."""
         wait = max(2 * expected_s, expected_s + 2.0)
-        while True:
+        while not call.done():
             await asyncio.sleep(wait)
-            if self.state != "up":
+            if self.state != "up" or call.done():
                 return
             if not await self.probe():
-                self.mark_down("no answer to a health probe during a call")
+                if not call.done():
+                    self.mark_down("no answer to a health probe during a call")
                 return
             wait *= 2
 
@@ -363,6 +359,17 @@ class RemoteBackend(Backend):
             "downs": self.stats.downs,
             "handed_on": self.stats.handed_on,
         }
+
+
+async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], grace_s: float = STOP_GRACE_S) -> None:
+    """Cancel ``tasks`` and give them ``grace_s`` to end, never longer. Their own errors are
+    theirs (a cancelled call's), but a cancellation of the caller goes on up: ``asyncio.wait``
+    neither raises what the tasks raised nor swallows the caller's CancelledError."""
+    pending = [task for task in tasks if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=grace_s)
 
 
 def backend_failure(name: str, exc: Exception) -> EngineCrashed:

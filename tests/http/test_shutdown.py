@@ -101,7 +101,8 @@ def _drain(served: Any) -> None:
     while time.monotonic() - signalled < 3 and not refused:
         try:
             httpx.get(served.base + "/healthz", timeout=1)
-        except httpx.ConnectError:
+        except (httpx.ConnectError, httpx.ReadError):
+            # refused outright, or reset while the listener closes: either way, not served
             refused = True
         time.sleep(0.05)
     assert refused, "the server still accepted connections after SIGTERM"

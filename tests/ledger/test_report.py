@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import random
 import sqlite3
 import subprocess
@@ -601,6 +602,23 @@ def test_the_installed_command_runs(ledger: Path, tmp_path: Path) -> None:
         [FRUGAL, "report", "--help"], capture_output=True, text=True, check=True
     ).stdout
     assert "4  the ledger has no request in the period" in help_text
+
+
+def test_a_closed_pipe_ends_the_report_quietly(ledger: Path, tmp_path: Path) -> None:
+    # `frugal report | head`: the reader is gone before the table is written. A pipe whose
+    # read end is already closed makes the first write fail with EPIPE, every time.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        out = subprocess.run(
+            [FRUGAL, "report", "--config", str(tmp_path / "frugal.toml"), "--month", "2026-10"],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, check=False, cwd=tmp_path,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in out.stderr, out.stderr
+    assert "BrokenPipeError" not in out.stderr, out.stderr
+    assert out.returncode == 141
 
 
 # -- what clients chose is escaped ----------------------------------------------------------------

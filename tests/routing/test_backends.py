@@ -255,6 +255,87 @@ async def test_a_call_past_its_deadline_ends_at_the_deadline_and_checks_the_back
         assert backend.state == "down"
 
 
+async def stubborn_chat(request: httpx.Request) -> httpx.Response:
+    """A chat call that does not stop when it is cancelled: it goes on for 30 s, as a transport
+    stuck in a blocking read would."""
+    if request.url.path.endswith("/models"):
+        return httpx.Response(200, json={"data": []})
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        await asyncio.sleep(30)
+    raise AssertionError("unreachable")
+
+
+async def test_a_call_that_ignores_its_cancellation_still_ends_at_the_deadline() -> None:
+    async with remote(stubborn_chat) as backend:
+        started = time.monotonic()
+        with pytest.raises(EngineTimeout):
+            await asyncio.wait_for(backend.chat(REQUEST, deadline=started + 0.3), timeout=15)
+        # the deadline and the bounded clean-up ended it, not the 30 s of the stuck call
+        assert time.monotonic() - started < 15
+
+
+async def test_the_callers_cancellation_is_not_swallowed() -> None:
+    async with remote(stubborn_chat) as backend:
+        task = asyncio.create_task(backend.chat(REQUEST, deadline=time.monotonic() + 60))
+        for _ in range(200):
+            if backend.health()["running"] == 1:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=15)
+        assert task in done, "the request went on after its caller was cancelled"
+        assert task.cancelled()
+
+
+async def test_a_probe_stuck_behind_the_model_lock_does_not_outlive_its_call() -> None:
+    # llama_cpp.server answers one request at a time, health probes included: a probe sent
+    # during a call waits for the call, and its answer comes at the same moment as the call's.
+    model_lock = asyncio.Lock()
+    probes: list[float] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/models"):
+            probes.append(time.monotonic())  # when it was sent, not when it could be answered
+        async with model_lock:
+            if request.url.path.endswith("/models"):
+                return httpx.Response(200, json={"data": []})
+            await asyncio.sleep(4.0)  # past the watch's first wait (2.9 s for this answer)
+            return httpx.Response(200, json=answer())
+
+    async with remote(handler, probe_timeout_s=5.0) as backend:
+        before = len(probes)
+        completion = await asyncio.wait_for(
+            backend.chat(REQUEST, deadline=time.monotonic() + 30), timeout=20
+        )
+        assert completion["choices"][0]["message"]["content"] == "Paris."
+        finished = time.monotonic()
+        assert len(probes) > before, "the watch never probed during the call"
+        await asyncio.sleep(7)  # the old watch probed again 5.8 s after the call
+        assert [t for t in probes if t > finished + 0.1] == []
+        assert backend.state == "up"
+
+
+async def test_a_watch_whose_cancellation_was_lost_ends_with_its_call() -> None:
+    # On Python 3.11, wait_for inside the probe can drop the cancellation that _call sends when
+    # the answer comes: the watch must then see for itself that its call is over.
+    probes: list[float] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        probes.append(time.monotonic())
+        return httpx.Response(200, json={"data": []})
+
+    async with remote(handler) as backend:
+        before = len(probes)
+        call = asyncio.create_task(asyncio.sleep(2.5))  # done between the watch's probes
+        watch = asyncio.create_task(backend._watch(0.0, call))  # never cancelled
+        done, _ = await asyncio.wait({watch}, timeout=15)
+        assert watch in done, "the watch went on probing after its call was over"
+        assert len(probes) == before + 1  # once at 2 s, while the call ran; not after it
+        assert backend.state == "up"
+
+
 # -- the pool -------------------------------------------------------------------------------------
 
 
