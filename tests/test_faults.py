@@ -743,7 +743,9 @@ def test_row9_a_client_that_leaves_stops_the_work_and_gets_one_row(
     first_bytes = b""
     if when == "mid_api_stream":
         api.set(reply=" ".join(f"w{i}" for i in range(200)), per_token_s=0.05)
-        sock = raw_request(served, chat_body(stream=True), {**TO_API, "x-request-id": ids[0]})
+        # 10 s of stream: longer than [fallback] usage_wait_s, for which it is read on (issue 24)
+        body = chat_body(stream=True, max_tokens=200)
+        sock = raw_request(served, body, {**TO_API, "x-request-id": ids[0]})
         sock.settimeout(10)
         while b"w0" not in first_bytes:
             chunk = sock.recv(65536)
@@ -776,7 +778,7 @@ def test_row9_a_client_that_leaves_stops_the_work_and_gets_one_row(
             hard_close(s)
     left = time.monotonic()
     idle_s = wait_idle(served, timeout_s=60)
-    gone = _wait_disconnects(api) if when == "mid_api_stream" else None
+    gone = _wait_disconnects(api, timeout_s=20) if when == "mid_api_stream" else None
     rows = {i: len(wait_rows(served.db, i)) for i in ids}
     print(
         f"row9 {when}: engine idle {idle_s if idle_s is None else round(idle_s, 3)} s after "
@@ -913,3 +915,37 @@ def test_row3_redos_keeps_healthz_answering(
     _redos((remote if engine == "remote" else main).get())
     if engine == "remote":
         assert remote_api.count >= 1, "the remote backend was not asked: the row tested nothing"
+
+
+# Issue 24, row 2: a stream the client cuts after 5 chunks is charged what the API generated.
+
+
+@pytest.mark.parametrize("upstream", ["sends_usage", "sends_none"])
+def test_issue24_row2_a_cut_stream_is_charged(main: Lazy, api: FakeAPI, upstream: str) -> None:
+    served = main.get()
+    words = 40 if upstream == "sends_usage" else 200
+    # sends_usage: the rest comes within usage_wait_s; sends_none: upstream breaks off unsent.
+    api.set(reply=" ".join(f"w{i}" for i in range(words)), per_token_s=0.02)
+    if upstream == "sends_none":
+        api.set(cut_stream_after=12)
+    request_id = rid(f"i24r2-{upstream}")
+    body = chat_body(stream=True, max_tokens=words)
+    sock = raw_request(served, body, {**TO_API, "x-request-id": request_id})
+    sock.settimeout(10)
+    got = b""
+    while got.count(b"data:") < 5:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    hard_close(sock)
+    row = one_row(served, request_id, timeout_s=30)
+    print(f"issue24 row2 {upstream}: row {row}")
+    assert row["status"] == 499
+    assert row["api_cost_pusd"] is not None and row["api_cost_pusd"] > 0, row
+    if upstream == "sends_usage":
+        assert row["token_source"] == "usage"
+        assert row["completion_tokens"] == words  # the fake API's usage: one token a word
+    else:
+        assert row["token_source"] == "usage_estimated"
+        assert row["completion_tokens"] > 0

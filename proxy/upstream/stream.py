@@ -13,11 +13,12 @@ events are kept, up to :data:`KEPT_BYTES`), for a count of its tokens when no us
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any
+
+import anyio
 
 from proxy.upstream.errors import translate
 
@@ -159,7 +160,9 @@ class UpstreamStream:
         if self._done or seconds <= 0:
             return
         try:
-            async with asyncio.timeout(seconds):
+            # anyio's, not asyncio's: this runs in the shielded clean-up of a response whose
+            # client left, where an asyncio timeout's cancellation is held back by the shield.
+            with anyio.move_on_after(seconds):
                 async for _ in self:
                     if self.usage is not None:
                         break
