@@ -949,3 +949,20 @@ def test_issue24_row2_a_cut_stream_is_charged(main: Lazy, api: FakeAPI, upstream
     else:
         assert row["token_source"] == "usage_estimated"
         assert row["completion_tokens"] > 0
+
+
+def test_issue24_a_client_gone_mid_body_is_a_499_row(main: Lazy) -> None:
+    served = main.get()
+    request_id = rid("i24-mid-body")
+    port = int(served.base.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        f"content-type: application/json\r\nx-request-id: {request_id}\r\n"
+        "content-length: 5000\r\n\r\n"
+    )
+    sock.sendall(head.encode() + b'{"model": "gpt-4o-mini", "messa')
+    time.sleep(0.3)
+    hard_close(sock)
+    row = one_row(served, request_id)
+    assert (row["status"], row["error"]) == (499, "client_gone"), row
