@@ -744,7 +744,9 @@ def test_row9_a_client_that_leaves_stops_the_work_and_gets_one_row(
     first_bytes = b""
     if when == "mid_api_stream":
         api.set(reply=" ".join(f"w{i}" for i in range(200)), per_token_s=0.05)
-        sock = raw_request(served, chat_body(stream=True), {**TO_API, "x-request-id": ids[0]})
+        # 10 s of stream: longer than [fallback] usage_wait_s, for which it is read on (issue 24)
+        body = chat_body(stream=True, max_tokens=200)
+        sock = raw_request(served, body, {**TO_API, "x-request-id": ids[0]})
         sock.settimeout(10)
         while b"w0" not in first_bytes:
             chunk = sock.recv(65536)
@@ -777,7 +779,7 @@ def test_row9_a_client_that_leaves_stops_the_work_and_gets_one_row(
             hard_close(s)
     left = time.monotonic()
     idle_s = wait_idle(served, timeout_s=60)
-    gone = _wait_disconnects(api) if when == "mid_api_stream" else None
+    gone = _wait_disconnects(api, timeout_s=20) if when == "mid_api_stream" else None
     rows = {i: len(wait_rows(served.db, i)) for i in ids}
     print(
         f"row9 {when}: engine idle {idle_s if idle_s is None else round(idle_s, 3)} s after "
@@ -994,3 +996,54 @@ def test_issue24_row4_one_keys_stalled_bodies_leave_another_key_served(
     assert own.status_code == 429 and "holds its share" in own.json()["error"]["message"]
     assert health == 200
     assert share_429s == STALLED - 16 + 1
+
+
+# Issue 24, row 2: a stream the client cuts after 5 chunks is charged what the API generated.
+
+
+@pytest.mark.parametrize("upstream", ["sends_usage", "sends_none"])
+def test_issue24_row2_a_cut_stream_is_charged(main: Lazy, api: FakeAPI, upstream: str) -> None:
+    served = main.get()
+    words = 40 if upstream == "sends_usage" else 200
+    # sends_usage: the rest comes within usage_wait_s; sends_none: upstream breaks off unsent.
+    api.set(reply=" ".join(f"w{i}" for i in range(words)), per_token_s=0.02)
+    if upstream == "sends_none":
+        api.set(cut_stream_after=12)
+    request_id = rid(f"i24r2-{upstream}")
+    body = chat_body(stream=True, max_tokens=words)
+    sock = raw_request(served, body, {**TO_API, "x-request-id": request_id})
+    sock.settimeout(10)
+    got = b""
+    while got.count(b"data:") < 5:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    hard_close(sock)
+    row = one_row(served, request_id, timeout_s=30)
+    print(f"issue24 row2 {upstream}: row {row}")
+    assert row["status"] == 499
+    assert row["api_cost_pusd"] is not None and row["api_cost_pusd"] > 0, row
+    if upstream == "sends_usage":
+        assert row["token_source"] == "usage"
+        assert row["completion_tokens"] == words  # the fake API's usage: one token a word
+    else:
+        assert row["token_source"] == "usage_estimated"
+        assert row["completion_tokens"] > 0
+
+
+def test_issue24_a_client_gone_mid_body_is_a_499_row(main: Lazy) -> None:
+    served = main.get()
+    request_id = rid("i24-mid-body")
+    port = int(served.base.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        f"content-type: application/json\r\nx-request-id: {request_id}\r\n"
+        "content-length: 5000\r\n\r\n"
+    )
+    sock.sendall(head.encode() + b'{"model": "gpt-4o-mini", "messa')
+    time.sleep(0.3)
+    hard_close(sock)
+    row = one_row(served, request_id)
+    assert (row["status"], row["error"]) == (499, "client_gone"), row

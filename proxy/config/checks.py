@@ -83,6 +83,7 @@ def validate(settings: Settings) -> Settings:
     _check_range("[fallback] timeout_s", s.fallback.timeout_s, 0.1)
     _check_range("[fallback] connect_timeout_s", s.fallback.connect_timeout_s, 0.1)
     _check_range("[fallback] max_retries", s.fallback.max_retries, 0, 10)
+    _check_range("[fallback] usage_wait_s", s.fallback.usage_wait_s, 0.0, 60.0)
     if s.fallback.api_base and not s.fallback.api_base.startswith(("http://", "https://")):
         raise ConfigError(
             f"[fallback] api_base = {s.fallback.api_base!r}: expected an http:// or https:// URL"

@@ -114,6 +114,7 @@ class FallbackSettings:
     connect_timeout_s: float = 5.0
     max_retries: int = 2
     models: dict[str, str] = field(default_factory=dict)
+    usage_wait_s: float = 5.0  # how long a stream whose client left is read on, for its usage
 
     def api_key(self) -> str | None:
         """The upstream key, read from the environment; None when it is not set."""

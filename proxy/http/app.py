@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -104,6 +104,8 @@ class RequestIdMiddleware:
         except ProxyError as exc:  # raised by a middleware, outside the handlers
             if not started:
                 await render(exc, request_id)(scope, receive, send_with_id)
+        except ClientDisconnect:  # the client left in the middle of its body: not an error
+            log.info("client_gone", request_id=request_id, during="request_body")
         except Exception as exc:  # noqa: BLE001 - rendered and logged once, here
             error = unexpected(exc, request_id, scope, started=started)
             if not started:

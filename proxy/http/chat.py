@@ -6,7 +6,8 @@ Handler`'s; this module says what chat does inside it: JSON, or a stream in one 
 or relays the API's stream instead; ``live`` streams local tokens as they come, and only a
 failure before the first token can still fall back. A client that leaves stops the work done for
 it in every mode: a local generation is cancelled (``live`` streams included), an upstream
-stream is closed.
+stream is closed, once it has been read on for its usage for ``[fallback] usage_wait_s``
+(:mod:`proxy.http.charges`: the API bills what it generated, and the row says what).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.errors import LocalUnavailable, ProxyError
-from proxy.http import sse
+from proxy.http import charges, sse
 from proxy.http.answers import public_answer
 from proxy.http.exchange import Exchange
 from proxy.http.handler import Handler, aiter_of
@@ -117,28 +118,34 @@ class ChatHandler(Handler):
         """The API's own stream, relayed event by event; closed once, however it ends."""
         ex.route = "api"
         started = time.perf_counter()
+        opening = asyncio.ensure_future(
+            self.services.upstream.chat_stream(body, request_id=ex.request_id)
+        )
         try:
-            upstream_stream = await self.services.upstream.chat_stream(
-                body, request_id=ex.request_id
-            )
+            upstream_stream = await asyncio.shield(opening)
         except ProxyError as exc:
             ex.api_ms = (time.perf_counter() - started) * 1000
             ex.upstream_attempts = exc.attempts
+            raise
+        except asyncio.CancelledError:
+            # The client left before upstream's headers: the API may be generating already.
+            await charges.open_abandoned(opening, ex, self.services, body)
+            ex.api_ms = (time.perf_counter() - started) * 1000
             raise
         ex.upstream_attempts = upstream_stream.attempts
         closed = False
 
         async def close() -> None:
-            """Once: the upstream connection closed, its time and usage noted."""
+            """Once: the upstream connection closed, its time and usage (or, when it did not
+            run to its end, what it was read on for, or an estimate) noted."""
             nonlocal closed
             if closed:
                 return
             closed = True
-            ex.api_ms = (time.perf_counter() - started) * 1000
             try:
-                await upstream_stream.aclose()
+                await charges.settle_stream(upstream_stream, ex, self.services, body)
             finally:
-                ex.take_usage(upstream_stream.usage)
+                ex.api_ms = (time.perf_counter() - started) * 1000
 
         return self.stream(_relay(upstream_stream, ex, close), ex, cleanups=(close,))
 

@@ -62,6 +62,10 @@ class Exchange:
     backend: str | None = None
     predicted_completion_tokens: int | None = None
     upstream_attempts: int | None = None  # HTTP attempts made upstream, retries included
+    # Where the API call's tokens come from when not the provider's usage (proxy.http.charges):
+    # "usage_estimated" (counted by a tokenizer) or "worst_case" (the reservation's worst case).
+    token_source: str | None = None
+    worst_body: dict[str, Any] | None = None  # what the worst case was (or would be) reserved for
     recorded: bool = False  # its ledger row is written (once, whatever happens after)
     # The key's budget reservation, settled by finish; the response cache's entry (quotas).
     reservation: Any = None

@@ -9,13 +9,16 @@
       admit, cached, remember, reserve, reserve_or_local
                    the key's models, rpm and budget, and the response cache
                    (:mod:`proxy.http.quotas`)
-      from_api     one upstream call (JSON), timed, its attempts counted
+      from_api     one upstream call (JSON), timed, its attempts counted; a client that
+                   leaves meanwhile does not stop it (:mod:`proxy.http.charges`)
       stream       the SSE response, which writes the row when it ends
     aiter_of       chunks made already (a replayed answer), as a stream's async generator
 
 ``handle`` returns JSON or ``stream(...)``. The row is written by ``__call__``'s ``finally`` for
 a JSON answer or an error, and by the :class:`proxy.http.sse.EventStream` of a stream when its
-last byte is out or its client left (status 499, ``client_gone``). Upstream failures arrive as
+last byte is out or its client left (status 499, ``client_gone``; a client that leaves in the
+middle of its request body too). An API call whose client left is charged what the API bills
+for it (:mod:`proxy.http.charges`). Upstream failures arrive as
 :class:`~proxy.errors.ProxyError` (the upstream client translates its own): their status, code
 and attempts go into the row as they are.
 
@@ -30,7 +33,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Iterable
 from typing import Any, ClassVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from proxy.errors import (
@@ -40,7 +43,7 @@ from proxy.errors import (
     LocalUnavailable,
     ProxyError,
 )
-from proxy.http import record, shadow, sse
+from proxy.http import charges, record, shadow, sse
 from proxy.http.exchange import Exchange
 from proxy.http.render import sse_event, unexpected
 from proxy.http.services import Services
@@ -84,6 +87,10 @@ class Handler:
             ex.status = 499
             ex.error = "client_gone"
             raise
+        except ClientDisconnect:
+            # The client closed its socket in the middle of its body: it left, nothing failed.
+            ex.status, ex.error, ex.reason = 499, "client_gone", "client_gone"
+            return Response(status_code=499)  # nobody reads it
         except BaseException:
             ex.status = 500
             ex.error = "internal_error"
@@ -191,6 +198,7 @@ class Handler:
         """Before an API call: the key's worst case reserved against its budget (raises
         ``BudgetExhausted`` 429 or ``BudgetUnavailable`` 503 when it cannot be, the reason
         noted on ``ex``)."""
+        ex.worst_body = body  # charged when the call's real cost can never be known
         quotas = self.services.quotas
         key = self.services.auth.stored_key(ex.key_name)
         if quotas is None or key is None or key.monthly_budget_pusd is None:
@@ -228,10 +236,15 @@ class Handler:
         A failure is already a :class:`ProxyError`, carrying the attempts it made."""
         ex.route = "api"
         started = time.perf_counter()
+        task = asyncio.ensure_future(call)
         try:
-            reply = await call
+            reply = await asyncio.shield(task)
         except ProxyError as exc:
             ex.upstream_attempts = exc.attempts
+            raise
+        except asyncio.CancelledError:
+            # The client left while the API worked on its request: the API bills it anyway.
+            await charges.await_abandoned(task, ex, self.services)
             raise
         finally:
             ex.api_ms = (time.perf_counter() - started) * 1000

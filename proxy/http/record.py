@@ -65,6 +65,8 @@ def finish(ex: Exchange, services: Services) -> None:
         "predicted_completion_tokens": ex.predicted_completion_tokens,
         "upstream_attempts": ex.upstream_attempts,
     }
+    if ex.token_source is not None:  # an API call charged without the provider's usage
+        row["token_source"] = ex.token_source
     # Costs for the log and the metrics now; the ledger prices the row itself, recounting
     # a local answer with the requested model's tokenizer off the request path.
     api_cost, counterfactual = estimate_costs(row, services.prices)
@@ -75,7 +77,8 @@ def finish(ex: Exchange, services: Services) -> None:
     services.router.observe(row)
     if ex.audit is not None:
         shadow.start(ex, services)
-    # A client that left mid-stream still cost what upstream reported for it.
+    # A client that left still cost what upstream reported for it, or what was estimated
+    # (proxy.http.charges).
     paid = api_cost if ex.status < 400 or ex.status == 499 else None
     if services.quotas is not None:  # the budget: the real cost replaces the reservation
         services.quotas.settle(ex.reservation, paid if ex.route == "api" else 0)

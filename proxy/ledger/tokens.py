@@ -4,11 +4,16 @@ The count goes through ``litellm.token_counter`` (for OpenAI models with tiktoke
 that model: litellm's default is cl100k for every model, while gpt-4o and later use o200k).
 Importing litellm takes seconds and counting costs CPU, so :class:`TokenCounter` does both on a
 thread of its own, started with the ledger; the request path only hands it references.
+
+The same counter estimates what an API call cost when the provider's usage never came (a stream
+whose client left before its usage chunk): :meth:`TokenCounter.submit_estimate` counts the
+upstream body's prompt side and the text that was generated.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import queue
 import threading
@@ -17,6 +22,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+# Prompt-side fields the provider bills beyond messages and tools: counted as their JSON text.
+EXTRA_PROMPT_FIELDS = ("functions", "response_format")
 # tiktoken encodings that litellm ships in its package (TIKTOKEN_CACHE_DIR): no download needed.
 BUNDLED_ENCODINGS = frozenset({"cl100k_base", "o200k_base"})
 
@@ -79,6 +86,15 @@ class TokenCounter:
         self._call(lambda: self.count(job), future)
         return future
 
+    def submit_estimate(self, job: CountJob) -> Future[tuple[int, int]]:
+        """Like :meth:`submit`, for :meth:`estimate`."""
+        future: Future[tuple[int, int]] = Future()
+        if self._thread is None:
+            future.set_exception(RuntimeError("TokenCounter.start() was not called"))
+            return future
+        self._call(lambda: self.estimate(job), future)
+        return future
+
     def close(self) -> None:
         if self._thread is not None:
             self._jobs.put(None)
@@ -103,6 +119,24 @@ class TokenCounter:
                     text=text,
                     count_response_tokens=True,
                     custom_tokenizer=tokenizer,
+                )
+            )
+        return prompt, completion
+
+    def estimate(self, job: CountJob) -> tuple[int, int]:
+        """What an API call for ``job.body`` that generated ``job.completion`` is billed, as
+        far as a tokenizer can tell: :meth:`count`, plus the JSON text of the prompt-side fields
+        it leaves out (``functions``, ``response_format``)."""
+        prompt, completion = self.count(job)
+        extra = {k: job.body[k] for k in EXTRA_PROMPT_FIELDS if job.body.get(k)}
+        if extra:
+            litellm = self._load()
+            prompt += int(
+                litellm.token_counter(
+                    model=job.model,
+                    text=json.dumps(extra, ensure_ascii=False),
+                    count_response_tokens=True,
+                    custom_tokenizer=self._tokenizer(job.model),
                 )
             )
         return prompt, completion

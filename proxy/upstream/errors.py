@@ -11,6 +11,7 @@ as it is. (Failures of *local* backends are another matter: see
     status_error(...)       a non-2xx answer -> _RetryableStatus, UpstreamStatus or UpstreamError
     translate(exc, tries)   whatever is left after retrying -> the ProxyError the client sees,
                             with ``attempts`` set to ``tries``
+    maybe_billed(exc)       whether a failed call may still have been done (and billed)
 
 What is retried is what cannot have been done (and billed) by the API already:
 
@@ -111,6 +112,17 @@ def retryable(exc: BaseException) -> bool:
         return False  # a litellm Timeout claims 408, a connection error 500: neither is the API's
     status = getattr(exc, "status_code", None)  # litellm's errors from the provider's answer
     return isinstance(status, int) and retryable_status(status)
+
+
+def maybe_billed(exc: BaseException) -> bool:
+    """Whether the API may have done (and billed) the work of a call that failed: the request
+    was sent and no answer came (a read timeout, a reset, a body cut short). An answered status,
+    or a request that never left, was not billed."""
+    chain = list(_chain(exc))
+    if not_sent(exc) or any(isinstance(e, _RetryableStatus) for e in chain):
+        return False
+    broken = httpx.HTTPError | aiohttp.ClientError | TimeoutError | OSError
+    return any(isinstance(e, broken) or _transport_error(e) for e in chain)
 
 
 def status_error(status: int, headers: Mapping[str, str], content: bytes) -> Exception:

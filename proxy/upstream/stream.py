@@ -4,6 +4,11 @@
 upstream has answered 200. Upstream is always asked for usage; when the client did not ask for
 it, the usage chunk (and the ``"usage":null`` OpenAI adds to every chunk then) is taken out
 again.
+
+A stream whose client left is not simply dropped: the API bills every token it generated.
+:meth:`UpstreamStream.drain` reads on (sending nothing) for a bounded time, so that the usage
+chunk can still come, and :meth:`UpstreamStream.generated` gives the text that did come (the
+events are kept, up to :data:`KEPT_BYTES`), for a count of its tokens when no usage came.
 """
 
 from __future__ import annotations
@@ -13,10 +18,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
+import anyio
+
 from proxy.upstream.errors import translate
 
-__all__ = ["UpstreamStream"]
+__all__ = ["KEPT_BYTES", "Generated", "UpstreamStream"]
 
+KEPT_BYTES = 4 * 1024 * 1024
+"""Bytes of a stream's events kept for counting what was generated; past it, only the bytes are
+counted, and the text kept stands for the rest in proportion."""
 _USAGE_OBJECT = (b'"usage":{', b'"usage": {')
 _USAGE_NULL = b'"usage":null'
 
@@ -32,7 +42,20 @@ class UpstreamStream:
     None). Always ``aclose()`` it (or use ``async with``); running to the end closes it too.
     """
 
-    __slots__ = ("usage", "latency_s", "attempts", "_source", "_close", "_strip", "_tail", "_done")
+    __slots__ = (
+        "usage",
+        "latency_s",
+        "attempts",
+        "received_bytes",
+        "_source",
+        "_close",
+        "_strip",
+        "_tail",
+        "_done",
+        "_ended",
+        "_kept",
+        "_kept_bytes",
+    )
 
     def __init__(
         self,
@@ -47,11 +70,21 @@ class UpstreamStream:
         self.latency_s = latency_s
         """Seconds from the call to upstream's response headers, retries included."""
         self.attempts = attempts
+        self.received_bytes = 0
+        """Bytes of whole events read from upstream (relayed or drained)."""
         self._source = source
         self._close = close
         self._strip = strip_usage
         self._tail = b""
         self._done = False
+        self._ended = False  # read to its end (not closed early, not broken off)
+        self._kept: list[bytes] = []
+        self._kept_bytes = 0
+
+    @property
+    def ended(self) -> bool:
+        """Whether upstream's stream was read to its end."""
+        return self._ended
 
     def __aiter__(self) -> UpstreamStream:
         return self
@@ -61,6 +94,7 @@ class UpstreamStream:
             try:
                 chunk = await self._source.__anext__()
             except StopAsyncIteration:
+                self._ended = True
                 tail, self._tail = self._tail, b""
                 await self.aclose()
                 out = self._scan(tail) if tail.strip() else b""
@@ -92,6 +126,10 @@ class UpstreamStream:
         return self._scan(data)
 
     def _scan(self, data: bytes) -> bytes:
+        self.received_bytes += len(data)
+        if self._kept_bytes < KEPT_BYTES:  # references to bytes made anyway: no copy
+            self._kept.append(data)
+            self._kept_bytes += len(data)
         if _USAGE_OBJECT[0] in data or _USAGE_OBJECT[1] in data:
             data = self._take_usage(data)
         if self._strip and _USAGE_NULL in data:
@@ -116,6 +154,37 @@ class UpstreamStream:
             kept.append(event)
         return b"\n\n".join(kept) if len(kept) != len(events) else data
 
+    async def drain(self, seconds: float) -> None:
+        """Read on, sending nothing, until the stream ends, fails, or ``seconds`` pass: the
+        client left, and the usage chunk at the end may still come. Never raises a failure."""
+        if self._done or seconds <= 0:
+            return
+        try:
+            # anyio's, not asyncio's: this runs in the shielded clean-up of a response whose
+            # client left, where an asyncio timeout's cancellation is held back by the shield.
+            with anyio.move_on_after(seconds):
+                async for _ in self:
+                    if self.usage is not None:
+                        break
+        except Exception:  # noqa: BLE001 - a timeout or a failure: what came is counted
+            return
+
+    def generated(self) -> Generated:
+        """What the events read so far carried: each choice's text and tool calls."""
+        found = Generated(received_bytes=self.received_bytes, kept_bytes=self._kept_bytes)
+        for data in self._kept:
+            for event in data.split(b"\n\n"):
+                payload = _data_field(event)
+                if not payload.startswith(b"{"):
+                    continue
+                try:
+                    parsed = json.loads(payload)
+                except ValueError:
+                    continue
+                if isinstance(parsed, dict):
+                    found.add(parsed)
+        return found
+
     async def aclose(self) -> None:
         if self._done:
             return
@@ -137,6 +206,72 @@ class UpstreamStream:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+class Generated:
+    """The text and tool calls of a stream's chunks, per choice, as a ``chat.completion``'s
+    choices (:meth:`completion`), for a tokenizer to count."""
+
+    def __init__(self, *, received_bytes: int, kept_bytes: int) -> None:
+        self.received_bytes = received_bytes
+        self.kept_bytes = kept_bytes
+        self._texts: dict[int, list[str]] = {}
+        self._calls: dict[int, dict[int, list[str]]] = {}
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            if not isinstance(choice, dict):
+                continue
+            raw_index = choice.get("index")
+            index = raw_index if isinstance(raw_index, int) else 0
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                continue
+            for field in ("content", "refusal"):
+                if isinstance(delta.get(field), str) and delta[field]:
+                    self._texts.setdefault(index, []).append(delta[field])
+            calls = delta.get("tool_calls")
+            pieces = [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+            if isinstance(delta.get("function_call"), dict):
+                pieces.append({"index": -1, "function": delta["function_call"]})
+            for call in pieces:
+                function = call.get("function")
+                if not isinstance(function, dict):
+                    continue
+                raw_slot = call.get("index")
+                slot = raw_slot if isinstance(raw_slot, int) else 0
+                parts = self._calls.setdefault(index, {}).setdefault(slot, [])
+                for field in ("name", "arguments"):
+                    if isinstance(function.get(field), str):
+                        parts.append(function[field])
+
+    @property
+    def scale(self) -> float:
+        """Received bytes over kept bytes: how much more came than the text here (>= 1)."""
+        return self.received_bytes / self.kept_bytes if self.kept_bytes else 1.0
+
+    def completion(self) -> dict[str, Any]:
+        """The generated text as the choices of a ``chat.completion`` (what the tokenizer of
+        :mod:`proxy.ledger.tokens` counts)."""
+        choices = []
+        for index in sorted(set(self._texts) | set(self._calls)):
+            calls = [
+                {"function": {"name": "", "arguments": "".join(parts)}}
+                for _, parts in sorted(self._calls.get(index, {}).items())
+            ]
+            message: dict[str, Any] = {"content": "".join(self._texts.get(index, []))}
+            if calls:
+                message["tool_calls"] = calls
+            choices.append({"index": index, "message": message})
+        return {"choices": choices}
+
+    def text_bytes(self) -> int:
+        """UTF-8 bytes of everything generated (the crude count when no tokenizer is ready)."""
+        total = sum(len(t.encode()) for texts in self._texts.values() for t in texts)
+        for calls in self._calls.values():
+            total += sum(len(p.encode()) for parts in calls.values() for p in parts)
+        return total
 
 
 def _data_field(event: bytes) -> bytes:

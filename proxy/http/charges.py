@@ -1,0 +1,167 @@
+"""What an API call costs when its answer never reached the client: the provider bills it all the
+same, so its ledger row and its key's budget must say so.
+
+    settle_stream(stream, ex, services, body)
+                    an API stream the client left (or that broke off): read on, sending
+                    nothing, for ``[fallback] usage_wait_s`` so that the usage chunk can come;
+                    without it, count what came (:func:`estimate_stream`)
+    estimate_stream(generated, ex, services, body)
+                    the tokens of what was generated and of the upstream body's prompt side,
+                    in the tokenizer of the model the API was asked for (``usage_estimated``)
+    await_abandoned(task, ex, services)
+                    a JSON call whose client left while the API worked on it: let it finish
+                    within its own timeouts, and charge its usage; when nothing can be known
+                    (it broke after the request was sent, or outlived its bound), charge the
+                    worst case reserved for it (``worst_case``)
+    open_abandoned(opening, ex, services, body)
+                    the same for a stream whose client left before upstream's headers came
+
+Each fills the exchange's tokens and ``token_source``; the one ledger row (and the budget's
+settle, :func:`proxy.http.record.finish`) is written from them as for any answer. How each case
+is counted is in ``docs/report.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from typing import Any
+
+import structlog
+
+from proxy.errors import ProxyError
+from proxy.http.exchange import Exchange
+from proxy.http.quotas import worst_case_tokens
+from proxy.http.services import Services
+from proxy.ledger.tokens import CountJob
+from proxy.upstream.client import UpstreamResponse
+from proxy.upstream.errors import maybe_billed
+from proxy.upstream.stream import Generated, UpstreamStream
+
+log = structlog.get_logger("frugal.charges")
+
+COUNT_WAIT_S = 2.0
+"""Longest wait for the tokenizer's count of an abandoned stream; past it, the bytes count."""
+BYTES_PER_TOKEN = 4
+"""The crude count, when no tokenizer can answer in time: about 4 UTF-8 bytes a token."""
+ESTIMATED = "usage_estimated"
+WORST_CASE = "worst_case"
+
+
+async def settle_stream(
+    stream: UpstreamStream, ex: Exchange, services: Services, body: dict[str, Any]
+) -> None:
+    """An API stream's usage on ``ex``, and the stream closed. One that did not run to its end
+    (its client left, or it broke off) is read on first, and estimated when no usage came."""
+    try:
+        if not stream.ended:
+            await stream.drain(services.settings.fallback.usage_wait_s)
+    finally:
+        try:
+            await stream.aclose()
+        finally:
+            ex.take_usage(stream.usage)
+    if stream.usage is None and not stream.ended:
+        await estimate_stream(stream.generated(), ex, services, body)
+
+
+async def estimate_stream(
+    generated: Generated, ex: Exchange, services: Services, body: dict[str, Any]
+) -> None:
+    """Count what the API generated and the prompt it was sent, as its usage would have."""
+    model = services.upstream.target(ex.model or "")
+    job = CountJob(model=model, body=body, completion=generated.completion())
+    try:
+        future = services.ledger.counter.submit_estimate(job)
+        prompt, completion = await asyncio.wait_for(asyncio.wrap_future(future), COUNT_WAIT_S)
+    except Exception as exc:  # noqa: BLE001 - the tokenizer is not there: count bytes instead
+        log.warning(
+            "usage_estimate_by_bytes",
+            request_id=ex.request_id,
+            error=type(exc).__name__,
+            detail=f"no tokenizer count within {COUNT_WAIT_S} s; about "
+            f"{BYTES_PER_TOKEN} bytes a token stand in",
+        )
+        raw = json.dumps(
+            {k: body.get(k) for k in ("messages", "tools", "functions", "response_format")},
+            ensure_ascii=False,
+        )
+        prompt = math.ceil(len(raw.encode()) / BYTES_PER_TOKEN)
+        completion = math.ceil(generated.text_bytes() / BYTES_PER_TOKEN)
+    ex.prompt_tokens = prompt
+    ex.completion_tokens = math.ceil(completion * generated.scale)
+    ex.cached_tokens = 0
+    ex.token_source = ESTIMATED
+
+
+def charge_worst_case(ex: Exchange) -> None:
+    """Nothing is known of what the API did: the worst case reserved for it is charged."""
+    if ex.worst_body is None:
+        return
+    ex.prompt_tokens, ex.completion_tokens = worst_case_tokens(
+        ex.worst_body, ex.local_prompt_tokens
+    )
+    ex.cached_tokens = 0
+    ex.token_source = WORST_CASE
+
+
+def _bound_s(services: Services) -> float:
+    """How long an abandoned call may still take: every attempt's timeout, and a margin."""
+    fallback = services.settings.fallback
+    return fallback.timeout_s * (fallback.max_retries + 1) + 5.0
+
+
+async def await_abandoned(
+    task: asyncio.Future[UpstreamResponse], ex: Exchange, services: Services
+) -> None:
+    """The client left while ``task`` (a JSON call) ran: its usage on ``ex`` once it ends."""
+    try:
+        reply = await asyncio.wait_for(asyncio.shield(task), _bound_s(services))
+    except ProxyError as exc:
+        ex.upstream_attempts = exc.attempts
+        if maybe_billed(exc):
+            charge_worst_case(ex)
+        return
+    except (TimeoutError, asyncio.CancelledError):  # its bound passed, or the server stops
+        task.cancel()
+        charge_worst_case(ex)
+        return
+    ex.upstream_attempts = reply.attempts
+    usage = reply.body.get("usage")
+    if isinstance(usage, dict) and usage.get("prompt_tokens") is not None:
+        ex.take_usage(usage)
+    else:
+        charge_worst_case(ex)
+
+
+def _close_late(opening: asyncio.Future[UpstreamStream]) -> None:
+    """A stream that opened after its wait was given up: closed, not left holding a socket."""
+    if not opening.cancelled() and opening.exception() is None:
+        asyncio.ensure_future(opening.result().aclose())
+
+
+async def open_abandoned(
+    opening: asyncio.Future[UpstreamStream],
+    ex: Exchange,
+    services: Services,
+    body: dict[str, Any],
+) -> None:
+    """The client left before upstream's stream answered: the stream, once open, is read on
+    for its usage (:func:`settle_stream`), and closed."""
+    try:
+        stream = await asyncio.wait_for(asyncio.shield(opening), _bound_s(services))
+    except ProxyError as exc:
+        ex.upstream_attempts = exc.attempts
+        if maybe_billed(exc):
+            charge_worst_case(ex)
+        return
+    except (TimeoutError, asyncio.CancelledError):
+        opening.cancel()
+        opening.add_done_callback(_close_late)
+        charge_worst_case(ex)
+        return
+    ex.upstream_attempts = stream.attempts
+    with contextlib.suppress(Exception):
+        await settle_stream(stream, ex, services, body)
