@@ -139,10 +139,12 @@ def seed(db: Path | str | Database, *, now: datetime | None = None) -> None:
     rng = random.Random(20)
     rows = _rows(rng, _day(GOOD_MONTH, 1), 31, (280, 420))
     rows += _rows(rng, _day(LOSING_MONTH, 1), 30, (20, 40))
+    # The audits are drawn before this month's rows: how many days this month has had so far
+    # must not change October's audits (and so its net) from one day to the next.
+    audits = [audit_values(a.row(log_content=False)) for a in _audits(rng, _day(GOOD_MONTH, 1))]
     this_month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     if this_month > _day(GOOD_MONTH, 31):
         rows += _rows(rng, this_month, max(1, now.day - 1), (10, 20))
-    audits = [audit_values(a.row(log_content=False)) for a in _audits(rng, _day(GOOD_MONTH, 1))]
     names = list(rows[0])
     insert = f"INSERT INTO requests ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)})"
     values = [[row[n] for n in names] for row in rows]
