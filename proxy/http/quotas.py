@@ -11,8 +11,9 @@ sends a body. The handlers call it at four points (:mod:`proxy.http.handler`,
 - ``cached`` before the local attempt, ``remember`` after an answer (:mod:`proxy.ledger.cache`);
   a key's entries are its own, by its identity (:attr:`ClientKey.identity`), not its name, which
   a revoked key hands on.
-- ``reserve`` before an API call: the worst-case cost (prompt tokens plus ``max_tokens`` at
-  the API model's price) is reserved in the database (:mod:`proxy.ledger.budgets`).
+- ``reserve`` before an API call: the worst-case cost (the whole serialized body as prompt
+  tokens, plus ``max_tokens`` for each of ``n`` or ``best_of`` choices, at the API model's
+  price: :func:`worst_case_tokens`) is reserved in the database (:mod:`proxy.ledger.budgets`).
   :class:`BudgetExhausted` (429, ``insufficient_quota``) when it would pass the budget;
   :class:`BudgetUnavailable` (503) when the database cannot be reached: budgets fail closed.
 - ``settle`` when the row is written: the real cost replaces the reservation, in the
@@ -53,18 +54,34 @@ SWEEP_S = 5.0
 DEFAULT_MAX_OUTPUT = 4096  # completion tokens reserved when a request names no max_tokens
 
 
+# What the local tokenizer's count covers, when there is one: the rest of the body is counted
+# by its bytes.
+LOCALLY_COUNTED = frozenset({"messages", "prompt"})
+
+
 def worst_case_tokens(body: dict[str, Any], local_prompt_tokens: int | None) -> tuple[int, int]:
     """(prompt, completion) tokens an API call for ``body`` can cost at most, as far as can be
-    told before it is made: the local tokenizer's count with a 25% margin (another tokenizer),
-    else the prompt's UTF-8 bytes / 2; and ``max_tokens`` (or 4,096) times ``n``."""
+    told before it is made.
+
+    The prompt side is the whole serialized body, not a list of fields, so a field a provider
+    bills (``functions``, ``response_format``, ``tools``, one a new endpoint adds) cannot be
+    left out: its UTF-8 bytes / 2 (providers bill about 4 bytes a token), plus, when the local
+    tokenizer counted the messages or prompt, that count with a 25% margin (another tokenizer)
+    in place of their bytes. The output side is ``max_tokens`` (or 4,096) for each of ``n`` or
+    ``best_of`` choices, whichever is more."""
+    counted = LOCALLY_COUNTED if local_prompt_tokens else frozenset()
+    rest = {k: v for k, v in body.items() if k not in counted}
+    raw = json.dumps(rest, ensure_ascii=False, separators=(",", ":"), default=str)
+    prompt = len(raw.encode("utf-8")) // 2 + 16
     if local_prompt_tokens:
-        prompt = math.ceil(local_prompt_tokens * 1.25) + 16
-    else:
-        parts = [body.get(k) for k in ("messages", "prompt", "tools", "input")]
-        raw = json.dumps([p for p in parts if p is not None], ensure_ascii=False)
-        prompt = len(raw.encode("utf-8")) // 2 + 16
+        prompt += math.ceil(local_prompt_tokens * 1.25)
     cap = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_OUTPUT
-    return prompt, int(cap) * int(body.get("n") or 1)
+    choices = max(_count(body.get("n")), _count(body.get("best_of")))
+    return prompt, int(cap) * choices
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
 
 class Quotas:

@@ -231,3 +231,81 @@ async def test_report_by_key_shows_each_budget_and_its_use(
     table = render(report, "table")
     assert "Budget used" in table and "$1.00" in table
     assert "budget_spent_usd" not in build(database, Period.month(None), 0, by="model")["groups"][0]
+
+
+def _big_schema(width: int) -> dict[str, Any]:
+    """An object schema of ``width`` described string properties: about 60 bytes each."""
+    return {
+        "type": "object",
+        "properties": {
+            f"field_{i:05d}": {"type": "string", "description": "x" * 40} for i in range(width)
+        },
+    }
+
+
+# Each body's worst case passes a $0.001 budget at gpt-4o-mini ($0.15 / $0.60 per Mtok) only
+# through a field the reservation once left out: 50 functions of ~2 KB, a ~100 KB
+# response_format schema or tool, or best_of 20 with 500 answer tokens each ($0.006).
+BILLED_FIELDS = {
+    "functions": (
+        "/v1/chat/completions",
+        {
+            **ASK,
+            "max_tokens": 5,
+            "functions": [{"name": f"fn_{i}", "parameters": _big_schema(30)} for i in range(50)],
+        },
+    ),
+    "response_format": (
+        "/v1/chat/completions",
+        {
+            **ASK,
+            "max_tokens": 5,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "big", "schema": _big_schema(1600)},
+            },
+        },
+    ),
+    "tools": (
+        "/v1/chat/completions",
+        {
+            **ASK,
+            "max_tokens": 5,
+            "tools": [
+                {"type": "function", "function": {"name": "big", "parameters": _big_schema(1600)}}
+            ],
+        },
+    ),
+    "best_of": (
+        "/v1/completions",
+        {"model": "gpt-4o-mini", "prompt": "Say hi.", "max_tokens": 500, "best_of": 20},
+    ),
+}
+
+
+@pytest.mark.parametrize("field", sorted(BILLED_FIELDS))
+async def test_every_billed_field_is_reserved_before_the_api_is_called(
+    tmp_path: Path,
+    fake_api: FakeAPI,
+    make_client: Any,
+    field: str,
+) -> None:
+    db = parse(str(tmp_path / "ledger.db"))
+    key = keys.create(db, "tight", monthly_budget_pusd=1_000_000_000, max_concurrency=20)
+    auth = {"authorization": f"Bearer {key}", **API}
+    path, body = BILLED_FIELDS[field]
+    async with make_client(_settings(tmp_path, fake_api, db)) as client:
+        replies = await asyncio.gather(
+            *(client.post(path, json=body, headers=auth) for _ in range(20))
+        )
+        # The same request without the field fits the budget: the field alone is what is held.
+        lean = {k: v for k, v in body.items() if k != field}
+        small = await client.post(path, json=lean, headers=auth)
+        await asyncio.sleep(0.3)  # the settles run in the background
+        spent, reserved = spend(db, "tight")
+    assert [r.status_code for r in replies] == [429] * 20, [r.text[:200] for r in replies]
+    error = replies[0].json()["error"]
+    assert error["code"] == "insufficient_quota" and "budget" in error["message"]
+    assert small.status_code == 200, small.text[:300]
+    assert fake_api.count == 1  # the lean request only
+    assert 0 < spent <= 1_000_000_000 and reserved == 0
