@@ -76,12 +76,8 @@ def worst_case_tokens(body: dict[str, Any], local_prompt_tokens: int | None) -> 
     if local_prompt_tokens:
         prompt += math.ceil(local_prompt_tokens * 1.25)
     cap = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_OUTPUT
-    choices = max(_count(body.get("n")), _count(body.get("best_of")))
+    choices = max(int(body.get("n") or 1), int(body.get("best_of") or 1))  # validated ints
     return prompt, int(cap) * choices
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
 
 class Quotas:
