@@ -20,8 +20,13 @@ trusted. ``additionalProperties`` next to
 schema that also has ``patternProperties`` anywhere fails the check, since jsonschema would
 match those patterns with ``re`` to find the evaluated keys.
 
-:func:`check_schema` still has jsonschema compile each ``pattern`` with ``re`` (its ``regex``
-format): compiling is linear and matches nothing.
+A client's schema is checked once, on the request (:func:`check_schema`): first its size and
+depth (:data:`MAX_SCHEMA_BYTES`, :data:`MAX_SCHEMA_DEPTH`), in one walk that stops at the first
+limit, then against its draft's meta-schema with ``jsonschema-rs``. jsonschema's own Draft 2020-12
+check took about 0.55 ms for each empty property (33 s for 60,000 of them); ``jsonschema-rs``
+checks the same schema in 19 ms. The meta-schemas are compiled once, from jsonschema's copies,
+with a retriever that refuses every fetch: a client's ``$schema`` or ``$ref`` never makes a
+request. The ``regex`` format of ``pattern`` is checked there too (ECMA 262 syntax).
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ from functools import lru_cache, partial
 from typing import Any
 
 import jsonschema
+import jsonschema_rs
 import re2
-from jsonschema.exceptions import SchemaError, ValidationError
+from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
 
 RE2_MAX_MEM = 2 << 20
@@ -42,21 +48,77 @@ MAX_CACHED_SCHEMA = 64 * 1024
 """Longest schema (as JSON) whose validator is cached: 256 keys of 16 MiB in all at most."""
 PATTERN_CACHE = 32
 """Compiled patterns kept: at most ``PATTERN_CACHE * RE2_MAX_MEM`` bytes, a few KB in practice."""
+MAX_SCHEMA_BYTES = 1 << 20
+"""Largest schema a request may carry, as compact JSON (strings counted in characters)."""
+MAX_SCHEMA_DEPTH = 64
+"""Deepest nesting of objects and arrays in a schema (``properties`` then a property: two)."""
+
+
+def _too_big(schema: Any) -> str | None:
+    """Why ``schema`` passes a limit (its compact JSON size, its depth), or None; linear, bounded.
+
+    The walk stops as soon as either limit is passed, so its cost is bounded by
+    :data:`MAX_SCHEMA_BYTES` whatever the request holds.
+    """
+    size = 0
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            if depth > MAX_SCHEMA_DEPTH:
+                return f"it nests deeper than {MAX_SCHEMA_DEPTH} levels"
+            size += 2 + len(value)
+            for key, item in value.items():
+                size += len(key) + 3
+                stack.append((item, depth + 1))
+        elif isinstance(value, list):
+            if depth > MAX_SCHEMA_DEPTH:
+                return f"it nests deeper than {MAX_SCHEMA_DEPTH} levels"
+            size += 2 + len(value)
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str):
+            size += len(value) + 2
+        else:  # a number, true, false or null; json.loads bounds an integer's digits
+            size += len(repr(value)) if isinstance(value, int | float) else 5
+        if size > MAX_SCHEMA_BYTES:
+            return f"it is larger than {MAX_SCHEMA_BYTES} bytes of JSON"
+    return None
+
+
+def _no_fetch(uri: str) -> Any:
+    raise ValueError(f"remote references are not fetched ({uri[:80]!r})")
+
+
+@lru_cache(maxsize=8)
+def _meta_check(cls: type[Any]) -> Any:
+    """A compiled check of ``cls``'s meta-schema (one per draft; compiled in about 3 ms)."""
+    return jsonschema_rs.validator_for(cls.META_SCHEMA, validate_formats=True, retriever=_no_fetch)
 
 
 def check_schema(schema: Any) -> str | None:
-    """An error message if ``schema`` is not a valid JSON Schema, else None."""
+    """An error message if ``schema`` is not a valid JSON Schema within the limits, else None.
+
+    The draft is the one its ``$schema`` names, as jsonschema picks it (the latest, 2020-12, for
+    none or an unknown one).
+    """
     if not isinstance(schema, dict | bool):
         return f"a JSON Schema must be an object or a boolean, not {type(schema).__name__}"
+    if isinstance(schema, dict) and not isinstance(schema.get("$schema", ""), str):
+        return "invalid JSON Schema at $schema: it must be a string"
+    problem = _too_big(schema)
+    if problem is not None:
+        return f"the schema is too large: {problem}"
     try:
-        cls = jsonschema.validators.validator_for(schema)
-        cls.check_schema(schema)
-    except SchemaError as exc:
-        where = "/".join(str(p) for p in exc.path)
-        return f"invalid JSON Schema{' at ' + where if where else ''}: {exc.message}"
+        check = _meta_check(jsonschema.validators.validator_for(schema))
+        error = next(iter(check.iter_errors(schema)), None)
+    except UnicodeEncodeError:
+        return "invalid JSON Schema: it holds a lone surrogate (\\ud800 to \\udfff): not UTF-8"
     except Exception as exc:  # noqa: BLE001 - a schema must never crash the caller
-        return f"invalid JSON Schema: {exc}"
-    return None
+        return f"invalid JSON Schema: {str(exc).splitlines()[0][:200]}"
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.instance_path)
+    return f"invalid JSON Schema{' at ' + where if where else ''}: {error.message[:300]}"
 
 
 class _BadPattern(Exception):

@@ -31,6 +31,7 @@ import httpx
 import pytest
 
 from proxy.ledger import keys as keys_mod
+from quality.schema import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
 from tests.fake_api import FakeAPI
 from tests.faults_support import (
     MB,
@@ -1047,3 +1048,93 @@ def test_issue24_a_client_gone_mid_body_is_a_499_row(main: Lazy) -> None:
     hard_close(sock)
     row = one_row(served, request_id)
     assert (row["status"], row["error"]) == (499, "client_gone"), row
+
+
+# -- issue 24, row 3: schemas that grow with the body hold no other client ------------------------
+
+
+def _wide_tool(properties: int) -> dict[str, Any]:
+    schema = {"type": "object", "properties": {f"p{i}": {} for i in range(properties)}}
+    return {"type": "function", "function": {"name": "wide", "parameters": schema}}
+
+
+def _eight_mb_functions() -> dict[str, Any]:
+    """Just under 8 MB of functions (the body limit), the last one nested past the depth limit."""
+    fields = {f"p{j}": {"type": "string", "description": "d" * 20} for j in range(40)}
+    one = {"name": "f0000", "parameters": {"type": "object", "properties": fields}}
+    count = (8 * MB - 8192) // (len(json.dumps(one)) + 2)
+    functions: list[dict[str, Any]] = [
+        {"name": f"f{i:04d}", "parameters": {"type": "object", "properties": fields}}
+        for i in range(count - 1)
+    ]
+    deep: dict[str, Any] = {}
+    for _ in range(40):  # 80 levels: properties, then a property
+        deep = {"type": "object", "properties": {"x": deep}}
+    functions.append({"name": "deep", "parameters": deep})
+    return chat_body(functions=functions)
+
+
+def test_issue24_row3_big_schemas_leave_healthz_and_chat_answering(
+    main: Lazy, api: FakeAPI
+) -> None:
+    served = main.get()
+    wide = chat_body(tools=[_wide_tool(60_000)])
+    eight = _eight_mb_functions()
+    assert len(json.dumps(wide)) > 800_000 and len(json.dumps(eight)) < 8 * MB
+    answers: dict[str, httpx.Response] = {}
+
+    def send(label: str, body: dict[str, Any]) -> None:
+        answers[label] = post(served, body, headers=TO_API, timeout=120)
+
+    senders = [
+        threading.Thread(target=send, args=(f"{label}{i}", body))
+        for i in range(2)
+        for label, body in (("wide", wide), ("eight", eight))
+    ]
+    health_ms: list[float] = []
+    chat_ms: list[float] = []
+    for t in senders:
+        t.start()
+    try:
+        while any(t.is_alive() for t in senders):
+            started = time.perf_counter()
+            status = httpx.get(served.base + "/healthz", timeout=30).status_code
+            health_ms.append((time.perf_counter() - started) * 1000)
+            assert status == 200
+            started = time.perf_counter()
+            reply = post(served, chat_body(), headers=TO_API, timeout=30)
+            chat_ms.append((time.perf_counter() - started) * 1000)
+            assert reply.status_code == 200, reply.text
+    finally:
+        for t in senders:
+            t.join(timeout=180)
+    print(
+        f"\nissue24 row3: 2 x 60,000-property tools ({len(json.dumps(wide)) // 1000} KB) and "
+        f"2 x {len(json.dumps(eight)) // 1000} KB of functions answered "
+        f"{sorted((k, r.status_code) for k, r in answers.items())}; meanwhile /healthz "
+        f"{len(health_ms)} times, worst {max(health_ms):.0f} ms, chat worst {max(chat_ms):.0f} ms"
+    )
+    assert {answers[f"wide{i}"].status_code for i in range(2)} == {200}
+    for i in range(2):
+        refused = answers[f"eight{i}"]
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == f"functions[{len(eight['functions']) - 1}].parameters"
+        assert f"deeper than {MAX_SCHEMA_DEPTH} levels" in error["message"]
+    assert health_ms and max(health_ms) < 1000 * BOUND_MARGIN
+    assert max(chat_ms) < 1000 * BOUND_MARGIN
+
+
+def test_issue24_row3_a_schema_over_its_size_limit_is_a_400_naming_it(main: Lazy) -> None:
+    served = main.get()
+    big = {"type": "object", "description": "d" * (MAX_SCHEMA_BYTES + 1)}
+    body = chat_body(
+        response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": big}}
+    )
+    reply = post(served, body, headers=TO_API)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "response_format.json_schema.schema"
+    assert f"larger than {MAX_SCHEMA_BYTES} bytes" in reply.json()["error"]["message"]
+    smaller = {"type": "object", "description": "d" * (MAX_SCHEMA_BYTES - 1000)}
+    body["response_format"]["json_schema"]["schema"] = smaller
+    assert post(served, body, headers=TO_API).status_code == 200

@@ -222,6 +222,9 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             if calibrator is not None:
                 await bounded(calibrator.close(), AUX_STOP_S, "calibrator")
             await bounded(quotas.stop(), AUX_STOP_S, "quotas")
+            built = getattr(app.state, "services", None)
+            if built is not None:
+                built.bodies.close()
             await shutdown(
                 settings,
                 ledger=ledger,

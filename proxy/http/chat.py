@@ -27,7 +27,7 @@ from proxy.http.answers import public_answer
 from proxy.http.exchange import Exchange
 from proxy.http.handler import Handler, aiter_of
 from proxy.http.render import sse_event
-from proxy.http.validate import chat_request, parse_json
+from proxy.http.validate import chat_request
 from proxy.routing.router import LocalAttempt, Plan
 from proxy.routing.servable import live_streamable
 from proxy.upstream.stream import UpstreamStream
@@ -40,7 +40,7 @@ class ChatHandler(Handler):
         log_content = self.services.settings.server.log_content
         if log_content:
             ex.content_out = []
-        body = chat_request(parse_json(await request.body()))
+        body = await self.services.bodies.read(request, chat_request)
         if log_content:
             ex.content_in = body.get("messages")
         ex.body = body

@@ -32,7 +32,7 @@ from proxy.http import sse
 from proxy.http.answers import public_answer
 from proxy.http.exchange import Exchange
 from proxy.http.handler import Handler, aiter_of
-from proxy.http.validate import completions_request, embeddings_request, parse_json
+from proxy.http.validate import completions_request, embeddings_request
 from proxy.params import LOCAL_ALIAS
 from proxy.routing.router import ROUTE_HEADER
 
@@ -47,7 +47,7 @@ class CompletionsHandler(Handler):
     prompt_noun = "the prompt"
 
     async def handle(self, request: Request, ex: Exchange) -> Response:
-        body = completions_request(parse_json(await request.body()))
+        body = await self.services.bodies.read(request, completions_request)
         plan, threshold = self.begin(request, body, ex)
         await self.admit(request, body, ex)  # the key's models (its rpm: before the body)
         if plan.route == "local":
@@ -91,7 +91,7 @@ class EmbeddingsHandler(Handler):
     endpoint = "embeddings"
 
     async def handle(self, request: Request, ex: Exchange) -> Response:
-        body = embeddings_request(parse_json(await request.body()))
+        body = await self.services.bodies.read(request, embeddings_request)
         ex.model = body["model"]
         forced = (request.headers.get(ROUTE_HEADER) or "").strip().lower()
         if forced not in ("", "local", "api"):

@@ -8,11 +8,13 @@ they look it up per request with :func:`services_in` (``None`` until the lifespa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.types import Scope
+
+from proxy.http.body_check import BodyChecker
 
 if TYPE_CHECKING:  # the parts' modules import this one for services_in
     from proxy.audit.runner import AuditRunner
@@ -44,6 +46,7 @@ class Services:
     in_flight: InFlight
     audit: AuditRunner | None = None  # shadow audits (docs/audit.md); None: not running
     quotas: Quotas | None = None  # key budgets, limits and the response cache (issue 19)
+    bodies: BodyChecker = field(default_factory=BodyChecker)  # large bodies checked off the loop
 
 
 def services_in(scope: Scope) -> Services | None:
