@@ -87,8 +87,17 @@ def load_price_map() -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+MAX_CACHED_PRICES = 1024
+"""Model names whose lookup is kept; past it the oldest is dropped (clients choose the names)."""
+
+
 class PriceBook:
-    """Looks up the price of a model name as a client (or the fallback mapping) writes it."""
+    """Looks up the price of a model name as a client (or the fallback mapping) writes it.
+
+    The lookups are cached, at most :data:`MAX_CACHED_PRICES` names: a client that sends a new
+    model name with each request grows nothing without bound. A dropped unpriced name is warned
+    about again when it returns.
+    """
 
     def __init__(self, price_map: Mapping[str, Any], overrides: Mapping[str, Price] | None = None):
         self._map = price_map
@@ -120,6 +129,8 @@ class PriceBook:
         with self._lock:
             if model in self._cache:
                 return self._cache[model]
+            if len(self._cache) >= MAX_CACHED_PRICES:
+                del self._cache[next(iter(self._cache))]  # the oldest name
             found = self._cache[model] = self._lookup(model)
         if found is None and model:
             log.warning(

@@ -15,6 +15,7 @@ import tiktoken
 from proxy import config
 from proxy.errors import ConfigError
 from proxy.ledger.pricing import (
+    MAX_CACHED_PRICES,
     Price,
     PriceBook,
     apply_costs,
@@ -77,6 +78,20 @@ def test_an_unknown_model_is_unpriced_and_warned_about_once(price_map: dict[str,
     assert len(warnings) == 1
     assert warnings[0]["model"] == "my-finetune-v3"
     assert '[pricing."my-finetune-v3"]' in warnings[0]["detail"]
+
+
+def test_the_price_cache_is_bounded_whatever_names_clients_send(price_map: dict[str, Any]) -> None:
+    book = PriceBook(price_map)
+    known = book.price("gpt-4o-mini")
+    assert known is not None
+    with structlog.testing.capture_logs() as logs:
+        for i in range(MAX_CACHED_PRICES * 5):
+            assert book.price(f"client-chosen-{i}") is None
+        assert len(book._cache) == MAX_CACHED_PRICES
+        assert book.price("gpt-4o-mini") == known  # dropped long ago, looked up again
+        assert book.price("client-chosen-0") is None  # dropped: warned about again
+    warned = [e["model"] for e in logs if e["event"] == "unpriced_model"]
+    assert len(warned) == MAX_CACHED_PRICES * 5 + 1 and warned[-1] == "client-chosen-0"
 
 
 def test_config_overrides_win_over_the_map(price_map: dict[str, Any]) -> None:
