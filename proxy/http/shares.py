@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import structlog
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.config import ServerSettings
 from proxy.errors import ProxyError, TooManyRequests
@@ -101,6 +101,21 @@ class KeyShareMiddleware:
             )
             await _refuse(scope, receive, send, busy, "key_share")
             return
+        held = True
+
+        def give_back() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.shares.give_back(key.identity)
+
+        async def send_then_free(message: Message) -> None:
+            # The slot is free before the last byte goes out: a client that sends its next
+            # request as soon as it has read this answer must find it free.
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                give_back()
+            await send(message)
+
         try:
             services = services_in(scope)
             if scope.get("path") in self.rate_paths and services and services.quotas:
@@ -109,9 +124,9 @@ class KeyShareMiddleware:
                 except TooManyRequests as limited:
                     await _refuse(scope, receive, send, limited, "key_rpm")
                     return
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_then_free)
         finally:
-            self.shares.give_back(key.identity)
+            give_back()
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, error: ProxyError, why: str) -> None:
