@@ -12,6 +12,7 @@
     │   ├── UnsupportedMediaType    415 invalid_request_error  unsupported_media_type
     │   ├── MisdirectedRequest      421 invalid_request_error  misdirected_request
     │   ├── ModelNotAllowed         403 invalid_request_error  model_not_allowed (a key's --models)
+    │   ├── Forbidden               403 invalid_request_error  permission_denied (admin keys only)
     │   ├── TooManyRequests         429 requests               rate_limit_exceeded (Retry-After)
     │   │   └── BudgetExhausted     429 insufficient_quota     insufficient_quota (a key's budget)
     │   ├── BudgetUnavailable       503 server_error           budget_unavailable (fail closed)
@@ -165,6 +166,15 @@ class ModelNotAllowed(ProxyError):
     status = 403
     type = "invalid_request_error"
     code = "model_not_allowed"
+
+
+class Forbidden(ProxyError):
+    """A good key that may not read this: a client key asking for what only an admin key reads
+    (``/metrics``; ``frugal keys create --admin``)."""
+
+    status = 403
+    type = "invalid_request_error"
+    code = "permission_denied"
 
 
 class BudgetExhausted(TooManyRequests):

@@ -952,9 +952,9 @@ def test_issue24_row4_one_keys_stalled_bodies_leave_another_key_served(
 ) -> None:
     db = tmp_path / "ledger.db"
     hog = keys_mod.create(str(db), "hog")
-    other = keys_mod.create(str(db), "other")
+    other = keys_mod.create(str(db), "other", admin=True)  # it reads /metrics
     served = launch(tmp_path, api, db=db)  # max_concurrency 64, body_timeout_s 30
-    served.key = other  # /healthz shows the engine's state to a key only
+    served.key = other  # /healthz shows the engine's state to an admin key only
     wait_ready(served)
     socks: list[socket.socket] = []
     answers: dict[int, bytes] = {}
@@ -1138,3 +1138,72 @@ def test_issue24_row3_a_schema_over_its_size_limit_is_a_400_naming_it(main: Lazy
     smaller = {"type": "object", "description": "d" * (MAX_SCHEMA_BYTES - 1000)}
     body["response_format"]["json_schema"]["schema"] = smaller
     assert post(served, body, headers=TO_API).status_code == 200
+
+
+def test_issue24_row5_a_client_key_reads_only_its_own_figures(tmp_path: Path, api: FakeAPI) -> None:
+    """Two client keys and an admin key on one keyed server: what the dashboard reads
+    (``/v1/frugal/report`` by every grouping, ``/healthz``, ``/metrics``) holds no other key's
+    name or model for a client key, and everything for the admin."""
+    db = tmp_path / "ledger.db"
+    alice = keys_mod.create(str(db), "alice-team")
+    bob = keys_mod.create(str(db), "bob-team")
+    ops = keys_mod.create(str(db), "ops-admin", admin=True)
+    served = launch(tmp_path, api, db=db)
+    served.key = ops
+    wait_ready(served)
+    models = {"alice-team": "gpt-4o-mini", "bob-team": "gpt-4o"}
+    try:
+        for name, key in (("alice-team", alice), ("bob-team", bob)):
+            for _ in range(2):
+                request_id = rid(f"i24r5-{name}")
+                reply = post(
+                    served,
+                    chat_body(model=models[name]),
+                    headers={
+                        "authorization": f"Bearer {key}",
+                        "x-request-id": request_id,
+                        **TO_API,
+                    },
+                )
+                assert reply.status_code == 200, reply.text
+                one_row(served, request_id)  # written before the reports are read
+        seen: dict[str, dict[str, str]] = {}
+        for name, key in (("alice-team", alice), ("bob-team", bob), ("ops-admin", ops)):
+            auth = {"authorization": f"Bearer {key}"}
+            texts = {}
+            for by in ("", "key", "model", "reason", "day"):
+                got = httpx.get(
+                    f"{served.base}/v1/frugal/report" + (f"?by={by}" if by else ""),
+                    headers=auth,
+                    timeout=30,
+                )
+                assert got.status_code == 200, got.text
+                texts[f"report by={by or '-'}"] = got.text
+            health = httpx.get(served.base + "/healthz", headers=auth, timeout=10)
+            metrics = httpx.get(served.base + "/metrics", headers=auth, timeout=10)
+            texts["healthz"], texts["metrics"] = health.text, metrics.text
+            texts["metrics status"] = str(metrics.status_code)
+            seen[name] = texts
+    finally:
+        stop(served)
+    for name, other in (("alice-team", "bob-team"), ("bob-team", "alice-team")):
+        mine = seen[name]
+        for what, text in mine.items():
+            assert other not in text and f'"{models[other]}"' not in text, (name, what, text)
+        assert json.loads(mine["report by=-"])["requests"] == 2
+        assert [g["key"] for g in json.loads(mine["report by=key"])["groups"]] == [name]
+        assert json.loads(mine["healthz"]) == {"status": "ok"}
+        assert mine["metrics status"] == "403"
+    admin = seen["ops-admin"]
+    groups = {g["key"]: g["requests"] for g in json.loads(admin["report by=key"])["groups"]}
+    assert groups == {"alice-team": 2, "bob-team": 2}
+    assert {g["model"] for g in json.loads(admin["report by=model"])["groups"]} == set(
+        models.values()
+    )
+    assert "engine" in json.loads(admin["healthz"]) and admin["metrics status"] == "200"
+    print(
+        f"\nissue24 row5: alice-team's report groups by key {groups and [name for name in seen]}"
+        f"; each client key: report requests 2, its own key alone in by=key, /healthz "
+        f"{seen['alice-team']['healthz']}, /metrics {seen['alice-team']['metrics status']}; "
+        f"the admin: by=key {groups}, /metrics {admin['metrics status']}"
+    )

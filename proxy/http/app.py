@@ -31,7 +31,7 @@ from proxy.config import Settings
 from proxy.engine.client import LocalEngine
 from proxy.errors import ProxyError
 from proxy.http import metrics as metrics_mod
-from proxy.http.auth import Authenticator, AuthMiddleware, RequestGuard
+from proxy.http.auth import Authenticator, AuthMiddleware, RequestGuard, sees_everything
 from proxy.http.chat import ChatHandler
 from proxy.http.completions import CompletionsHandler, EmbeddingsHandler
 from proxy.http.dashboard import Dashboard
@@ -269,8 +269,9 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
         }
         ok = engine_health["state"] == "ready"
         status = 200 if ok or upstream.enabled else 503
-        if not getattr(request.state, "authenticated", True):
-            # Open to health checks, which carry no key: the status, not the details.
+        if not sees_everything(request.scope):
+            # Open to health checks, which carry no key, and to client keys: the status, not
+            # the server's details (its upstream, its ledger), which an admin key reads.
             return JSONResponse({"status": "ok" if ok else "degraded"}, status_code=status)
         body: dict[str, Any] = {
             "status": "ok" if ok else "degraded",

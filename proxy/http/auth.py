@@ -13,6 +13,13 @@ All of this is read from the headers alone, before a byte of the body: a request
 key gets its 401 before it takes a slot of ``[server] max_concurrency`` or of its key's share,
 and when its body is still to come the 401 closes the connection, so it holds nothing after.
 
+Scopes: a good key's scope goes into the state too (``admin``: True for an admin key, False for
+a client key and for a request without a key on an open path; absent in keyless mode, where
+everything is visible). :func:`own_key` tells a handler whose figures a request may read:
+``/v1/frugal/report`` (and so the dashboard) counts a client key's own requests only,
+``/healthz`` sends it only the status, and ``/metrics`` refuses it with a 403 unless
+``[server] metrics_open``.
+
 Open paths: ``/healthz`` always (a load balancer's health check carries no key; without one it
 answers only its status), ``/metrics`` when ``[server] metrics_open`` is set, and the dashboard's
 page and files (``/dashboard``, ``/dashboard/*``: they hold no data; the page sends the key with
@@ -63,6 +70,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy.config import ServerSettings, Settings
 from proxy.errors import (
     ConfigError,
+    Forbidden,
     MisdirectedRequest,
     ProxyError,
     Unauthorized,
@@ -162,6 +170,24 @@ class Authenticator:
         return found
 
 
+def sees_everything(scope: Scope) -> bool:
+    """Whether a request may read every key's figures and the server's details: an admin key,
+    or keyless mode (no key is configured, so there is no one else to hide them from)."""
+    return bool(scope.get("state", {}).get("admin", True))
+
+
+def own_key(scope: Scope) -> keys_mod.ClientKey | None:
+    """The client key whose own figures alone a request may read; None when it may read
+    everything (:func:`sees_everything`). A keyed request that reaches a data path without a key
+    cannot happen (the middleware answers 401 first); it gets :class:`Forbidden` all the same."""
+    if sees_everything(scope):
+        return None
+    key: keys_mod.ClientKey | None = scope.get("state", {}).get("client_key")
+    if key is None:
+        raise Forbidden("This needs a key of this proxy: send it as 'Authorization: Bearer KEY'.")
+    return key
+
+
 def presented_key(scope: Scope) -> str | None:
     """The key in ``Authorization: Bearer …`` or, failing that, in ``x-api-key``."""
     bearer = other = None
@@ -193,6 +219,7 @@ class AuthMiddleware:
         key = services.auth.key_of(presented_key(scope))
         scope_state = scope.setdefault("state", {})
         scope_state["authenticated"] = key is not None
+        scope_state["admin"] = key is not None and key.admin
         if key is not None:
             scope_state["key_name"] = key.name
             scope_state["client_key"] = key

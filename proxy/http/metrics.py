@@ -56,6 +56,8 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.errors import Forbidden
+from proxy.http.auth import sees_everything
 from proxy.http.services import services_of
 from proxy.ledger.pricing import PUSD_PER_USD
 
@@ -168,7 +170,15 @@ class Metrics:
 
 
 async def endpoint(request: Request) -> Response:
-    metrics = services_of(request).metrics
+    """The scrape. With keys, only an admin key reads it, unless ``[server] metrics_open`` (then
+    anyone, key or not): its figures are the whole server's, every key's traffic together."""
+    services = services_of(request)
+    if not services.settings.server.metrics_open and not sees_everything(request.scope):
+        raise Forbidden(
+            "Reading /metrics needs an admin key of this proxy (frugal keys create NAME "
+            "--admin), or [server] metrics_open = true for a scraper without a key."
+        )
+    metrics = services.metrics
     return Response(metrics.render(), headers={"content-type": CONTENT_TYPE_LATEST})
 
 

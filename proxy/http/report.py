@@ -12,6 +12,10 @@ The build reads the ledger on a thread, at most :data:`REPORTS_AT_ONCE` at a tim
 event loop goes on serving while a report reads a large ledger. A month with no request is a
 200 with the zero report (the CLI's exit code 4 is for scripts); a bad ``month`` or ``by`` is a
 400 naming it; a ledger that cannot be read is a 503.
+
+What it counts depends on who asks (:func:`proxy.http.auth.own_key`): an admin key, and anyone in
+keyless mode, reads the whole ledger; a client key reads its own requests only
+(:class:`proxy.ledger.report.KeyScope`), so no other key's name or figure is in what it is sent.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from starlette.responses import Response
 
 from proxy.config import Settings
 from proxy.errors import BadRequest, StatusError
+from proxy.http.auth import own_key
 from proxy.http.shapes import Schema, obj
 from proxy.ledger import report as report_mod
 from proxy.ledger.database import from_settings
@@ -139,15 +144,23 @@ class ReportEndpoint:
                 f"Invalid 'by': {by!r}. Expected one of {', '.join(BY)}, or no 'by'.",
                 param="by",
             )
+        key = own_key(request.scope)
+        only = None if key is None else report_mod.KeyScope(key.name, key.created_at)
         async with self._slots:
-            data = await asyncio.to_thread(self._build, period, by, now)
+            data = await asyncio.to_thread(self._build, period, by, now, only)
         return Response(
             report_mod.render(data, "json"),
             media_type="application/json",
             headers={"cache-control": "no-store"},
         )
 
-    def _build(self, period: report_mod.Period, by: str | None, now: datetime) -> dict[str, Any]:
+    def _build(
+        self,
+        period: report_mod.Period,
+        by: str | None,
+        now: datetime,
+        only: report_mod.KeyScope | None = None,
+    ) -> dict[str, Any]:
         """What ``frugal report --config FILE`` builds (see ``proxy.cli``), on this thread."""
         settings = self.settings
         try:
@@ -159,6 +172,7 @@ class ReportEndpoint:
                 now=now,
                 target_precision=settings.quality.target_precision or None,
                 threshold=settings.quality.threshold,
+                only=only,
             )
         except report_mod.ReportError as exc:
             raise StatusError(503, f"The ledger cannot be read now: {exc}") from exc

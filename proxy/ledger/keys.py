@@ -2,7 +2,7 @@
 
     frugal keys create NAME   [--config PATH | --db PATH|URL]   prints a new key, once
                               [--monthly-budget-usd X] [--rpm N] [--models a,b]
-                              [--max-concurrency N]
+                              [--max-concurrency N] [--admin]
     frugal keys list          [--config PATH | --db PATH|URL] [--format table|json]
     frugal keys revoke NAME   [--config PATH | --db PATH|URL]
 
@@ -10,8 +10,8 @@ Two sources, one namespace of names:
 
 - the environment variable named by ``[server] api_keys_env`` (``FRUGAL_API_KEYS``): keys
   separated by commas, each ``name:key`` or a bare key (named ``key-1``, ``key-2``, … by
-  position). A name may carry options after a ``;``: ``name;max_concurrency=4:key``.
-  Parsed by :func:`parse_env_keys`.
+  position). A name may carry options after a ``;``: ``name;max_concurrency=4:key``, and
+  ``name;admin:key`` for an admin key. Parsed by :func:`parse_env_keys`.
 - the ``api_keys`` table of the ledger database (``migrations/0003_keys.sql``; SQLite or the
   PostgreSQL database that every replica shares), managed by the commands above. A key is 32
   random bytes; only its SHA-256 digest and a short hint (its first characters, to tell keys
@@ -27,6 +27,12 @@ spend (:mod:`proxy.ledger.budgets`), requests per minute (:mod:`proxy.ledger.lim
 models it may ask for; the server reads them with the keys, so a change holds within a refresh.
 It may also carry its share of the server's concurrency (``migrations/0009_key_concurrency.sql``,
 ``--max-concurrency``; :mod:`proxy.http.shares`).
+
+A key has a scope (``migrations/0010_key_scope.sql``). A client key, the default, reads only
+its own figures: ``/v1/frugal/report`` and the dashboard count its own requests, and
+``/metrics`` (unless ``[server] metrics_open``) and the full ``/healthz`` are refused to it. An
+admin key (``--admin``) reads everything, every key's figures included. Keyless loopback mode has
+no keys and no scopes: whoever reaches the port sees everything, as before.
 
 A name is 1 to 64 letters, digits or ``_ . @ -``, matched whole (``fullmatch``): a newline or
 any other control character is refused, so two keys can never show as the same name.
@@ -69,6 +75,8 @@ class ClientKey:
     models: tuple[str, ...] | None = None  # the models it may ask for; None: any
     max_concurrency: int | None = None  # its requests in flight at most; None: the default
     key_id: int | None = None  # the api_keys row; None: a key of the environment's
+    admin: bool = False  # reads every key's figures, /metrics and the full /healthz
+    created_at: float | None = None  # when it was stored; None: a key of the environment's
 
     @property
     def identity(self) -> str:
@@ -130,16 +138,20 @@ def check_concurrency(value: int | None, where: str = "--max-concurrency") -> in
     return value
 
 
-def _env_options(name: str, where: str) -> tuple[str, int | None]:
-    """``alice;max_concurrency=4`` -> ("alice", 4); the only option an entry may carry."""
+def _env_options(name: str, where: str) -> tuple[str, int | None, bool]:
+    """``alice;max_concurrency=4;admin`` -> ("alice", 4, True): the options an entry may carry."""
     name, _, options = name.partition(";")
     share: int | None = None
+    admin = False
     for option in filter(None, (o.strip() for o in options.split(";"))):
         field, _, value = option.partition("=")
+        if option == "admin":
+            admin = True
+            continue
         if field.strip() != "max_concurrency" or not value.strip().isdigit():
             raise ConfigError(
                 f"{where}: unknown option {field.strip()[:40]!r} after the name; expected "
-                "name;max_concurrency=N:key"
+                "name;max_concurrency=N:key or name;admin:key"
             )
         share = int(value)
         if not 1 <= share <= MAX_KEY_CONCURRENCY:
@@ -147,7 +159,7 @@ def _env_options(name: str, where: str) -> tuple[str, int | None]:
                 f"{where}: max_concurrency={share}: expected a whole number from 1 to "
                 f"{MAX_KEY_CONCURRENCY:,}"
             )
-    return name, share
+    return name, share, admin
 
 
 def parse_env_keys(value: str, env_name: str) -> list[ClientKey]:
@@ -162,7 +174,7 @@ def parse_env_keys(value: str, env_name: str) -> list[ClientKey]:
         if not sep:
             name, key = f"key-{position}", entry
         where = f"${env_name} (entry {position})"
-        name, share = _env_options(name, where) if sep else (name, None)
+        name, share, admin = _env_options(name, where) if sep else (name, None, False)
         if not NAME_RE.fullmatch(name):
             raise ConfigError(
                 f"{where}: the name before ':' must be 1 to 64 letters, digits or _ . @ -; "
@@ -178,7 +190,7 @@ def parse_env_keys(value: str, env_name: str) -> list[ClientKey]:
         if name in names:
             raise ConfigError(f"{where}: the name {name!r} is given twice")
         names.add(name)
-        keys.append(ClientKey(name, digest(key), max_concurrency=share))
+        keys.append(ClientKey(name, digest(key), max_concurrency=share, admin=admin))
     return keys
 
 
@@ -210,6 +222,7 @@ def create(
     rpm: int | None = None,
     models: tuple[str, ...] | None = None,
     max_concurrency: int | None = None,
+    admin: bool = False,
 ) -> str:
     """Store a new key named ``name``; returns the key, which is never shown again."""
     check_name(name)
@@ -221,7 +234,7 @@ def create(
         try:
             conn.execute(
                 "INSERT INTO api_keys (name, key_hash, hint, created_at, monthly_budget_pusd, "
-                "rpm, models, max_concurrency) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "rpm, models, max_concurrency, admin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     name,
                     digest(key).hex(),
@@ -231,6 +244,7 @@ def create(
                     rpm,
                     ",".join(models) if models else None,
                     max_concurrency,
+                    int(admin),
                 ),
             )
         except access.Duplicate:
@@ -262,10 +276,10 @@ def listing(target: str | Database) -> list[dict[str, Any]]:
         }
         rows = conn.query(
             "SELECT name, hint, created_at, revoked_at, monthly_budget_pusd, rpm, models, "
-            "max_concurrency FROM api_keys ORDER BY id"
+            "max_concurrency, admin FROM api_keys ORDER BY id"
         )
     out = []
-    for name, hint, created_at, revoked_at, budget, rpm, models, share in rows:
+    for name, hint, created_at, revoked_at, budget, rpm, models, share, admin in rows:
         requests, last = usage.get(name, (0, None))
         out.append(
             {
@@ -279,6 +293,7 @@ def listing(target: str | Database) -> list[dict[str, Any]]:
                 "rpm": rpm,
                 "models": models.split(",") if models else None,
                 "max_concurrency": None if share is None else int(share),  # None: the default
+                "scope": "admin" if admin else "client",
             }
         )
     return out
@@ -292,7 +307,10 @@ def load_active(target: str | Database) -> tuple[list[ClientKey], int]:
         limits = "monthly_budget_pusd" in columns  # 0008 applied
         extra = ", monthly_budget_pusd, rpm, models" if limits else ", NULL, NULL, NULL"
         extra += ", max_concurrency" if "max_concurrency" in columns else ", NULL"  # 0009
-        rows = conn.query(f"SELECT id, name, key_hash, revoked_at{extra} FROM api_keys")  # noqa: S608
+        extra += ", admin" if "admin" in columns else ", 0"  # 0010
+        rows = conn.query(
+            f"SELECT id, name, key_hash, revoked_at, created_at{extra} FROM api_keys"  # noqa: S608
+        )
     active = [
         ClientKey(
             name,
@@ -302,8 +320,10 @@ def load_active(target: str | Database) -> tuple[list[ClientKey], int]:
             tuple(models.split(",")) if models else None,
             None if share is None else int(share),
             int(key_id),
+            bool(admin),
+            float(created),
         )
-        for key_id, name, h, revoked, budget, rpm, models, share in rows
+        for key_id, name, h, revoked, created, budget, rpm, models, share, admin in rows
         if revoked is None
     ]
     return active, len(rows)
@@ -383,6 +403,13 @@ def add_parser(sub: Any) -> None:
                 help="its requests in flight at most, on each server (default: [server] "
                 "max_concurrency_per_key, a quarter of max_concurrency)",
             )
+            cmd.add_argument(
+                "--admin",
+                action="store_true",
+                help="an admin key: it reads every key's figures in the report and the "
+                "dashboard, /metrics and the full /healthz (default: a client key, which reads "
+                "only its own figures)",
+            )
         else:
             cmd.add_argument("--format", choices=("table", "json"), default="table")
         source = cmd.add_mutually_exclusive_group()
@@ -410,10 +437,12 @@ def run(args: argparse.Namespace) -> int:
                 rpm=args.rpm,
                 models=None if args.models is None else parse_models(args.models),
                 max_concurrency=args.max_concurrency,
+                admin=args.admin,
             )
             print(key)
+            scope = "an admin key" if args.admin else "a client key"
             print(
-                f"Created key {args.name!r}. This is the only time it is shown: store it now. "
+                f"Created {scope} {args.name!r}. This is the only time it is shown: store it now. "
                 f"Clients send it as 'Authorization: Bearer KEY'.",
                 file=sys.stderr,
             )
@@ -446,6 +475,7 @@ def _table(rows: list[dict[str, Any]], default_share: int | None = None) -> str:
         "REQUESTS",
         "LAST USED (UTC)",
         "CONCURRENCY",
+        "SCOPE",
     )
     lines = [
         (
@@ -456,6 +486,7 @@ def _table(rows: list[dict[str, Any]], default_share: int | None = None) -> str:
             str(r["requests"]),
             r["last_used"] or "-",
             default if r["max_concurrency"] is None else str(r["max_concurrency"]),
+            r["scope"],
         )
         for r in rows
     ]

@@ -23,6 +23,11 @@ assembly.
   groups both.
 - rows that could not be costed (an unpriced model, or an API call that reported no usage) are
   counted, left out of the money, and named in ``warnings``.
+- one key's view (``only=KeyScope(...)``, what a client key is sent over HTTP): every figure
+  counts that key's requests alone, from the day it was stored (a revoked key of the same name
+  before it is not counted, but for the rows of that day: the rollup is kept per day); its
+  budget is its own; the audit figures and the fixed cost are the server's and are left out
+  (zero, and no audits), so its net saving is its saving.
 
 Exit codes (the CLI returns them): 0 a report; 2 a bad option or config; 3 no ledger (no file,
 not a readable ledger, or a PostgreSQL server that cannot be reached); 4 the ledger has no
@@ -50,17 +55,16 @@ from proxy.ledger.database import Database, as_database
 from proxy.ledger.pricing import PICO
 from proxy.ledger.render import render
 from proxy.ledger.rollup import (
-    ROLLUP,
-    ROLLUP_GROUP,
     Totals,
     aggregate,
     cost_warnings,
     latency_p95,
     money,
     prediction_error,
+    rollup_query,
 )
 
-__all__ = ["GROUPINGS", "FORMATS", "Period", "ReportError", "build", "render"]
+__all__ = ["GROUPINGS", "FORMATS", "KeyScope", "Period", "ReportError", "build", "render"]
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -78,6 +82,14 @@ class ReportError(Exception):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+@dataclass(frozen=True, slots=True)
+class KeyScope:
+    """One client key's view of the ledger: its own requests, from when it was stored."""
+
+    name: str
+    since: float | None = None  # when it was stored (None: a key of the environment's)
 
 
 # -- the period -------------------------------------------------------------------------------
@@ -199,10 +211,12 @@ def build(
     now: datetime | None = None,
     target_precision: float | None = None,
     threshold: float = 0.6,
+    only: KeyScope | None = None,
 ) -> dict[str, Any]:
     """The report as a dict (what ``--format json`` prints). ``daily`` adds the per-day series
     the chart draws, whatever ``by`` is. ``target_precision`` and ``threshold`` are ``[quality]``'s:
-    the threshold in force is chosen from the period's audits as the proxy chooses it."""
+    the threshold in force is chosen from the period's audits as the proxy chooses it.
+    ``only``: one key's view (see the module)."""
     if by is not None and by not in GROUPINGS:
         raise ReportError(f"--by {by!r}: expected one of {', '.join(GROUPINGS)}", EXIT_USAGE)
     now = now or datetime.now(UTC)
@@ -211,31 +225,39 @@ def build(
     with _connect(db) as conn:
         columns = conn.columns("requests")
         bounds = (period.start.timestamp(), period.end.timestamp())
+        key = None
+        if only is not None:
+            key = only.name
+            if only.since is not None:
+                bounds = (max(bounds[0], only.since), max(bounds[1], only.since))
         days_range = (int(bounds[0]) // 86400, int(bounds[1]) // 86400)
-        groups = aggregate(conn, ROLLUP.format(group=ROLLUP_GROUP[by]), days_range)
+        groups = aggregate(conn, rollup_query(by, key), days_range, key)
         days = None
         if by == "day":
             days = groups
         elif daily:
-            days = aggregate(conn, ROLLUP.format(group="day"), days_range)
+            days = aggregate(conn, rollup_query("day", key), days_range, key)
         total = Totals()
         for totals in groups.values():
             total.add(totals)
-        p95 = latency_p95(conn, bounds, total.taxed)
-        prediction = prediction_error(conn, bounds) if "actual_local_ms" in columns else None
-        warnings = cost_warnings(conn, days_range) if total.uncosted else []
-        audit_pico = spend_pusd(conn, since=bounds[0], until=bounds[1])
+        p95 = latency_p95(conn, bounds, total.taxed, key)
+        prediction = prediction_error(conn, bounds, key) if "actual_local_ms" in columns else None
+        warnings = cost_warnings(conn, days_range, key) if total.uncosted else []
+        audited = only is None  # the audits are the server's (they carry no key)
+        audit_pico = spend_pusd(conn, since=bounds[0], until=bounds[1]) if audited else 0
         quality = quality_section(
-            read_rows(conn, since=bounds[0], until=bounds[1]),
+            read_rows(conn, since=bounds[0], until=bounds[1]) if audited else [],
             by=by,
             target_precision=target_precision,
             threshold=threshold,
         )
         # --by key: each key's monthly budget and its use, in the period's last month.
         budgets = budget_use(conn, period.last_day.strftime("%Y-%m")) if by == "key" else {}
+        if key is not None:
+            budgets = {key: budgets[key]} if key in budgets else {}
     total.paid += audit_pico  # audits are money paid, never money saved
 
-    total.fixed = fixed_cost_pico(period.start, period.end, monthly_pico, now)
+    total.fixed = fixed_cost_pico(period.start, period.end, monthly_pico if audited else 0, now)
     report: dict[str, Any] = {
         "month": period.label,
         "from": period.start.date().isoformat(),
@@ -249,6 +271,8 @@ def build(
     }
     if prediction is not None:  # only when the period has predicted local answers
         report["prediction_mdape"], report["prediction_samples"] = prediction
+    if only is not None:
+        monthly_pico = 0  # the fixed cost is the server's, as above
     if by is not None:
         report["by"] = by
         if by != "kind":

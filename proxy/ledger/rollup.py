@@ -5,6 +5,9 @@ model, client key, reason, route and outcome; triggers keep it equal to the sum 
 p95 of the latency tax is a sorted query on the partial index of the taxed rows. Money stays an
 integer (pico-dollars) here and becomes a Decimal only in :func:`money`. :mod:`proxy.ledger.report`
 puts them together for a period.
+
+Each query takes an optional key name (``key``): given one, it reads only that client key's
+requests, which is how a client key's report is limited to its own figures.
 """
 
 from __future__ import annotations
@@ -115,14 +118,27 @@ SELECT {group} AS grp, reason,
        SUM(latency_tax_ms),
        SUM(taxed)
 FROM requests_daily
-WHERE day >= ? AND day < ?
+WHERE day >= ? AND day < ?{key}
 GROUP BY grp, reason
 """
+KEY_CLAUSE = " AND key_name = ?"
 
 
-def aggregate(conn: access.Connection, query: str, days: tuple[int, int]) -> dict[Any, Totals]:
+def rollup_query(by: str | None, key: str | None = None) -> str:
+    """The rollup read grouped ``by`` (a key of :data:`ROLLUP_GROUP`), of one key's rows when
+    ``key`` is given (pass it after the days)."""
+    return ROLLUP.format(group=ROLLUP_GROUP[by], key=KEY_CLAUSE if key is not None else "")
+
+
+def _params(bounds: tuple[Any, Any], key: str | None) -> tuple[Any, ...]:
+    return (*bounds, key) if key is not None else tuple(bounds)
+
+
+def aggregate(
+    conn: access.Connection, query: str, days: tuple[int, int], key: str | None = None
+) -> dict[Any, Totals]:
     groups: dict[Any, Totals] = {}
-    for row in conn.query(query, days):
+    for row in conn.query(query, _params(days, key)):
         key, reason, n, local, api, failed, paid, cf, uncosted, tax_ms, taxed = row
         # int(): PostgreSQL sums BIGINTs as NUMERIC, which psycopg reads as exact Decimals.
         part = Totals(
@@ -141,20 +157,23 @@ def aggregate(conn: access.Connection, query: str, days: tuple[int, int]) -> dic
     return groups
 
 
-def latency_p95(conn: access.Connection, bounds: tuple[float, float], taxed: int) -> float:
+def latency_p95(
+    conn: access.Connection, bounds: tuple[float, float], taxed: int, key: str | None = None
+) -> float:
     if not taxed:
         return 0.0
     rank = math.ceil(0.95 * taxed)
+    clause = KEY_CLAUSE if key is not None else ""
     rows = conn.query(
-        "SELECT latency_tax_ms FROM requests WHERE ts >= ? AND ts < ? AND latency_tax_ms > 0 "
-        "ORDER BY latency_tax_ms LIMIT 1 OFFSET ?",
-        (*bounds, rank - 1),
+        "SELECT latency_tax_ms FROM requests WHERE ts >= ? AND ts < ? AND latency_tax_ms > 0"
+        f"{clause} ORDER BY latency_tax_ms LIMIT 1 OFFSET ?",
+        (*_params(bounds, key), rank - 1),
     )
     return round(rows[0][0] / 1000, 3) if rows else 0.0
 
 
 def prediction_error(
-    conn: access.Connection, bounds: tuple[float, float]
+    conn: access.Connection, bounds: tuple[float, float], key: str | None = None
 ) -> tuple[float, int] | None:
     """Median absolute percentage error of the predicted local times (issue 6), over the local
     answers that ran to their end where predicted; None when there are none."""
@@ -163,8 +182,8 @@ def prediction_error(
         for predicted, actual in conn.query(
             "SELECT predicted_local_ms, actual_local_ms FROM requests WHERE ts >= ? AND ts < ? "
             "AND predicted_local_ms IS NOT NULL AND actual_local_ms IS NOT NULL "
-            "AND actual_local_ms > 0",
-            bounds,
+            "AND actual_local_ms > 0" + (KEY_CLAUSE if key is not None else ""),
+            _params(bounds, key),
         )
     )
     if not errors:
@@ -174,13 +193,16 @@ def prediction_error(
     return round(median, 4), len(errors)
 
 
-def cost_warnings(conn: access.Connection, days: tuple[int, int]) -> list[str]:
+def cost_warnings(
+    conn: access.Connection, days: tuple[int, int], key: str | None = None
+) -> list[str]:
     out = []
+    clause = KEY_CLAUSE if key is not None else ""
     rows = conn.query(
         "SELECT model, SUM(uncosted) - SUM(uncounted), SUM(uncounted) FROM requests_daily "
-        "WHERE day >= ? AND day < ? GROUP BY model HAVING SUM(uncosted) > 0 "
+        f"WHERE day >= ? AND day < ?{clause} GROUP BY model HAVING SUM(uncosted) > 0 "
         "ORDER BY 2 DESC, model",
-        days,
+        _params(days, key),
     )
     no_usage = 0
     for model, unpriced_n, uncounted_n in rows:

@@ -218,6 +218,67 @@ async def test_the_report_needs_a_key_when_the_proxy_has_keys(
     assert page.status_code == 200 and asset.status_code == 200
 
 
+OPS = "sk-dashboard-ops-0123456789abcdef"
+
+
+def ledger_sums(db: Path, month: str, key: str | None) -> tuple[int, int, set[str]]:
+    """(requests, API pico-dollars, models) of the month's rows, of one key or of all, read
+    straight from the rows, not from the rollup the report reads."""
+    import sqlite3
+    from datetime import datetime
+
+    start = datetime.fromisoformat(month + "-01T00:00:00+00:00")
+    end = start.replace(year=start.year + start.month // 12, month=start.month % 12 + 1)
+    where = "ts >= ? AND ts < ?" + (" AND key_name = ?" if key else "")
+    params: tuple[Any, ...] = (start.timestamp(), end.timestamp(), *([key] if key else []))
+    with sqlite3.connect(db) as conn:
+        n, paid = conn.execute(
+            f"SELECT COUNT(*), COALESCE(SUM(api_cost_pusd), 0) FROM requests WHERE {where}",
+            params,
+        ).fetchone()
+        models = {
+            m
+            for (m,) in conn.execute(
+                f"SELECT DISTINCT requested_model FROM requests WHERE {where}", params
+            )
+        }
+    return int(n), int(paid), {m for m in models if m}
+
+
+@pytest.mark.parametrize("by", [None, "model", "key", "reason", "day"])
+async def test_a_client_key_reads_only_its_own_figures_and_an_admin_every_keys(
+    make_client: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, by: str
+) -> None:
+    """Issue 24, scopes: the seeded month has the keys ci, alice, batch-jobs and none."""
+    from decimal import Decimal
+
+    db = tmp_path / "ledger.db"
+    seed(db)
+    monkeypatch.setenv(KEYS_ENV, f"alice:{ALICE},ops;admin:{OPS}")
+    settings = config.load(str(write_config(tmp_path, str(db), keys=True)))
+    path = f"/v1/frugal/report?month={GOOD_MONTH}" + (f"&by={by}" if by else "")
+    async with make_client(settings) as client:
+        own = await get(client, path, headers={"authorization": f"Bearer {ALICE}"})
+        every = await get(client, path, headers={"authorization": f"Bearer {OPS}"})
+    assert own.status_code == 200 and every.status_code == 200
+    mine, everyone = own.json(), every.json()
+    requests, paid, models = ledger_sums(db, GOOD_MONTH, "alice")
+    all_requests, all_paid, _ = ledger_sums(db, GOOD_MONTH, None)
+    assert 0 < requests < all_requests
+    assert mine["requests"] == requests and everyone["requests"] == all_requests
+    assert Decimal(str(mine["api_cost_usd"])) == (Decimal(paid) / 10**12).quantize(Decimal("1e-6"))
+    assert Decimal(str(everyone["api_cost_usd"])) > Decimal(all_paid) / 10**12  # + the audits
+    assert "batch-jobs" not in own.text and '"ci"' not in own.text
+    assert mine["audits"] == 0 and mine["fixed_cost_usd"] == 0  # the server's, not the key's
+    if by == "key":
+        assert [g["key"] for g in mine["groups"]] == ["alice"]
+        assert {g["key"] for g in everyone["groups"]} == {"ci", "alice", "batch-jobs", None}
+    if by == "model":
+        assert {g["model"] for g in mine["groups"]} == models
+    if by is not None:
+        assert sum(g["requests"] for g in mine["groups"]) == requests
+
+
 async def test_the_report_is_built_off_the_event_loop(
     make_client: Callable[..., Any], seeded: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,6 +1,6 @@
 """``/dashboard`` in a real browser: Debian's Chromium, headless, driven by Playwright, against two
 real ``frugal serve`` processes on one seeded ledger each (``tests/dashboard_support.py``): one
-with a client key, one keyless on loopback.
+with an admin key, one keyless on loopback.
 
 What the page shows is compared with what ``frugal report --format json`` prints for the same
 config, as exact decimal text.
@@ -52,7 +52,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
         started: dict[str, Served] = {}
         try:
             for name, server, env in (
-                ("keyed", {"api_keys_env": KEYS_ENV}, {KEYS_ENV: f"owner:{OWNER}"}),
+                ("keyed", {"api_keys_env": KEYS_ENV}, {KEYS_ENV: f"owner;admin:{OWNER}"}),
                 ("keyless", {}, {}),
             ):
                 tmp = tmp_path_factory.mktemp(name)

@@ -136,14 +136,17 @@ async def test_each_app_has_its_own_registry(
 async def test_metrics_open_serves_metrics_without_a_key_even_with_keys(
     tmp_path: Path, fake_api: FakeAPI, make_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FRUGAL_TEST_METRICS_KEYS", "scraper:" + "s" * 24)
-    for metrics_open, status in ((False, 401), (True, 200)):
+    # scraper: an admin key; app: a client key, which reads /metrics only when they are open.
+    monkeypatch.setenv("FRUGAL_TEST_METRICS_KEYS", f"scraper;admin:{'s' * 24},app:{'a' * 24}")
+    for metrics_open, status, client_status in ((False, 401, 403), (True, 200, 200)):
         server = {"api_keys_env": "FRUGAL_TEST_METRICS_KEYS", "metrics_open": metrics_open}
         settings = settings_for(tmp_path, fake_api, server=server)
         async with make_client(settings) as client:
             assert (await client.get("/metrics")).status_code == status
             scraped = await client.get("/metrics", headers={"authorization": "Bearer " + "s" * 24})
             assert scraped.status_code == 200
+            by_app = await client.get("/metrics", headers={"authorization": "Bearer " + "a" * 24})
+            assert by_app.status_code == client_status
             assert (await client.get("/v1/models")).status_code == 401
 
 

@@ -85,7 +85,8 @@ def guarded(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         api,
         server_toml=LIMITS,
         env={
-            "FRUGAL_TEST_CLIENT_KEYS": f"alice:{ALICE},carol:{CAROL}",
+            # alice is an admin key (the full /healthz, /metrics); carol a client key.
+            "FRUGAL_TEST_CLIENT_KEYS": f"alice;admin:{ALICE},carol:{CAROL}",
             FAKE_KEY_ENV: UPSTREAM_KEY,
         },
         client_key=ALICE,
@@ -208,10 +209,12 @@ def test_healthz_is_open_but_says_only_its_status_without_a_key(guarded: Served)
     assert full["engine"]["state"] == "ready" and "ledger" in full
     wrong = httpx.get(guarded.base + "/healthz", headers={"x-api-key": "nope"}, timeout=5)
     assert wrong.json() == {"status": "ok"}
+    client = httpx.get(guarded.base + "/healthz", headers={"x-api-key": CAROL}, timeout=5)
+    assert client.status_code == 200 and client.json() == {"status": "ok"}  # an admin's view
 
 
 @pytest.mark.serve
-def test_metrics_need_a_key_when_keys_are_configured(guarded: Served) -> None:
+def test_metrics_need_an_admin_key_when_keys_are_configured(guarded: Served) -> None:
     bare = httpx.get(guarded.base + "/metrics", timeout=5)
     assert_openai_error(bare, 401, "authentication_error", "invalid_api_key")
     scraped = httpx.get(
@@ -219,6 +222,11 @@ def test_metrics_need_a_key_when_keys_are_configured(guarded: Served) -> None:
     )
     assert scraped.status_code == 200 and "frugal_requests_total" in scraped.text
     assert 'frugal_rejected_requests_total{reason="unauthorized"}' in scraped.text
+    client = httpx.get(
+        guarded.base + "/metrics", headers={"authorization": f"Bearer {CAROL}"}, timeout=5
+    )
+    assert_openai_error(client, 403, "invalid_request_error", "permission_denied")
+    assert "--admin" in client.json()["error"]["message"]
 
 
 @pytest.mark.serve

@@ -298,11 +298,12 @@ def test_max_concurrency_is_stored_listed_and_checked(
     ]
     code, out, _ = run_cli(capsys, "keys", "list", "--db", str(db))
     header, batch, plain = out.splitlines()
-    assert header.endswith("CONCURRENCY") and batch.endswith(" 3") and plain.endswith(" default")
+    assert header.split()[-2:] == ["CONCURRENCY", "SCOPE"]
+    assert batch.split()[-2:] == ["3", "client"] and plain.split()[-2:] == ["default", "client"]
     cfg = tmp_path / "frugal.toml"  # with the config, the default is known: 40 // 4
     cfg.write_text(f'[server]\nmax_concurrency = 40\n\n[ledger]\npath = "{db}"\n')
     code, out, _ = run_cli(capsys, "keys", "list", "--config", str(cfg))
-    assert out.splitlines()[2].endswith(" 10 (default)")
+    assert out.splitlines()[2].endswith(" 10 (default)  client")
 
 
 def test_env_keys_may_carry_a_concurrency_share() -> None:
@@ -310,7 +311,8 @@ def test_env_keys_may_carry_a_concurrency_share() -> None:
     assert [(k.name, k.max_concurrency) for k in parsed] == [("alice", 4), ("bob", None)]
     assert parsed[0].digest == keys.digest(GOOD + "a")
     for value, needle in (
-        (f"alice;admin:{GOOD}", "unknown option 'admin' after the name"),
+        (f"alice;root:{GOOD}", "unknown option 'root' after the name"),
+        (f"alice;admin=1:{GOOD}", "unknown option 'admin' after the name"),
         (f"alice;max_concurrency=x:{GOOD}", "unknown option 'max_concurrency'"),
         (f"alice;max_concurrency=0:{GOOD}", "max_concurrency=0: expected a whole number"),
     ):
@@ -318,6 +320,38 @@ def test_env_keys_may_carry_a_concurrency_share() -> None:
             keys.parse_env_keys(value, "KEYS")
         assert "$KEYS (entry 1)" in str(info.value) and needle in str(info.value)
         assert GOOD not in str(info.value)
+
+
+def test_an_admin_key_is_stored_listed_and_read_with_its_scope(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "ledger.db"
+    code, out, err = run_cli(capsys, "keys", "create", "ops", "--admin", "--db", str(db))
+    assert code == 0 and out.startswith(keys.KEY_PREFIX) and "an admin key 'ops'" in err
+    code, _, err = run_cli(capsys, "keys", "create", "alice", "--db", str(db))
+    assert code == 0 and "a client key 'alice'" in err
+    active, _ = keys.load_active(str(db))
+    assert [(k.name, k.admin) for k in active] == [("ops", True), ("alice", False)]
+    assert all(k.created_at is not None and k.created_at > 0 for k in active)
+    code, out, _ = run_cli(capsys, "keys", "list", "--db", str(db), "--format", "json")
+    assert [(r["name"], r["scope"]) for r in json.loads(out)] == [
+        ("ops", "admin"),
+        ("alice", "client"),
+    ]
+    code, out, _ = run_cli(capsys, "keys", "list", "--db", str(db))
+    _, ops, alice = out.splitlines()
+    assert ops.split()[-1] == "admin" and alice.split()[-1] == "client"
+
+
+def test_env_keys_may_be_admin_keys() -> None:
+    parsed = keys.parse_env_keys(
+        f"ops;admin:{GOOD}a, both;max_concurrency=2;admin:{GOOD}b, bob:{GOOD}c", "KEYS"
+    )
+    assert [(k.name, k.admin, k.max_concurrency) for k in parsed] == [
+        ("ops", True, None),
+        ("both", True, 2),
+        ("bob", False, None),
+    ]
 
 
 def test_a_keys_identity_is_its_row_or_its_digest_never_its_name(tmp_path: Path) -> None:

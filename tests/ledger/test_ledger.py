@@ -173,6 +173,7 @@ REQUIRES = {
     "0005_key_rollup.sql": {"0002_costs.sql", "0003_keys.sql"},
     "0008_budgets_cache.sql": {"0003_keys.sql"},  # it adds columns to api_keys
     "0009_key_concurrency.sql": {"0003_keys.sql"},  # a column of api_keys
+    "0010_key_scope.sql": {"0003_keys.sql"},  # a column of api_keys
 }
 
 

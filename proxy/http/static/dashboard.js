@@ -685,7 +685,19 @@
       when.className = "state-bad";
       return;
     }
-    const engine = health.engine || {};
+    const stateWord = (text, good) => el("span", { className: good ? "state-good" : "state-bad", text });
+    if (!health.engine) {
+      // A client key is told the status only: the server's details are for admin keys.
+      $("live").replaceChildren(
+        fact("Proxy", stateWord(health.status || "?", health.status === "ok")),
+        fact("Details", el("span", { className: "quiet", text: "shown to admin keys" })),
+      );
+      const when = $("live-when");
+      when.textContent = `at ${F.clock(new Date())}, every ${LIVE_EVERY_MS / 1000} s`;
+      when.className = "quiet";
+      return;
+    }
+    const engine = health.engine;
     const ledger = health.ledger || {};
     const now = performance.now();
     const tokens = metric(metrics, "frugal_local_tokens_total", { kind: "completion" }) ?? 0;
@@ -695,7 +707,6 @@
     }
     state.tokens = { at: now, value: tokens };
     const failedRows = ["rows_rejected", "rows_dropped", "rows_lost"].reduce((n, k) => n + (ledger[k] || 0), 0);
-    const stateWord = (text, good) => el("span", { className: good ? "state-good" : "state-bad", text });
     const facts = [
       fact("Proxy", stateWord(health.status || "?", health.status === "ok")),
       fact(
