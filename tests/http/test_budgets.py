@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from proxy.http.charges import charge_worst_case
+from proxy.http.exchange import Exchange
 from proxy.ledger import keys
 from proxy.ledger.budgets import Budgets, month_of
 from proxy.ledger.database import Database, parse
@@ -336,3 +338,14 @@ async def test_without_max_tokens_the_models_own_output_limit_is_reserved(
     assert held >= limit * 0.60 / 1e6  # every one of the 16,384 tokens is held
     assert bounded.status_code == 200, bounded.text[:300]
     assert fake_api.count == 1  # the bounded request only
+
+
+def test_a_call_whose_cost_is_never_known_is_charged_the_same_output_limit() -> None:
+    # What an abandoned call is charged when nothing of it can be known is what was reserved
+    # for it: the model's own output limit when the request named no max_tokens.
+    ex = Exchange(request_id="r", worst_body=dict(ASK), worst_max_output=16_384)
+    charge_worst_case(ex)
+    assert ex.completion_tokens == 16_384 and ex.token_source == "worst_case"
+    ex = Exchange(request_id="r", worst_body={**ASK, "max_tokens": 20, "n": 3})
+    charge_worst_case(ex)
+    assert ex.completion_tokens == 60
