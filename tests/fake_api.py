@@ -20,6 +20,10 @@ forgets the recorded requests):
 - ``cut_stream_after``: send N SSE events, then drop the connection without ``[DONE]``
 - ``usage``: a dict merged over the derived usage (``{"prompt_tokens": 2**70}``: a provider that
   sends an absurd count), in plain answers and in the usage chunk of a stream
+- ``bill_prompt_bytes``: count ``prompt_tokens`` as the request body's bytes // 4 (its compact
+  JSON), roughly as OpenAI bills ``functions``, ``tools`` and ``response_format`` along with
+  the messages, instead of the words of the messages alone; in plain answers and in the usage
+  chunk of a stream (``usage`` still wins over it)
 - ``reset_after_request``: read the whole request, then abort the connection with a TCP RST
   (SO_LINGER 0) instead of answering: the provider took the request and its reply was lost
 - ``require_key``: the bearer key expected; anything else gets OpenAI's 401
@@ -80,6 +84,7 @@ DEFAULTS: dict[str, Any] = {
     "hang": False,
     "cut_stream_after": None,
     "usage": None,
+    "bill_prompt_bytes": False,
     "reset_after_request": False,
     "require_key": None,
     "models": ("gpt-4o-mini", "gpt-4o"),
@@ -124,8 +129,19 @@ def prompt_tokens(body: dict[str, Any]) -> int:
     return sum(len(words(t)) for t in texts if isinstance(t, str))
 
 
-def usage_for(body: dict[str, Any], completion_tokens: int) -> dict[str, int]:
-    prompt = prompt_tokens(body)
+def body_tokens(body: dict[str, Any]) -> int:
+    """The whole body as a provider that bills every field of it would count it: the bytes of
+    its compact JSON, about 4 a token."""
+    raw = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    return len(raw.encode("utf-8")) // 4
+
+
+def usage_for(
+    body: dict[str, Any], completion_tokens: int, *, by_bytes: bool = False
+) -> dict[str, int]:
+    """The usage of an answer: the prompt by its words (or, ``by_bytes``, by the body's bytes,
+    :func:`body_tokens`), and ``completion_tokens``."""
+    prompt = body_tokens(body) if by_bytes else prompt_tokens(body)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion_tokens,
@@ -206,6 +222,7 @@ class FakeAPI:
     hang: bool
     cut_stream_after: int | None
     usage: dict[str, Any] | None
+    bill_prompt_bytes: bool
     reset_after_request: bool
     require_key: str | None
     models: tuple[str, ...]
@@ -362,6 +379,11 @@ class FakeAPI:
             return pieces[:limit], "length"
         return pieces, "stop"
 
+    def _usage(self, body: dict[str, Any], completion_tokens: int) -> dict[str, Any]:
+        """The usage an answer reports, as the knobs ``bill_prompt_bytes`` and ``usage`` say."""
+        derived = usage_for(body, completion_tokens, by_bytes=self.bill_prompt_bytes)
+        return {**derived, **(self.usage or {})}
+
     # -- endpoints ---------------------------------------------------------------------------
 
     async def _chat(self, request: Request) -> Response:
@@ -376,7 +398,7 @@ class FakeAPI:
             "model": body.get("model", ""),
             "system_fingerprint": "fp_fake",
         }
-        usage = {**usage_for(body, len(pieces)), **(self.usage or {})}
+        usage = self._usage(body, len(pieces))
         if not body.get("stream"):
             message = {"role": "assistant", "content": "".join(pieces), "refusal": None}
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
@@ -420,7 +442,7 @@ class FakeAPI:
                 "created": int(time.time()),
                 "model": body.get("model", ""),
                 "choices": [choice],
-                "usage": {**usage_for(body, len(pieces)), **(self.usage or {})},
+                "usage": self._usage(body, len(pieces)),
             }
         )
 

@@ -31,8 +31,9 @@ import httpx
 import pytest
 
 from proxy.ledger import keys as keys_mod
+from proxy.ledger.pricing import PriceBook, load_price_map
 from quality.schema import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
-from tests.fake_api import FakeAPI
+from tests.fake_api import FakeAPI, body_tokens
 from tests.faults_support import (
     MB,
     HealthPoller,
@@ -945,6 +946,191 @@ def _metric(served: Served, key: str, name: str) -> float:
         served.base + "/metrics", headers={"authorization": f"Bearer {key}"}, timeout=10
     ).text
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+# -- issue 24, row 1: no body, however much of it the provider bills, overruns a key's budget --
+
+ROW1_BUDGET_PUSD = 1_000_000_000  # $0.001, in pico-dollars
+ROW1_PARALLEL = 20
+
+
+def _fat_function(index: int) -> dict[str, Any]:
+    """About 2 KB of one function's schema: 200 of them make 400 KB of a body."""
+    fields = {f"p{j}": {"type": "string", "description": "d" * 40} for j in range(23)}
+    return {"name": f"f{index:03d}", "parameters": {"type": "object", "properties": fields}}
+
+
+def _row1_cases() -> dict[str, tuple[str, dict[str, Any], str]]:
+    """(path, body, the field that makes it cost) of each case: about 400 KB of functions, of a
+    json_schema response_format, of tools; best_of 20 on /v1/completions."""
+    functions = [_fat_function(i) for i in range(200)]
+    schema = {"type": "object", "properties": {}}
+    for f in functions:
+        schema["properties"].update(
+            {f"{f['name']}_{k}": v for k, v in f["parameters"]["properties"].items()}
+        )
+    return {
+        "functions": ("/v1/chat/completions", chat_body(functions=functions), "functions"),
+        "response_format": (
+            "/v1/chat/completions",
+            chat_body(
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "big", "schema": schema},
+                }
+            ),
+            "response_format",
+        ),
+        "tools": (
+            "/v1/chat/completions",
+            chat_body(tools=[{"type": "function", "function": f} for f in functions]),
+            "tools",
+        ),
+        "best_of": (
+            "/v1/completions",
+            {"model": "gpt-4o-mini", "prompt": "Say hi.", "max_tokens": 500, "best_of": 20},
+            "best_of",
+        ),
+    }
+
+
+def _key_spend(db: Path, name: str) -> tuple[int, int]:
+    """(spent, reserved) pico-dollars of the key ``name`` in the ledger's ``key_spend``, summed
+    over the months (a test that runs over midnight on the 1st sees both)."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        row = conn.execute(
+            "SELECT COALESCE(SUM(spent_pusd), 0), COALESCE(SUM(reserved_pusd), 0) "
+            "FROM key_spend WHERE key_name = ?",
+            (name,),
+        ).fetchone()
+    finally:
+        conn.close()
+    return int(row[0]), int(row[1])
+
+
+def _settled(db: Path, name: str, timeout_s: float = 10.0) -> tuple[int, int]:
+    """The key's (spent, reserved) once nothing is reserved any more (settles run in the
+    background after each answer)."""
+    deadline = time.monotonic() + timeout_s
+    spent, reserved = _key_spend(db, name)
+    while reserved and time.monotonic() < deadline:
+        time.sleep(0.05)
+        spent, reserved = _key_spend(db, name)
+    return spent, reserved
+
+
+def _burst(
+    served: Served, key: str, path: str, body: dict[str, Any], n: int = ROW1_PARALLEL
+) -> list[httpx.Response]:
+    """``n`` copies of one request from ``key``, sent at once, forced to the API."""
+    headers = {"authorization": f"Bearer {key}", **TO_API}
+    start = threading.Barrier(n)
+    replies: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def send() -> None:
+        start.wait()
+        reply = post(served, body, headers=headers, path=path, timeout=120)
+        with lock:
+            replies.append(reply)
+
+    senders = [threading.Thread(target=send) for _ in range(n)]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join(timeout=180)
+    return replies
+
+
+@pytest.fixture(scope="module")
+def budgeted(
+    tmp_path_factory: pytest.TempPathFactory, api: FakeAPI
+) -> Iterator[tuple[Served, dict[str, str]]]:
+    """A keyed server with one $0.001 key for each case of row 1, and one for the burst that
+    fits a few at a time; each key may have all 20 requests in flight (its share)."""
+    tmp = tmp_path_factory.mktemp("budgeted")
+    db = tmp / "ledger.db"
+    names = [*_row1_cases(), "near_the_line"]
+    made = {
+        name: keys_mod.create(
+            str(db), name, monthly_budget_pusd=ROW1_BUDGET_PUSD, max_concurrency=ROW1_PARALLEL
+        )
+        for name in names
+    }
+    served = launch(tmp, api, db=db)
+    served.key = made["near_the_line"]  # /healthz shows the engine's state to a key only
+    try:
+        wait_ready(served)
+        yield served, made
+    finally:
+        stop(served)
+
+
+@pytest.mark.parametrize("case", ["functions", "response_format", "tools", "best_of"])
+def test_issue24_row1_a_billed_field_never_overruns_a_keys_budget(
+    budgeted: tuple[Served, dict[str, str]], api: FakeAPI, case: str
+) -> None:
+    served, made = budgeted
+    api.set(bill_prompt_bytes=True)  # the provider bills every byte of the body, as OpenAI
+    path, body, field = _row1_cases()[case]
+    size_kb = len(json.dumps(body)) // 1000
+    # What the provider would bill one of them: its bytes // 4, and every answer token.
+    tokens = body_tokens(body)
+    cap = body.get("max_tokens", 0) * body.get("best_of", 1)
+    billed_usd = (PriceBook(load_price_map()).cost("gpt-4o-mini", tokens, cap) or 0) / 1e12
+    replies = _burst(served, made[case], path, body)
+    upstream_after_burst = api.count
+    # The same request without the field fits the budget: the field alone is what is refused.
+    lean = {k: v for k, v in body.items() if k != field}
+    small = post(
+        served, lean, headers={"authorization": f"Bearer {made[case]}", **TO_API}, path=path
+    )
+    spent, reserved = _settled(served.db, case)
+    statuses = [r.status_code for r in replies]
+    print(
+        f"\nissue24 row1 {case}: {ROW1_PARALLEL} parallel requests of {size_kb} KB (up to "
+        f"${billed_usd:.4f} each, billed by bytes) from a $0.001 key: {statuses.count(200)} "
+        f"x 200, {statuses.count(429)} x 429; upstream calls during the burst "
+        f"{upstream_after_burst}; the request without {field}: HTTP "
+        f"{small.status_code}; the key's spend ${spent / 1e12:.6f} (reserved {reserved})"
+    )
+    assert statuses == [429] * ROW1_PARALLEL, [r.text[:200] for r in replies]
+    for reply in replies:
+        error = reply.json()["error"]
+        assert error["code"] == "insufficient_quota" and "budget" in error["message"], error
+    assert upstream_after_burst == 0  # refused before any upstream call
+    assert small.status_code == 200, small.text[:300]
+    assert api.count == 1
+    assert 0 < spent <= ROW1_BUDGET_PUSD and reserved == 0
+
+
+def test_issue24_row1_a_burst_that_fits_a_few_at_a_time_stays_within_the_budget(
+    budgeted: tuple[Served, dict[str, str]], api: FakeAPI
+) -> None:
+    # About 6 KB of functions: each request's worst case (~$0.0005) fits the $0.001 budget
+    # alone, not twenty at once. What the provider bills by bytes (~$0.00025) is less than was
+    # reserved, so a few more fit as the first ones settle, and the spend stays under $0.001.
+    served, made = budgeted
+    api.set(bill_prompt_bytes=True)
+    body = chat_body(functions=[_fat_function(i) for i in range(3)])
+    replies = _burst(served, made["near_the_line"], "/v1/chat/completions", body)
+    spent, reserved = _settled(served.db, "near_the_line")
+    statuses = [r.status_code for r in replies]
+    billed = [r.json()["usage"]["prompt_tokens"] for r in replies if r.status_code == 200]
+    print(
+        f"\nissue24 row1 near the line: {ROW1_PARALLEL} parallel requests of "
+        f"{len(json.dumps(body)) // 1000} KB from a $0.001 key: {statuses.count(200)} x 200, "
+        f"{statuses.count(429)} x 429; upstream calls {api.count}; prompt tokens billed "
+        f"{sorted(set(billed))}; the key's spend ${spent / 1e12:.6f} (reserved {reserved})"
+    )
+    assert set(statuses) == {200, 429}, statuses
+    for reply in replies:
+        if reply.status_code == 429:
+            assert reply.json()["error"]["code"] == "insufficient_quota", reply.text
+    assert api.count == statuses.count(200)  # no refused request reached the provider
+    assert min(billed) > len(json.dumps(body)) // 8  # billed by the bytes, not the words
+    assert 0 < spent <= ROW1_BUDGET_PUSD and reserved == 0
 
 
 def test_issue24_row4_one_keys_stalled_bodies_leave_another_key_served(

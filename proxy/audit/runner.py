@@ -13,11 +13,13 @@ accepted or rejected alike. A drawn attempt is audited in the background, off th
 Then the exact check (:mod:`proxy.audit.verdict`), and only when it does not decide, one judge
 call (:mod:`proxy.audit.judge`, through the same upstream client, ``judge_model`` or the
 requested model). What the shadow and judge calls cost is priced with the ledger's
-:class:`~proxy.ledger.pricing.PriceBook`, counted against the month's budget and stored with the
-audit: money paid, never money saved. The gate's features are computed again here, in a
-thread, so that the request path does not carry them. One row per audit goes to the ledger's
-writer (:meth:`~proxy.ledger.writer.Ledger.record_audit`); no text unless ``[server]
-log_content``.
+:class:`~proxy.ledger.pricing.PriceBook`, counted against the month's audit budget and stored
+with the audit: money paid, never money saved. It is also charged to the client key whose
+request was audited (``charge``, :meth:`proxy.http.quotas.Quotas.charge`): the calls were made
+for that key's requests, so its monthly budget pays for them too. The gate's features are
+computed again here, in a thread, so that the request path does not carry them. One row per
+audit goes to the ledger's writer (:meth:`~proxy.ledger.writer.Ledger.record_audit`); no text
+unless ``[server] log_content``.
 
 With ``[quality] target_precision``, the runner keeps the router's threshold in force: the
 choice of :func:`proxy.audit.threshold.choose_threshold` over the recent audits of this local
@@ -30,6 +32,7 @@ import asyncio
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -56,6 +59,10 @@ log = structlog.get_logger(__name__)
 WINDOW_S = 30 * 86400.0  # the threshold is read from the last 30 days of audits ...
 WINDOW_AUDITS = 10_000  # ... at most this many, the newest
 
+Charge = Callable[[str | None, int], None]
+"""Adds an audit's cost (pico-dollars) to a client key's month, by the key's name (None: no
+key, nothing to charge)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Case:
@@ -67,6 +74,7 @@ class Case:
     accepted: bool
     score: float | None
     threshold: float
+    key_name: str | None = None  # the client key whose request this is, charged the audit
 
 
 class AuditRunner:
@@ -82,6 +90,7 @@ class AuditRunner:
         router: Router,
         database: Database,
         local_model: str,
+        charge: Charge | None = None,
     ) -> None:
         self.settings = settings.audit
         self.target = settings.quality.target_precision or None
@@ -94,6 +103,7 @@ class AuditRunner:
         self.router = router
         self.database = database
         self.local_model = local_model
+        self.charge = charge
         self.sampler = Sampler(self.settings)
         self.failed = 0
         self.verdicts = {"correct": 0, "wrong": 0}
@@ -252,6 +262,8 @@ class AuditRunner:
             judge_reason=reason,
         )
         self.ledger.record_audit(record.row(log_content=self.log_content))
+        if cost and case.key_name and self.charge is not None:
+            self.charge(case.key_name, cost)  # the key's budget pays for its audits too
         self._learn(record)
         return cost
 

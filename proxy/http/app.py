@@ -43,7 +43,7 @@ from proxy.http.render import exception_handlers, render, unexpected
 from proxy.http.report import ReportEndpoint
 from proxy.http.services import Services, services_of
 from proxy.http.shares import KeyShareMiddleware, KeyShares
-from proxy.http.shutdown import AUX_STOP_S, bounded, shutdown
+from proxy.http.shutdown import AUDIT_STOP_S, AUX_STOP_S, bounded, shutdown
 from proxy.ledger.database import from_settings
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.writer import Ledger
@@ -171,6 +171,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
                 router=router,
                 database=ledger.database,
                 local_model=str(local.health().get("model") or settings.local.model_path),
+                charge=quotas.charge,  # a key's audits count against its budget
             )
             await audit.start()
             if settings.quality.auto_calibrate:
@@ -221,6 +222,10 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
         finally:
             if calibrator is not None:
                 await bounded(calibrator.close(), AUX_STOP_S, "calibrator")
+            if audit is not None:
+                # The audits before the quotas: an audit that ends charges its cost to the key
+                # through them (the ledger's flush comes after both, in shutdown).
+                await bounded(audit.close(AUDIT_STOP_S), AUDIT_STOP_S + 0.5, "audit")
             await bounded(quotas.stop(), AUX_STOP_S, "quotas")
             built = getattr(app.state, "services", None)
             if built is not None:
@@ -232,7 +237,6 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
                 upstream=upstream,
                 engine=local if owns_engine else None,
                 router=router,
-                audit=audit,
             )
 
     async def completions(request: Request) -> Response:

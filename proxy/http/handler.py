@@ -199,11 +199,12 @@ class Handler:
         ``BudgetExhausted`` 429 or ``BudgetUnavailable`` 503 when it cannot be, the reason
         noted on ``ex``)."""
         ex.worst_body = body  # charged when the call's real cost can never be known
+        api_model = self.services.upstream.target(body["model"])
+        ex.worst_max_output = self.services.prices.max_output_tokens(api_model)
         quotas = self.services.quotas
         key = self.services.auth.stored_key(ex.key_name)
         if quotas is None or key is None or key.monthly_budget_pusd is None:
             return  # no budget to hold this call to
-        api_model = self.services.upstream.target(body["model"])
         try:
             ex.reservation = await quotas.reserve(key, body, api_model, ex.local_prompt_tokens)
         except BudgetExhausted:

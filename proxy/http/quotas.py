@@ -12,8 +12,9 @@ sends a body. The handlers call it at four points (:mod:`proxy.http.handler`,
   a key's entries are its own, by its identity (:attr:`ClientKey.identity`), not its name, which
   a revoked key hands on.
 - ``reserve`` before an API call: the worst-case cost (the whole serialized body as prompt
-  tokens, plus ``max_tokens`` for each of ``n`` or ``best_of`` choices, at the API model's
-  price: :func:`worst_case_tokens`) is reserved in the database (:mod:`proxy.ledger.budgets`).
+  tokens, plus ``max_tokens``, or else the model's own output limit, for each of ``n`` or
+  ``best_of`` choices, at the API model's price: :func:`worst_case_tokens`) is reserved in
+  the database (:mod:`proxy.ledger.budgets`).
   :class:`BudgetExhausted` (429, ``insufficient_quota``) when it would pass the budget;
   :class:`BudgetUnavailable` (503) when the database cannot be reached: budgets fail closed.
 - ``settle`` when the row is written: the real cost replaces the reservation, in the
@@ -51,7 +52,9 @@ log = structlog.get_logger("frugal.quotas")
 
 T = TypeVar("T")
 SWEEP_S = 5.0
-DEFAULT_MAX_OUTPUT = 4096  # completion tokens reserved when a request names no max_tokens
+DEFAULT_MAX_OUTPUT = 4096
+"""Completion tokens reserved when a request names no ``max_tokens`` and the price map does not
+say how long the API model's answers can be (:meth:`PriceBook.max_output_tokens`)."""
 
 
 # What the local tokenizer's count covers, when there is one: the rest of the body is counted
@@ -59,7 +62,11 @@ DEFAULT_MAX_OUTPUT = 4096  # completion tokens reserved when a request names no 
 LOCALLY_COUNTED = frozenset({"messages", "prompt"})
 
 
-def worst_case_tokens(body: dict[str, Any], local_prompt_tokens: int | None) -> tuple[int, int]:
+def worst_case_tokens(
+    body: dict[str, Any],
+    local_prompt_tokens: int | None,
+    max_output: int | None = None,
+) -> tuple[int, int]:
     """(prompt, completion) tokens an API call for ``body`` can cost at most, as far as can be
     told before it is made.
 
@@ -67,15 +74,22 @@ def worst_case_tokens(body: dict[str, Any], local_prompt_tokens: int | None) -> 
     bills (``functions``, ``response_format``, ``tools``, one a new endpoint adds) cannot be
     left out: its UTF-8 bytes / 2 (providers bill about 4 bytes a token), plus, when the local
     tokenizer counted the messages or prompt, that count with a 25% margin (another tokenizer)
-    in place of their bytes. The output side is ``max_tokens`` (or 4,096) for each of ``n`` or
-    ``best_of`` choices, whichever is more."""
+    in place of their bytes. The output side is ``max_tokens`` for each of ``n`` or ``best_of``
+    choices, whichever is more. Without ``max_tokens`` it is ``max_output``, the API model's own
+    limit (an answer cannot run past it), or 4,096 when that is not known: a model that can
+    write 16,384 tokens would otherwise cost four times what was reserved for it."""
     counted = LOCALLY_COUNTED if local_prompt_tokens else frozenset()
     rest = {k: v for k, v in body.items() if k not in counted}
     raw = json.dumps(rest, ensure_ascii=False, separators=(",", ":"), default=str)
     prompt = len(raw.encode("utf-8")) // 2 + 16
     if local_prompt_tokens:
         prompt += math.ceil(local_prompt_tokens * 1.25)
-    cap = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_OUTPUT
+    cap = (
+        body.get("max_completion_tokens")
+        or body.get("max_tokens")
+        or max_output
+        or DEFAULT_MAX_OUTPUT
+    )
     choices = max(int(body.get("n") or 1), int(body.get("best_of") or 1))  # validated ints
     return prompt, int(cap) * choices
 
@@ -183,7 +197,8 @@ class Quotas:
         """Reserve the worst case of an API call for ``body``; None when the key has no budget."""
         if key is None or key.monthly_budget_pusd is None:
             return None
-        prompt, completion = worst_case_tokens(body, local_tokens)
+        limit = self.prices.max_output_tokens(api_model)
+        prompt, completion = worst_case_tokens(body, local_tokens, limit)
         amount = self.prices.cost(api_model, prompt, completion)
         if amount is None:
             raise BudgetExhausted(

@@ -58,6 +58,7 @@ def offer(
         accepted=accepted,
         score=attempt.quality,
         threshold=threshold,
+        key_name=ex.key_name,
     )
     ex.audit = (ticket, case)
     if not accepted:

@@ -103,6 +103,8 @@ class PriceBook:
         self._map = price_map
         self._overrides = dict(overrides or {})
         self._cache: dict[str, Price | None] = {}
+        # The output limits looked up, kept as the prices are (the reservation asks each time).
+        self._limits: dict[str, int | None] = {}
         self._lock = threading.Lock()  # the request path and the ledger's writer both ask
 
     @classmethod
@@ -141,13 +143,37 @@ class PriceBook:
             )
         return found
 
+    def max_output_tokens(self, model: str) -> int | None:
+        """The most tokens one answer of ``model`` can hold, from the map's
+        ``max_output_tokens``; None when the map does not say (a model priced only in
+        ``[pricing]``, which has no such field, or a name the map does not know).
+
+        A budget reserves this for a request that names no ``max_tokens``: the provider stops
+        the answer there, so no answer can cost more."""
+        if model in self._limits:
+            return self._limits[model]
+        with self._lock:
+            if model not in self._limits:
+                if len(self._limits) >= MAX_CACHED_PRICES:
+                    del self._limits[next(iter(self._limits))]  # the oldest name
+                self._limits[model] = self._lookup_limit(model)
+            return self._limits[model]
+
+    def _lookup_limit(self, model: str) -> int | None:
+        for name in _candidates(model):
+            entry = self._map.get(name)
+            if name == "sample_spec" or not isinstance(entry, dict):
+                continue
+            limit = entry.get("max_output_tokens")
+            # bool is an int too; a limit must be a positive whole number to be believed
+            if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+                return limit
+        return None
+
     def _lookup(self, model: str) -> Price | None:
         if model in self._overrides:
             return self._overrides[model]
-        candidates = [model]
-        if "/" in model:
-            candidates.append(model.split("/", 1)[1])
-        for name in candidates:
+        for name in _candidates(model):
             if name in self._overrides:
                 return self._overrides[name]
             entry = self._map.get(name)
@@ -179,6 +205,13 @@ class PriceBook:
         if api_model and api_model != requested and self.price(requested) is None:
             return api_model
         return requested
+
+
+def _candidates(model: str) -> list[str]:
+    """The names a model is looked up by: as written, then without a ``provider/`` prefix."""
+    if "/" in model:
+        return [model, model.split("/", 1)[1]]
+    return [model]
 
 
 def apply_costs(row: dict[str, Any], book: PriceBook) -> None:

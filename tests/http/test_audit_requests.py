@@ -9,8 +9,10 @@ counts the audit as pending. Nothing here is timed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,8 @@ from proxy.audit.record import AuditRecord, insert
 from proxy.audit.threshold import ACCEPT_NOTHING
 from proxy.engine.client import LocalEngine
 from proxy.http.services import Services
+from proxy.ledger import keys
+from proxy.ledger.budgets import month_of
 from proxy.ledger.database import parse
 from proxy.ledger.migrate import open_database
 from tests.audit.judge_server import JudgeServer
@@ -270,3 +274,42 @@ async def test_an_unreachable_target_accepts_nothing_and_says_why(
     assert response.status_code == 200
     assert response.headers["x-frugal-route"] == "api"
     assert response.headers["x-frugal-reason"] == "low_quality"
+
+
+async def _key_spent(client: httpx.AsyncClient, name: str) -> int:
+    """The key's spend this month, once the quotas' background writes (the audit's charge, a
+    request's settle) are done."""
+    quotas = services(client).quotas
+    assert quotas is not None
+    if quotas._tasks:
+        await asyncio.wait(set(quotas._tasks), timeout=10)
+    usage = quotas.budgets.usage(month_of(time.time())).get(name)
+    return usage.spent_pusd if usage else 0
+
+
+@pytest.mark.parametrize("route", ["accepted", "rejected"])
+async def test_an_audits_cost_counts_against_the_budget_of_the_key_it_was_made_for(
+    tmp_path: Path, fake_api: FakeAPI, judge: JudgeServer, make_client: Any, route: str
+) -> None:
+    # A reply the exact check cannot match: the judge is asked, and paid for, every time.
+    fake_api.set(reply="Lyon, obviously, is what I would say.")
+    settings = audit_settings(tmp_path, fake_api, judge)
+    key = keys.create(parse(settings.ledger.path), "audited", monthly_budget_pusd=10**12)
+    auth = {"authorization": f"Bearer {key}", **(ACCEPT if route == "accepted" else REJECT)}
+    async with make_client(settings) as client:
+        response = await client.post("/v1/chat/completions", json=ASK, headers=auth)
+        assert response.status_code == 200, response.text
+        [audit] = await settle(client)
+        spent = await _key_spent(client, "audited")
+        conn = sqlite3.connect(settings.ledger.path)
+        try:
+            [(api_cost,)] = conn.execute("SELECT api_cost_pusd FROM requests").fetchall()
+        finally:
+            conn.close()
+
+    assert audit["method"] == "judge" and audit["cost_pusd"] > 0
+    if route == "accepted":  # a local answer, a shadow call and a judge call: the audit's
+        assert response.headers["x-frugal-route"] == "local" and api_cost == 0
+    else:  # the client's own API call, then the judge
+        assert response.headers["x-frugal-route"] == "api" and api_cost > 0
+    assert spent == api_cost + audit["cost_pusd"]

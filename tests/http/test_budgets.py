@@ -12,10 +12,13 @@ from typing import Any
 
 import pytest
 
+from proxy.http.charges import charge_worst_case
+from proxy.http.exchange import Exchange
 from proxy.ledger import keys
 from proxy.ledger.budgets import Budgets, month_of
 from proxy.ledger.database import Database, parse
 from proxy.ledger.pool import Pool
+from proxy.ledger.pricing import PriceBook, load_price_map
 from tests import pg
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
@@ -310,3 +313,40 @@ async def test_every_billed_field_is_reserved_before_the_api_is_called(
     assert small.status_code == 200, small.text[:300]
     assert fake_api.count == 1  # the lean request only
     assert 0 < spent <= 1_000_000_000 and reserved == 0
+
+
+async def test_without_max_tokens_the_models_own_output_limit_is_reserved(
+    tmp_path: Path,
+    fake_api: FakeAPI,
+    make_client: Any,
+) -> None:
+    # gpt-4o-mini's map entry says its answers run to 16,384 tokens ($0.60 per Mtok: $0.0098);
+    # 4,096 of them ($0.0025) were reserved before. A $0.005 budget holds the old worst case,
+    # not the real one: the request is refused, and the same one bounded by max_tokens is not.
+    limit = PriceBook(load_price_map()).max_output_tokens("gpt-4o-mini")
+    assert limit == 16_384
+    db = parse(str(tmp_path / "ledger.db"))
+    key = keys.create(db, "capped", monthly_budget_pusd=5_000_000_000)
+    auth = {"authorization": f"Bearer {key}", **API}
+    async with make_client(_settings(tmp_path, fake_api, db)) as client:
+        unbounded = await client.post("/v1/chat/completions", json=ASK, headers=auth)
+        bounded = await client.post(
+            "/v1/chat/completions", json={**ASK, "max_tokens": 4096}, headers=auth
+        )
+    assert unbounded.status_code == 429, unbounded.text[:300]
+    message = unbounded.json()["error"]["message"]
+    held = float(message.split("up to $", 1)[1].split(" ", 1)[0])
+    assert held >= limit * 0.60 / 1e6  # every one of the 16,384 tokens is held
+    assert bounded.status_code == 200, bounded.text[:300]
+    assert fake_api.count == 1  # the bounded request only
+
+
+def test_a_call_whose_cost_is_never_known_is_charged_the_same_output_limit() -> None:
+    # What an abandoned call is charged when nothing of it can be known is what was reserved
+    # for it: the model's own output limit when the request named no max_tokens.
+    ex = Exchange(request_id="r", worst_body=dict(ASK), worst_max_output=16_384)
+    charge_worst_case(ex)
+    assert ex.completion_tokens == 16_384 and ex.token_source == "worst_case"
+    ex = Exchange(request_id="r", worst_body={**ASK, "max_tokens": 20, "n": 3})
+    charge_worst_case(ex)
+    assert ex.completion_tokens == 60

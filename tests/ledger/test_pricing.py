@@ -115,6 +115,26 @@ def test_config_overrides_win_over_the_map(price_map: dict[str, Any]) -> None:
     assert book.price("gpt-4o") == PriceBook(price_map).price("gpt-4o")
 
 
+def test_a_models_output_limit_comes_from_the_map_and_is_none_where_it_is_not_known(
+    price_map: dict[str, Any],
+) -> None:
+    # A [pricing] entry carries no output limit: a name the map knows keeps the map's, one it
+    # does not know has none (the reservation then falls back to 4,096 tokens).
+    settings = config.from_dict(
+        {"pricing": {"my-finetune-v3": {"input_per_mtok": 1, "output_per_mtok": 2}}}
+    )
+    book = PriceBook.from_settings(price_map, settings.pricing)
+    assert book.max_output_tokens("gpt-4o-mini") == price_map["gpt-4o-mini"]["max_output_tokens"]
+    assert book.max_output_tokens("openai/gpt-4o-mini") == book.max_output_tokens("gpt-4o-mini")
+    assert book.max_output_tokens("my-finetune-v3") is None
+    assert book.max_output_tokens("client-chosen") is None
+    odd = PriceBook({"a": {"max_output_tokens": True}, "b": {"max_output_tokens": "9"}})
+    assert odd.max_output_tokens("a") is None and odd.max_output_tokens("b") is None
+    for i in range(MAX_CACHED_PRICES * 2):  # bounded, as the prices are
+        book.max_output_tokens(f"client-chosen-{i}")
+    assert len(book._limits) == MAX_CACHED_PRICES
+
+
 @pytest.mark.parametrize(
     ("pricing", "needle"),
     [
