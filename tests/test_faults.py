@@ -1059,7 +1059,7 @@ def budgeted(
         for name in names
     }
     served = launch(tmp, api, db=db)
-    served.key = made["near_the_line"]  # /healthz shows the engine's state to a key only
+    served.key = keys_mod.create(str(db), "ops", admin=True)  # it reads the full /healthz
     try:
         wait_ready(served)
         yield served, made
@@ -1388,7 +1388,8 @@ def test_issue24_row5_a_client_key_reads_only_its_own_figures(tmp_path: Path, ap
     )
     assert "engine" in json.loads(admin["healthz"]) and admin["metrics status"] == "200"
     print(
-        f"\nissue24 row5: alice-team's report groups by key {groups and [name for name in seen]}"
+        f"\nissue24 row5: alice-team's report by key has the groups "
+        f"{[g['key'] for g in json.loads(seen['alice-team']['report by=key'])['groups']]}"
         f"; each client key: report requests 2, its own key alone in by=key, /healthz "
         f"{seen['alice-team']['healthz']}, /metrics {seen['alice-team']['metrics status']}; "
         f"the admin: by=key {groups}, /metrics {admin['metrics status']}"
