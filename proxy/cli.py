@@ -204,6 +204,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=server.host,
         port=server.port,
         log_level="warning",
+        log_config=None,  # its records go to the root handler: JSON lines (proxy/logs.py)
         access_log=False,
         timeout_graceful_shutdown=max(1, round(server.drain_s)),
         timeout_keep_alive=server.keep_alive_s,

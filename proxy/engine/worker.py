@@ -31,6 +31,7 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
+from proxy import logs
 from proxy.engine import grammar as grammar_mod
 from proxy.engine import tasks, tools
 from proxy.engine.batch import BatchEngine, BatchError
@@ -48,6 +49,8 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
     # The proxy decides when the worker stops; a Ctrl-C in the terminal reaches the whole
     # process group, and the worker must not die before the proxy has drained.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logs.configure()  # JSON lines on the proxy's stderr (a pipe, journald), as its own
+    logs.route_llama_cpp_logs()
     started = time.perf_counter()
     try:
         model = LocalModel.load(

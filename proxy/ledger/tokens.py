@@ -22,6 +22,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from proxy import logs
+
 # Prompt-side fields the provider bills beyond messages and tools: counted as their JSON text.
 EXTRA_PROMPT_FIELDS = ("functions", "response_format")
 # tiktoken encodings that litellm ships in its package (TIKTOKEN_CACHE_DIR): no download needed.
@@ -188,4 +190,5 @@ def _import_litellm() -> Any:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     litellm: Any = importlib.import_module("litellm")
     litellm.suppress_debug_info = True
+    logs.adopt_library_loggers()  # its warnings as JSON fields, not its own plain text
     return litellm

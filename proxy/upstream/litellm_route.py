@@ -23,6 +23,7 @@ import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from proxy import logs
 from proxy.config import FallbackSettings
 from proxy.params import CHAT_PARAMETERS, forwarded
 
@@ -106,4 +107,5 @@ def import_litellm() -> Any:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     litellm: Any = importlib.import_module("litellm")
     litellm.suppress_debug_info = True  # no "Give Feedback" banner on stdout for each error
+    logs.adopt_library_loggers()  # its warnings as JSON fields, not its own plain text
     return litellm

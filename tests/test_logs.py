@@ -1,0 +1,68 @@
+"""Library logs leave as JSON fields (issue 24): litellm, httpx, Python's warnings and llama.cpp,
+in a fresh interpreter configured as ``frugal serve`` configures itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# What a library may write: litellm with its own handler (imported for real, so that its handler
+# is there to be taken away), a text that tries to start a forged JSON line, httpx below and at
+# WARNING, a Python warning, an exception with a detail, and a real llama.cpp error.
+PROBE = """
+import logging, warnings
+from proxy import logs
+logs.configure("json")
+from proxy.upstream.litellm_route import import_litellm
+import_litellm()
+logging.getLogger("LiteLLM").warning("bad image_url %s", FORGED)
+logging.getLogger("httpx").warning("connection pool is full")
+logging.getLogger("httpx").info("HTTP Request: POST http://127.0.0.1/v1 200")
+warnings.warn("a library warning", UserWarning, stacklevel=1)
+try:
+    raise ValueError("DETAIL-" + "x" * 3)
+except ValueError:
+    logging.getLogger("LiteLLM").exception("call failed")
+logging.getLogger("LiteLLM").warning("y" * 2000)
+logs.route_llama_cpp_logs()
+import llama_cpp
+llama_cpp.llama_model_load_from_file(b"/nonexistent/m.gguf", llama_cpp.llama_model_default_params())
+"""
+FORGED = '"}\n{"event": "forged", "level": "info"}'
+
+
+def test_library_logs_are_json_lines_with_their_text_in_a_field(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    env.pop("LITELLM_LOG", None)
+    done = subprocess.run(
+        [sys.executable, "-c", f"FORGED = {FORGED!r}\n" + PROBE],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    events = [json.loads(line) for line in lines]  # every line is one JSON object
+    assert not any(e.get("event") == "forged" for e in events)
+    library = [e for e in events if e.get("event") == "library_log"]
+    by_logger = {(e["logger"], e["level"]) for e in library}
+    assert {
+        ("LiteLLM", "warning"),
+        ("httpx", "warning"),
+        ("py.warnings", "warning"),
+        ("LiteLLM", "error"),
+        ("llama.cpp", "error"),
+    } <= by_logger, by_logger
+    assert any(e["message"] == "bad image_url " + FORGED for e in library)
+    assert not any("HTTP Request" in e["message"] for e in library)  # httpx's INFO: dropped
+    failed = next(e for e in library if e["message"] == "call failed")
+    assert failed["error"] == "ValueError" and "DETAIL" not in json.dumps(events)
+    long = next(e for e in library if e["message"].startswith("yyy"))
+    assert len(long["message"]) == 501  # cut at 500 characters and an ellipsis
+    assert any("failed to open GGUF file" in e["message"] for e in library)
