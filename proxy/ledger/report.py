@@ -55,9 +55,11 @@ from proxy.ledger.database import Database, as_database
 from proxy.ledger.pricing import PICO
 from proxy.ledger.render import render
 from proxy.ledger.rollup import (
+    OTHER_MODELS,
     Totals,
     aggregate,
     cost_warnings,
+    fold_unpriced,
     latency_p95,
     money,
     prediction_error,
@@ -232,6 +234,9 @@ def build(
                 bounds = (max(bounds[0], only.since), max(bounds[1], only.since))
         days_range = (int(bounds[0]) // 86400, int(bounds[1]) // 86400)
         groups = aggregate(conn, rollup_query(by, key), days_range, key)
+        folded = 0
+        if by == "model":
+            groups, folded = fold_unpriced(groups)
         days = None
         if by == "day":
             days = groups
@@ -277,6 +282,9 @@ def build(
         report["by"] = by
         if by != "kind":
             report["groups"] = _group_list(by, groups, period, monthly_pico, now)
+            for group in report["groups"] if folded else ():
+                if group["model"] == OTHER_MODELS:
+                    group["models_folded"] = folded
             for group in report["groups"] if by == "key" else ():
                 group.update(budgets.get(group["key"] or "", {}))
     if days is not None:

@@ -90,6 +90,35 @@ class Totals:
         return out
 
 
+MAX_UNPRICED_MODELS = 100
+"""Model names no request of which could be priced that a report names one by one; past them,
+one ``other`` group. A client chooses the model name, so it could otherwise make a report of any
+size (6,000 names made the plain report 3.6 MB)."""
+OTHER_MODELS = "other"
+
+
+def fold_unpriced(
+    groups: dict[Any, Totals], limit: int = MAX_UNPRICED_MODELS
+) -> tuple[dict[Any, Totals], int]:
+    """The model groups with the unpriced names past the ``limit`` busiest (by requests, then
+    name) summed into one group named :data:`OTHER_MODELS`; and how many names were folded.
+
+    Unpriced: no request for the name has a counterfactual cost (it has no known price, or every
+    request for it failed). Priced names are never folded: their savings are the report's point.
+    A model really named ``other`` is summed into the group."""
+    unpriced = [name for name, t in groups.items() if name is not None and t.counterfactual == 0]
+    if len(unpriced) <= limit:
+        return groups, 0
+    unpriced.sort(key=lambda name: (-groups[name].requests, str(name)))
+    folded = set(unpriced[limit:])
+    out = {name: t for name, t in groups.items() if name not in folded}
+    other = Totals()
+    for name in (*folded, *((OTHER_MODELS,) if OTHER_MODELS in out else ())):
+        other.add(groups[name])
+    out[OTHER_MODELS] = other
+    return out, len(folded)
+
+
 def money(pico: int) -> Decimal:
     """Pico-dollars as exact decimal USD, rounded half-even to the micro-dollar."""
     return (Decimal(pico) / PICO).quantize(_MICRO, rounding=ROUND_HALF_EVEN)
@@ -205,14 +234,24 @@ def cost_warnings(
         _params(days, key),
     )
     no_usage = 0
+    more_models = more_requests = 0
     for model, unpriced_n, uncounted_n in rows:
         unpriced, uncounted = int(unpriced_n), int(uncounted_n)
         no_usage += uncounted
-        if unpriced:
+        if unpriced and len(out) >= MAX_UNPRICED_MODELS:  # the busiest are named, then a count
+            more_models += 1
+            more_requests += unpriced
+        elif unpriced:
             out.append(
                 f"{plural(unpriced, 'request')} for '{model}' not costed: no known price. "
                 f'Add [pricing."{model}"] to the config to price new requests.'
             )
+    if more_models:
+        out.append(
+            f"{plural(more_requests, 'request')} for {plural(more_models, 'other model')} not "
+            "costed: no known price (the models are not named past the first "
+            f"{MAX_UNPRICED_MODELS})."
+        )
     if no_usage:
         out.append(
             f"{plural(no_usage, 'request')} not costed: the API reported no token usage "

@@ -689,3 +689,39 @@ def test_json_keeps_client_chosen_names_exact(
         assert code == 0
         assert "\x1b" not in out and "\u2028" not in out
         assert {g[by] for g in loads(out)["groups"]} == names
+
+
+def test_past_100_unpriced_model_names_the_rest_are_one_other_group(
+    ledger: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24, bounded growth: a client that sends a new model name with each request makes
+    the report no larger than 100 named unpriced models, and the totals do not move."""
+    code, before, _ = report(capsys, "--month", "2026-10", "--format", "json")
+    assert code == 0
+    # 150 client-chosen names: junk-000 gets 150 requests, junk-001 149, ... junk-149 one.
+    junk = [
+        row(f"2026-10-05 {n // 60:02d}:{n % 60:02d}:00", "local", "accepted", f"junk-{i:03d}",
+            request_id=f"junk-{i}-{n}", counterfactual_cost_pusd=None,
+            counterfactual_prompt_tokens=5, counterfactual_completion_tokens=2)
+        for i in range(150) for n in range(150 - i)
+    ]  # fmt: skip
+    seed(ledger, junk)
+    code, out, _ = report(capsys, "--month", "2026-10", "--format", "json", "--by", "model")
+    assert code == 0
+    data = loads(out)
+    groups = {g["model"]: g for g in data["groups"]}
+    named_junk = sorted(name for name in groups if name.startswith("junk-"))
+    assert named_junk == [f"junk-{i:03d}" for i in range(100)]  # the busiest 100
+    other = groups["other"]
+    # junk-100 .. junk-149 (50 + ... + 1 requests) and my-finetune, unpriced too (1 request).
+    assert other["models_folded"] == 51
+    assert other["requests"] == sum(range(1, 51)) + 1
+    assert {"gpt-4o-mini", "gpt-4o"} <= set(groups) and "my-finetune" not in groups
+    assert sum(g["requests"] for g in data["groups"]) == data["requests"]
+    assert data["requests"] == loads(before)["requests"] + len(junk)
+    assert data["saved_usd"] == loads(before)["saved_usd"]
+    warnings = data["warnings"]
+    assert len(warnings) <= 102
+    assert warnings[-1].startswith("1,276 requests for 51 other models not costed")
+    code, plain, _ = report(capsys, "--month", "2026-10", "--format", "json")
+    assert loads(plain)["warnings"] == warnings
