@@ -225,7 +225,7 @@ def prediction_error(
 def cost_warnings(
     conn: access.Connection, days: tuple[int, int], key: str | None = None
 ) -> list[str]:
-    out = []
+    out: list[str] = []
     clause = KEY_CLAUSE if key is not None else ""
     rows = conn.query(
         "SELECT model, SUM(uncosted) - SUM(uncounted), SUM(uncounted) FROM requests_daily "
