@@ -17,7 +17,8 @@
     completions  ``POST /v1/completions`` and ``POST /v1/embeddings``
     sse          Server-Sent Events: chunks, the response that writes a stream's row once
     validate     cheap validation of request bodies (OpenAI's shapes), errors naming ``param``
-    body_check   a large body parsed and checked in a worker thread, off the event loop
+    body_check   a large body parsed and checked in a worker thread, off the event loop,
+                 within a time bound (check_progress: the field its check was on)
     openapi      the OpenAPI description served at ``/openapi.json``
     metrics      ``/metrics`` (Prometheus)
     report       ``GET /v1/frugal/report``: ``frugal report --format json`` over HTTP

@@ -13,6 +13,7 @@ from typing import Any
 
 from proxy.errors import BadRequest
 from proxy.http import shapes as s
+from proxy.http.check_progress import note_field
 from proxy.http.shape_checks import Check, boolean, function_or_custom, objects, string
 
 # -- structured answers --------------------------------------------------------------
@@ -21,6 +22,7 @@ from proxy.http.shape_checks import Check, boolean, function_or_custom, objects,
 def _json_schema(schema: Any, where: str) -> None:
     from quality import check_schema
 
+    note_field(where)  # a check past its time names this field (proxy/http/body_check.py)
     problem = check_schema(schema)
     if problem is not None:
         raise BadRequest(f"'{where}' is not a valid JSON Schema: {problem}", param=where)

@@ -134,3 +134,47 @@ def test_a_kept_alive_connection_serves_its_next_request_and_times_out_its_next_
         while piece := sock.recv(65536):
             data += piece
     assert data.startswith(b"HTTP/1.1 408 ")
+
+
+async def test_a_body_whose_check_passes_its_time_gets_a_400_naming_the_field(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 24, row 3: the check in a thread has a time bound as well as the size bounds; past
+    it the request gets a 400 naming the schema the check was on, and the loop is not held."""
+    import json as json_mod
+    import threading
+
+    from starlette.requests import Request
+
+    from proxy.errors import BadRequest
+    from proxy.http import body_check
+    from proxy.http.check_progress import note_field
+
+    monkeypatch.setattr(body_check, "CHECK_TIMEOUT_S", 0.2)
+    raw = json_mod.dumps({"padding": "x" * (body_check.INLINE_BYTES + 1)}).encode()
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    release = threading.Event()
+    finished = threading.Event()
+
+    def slow_check(body: dict[str, object]) -> dict[str, object]:
+        note_field("tools[7].function.parameters")
+        release.wait(30)  # a check that lasts until the test lets it end
+        finished.set()
+        return body
+
+    checker = body_check.BodyChecker()
+    try:
+        with pytest.raises(BadRequest) as refused:
+            await checker.read(Request({"type": "http", "method": "POST"}, receive), slow_check)
+        assert not finished.is_set()  # answered at its bound, while the check still ran
+        release.set()
+        assert refused.value.param == "tools[7].function.parameters"
+        assert "within 0.2 s" in str(refused.value)
+        # A body checked in time is returned as parsed.
+        quick = await checker.read(Request({"type": "http", "method": "POST"}, receive), dict)
+        assert quick == json_mod.loads(raw)
+    finally:
+        checker.close()
