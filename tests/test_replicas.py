@@ -80,6 +80,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
                 db, "budget", monthly_budget_pusd=BUDGET_PUSD, max_concurrency=16
             ),
             "doomed": keys.create(db, "doomed"),
+            "ops": keys.create(db, "ops", admin=True),  # the full /healthz: ready or not
         }
         config = {"ledger": {"url": url}}
         env = server_env()
@@ -88,7 +89,9 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
             for i in range(2)
         ]
         try:
-            first, second = (wait_ready(_keyed(s, secrets["load"])) for s in launched)
+            for served in launched:
+                wait_ready(_keyed(served, secrets["ops"]))
+            first, second = (_keyed(s, secrets["load"]) for s in launched)
             yield Replicas(url, db, (first, second), secrets, api)
         finally:
             for served in launched:
