@@ -7,6 +7,14 @@ answers, local and API streams, clients that leave mid-request (injected), bad i
 JSON, a wrong type, an unknown model: each must be a 4xx) and, every ``--kill-every`` seconds,
 a SIGKILL of the engine worker (injected). Every request carries its own ``x-request-id``.
 
+The server is keyed, as a shared one is (issue 24): the traffic comes with a client key, and
+the tenants' attacks are in the mix too: 400 KB of ``functions`` from a key with a $0.001
+budget (must be a 429 before any upstream call: ``over_budget``), an API stream cut after three
+chunks (``cut_stream``: its row must be there, charged), a tool of 20,000 properties
+(``wide_schema``: a 200, checked off the event loop), a body that stops after its first bytes
+and is dropped (``stalled_body``: a 499 row), and the client key's own report (``own_report``:
+a 200 that names no other key; a report has no ledger row). An admin key reads ``/healthz``.
+
 Reported (``summary.json`` and ``summary.md`` in ``--out``):
 
 - the RSS of the proxy and of the engine worker, sampled every ``--sample-s`` seconds;
@@ -37,14 +45,16 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from proxy.ledger import keys as keys_mod  # noqa: E402
 from tests.fake_api import FakeAPI  # noqa: E402
 from tests.faults_support import (  # noqa: E402
     MB,
     engine_pid,
+    launch,
     ledger_rows,
     rss_bytes,
-    start_frugal,
     stop,
+    wait_ready,
 )
 from tests.http.test_serve import QUESTION, Served  # noqa: E402
 
@@ -57,14 +67,43 @@ KINDS = {  # kind: weight
     "bad_json": 1,
     "bad_type": 1,
     "bad_model": 1,
+    "over_budget": 1,
+    "cut_stream": 1,
+    "wide_schema": 1,
+    "stalled_body": 1,
+    "own_report": 1,
 }
+BAD = {"bad_json", "bad_type", "bad_model"}  # each must be a 4xx
+REFUSED = {"over_budget"}  # must be a 429 insufficient_quota
+DROPPED = {"disconnect", "cut_stream", "stalled_body"}  # the client leaves: no status to check
+NO_ROW = {"own_report"}  # not a model request: no ledger row
+WIDE_TOOL = [
+    {
+        "type": "function",
+        "function": {
+            "name": "wide",
+            "parameters": {
+                "type": "object",
+                "properties": {f"p{i}": {"type": "string"} for i in range(20_000)},
+            },
+        },
+    }
+]
+BIG_FUNCTIONS = [
+    {"name": f"f{i}", "description": "d" * 2000, "parameters": {"type": "object"}}
+    for i in range(200)
+]
 TO_API = {"x-frugal-route": "api"}
 TO_LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}
 
 
 class Soak:
-    def __init__(self, served: Served, args: argparse.Namespace) -> None:
+    def __init__(
+        self, served: Served, args: argparse.Namespace, keys: dict[str, str] | None = None
+    ) -> None:
         self.served = served
+        self.keys = keys or {}
+        self.foreign_names = ("soak-tight", "soak-ops")  # what the client key must never see
         self.args = args
         self.lock = threading.Lock()
         self.results: list[dict[str, Any]] = []
@@ -79,10 +118,19 @@ class Soak:
     def body(self, **extra: Any) -> dict[str, Any]:
         return {"model": "gpt-4o-mini", "messages": QUESTION, "max_tokens": 16, **extra}
 
+    def auth(self, key: str = "client") -> dict[str, str]:
+        return {"authorization": f"Bearer {self.keys[key]}"} if key in self.keys else {}
+
     def one(self, client: httpx.Client, kind: str) -> None:
         request_id = f"soak-{kind}-{secrets.token_hex(8)}"
-        headers = {"content-type": "application/json", "x-request-id": request_id}
+        headers = {"content-type": "application/json", "x-request-id": request_id, **self.auth()}
         content: bytes
+        if kind == "own_report":
+            self.own_report(client, request_id)
+            return
+        if kind in ("cut_stream", "stalled_body"):
+            self.raw(request_id, kind)
+            return
         if kind in ("local", "local_stream"):
             headers.update(TO_LOCAL)
             content = json.dumps(self.body(stream=kind == "local_stream")).encode()
@@ -95,6 +143,12 @@ class Soak:
             content = json.dumps(self.body(max_tokens="many")).encode()
         elif kind == "bad_model":
             content = json.dumps(self.body(model="x" * 5000)).encode()
+        elif kind == "over_budget":
+            headers.update({**TO_API, **self.auth("tight")})
+            content = json.dumps(self.body(max_tokens=5, functions=BIG_FUNCTIONS)).encode()
+        elif kind == "wide_schema":
+            headers.update(TO_API)
+            content = json.dumps(self.body(tools=WIDE_TOOL)).encode()
         else:
             self.disconnect(request_id)
             return
@@ -111,12 +165,57 @@ class Soak:
             status = -1
         self.note(request_id, kind, status, started)
 
-    def disconnect(self, request_id: str) -> None:
-        data = json.dumps(self.body(max_tokens=200, stream=random.random() < 0.5)).encode()
+    def own_report(self, client: httpx.Client, request_id: str) -> None:
+        """The client key's report by key: a 200 holding its own name and no other key's."""
+        started = time.monotonic()
+        try:
+            got = client.get(self.served.base + "/v1/frugal/report?by=key", headers=self.auth())
+            status = got.status_code
+            if status == 200 and any(name in got.text for name in self.foreign_names):
+                status = -2  # another key's figures leaked: counted as a failure
+        except httpx.HTTPError:
+            status = -1
+        self.note(request_id, "own_report", status, started)
+
+    def raw(self, request_id: str, kind: str) -> None:
+        """cut_stream: an API stream read for three chunks, then the socket closed.
+        stalled_body: the headers and 8 bytes of the body, then the socket closed."""
+        data = json.dumps(self.body(max_tokens=64, stream=True)).encode()
+        key = self.keys.get("client")
         head = (
             f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{self.port}\r\n"
             f"content-type: application/json\r\ncontent-length: {len(data)}\r\n"
-            f"x-request-id: {request_id}\r\nx-frugal-route: local\r\n\r\n"
+            f"x-request-id: {request_id}\r\nx-frugal-route: api\r\n"
+            + (f"authorization: Bearer {key}\r\n" if key else "")
+            + "\r\n"
+        )
+        started = time.monotonic()
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=10) as sock:
+                if kind == "stalled_body":
+                    sock.sendall(head.encode() + data[:8])
+                    time.sleep(random.uniform(0.05, 0.5))
+                else:
+                    sock.sendall(head.encode() + data)
+                    got = b""
+                    while got.count(b"data:") < 3:
+                        chunk = sock.recv(65536)
+                        if not chunk:
+                            break
+                        got += chunk
+        except OSError:
+            pass
+        self.note(request_id, kind, 0, started)
+
+    def disconnect(self, request_id: str) -> None:
+        data = json.dumps(self.body(max_tokens=200, stream=random.random() < 0.5)).encode()
+        key = self.keys.get("client")
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{self.port}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(data)}\r\n"
+            f"x-request-id: {request_id}\r\nx-frugal-route: local\r\n"
+            + (f"authorization: Bearer {key}\r\n" if key else "")
+            + "\r\n"
         )
         started = time.monotonic()
         try:
@@ -209,18 +308,24 @@ class Soak:
                    for killed, ready in self.kills)  # fmt: skip
 
     def summary(self) -> dict[str, Any]:
-        ids = [r["id"] for r in self.results]
-        per_id = Counter(row["request_id"] for row in ledger_rows(self.served.db))
+        ids = [r["id"] for r in self.results if r["kind"] not in NO_ROW]
+        rows = ledger_rows(self.served.db)
+        per_id = Counter(row["request_id"] for row in rows)
         missing = [i for i in ids if per_id[i] == 0]
         doubled = [i for i in ids if per_id[i] > 1]
-        bad = {"bad_json", "bad_type", "bad_model"}
+        bad = BAD
         five = [r for r in self.results if r["status"] >= 500]
         five_injected = [r for r in five if self.injected(r)]
         good_refused = [
-            r for r in self.results if r["kind"] not in bad | {"disconnect"}
+            r for r in self.results if r["kind"] not in bad | REFUSED | DROPPED
             and 400 <= r["status"] < 500
         ]  # fmt: skip
         bad_taken = [r for r in self.results if r["kind"] in bad and not 400 <= r["status"] < 500]
+        over_budget_taken = [r for r in self.results if r["kind"] in REFUSED and r["status"] != 429]
+        leaked = [r for r in self.results if r["kind"] == "own_report" and r["status"] == -2]
+        cut = {r["id"] for r in self.results if r["kind"] == "cut_stream"}
+        cut_rows = [row for row in rows if row["request_id"] in cut]
+        cut_charged = sum(1 for row in cut_rows if (row.get("api_cost_pusd") or 0) > 0)
         proxy = [p["proxy_mb"] for p in self.rss]
         statuses = Counter(r["status"] for r in self.results)
         return {
@@ -241,6 +346,11 @@ class Soak:
             "5xx_not_injected": len(five) - len(five_injected),
             "good_requests_refused_4xx": len(good_refused),
             "bad_input_not_4xx": len(bad_taken),
+            "over_budget_not_429": len(over_budget_taken),
+            "tight_key_spent_usd": self.spent("soak-tight"),
+            "reports_naming_another_key": len(leaked),
+            "cut_streams": len(cut),
+            "cut_streams_charged": cut_charged,
             "proxy_rss_mb": {
                 "first": proxy[0] if proxy else None,
                 "max": max(proxy, default=None),
@@ -248,6 +358,16 @@ class Soak:
             },
             "rss": self.rss,
         }  # fmt: skip
+
+    def spent(self, name: str) -> float | None:
+        """A key's spend this month, as the ledger's budget table holds it (USD)."""
+        import sqlite3
+
+        with sqlite3.connect(self.served.db) as conn:
+            got = conn.execute(
+                "SELECT COALESCE(SUM(spent_pusd), 0) FROM key_spend WHERE key_name = ?", (name,)
+            ).fetchone()
+        return None if got is None else int(got[0]) / 10**12
 
 
 def markdown(s: dict[str, Any]) -> str:
@@ -260,7 +380,9 @@ def markdown(s: dict[str, Any]) -> str:
     for key in (
         "requests", "rows", "missing_rows", "duplicate_rows", "worker_kills", "recovery_s",
         "5xx_total", "5xx_injected", "5xx_not_injected", "good_requests_refused_4xx",
-        "bad_input_not_4xx", "client_errors_no_status", "statuses", "by_kind", "proxy_rss_mb",
+        "bad_input_not_4xx", "over_budget_not_429", "tight_key_spent_usd",
+        "reports_naming_another_key", "cut_streams", "cut_streams_charged",
+        "client_errors_no_status", "statuses", "by_kind", "proxy_rss_mb",
     ):  # fmt: skip
         lines.append(f"| {key} | {json.dumps(s[key])} |")
     lines += ["", "| t (s) | proxy RSS (MB) | worker RSS (MB) |", "|---|---|---|"]
@@ -279,10 +401,19 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out or Path(tempfile.mkdtemp(prefix="frugal-soak-"))
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="frugal-soak-server-"))
-    with FakeAPI(record=False, reply="The capital of France is Paris.") as api:
-        served = start_frugal(work, api, config={"fallback": {"timeout_s": 10.0}})
+    db = work / "ledger.db"
+    keys = {
+        "client": keys_mod.create(str(db), "soak-client", max_concurrency=64),
+        "tight": keys_mod.create(str(db), "soak-tight", monthly_budget_pusd=10**9),  # $0.001
+        "ops": keys_mod.create(str(db), "soak-ops", admin=True),
+    }
+    reply = "The capital of France is Paris."
+    with FakeAPI(record=False, reply=reply, bill_prompt_bytes=True) as api:
+        served = launch(work, api, db=db, config={"fallback": {"timeout_s": 10.0}})
+        served.key = keys["ops"]  # /healthz (the engine's pid and state) for the admin key
+        wait_ready(served)
         print(f"frugal serve at {served.base}, ledger {served.db}", flush=True)
-        soak = Soak(served, args)
+        soak = Soak(served, args, keys)
         try:
             soak.run()
         finally:
@@ -298,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
         and summary["duplicate_rows"] == 0
         and summary["5xx_not_injected"] == 0
         and summary["bad_input_not_4xx"] == 0
+        and summary["over_budget_not_429"] == 0
+        and summary["reports_naming_another_key"] == 0
+        and (summary["tight_key_spent_usd"] or 0) <= 0.001
     )
     return 0 if ok else 1
 
