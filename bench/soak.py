@@ -177,18 +177,22 @@ class Soak:
             status = -1
         self.note(request_id, "own_report", status, started)
 
+    def head(self, request_id: str, length: int, route: str) -> str:
+        """A chat request's head, written by hand (the client leaves in the middle)."""
+        key = self.keys.get("client")
+        return (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{self.port}\r\n"
+            f"content-type: application/json\r\ncontent-length: {length}\r\n"
+            f"x-request-id: {request_id}\r\nx-frugal-route: {route}\r\n"
+            + (f"authorization: Bearer {key}\r\n" if key else "")
+            + "\r\n"
+        )
+
     def raw(self, request_id: str, kind: str) -> None:
         """cut_stream: an API stream read for three chunks, then the socket closed.
         stalled_body: the headers and 8 bytes of the body, then the socket closed."""
         data = json.dumps(self.body(max_tokens=64, stream=True)).encode()
-        key = self.keys.get("client")
-        head = (
-            f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{self.port}\r\n"
-            f"content-type: application/json\r\ncontent-length: {len(data)}\r\n"
-            f"x-request-id: {request_id}\r\nx-frugal-route: api\r\n"
-            + (f"authorization: Bearer {key}\r\n" if key else "")
-            + "\r\n"
-        )
+        head = self.head(request_id, len(data), "api")
         started = time.monotonic()
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=10) as sock:
@@ -209,14 +213,7 @@ class Soak:
 
     def disconnect(self, request_id: str) -> None:
         data = json.dumps(self.body(max_tokens=200, stream=random.random() < 0.5)).encode()
-        key = self.keys.get("client")
-        head = (
-            f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{self.port}\r\n"
-            f"content-type: application/json\r\ncontent-length: {len(data)}\r\n"
-            f"x-request-id: {request_id}\r\nx-frugal-route: local\r\n"
-            + (f"authorization: Bearer {key}\r\n" if key else "")
-            + "\r\n"
-        )
+        head = self.head(request_id, len(data), "local")
         started = time.monotonic()
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=10) as sock:
