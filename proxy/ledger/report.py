@@ -222,7 +222,9 @@ def build(
     if by is not None and by not in GROUPINGS:
         raise ReportError(f"--by {by!r}: expected one of {', '.join(GROUPINGS)}", EXIT_USAGE)
     now = now or datetime.now(UTC)
-    monthly_pico = int(Decimal(str(monthly_fixed_usd)) * PICO)
+    # One key's view leaves out the server's own figures: its fixed cost and its audits.
+    whole = only is None
+    monthly_pico = int(Decimal(str(monthly_fixed_usd)) * PICO) if whole else 0
     db = as_database(db_path)
     with _connect(db) as conn:
         columns = conn.columns("requests")
@@ -248,10 +250,9 @@ def build(
         p95 = latency_p95(conn, bounds, total.taxed, key)
         prediction = prediction_error(conn, bounds, key) if "actual_local_ms" in columns else None
         warnings = cost_warnings(conn, days_range, key) if total.uncosted else []
-        audited = only is None  # the audits are the server's (they carry no key)
-        audit_pico = spend_pusd(conn, since=bounds[0], until=bounds[1]) if audited else 0
+        audit_pico = spend_pusd(conn, since=bounds[0], until=bounds[1]) if whole else 0
         quality = quality_section(
-            read_rows(conn, since=bounds[0], until=bounds[1]) if audited else [],
+            read_rows(conn, since=bounds[0], until=bounds[1]) if whole else [],  # no key on them
             by=by,
             target_precision=target_precision,
             threshold=threshold,
@@ -262,7 +263,7 @@ def build(
             budgets = {key: budgets[key]} if key in budgets else {}
     total.paid += audit_pico  # audits are money paid, never money saved
 
-    total.fixed = fixed_cost_pico(period.start, period.end, monthly_pico if audited else 0, now)
+    total.fixed = fixed_cost_pico(period.start, period.end, monthly_pico, now)
     report: dict[str, Any] = {
         "month": period.label,
         "from": period.start.date().isoformat(),
@@ -276,8 +277,6 @@ def build(
     }
     if prediction is not None:  # only when the period has predicted local answers
         report["prediction_mdape"], report["prediction_samples"] = prediction
-    if only is not None:
-        monthly_pico = 0  # the fixed cost is the server's, as above
     if by is not None:
         report["by"] = by
         if by != "kind":

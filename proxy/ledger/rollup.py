@@ -156,7 +156,11 @@ KEY_CLAUSE = " AND key_name = ?"
 def rollup_query(by: str | None, key: str | None = None) -> str:
     """The rollup read grouped ``by`` (a key of :data:`ROLLUP_GROUP`), of one key's rows when
     ``key`` is given (pass it after the days)."""
-    return ROLLUP.format(group=ROLLUP_GROUP[by], key=KEY_CLAUSE if key is not None else "")
+    return ROLLUP.format(group=ROLLUP_GROUP[by], key=_clause(key))
+
+
+def _clause(key: str | None) -> str:
+    return KEY_CLAUSE if key is not None else ""
 
 
 def _params(bounds: tuple[Any, Any], key: str | None) -> tuple[Any, ...]:
@@ -192,7 +196,7 @@ def latency_p95(
     if not taxed:
         return 0.0
     rank = math.ceil(0.95 * taxed)
-    clause = KEY_CLAUSE if key is not None else ""
+    clause = _clause(key)
     rows = conn.query(
         "SELECT latency_tax_ms FROM requests WHERE ts >= ? AND ts < ? AND latency_tax_ms > 0"
         f"{clause} ORDER BY latency_tax_ms LIMIT 1 OFFSET ?",
@@ -211,7 +215,7 @@ def prediction_error(
         for predicted, actual in conn.query(
             "SELECT predicted_local_ms, actual_local_ms FROM requests WHERE ts >= ? AND ts < ? "
             "AND predicted_local_ms IS NOT NULL AND actual_local_ms IS NOT NULL "
-            "AND actual_local_ms > 0" + (KEY_CLAUSE if key is not None else ""),
+            "AND actual_local_ms > 0" + _clause(key),
             _params(bounds, key),
         )
     )
@@ -226,7 +230,7 @@ def cost_warnings(
     conn: access.Connection, days: tuple[int, int], key: str | None = None
 ) -> list[str]:
     out: list[str] = []
-    clause = KEY_CLAUSE if key is not None else ""
+    clause = _clause(key)
     rows = conn.query(
         "SELECT model, SUM(uncosted) - SUM(uncounted), SUM(uncounted) FROM requests_daily "
         f"WHERE day >= ? AND day < ?{clause} GROUP BY model HAVING SUM(uncosted) > 0 "
