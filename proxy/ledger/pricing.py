@@ -26,7 +26,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -87,6 +87,7 @@ def load_price_map() -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+_V = TypeVar("_V")
 MAX_CACHED_PRICES = 1024
 """Model names whose lookup is kept; past it the oldest is dropped (clients choose the names)."""
 
@@ -131,9 +132,7 @@ class PriceBook:
         with self._lock:
             if model in self._cache:
                 return self._cache[model]
-            if len(self._cache) >= MAX_CACHED_PRICES:
-                del self._cache[next(iter(self._cache))]  # the oldest name
-            found = self._cache[model] = self._lookup(model)
+            found = _remember(self._cache, model, self._lookup(model))
         if found is None and model:
             log.warning(
                 "unpriced_model",
@@ -154,9 +153,7 @@ class PriceBook:
             return self._limits[model]
         with self._lock:
             if model not in self._limits:
-                if len(self._limits) >= MAX_CACHED_PRICES:
-                    del self._limits[next(iter(self._limits))]  # the oldest name
-                self._limits[model] = self._lookup_limit(model)
+                _remember(self._limits, model, self._lookup_limit(model))
             return self._limits[model]
 
     def _lookup_limit(self, model: str) -> int | None:
@@ -205,6 +202,15 @@ class PriceBook:
         if api_model and api_model != requested and self.price(requested) is None:
             return api_model
         return requested
+
+
+def _remember(cache: dict[str, _V], model: str, value: _V) -> _V:
+    """Keep ``value`` for ``model`` in ``cache``, the oldest name dropped past
+    :data:`MAX_CACHED_PRICES`; returns it."""
+    if len(cache) >= MAX_CACHED_PRICES:
+        del cache[next(iter(cache))]
+    cache[model] = value
+    return value
 
 
 def _candidates(model: str) -> list[str]:
