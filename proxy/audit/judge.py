@@ -66,6 +66,10 @@ SYSTEM_MESSAGES: dict[str, str] = {
 
 _FENCED = re.compile(r"\s*```(?:json)?\s*\n?(.*?)\n?```\s*", re.S)
 _MAX_REASON_CHARS = 500
+JUDGE_MAX_TOKENS = 300
+"""The judge's answer is one short JSON object (a verdict and a sentence of reason, at most
+500 characters kept): this bounds what the call can cost, so that its worst case can be held
+against the client key's budget before it is made."""
 
 
 def judge_body(
@@ -87,6 +91,7 @@ def judge_body(
             {"role": "user", "content": json.dumps(case, ensure_ascii=False)},
         ],
         "response_format": RESPONSE_FORMAT,
+        "max_tokens": JUDGE_MAX_TOKENS,
         "stream": False,
     }
 

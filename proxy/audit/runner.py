@@ -14,12 +14,14 @@ Then the exact check (:mod:`proxy.audit.verdict`), and only when it does not dec
 call (:mod:`proxy.audit.judge`, through the same upstream client, ``judge_model`` or the
 requested model). What the shadow and judge calls cost is priced with the ledger's
 :class:`~proxy.ledger.pricing.PriceBook`, counted against the month's audit budget and stored
-with the audit: money paid, never money saved. It is also charged to the client key whose
-request was audited (``charge``, :meth:`proxy.http.quotas.Quotas.charge`): the calls were made
-for that key's requests, so its monthly budget pays for them too. The gate's features are
-computed again here, in a thread, so that the request path does not carry them. One row per
-audit goes to the ledger's writer (:meth:`~proxy.ledger.writer.Ledger.record_audit`); no text
-unless ``[server] log_content``.
+with the audit: money paid, never money saved. They are also paid from the budget of the client
+key whose request was audited (``purse``, :class:`proxy.http.quotas.AuditPurse`): the calls were
+made for that key's requests, and they are paid the way a request's API call is. Each call's
+worst case is held before it is made, and its real cost replaces the hold after; a key whose
+budget cannot hold the call gets no audit (error ``over_budget``), so an audit never takes a
+key past its limit. The gate's features are computed again here, in a thread, so that the
+request path does not carry them. One row per audit goes to the ledger's writer
+(:meth:`~proxy.ledger.writer.Ledger.record_audit`); no text unless ``[server] log_content``.
 
 With ``[quality] target_precision``, the runner keeps the router's threshold in force: the
 choice of :func:`proxy.audit.threshold.choose_threshold` over the recent audits of this local
@@ -32,19 +34,20 @@ import asyncio
 import json
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
-from proxy.audit.judge import ask_judge, judge_body
+from proxy.audit.judge import JudgeOutcome, ask_judge, judge_body
 from proxy.audit.record import AuditRecord
 from proxy.audit.sampler import Sampler, Ticket, month_of
 from proxy.audit.threshold import ThresholdChoice, choose_threshold
 from proxy.audit.verdict import answer_text, exact_check
 from proxy.config import Settings
+from proxy.errors import ProxyError
 from proxy.ledger import access
 from proxy.ledger.audits import read_rows, spend_pusd
 from proxy.ledger.database import Database
@@ -58,10 +61,21 @@ log = structlog.get_logger(__name__)
 
 WINDOW_S = 30 * 86400.0  # the threshold is read from the last 30 days of audits ...
 WINDOW_AUDITS = 10_000  # ... at most this many, the newest
+T = TypeVar("T")
 
-Charge = Callable[[str | None, int], None]
-"""Adds an audit's cost (pico-dollars) to a client key's month, by the key's name (None: no
-key, nothing to charge)."""
+
+class Purse(Protocol):
+    """The budget an audit's calls are paid from, by the client key's name."""
+
+    async def hold(self, key_name: str, body: dict[str, Any]) -> Any:
+        """Hold the worst case of the API call ``body`` against the key's budget; returns what
+        :meth:`pay` settles (None: the key has no budget). Raises a :class:`ProxyError` when
+        the budget cannot hold it (spent, or its database unreachable)."""
+        ...
+
+    def pay(self, held: Any, cost_pusd: int) -> None:
+        """The call's real cost (0: it failed) replaces the hold."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +88,7 @@ class Case:
     accepted: bool
     score: float | None
     threshold: float
-    key_name: str | None = None  # the client key whose request this is, charged the audit
+    key_name: str | None = None  # the client key whose request this is: its budget pays
 
 
 class AuditRunner:
@@ -90,7 +104,7 @@ class AuditRunner:
         router: Router,
         database: Database,
         local_model: str,
-        charge: Charge | None = None,
+        purse: Purse | None = None,
     ) -> None:
         self.settings = settings.audit
         self.target = settings.quality.target_precision or None
@@ -103,7 +117,7 @@ class AuditRunner:
         self.router = router
         self.database = database
         self.local_model = local_model
-        self.charge = charge
+        self.purse = purse
         self.sampler = Sampler(self.settings)
         self.failed = 0
         self.verdicts = {"correct": 0, "wrong": 0}
@@ -186,18 +200,16 @@ class AuditRunner:
         cost = 0
         error: str | None = None
         if shadow:
-            try:
-                reply = await self.upstream.chat(case.body, request_id=case.request_id + ".audit")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a failed shadow call is a failed audit
-                error = "shadow_failed"
-                log.info(
-                    "audit_shadow_failed", request_id=case.request_id, error=type(exc).__name__
-                )
+            paid = await self._paid(case, case.body, self._shadow_call(case))
+            if paid is None:
+                error = "over_budget"
             else:
-                reference = reply.body
-                cost += self._price(model, reply.body.get("usage"))
+                reply, spent = paid
+                cost += spent
+                if reply is None:
+                    error = "shadow_failed"
+                else:
+                    reference = reply
         elif reference is None:
             error = "no_reference"
         features, kind = await asyncio.to_thread(_features, case.body, case.completion)
@@ -224,21 +236,23 @@ class AuditRunner:
                     candidate=candidate,
                     correctness=correctness,
                 )
-                outcome = await ask_judge(
-                    self._transport(case.request_id), body, timeout_s=self.judge_timeout_s
-                )
-                cost += self._price(judge_model, outcome.usage)
+                paid_judge = await self._paid(case, body, self._judge_call(case, body))
                 method = "judge"
-                if outcome.failed:
-                    error = f"judge_{outcome.error}"
-                    log.info(
-                        "audit_judge_failed",
-                        request_id=case.request_id,
-                        error=outcome.error,
-                        error_type=outcome.error_type or None,
-                    )
+                if paid_judge is None:
+                    error = "over_budget"
                 else:
-                    verdict, reason = outcome.correct, outcome.reason
+                    outcome, spent = paid_judge
+                    cost += spent
+                    if outcome.failed:
+                        error = f"judge_{outcome.error}"
+                        log.info(
+                            "audit_judge_failed",
+                            request_id=case.request_id,
+                            error=outcome.error,
+                            error_type=outcome.error_type or None,
+                        )
+                    else:
+                        verdict, reason = outcome.correct, outcome.reason
         record = AuditRecord(
             accepted=case.accepted,
             verdict=verdict,
@@ -262,10 +276,62 @@ class AuditRunner:
             judge_reason=reason,
         )
         self.ledger.record_audit(record.row(log_content=self.log_content))
-        if cost and case.key_name and self.charge is not None:
-            self.charge(case.key_name, cost)  # the key's budget pays for its audits too
         self._learn(record)
         return cost
+
+    async def _paid(
+        self, case: Case, body: dict[str, Any], call: Callable[[], Awaitable[tuple[T, int]]]
+    ) -> tuple[T, int] | None:
+        """``call`` (which returns its result and what it cost), with its worst case held
+        against the key's budget first and its real cost paid after, whatever happens; None
+        when the budget cannot hold it (the call is not made)."""
+        held = None
+        if self.purse is not None and case.key_name:
+            try:
+                held = await self.purse.hold(case.key_name, body)
+            except ProxyError as exc:
+                log.info("audit_over_budget", request_id=case.request_id, code=exc.code)
+                return None
+        spent = 0
+        try:
+            result, spent = await call()
+        finally:
+            if self.purse is not None and case.key_name:
+                self.purse.pay(held, spent)
+        return result, spent
+
+    def _shadow_call(
+        self, case: Case
+    ) -> Callable[[], Awaitable[tuple[dict[str, Any] | None, int]]]:
+        """The shadow call: the API's answer (None: the call failed) and what it cost."""
+
+        async def call() -> tuple[dict[str, Any] | None, int]:
+            try:
+                reply = await self.upstream.chat(case.body, request_id=case.request_id + ".audit")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a failed shadow call is a failed audit
+                log.info(
+                    "audit_shadow_failed", request_id=case.request_id, error=type(exc).__name__
+                )
+                return None, 0
+            model = str(case.body.get("model") or "")
+            return reply.body, self._price(model, reply.body.get("usage"))
+
+        return call
+
+    def _judge_call(
+        self, case: Case, body: dict[str, Any]
+    ) -> Callable[[], Awaitable[tuple[JudgeOutcome, int]]]:
+        """The judge call: its outcome and what it cost."""
+
+        async def call() -> tuple[JudgeOutcome, int]:
+            outcome = await ask_judge(
+                self._transport(case.request_id), body, timeout_s=self.judge_timeout_s
+            )
+            return outcome, self._price(str(body["model"]), outcome.usage)
+
+        return call
 
     def _transport(self, request_id: str) -> Any:
         async def send(body: dict[str, Any]) -> dict[str, Any]:

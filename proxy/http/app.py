@@ -38,7 +38,7 @@ from proxy.http.dashboard import Dashboard
 from proxy.http.disconnect import CancelOnDisconnect
 from proxy.http.limits import InFlight, LimitsMiddleware
 from proxy.http.openapi import openapi_spec
-from proxy.http.quotas import Quotas
+from proxy.http.quotas import AuditPurse, Quotas
 from proxy.http.render import exception_handlers, render, unexpected
 from proxy.http.report import ReportEndpoint
 from proxy.http.services import Services, services_of
@@ -171,7 +171,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
                 router=router,
                 database=ledger.database,
                 local_model=str(local.health().get("model") or settings.local.model_path),
-                charge=quotas.charge,  # a key's audits count against its budget
+                purse=AuditPurse(quotas, auth.stored_key, upstream.target),  # the key pays
             )
             await audit.start()
             if settings.quality.auto_calibrate:
@@ -223,8 +223,8 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             if calibrator is not None:
                 await bounded(calibrator.close(), AUX_STOP_S, "calibrator")
             if audit is not None:
-                # The audits before the quotas: an audit that ends charges its cost to the key
-                # through them (the ledger's flush comes after both, in shutdown).
+                # The audits before the quotas: an audit that ends pays its cost from the key's
+                # budget through them (the ledger's flush comes after both, in shutdown).
                 await bounded(audit.close(AUDIT_STOP_S), AUDIT_STOP_S + 0.5, "audit")
             await bounded(quotas.stop(), AUX_STOP_S, "quotas")
             built = getattr(app.state, "services", None)

@@ -233,11 +233,6 @@ class Quotas:
             return
         self._spawn(self._call(self.budgets.settle, reservation, cost_pusd or 0))
 
-    def charge(self, key_name: str | None, cost_pusd: int) -> None:
-        """Spend of calls made for a key outside a request's reservation (audits, issue 17)."""
-        if key_name:
-            self._spawn(self._call(self.budgets.charge, key_name, cost_pusd))
-
     def _spawn(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
@@ -283,6 +278,29 @@ class Quotas:
     def remember(self, key: str | None, answer: dict[str, Any]) -> None:
         if key is not None:
             self._spawn(self._call(self.cache.put, key, answer))
+
+
+class AuditPurse:
+    """The client key's budget that its audits' calls are paid from
+    (:class:`proxy.audit.runner.Purse`): each call's worst case is reserved like a request's
+    API call, and settled with its real cost."""
+
+    def __init__(
+        self,
+        quotas: Quotas,
+        key_of: Callable[[str], ClientKey | None],
+        target: Callable[[str], str],
+    ) -> None:
+        self.quotas = quotas
+        self.key_of = key_of  # the stored key by its name (Authenticator.stored_key)
+        self.target = target  # the API model a requested model goes to (Upstream.target)
+
+    async def hold(self, key_name: str, body: dict[str, Any]) -> Reservation | None:
+        key = self.key_of(key_name)
+        return await self.quotas.reserve(key, body, self.target(str(body.get("model") or "")), None)
+
+    def pay(self, held: Reservation | None, cost_pusd: int) -> None:
+        self.quotas.settle(held, cost_pusd)
 
 
 def _model_hash(path: str) -> str:

@@ -13,8 +13,8 @@ PostgreSQL, so the budget holds across all of them:
   (0 on failure), once: a reservation the sweep already released adds its cost only.
 - :meth:`Budgets.sweep` releases expired reservations, those of a replica that crashed or of a
   request that outlived its expiry, so a key is never blocked by money it did not spend.
-- :meth:`Budgets.charge` adds spend that had no reservation: the hook for audit spend
-  (issue 17's shadow calls and judge), counted against the same budget.
+- An audit's shadow and judge calls are reserved and settled the same way
+  (:class:`proxy.http.quotas.AuditPurse`): they count against the same budget.
 
 Each method is blocking (run it in a thread) and raises :class:`~proxy.ledger.pool.Unavailable`
 when the database is not there; the request path then fails closed (no API call).
@@ -101,16 +101,6 @@ class Budgets:
                 "UPDATE key_spend SET reserved_pusd = reserved_pusd - ?, "
                 "spent_pusd = spent_pusd + ? WHERE key_name = ? AND month = ?",
                 (released, max(0, cost_pusd), reservation.key_name, reservation.month),
-            )
-
-    def charge(self, key_name: str, cost_pusd: int, *, now: float | None = None) -> None:
-        """Spend without a reservation (audit calls made for this key's requests)."""
-        month = month_of(time.time() if now is None else now)
-        with self.pool.transaction() as tx:
-            _ensure_row(tx, key_name, month)
-            tx.run(
-                "UPDATE key_spend SET spent_pusd = spent_pusd + ? WHERE key_name = ? AND month = ?",
-                (max(0, cost_pusd), key_name, month),
             )
 
     def sweep(self, *, now: float | None = None, key_name: str | None = None) -> int:

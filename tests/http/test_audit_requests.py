@@ -308,8 +308,41 @@ async def test_an_audits_cost_counts_against_the_budget_of_the_key_it_was_made_f
             conn.close()
 
     assert audit["method"] == "judge" and audit["cost_pusd"] > 0
+    assert [r["max_tokens"] for r in judge.requests] == [300]  # its worst case is bounded
     if route == "accepted":  # a local answer, a shadow call and a judge call: the audit's
         assert response.headers["x-frugal-route"] == "local" and api_cost == 0
     else:  # the client's own API call, then the judge
         assert response.headers["x-frugal-route"] == "api" and api_cost > 0
     assert spent == api_cost + audit["cost_pusd"]
+
+
+@pytest.mark.parametrize("refused", ["shadow", "judge"])
+async def test_an_audit_call_the_keys_budget_cannot_hold_is_not_made(
+    tmp_path: Path, fake_api: FakeAPI, judge: JudgeServer, make_client: Any, refused: str
+) -> None:
+    # The worst cases at gpt-4o-mini's price: the shadow call (ASK's ~150 bytes, 8 output
+    # tokens) about $0.00002, the judge (its instructions and the case, ~1 KB, and 300 output
+    # tokens) about $0.00025. A $0.000001 budget holds neither; $0.0001 holds the shadow only.
+    fake_api.set(reply="Lyon, obviously, is what I would say.")  # not an exact match: a judge
+    budget = {"shadow": 10**6, "judge": 10**8}[refused]
+    settings = audit_settings(tmp_path, fake_api, judge)
+    key = keys.create(parse(settings.ledger.path), "thrifty", monthly_budget_pusd=budget)
+    auth = {"authorization": f"Bearer {key}", **ACCEPT}
+    async with make_client(settings) as client:
+        response = await client.post("/v1/chat/completions", json=ASK, headers=auth)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-frugal-route"] == "local"
+        [audit] = await settle(client)
+        spent = await _key_spent(client, "thrifty")
+        quotas = services(client).quotas
+        assert quotas is not None
+        usage = quotas.budgets.usage(month_of(time.time()))["thrifty"]
+
+    assert audit["error"] == "over_budget" and audit["verdict"] is None
+    assert judge.requests == []  # the judge was never asked
+    assert usage.reserved_pusd == 0  # every hold settled
+    if refused == "shadow":
+        assert judge.relayed == [] and audit["cost_pusd"] == 0 and spent == 0
+    else:  # the shadow call was made and paid for; its cost alone is the key's spend
+        assert len(judge.relayed) == 1 and audit["method"] == "judge"
+        assert 0 < audit["cost_pusd"] == spent <= budget
