@@ -37,7 +37,8 @@ holds ``(path, headers, body)`` tuples (headers with lower-case names, the parse
 None), ``request_times`` the ``time.monotonic()`` of each arrival, and ``count`` how many there
 were. ``disconnects`` counts the requests whose client went away before the answer was
 complete (a ``hang``, or a stream still being sent), and ``resets`` the connections aborted by
-``reset_after_request``. ``max_tokens`` cuts the reply (``finish_reason: "length"``);
+``reset_after_request``. ``max_tokens`` cuts the reply (``finish_reason: "length"``); a plain
+answer has ``n`` choices, and its usage bills each of them (each of ``best_of`` on completions);
 embeddings are deterministic 8-dimensional vectors, as floats or base64 (what the openai
 client asks for by default).
 
@@ -134,6 +135,12 @@ def body_tokens(body: dict[str, Any]) -> int:
     its compact JSON, about 4 a token."""
     raw = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     return len(raw.encode("utf-8")) // 4
+
+
+def _count(body: dict[str, Any], field: str) -> int:
+    """``n`` or ``best_of`` of a request (1 when absent or not a small positive int)."""
+    value = body.get(field)
+    return value if isinstance(value, int) and 0 < value <= 128 else 1
 
 
 def usage_for(
@@ -398,11 +405,15 @@ class FakeAPI:
             "model": body.get("model", ""),
             "system_fingerprint": "fp_fake",
         }
-        usage = self._usage(body, len(pieces))
         if not body.get("stream"):
             message = {"role": "assistant", "content": "".join(pieces), "refusal": None}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-            return JSONResponse({**base, "choices": [choice], "usage": usage})
+            choices = [
+                {"index": i, "message": message, "logprobs": None, "finish_reason": finish}
+                for i in range(_count(body, "n"))
+            ]  # each choice is billed, as OpenAI bills them
+            usage = self._usage(body, len(pieces) * len(choices))
+            return JSONResponse({**base, "choices": choices, "usage": usage})
+        usage = self._usage(body, len(pieces))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         events = list(self._chunks(base, pieces, finish, usage if include_usage else None))
         return _SSE(events, per_token_s=self.per_token_s, cut_after=self.cut_stream_after, api=self)
@@ -434,15 +445,20 @@ class FakeAPI:
         if early is not None:
             return early
         pieces, finish = self._pieces(body)
-        choice = {"text": "".join(pieces), "index": 0, "logprobs": None, "finish_reason": finish}
+        n = _count(body, "n")
+        choices = [
+            {"text": "".join(pieces), "index": i, "logprobs": None, "finish_reason": finish}
+            for i in range(n)
+        ]
+        generated = max(n, _count(body, "best_of"))  # best_of are all generated and billed
         return JSONResponse(
             {
                 "id": self._next_id("cmpl"),
                 "object": "text_completion",
                 "created": int(time.time()),
                 "model": body.get("model", ""),
-                "choices": [choice],
-                "usage": self._usage(body, len(pieces)),
+                "choices": choices,
+                "usage": self._usage(body, len(pieces) * generated),
             }
         )
 

@@ -6,6 +6,7 @@ local answers are still served."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,10 @@ def _settings(tmp_path: Path, api: FakeAPI, db: Database, **sections: Any) -> An
     if db.is_postgres:
         ledger["url"] = db.url
     return settings_for(tmp_path, api, ledger=ledger, **sections)
+
+
+def services_of(client: Any) -> Any:
+    return client.app.state.services
 
 
 def spend(db: Database, name: str) -> tuple[int, int]:
@@ -350,3 +355,41 @@ def test_a_call_whose_cost_is_never_known_is_charged_the_same_output_limit() -> 
     ex = Exchange(request_id="r", worst_body={**ASK, "max_tokens": 20, "n": 3})
     charge_worst_case(ex)
     assert ex.completion_tokens == 60
+
+
+@pytest.mark.parametrize(
+    "endpoint, body, choices",
+    [
+        ("/v1/chat/completions", {**ASK, "max_tokens": 6, "n": 3}, 3),
+        (
+            "/v1/completions",
+            {"model": "gpt-4o-mini", "prompt": "Say hi.", "max_tokens": 6, "n": 2, "best_of": 4},
+            4,
+        ),
+    ],
+    ids=["chat-n", "completions-best_of"],
+)
+async def test_every_choice_the_api_bills_is_in_the_row_and_the_keys_spend(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any, endpoint: str, body: Any, choices: int
+) -> None:
+    # The fake bills each choice (each of best_of), as OpenAI does: six words a choice.
+    fake_api.set(reply="one two three four five six")
+    db = parse(str(tmp_path / "ledger.db"))
+    key = keys.create(db, "many", monthly_budget_pusd=10**12)
+    auth = {"authorization": f"Bearer {key}", **API}
+    async with make_client(_settings(tmp_path, fake_api, db)) as client:
+        response = await client.post(endpoint, json=body, headers=auth)
+        await asyncio.sleep(0.3)  # the settle runs in the background
+        assert await services_of(client).ledger.flush(10)
+    assert response.status_code == 200, response.text[:300]
+    assert response.json()["usage"]["completion_tokens"] == 6 * choices
+    conn = sqlite3.connect(tmp_path / "ledger.db")
+    try:
+        [(tokens, cost)] = conn.execute(
+            "SELECT completion_tokens, api_cost_pusd FROM requests"
+        ).fetchall()
+    finally:
+        conn.close()
+    spent, reserved = spend(db, "many")
+    assert tokens == 6 * choices and cost > 0
+    assert spent == cost and reserved == 0
