@@ -8,6 +8,11 @@ interleaved rep by rep so that the shared machine's load falls on all of them al
 
     .venv/bin/python bench/engine_speculative.py --library [--reps 3] [--max-tokens 200]
 
+With ``--parallel N`` (issue 27: N = 4 is the served default) "ours" is the batched engine that a
+worker with ``parallel = N`` runs (:class:`proxy.engine.batch.BatchEngine`), plain and with
+prompt lookup inside the batch, answering one request alone: what a lone request gets from the
+default configuration.
+
 Two copies of SmolLM2 in this process, one plain and one with ``speculative = "prompt-lookup"``
 (adaptive, as served), answer the same greedy requests in turn, each from an empty context. The
 answers must be token for token the same; the ratio is plain wall time / speculative wall time
@@ -96,12 +101,73 @@ def _raw_decode(
     return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
+def _batch_decode(
+    engine: Any, messages: list[dict[str, Any]], max_tokens: int
+) -> tuple[float, float, Any]:
+    """Our batched engine, one request alone: wall and CPU seconds of its decode phase (timed
+    from its first token, once its prompt is read), and its completion."""
+    request = {"messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    engine.forget()
+    seq = engine.add(request)
+    assert seq is not None
+    while not seq.generated and not seq.done:
+        engine.step()
+    before = len(seq.generated)
+    wall, cpu = time.perf_counter(), time.process_time()
+    engine.run_all()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    out = engine.completion(seq)
+    share = (len(seq.generated) - before) / max(1, len(seq.generated))  # the timed tokens
+    return wall / share, cpu / share, out
+
+
+def _ours(args: argparse.Namespace, path: str) -> tuple[Any, Any, Any, Any]:
+    """Our engine plain and with prompt lookup, as ``run`` callables, and what to close."""
+    from proxy.engine.batch import BatchEngine
+    from proxy.engine.generate import LocalModel
+
+    if args.parallel > 1:
+        model = LocalModel.load(path, n_ctx=1024, n_threads=args.threads, calibrate=False)
+        plain = BatchEngine(model, args.parallel)
+        spec = BatchEngine(
+            model,
+            args.parallel,
+            speculative=True,
+            max_draft=args.draft_max,
+            lookup_ngram=args.ngram,
+        )
+
+        def timed(engine: Any) -> Any:
+            def go(messages: list[dict[str, Any]], n: int) -> tuple[float, float, Any]:
+                return _batch_decode(engine, messages, n)
+
+            return go
+
+        return timed(plain), timed(spec), (plain, spec), model
+    single = LocalModel.load(path, n_ctx=1024, n_threads=args.threads, calibrate=False)
+    lookup = LocalModel.load(
+        path,
+        n_ctx=1024,
+        n_threads=args.threads,
+        speculative="prompt-lookup",
+        draft_max_tokens=args.draft_max,
+        lookup_ngram=args.ngram,
+    )
+
+    def timed_single(model: Any) -> Any:
+        def go(messages: list[dict[str, Any]], n: int) -> tuple[float, float, Any]:
+            _, t, c, out = run(model, messages, n)
+            return t, c, out
+
+        return go
+
+    return timed_single(single), timed_single(lookup), (single, lookup), None
+
+
 def library(args: argparse.Namespace) -> None:
     """Raw library, raw library + LlamaPromptLookupDecoding(2), ours plain, ours speculative."""
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-    from proxy.engine.generate import LocalModel
 
     path = smollm2_path()
     common: dict[str, Any] = {
@@ -114,18 +180,12 @@ def library(args: argparse.Namespace) -> None:
     }
     raw = Llama(**common)
     pld = Llama(**common, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=2))
-    plain = LocalModel.load(path, n_ctx=1024, n_threads=args.threads, calibrate=False)
-    spec = LocalModel.load(
-        path,
-        n_ctx=1024,
-        n_threads=args.threads,
-        speculative="prompt-lookup",
-        draft_max_tokens=args.draft_max,
-        lookup_ngram=args.ngram,
-    )
+    plain, spec, engines, shared = _ours(args, path)
+    ours = "single" if args.parallel <= 1 else f"batched, parallel={args.parallel}, alone"
     print(
         f"SmolLM2-135M Q4_1, {args.threads} thread(s), flash attention, greedy, max_tokens "
-        f"{args.max_tokens}, {args.reps} interleaved runs; decode tok/s (prompt cached), medians, "
+        f"{args.max_tokens}, {args.reps} interleaved runs; ours: {ours}"
+        "; decode tok/s (prompt cached), medians, "
         "by CPU time (one thread: what an idle machine would take; wall time on the last line)"
     )
     print(
@@ -150,10 +210,10 @@ def library(args: argparse.Namespace) -> None:
             t, c_s, b = _raw_decode(pld, messages, args.max_tokens)
             speeds["pld"].append(b["usage"]["completion_tokens"] / c_s)
             walls["pld"].append(b["usage"]["completion_tokens"] / t)
-            _, t, c_s, c = run(plain, messages, args.max_tokens)
+            t, c_s, c = plain(messages, args.max_tokens)
             speeds["plain"].append(c["usage"]["completion_tokens"] / c_s)
             walls["plain"].append(c["usage"]["completion_tokens"] / t)
-            _, t, c_s, d = run(spec, messages, args.max_tokens)
+            t, c_s, d = spec(messages, args.max_tokens)
             speeds["spec"].append(d["usage"]["completion_tokens"] / c_s)
             walls["spec"].append(d["usage"]["completion_tokens"] / t)
             # Our guarantee: speculation changes no token. (The library's own answers can differ
@@ -192,8 +252,9 @@ def library(args: argparse.Namespace) -> None:
         f"chat: our x median {median(ratios['chat']):.2f} (min {min(ratios['chat']):.2f})"
     )
     print(machine())
-    plain.close()
-    spec.close()
+    for engine in (*engines, shared):
+        if engine is not None:
+            engine.close()
     raw.close()
     pld.close()
 
@@ -208,6 +269,9 @@ def main() -> None:
     parser.add_argument("--draft-max", type=int, default=8)
     parser.add_argument("--ngram", type=int, default=3)
     parser.add_argument("--library", action="store_true", help="side by side with the library")
+    parser.add_argument(
+        "--parallel", type=int, default=1, help="with --library: ours is the batched engine"
+    )
     args = parser.parse_args()
     if args.library:
         library(args)
