@@ -14,7 +14,8 @@ rep; CPU time is reported beside wall time (the machine is shared).
     .venv/bin/python bench/engine_batch.py [--reps 3] [--threads 1] [--max-tokens 128]
 
 ``--copy`` asks four copy-heavy requests instead, and runs the batch both plain and with prompt-
-lookup speculation inside it (``speculative = "prompt-lookup"`` with ``parallel = 4``).
+lookup speculation inside it (``speculative = "prompt-lookup"`` with ``parallel = 4``); then the
+four free-chat requests both ways, where the default must cost nothing.
 """
 
 from __future__ import annotations
@@ -147,28 +148,46 @@ def main() -> None:
 
 
 def copy_bench(args: argparse.Namespace) -> None:
+    """Four copy-heavy requests, then four free-chat ones (issue 27: the default must cost
+    nothing there), each batch plain and with prompt lookup inside it, interleaved."""
     from proxy.engine.batch import BatchEngine
     from proxy.engine.generate import LocalModel
 
     model = LocalModel.load(smollm2_path(), n_ctx=1024, n_threads=args.threads, calibrate=False)
     plain = BatchEngine(model, args.parallel)
     spec = BatchEngine(model, args.parallel, speculative=True)
-    requests = [_request(p, args.max_tokens) for p in COPY_PROMPTS[: args.parallel]]
-    rates: dict[str, list[float]] = {"serial": [], "batch": [], "batch+PL": []}
+    copy = [_request(p, args.max_tokens) for p in COPY_PROMPTS[: args.parallel]]
+    chat = [_request(p, args.max_tokens) for p in PROMPTS[: args.parallel]]
+    rates: dict[str, list[float]] = {
+        "serial": [],
+        "batch": [],
+        "batch+PL": [],
+        "chat batch": [],
+        "chat batch+PL": [],
+    }
     for _ in range(args.reps):
-        w, c, t = serial(model, requests)
+        w, c, t = serial(model, copy)
         rates["serial"].append(t / c)
-        w, c, t = batched(plain, requests)
+        w, c, t = batched(plain, copy)
         rates["batch"].append(t / c)
-        w, c, t = batched(spec, requests)
+        w, c, t = batched(spec, copy)
         rates["batch+PL"].append(t / c)
+        w, c, t = batched(plain, chat)
+        rates["chat batch"].append(t / c)
+        w, c, t = batched(spec, chat)
+        rates["chat batch+PL"].append(t / c)
     m = {k: median(v) for k, v in rates.items()}
     print(
-        f"SmolLM2-135M Q4_1, {args.threads} thread(s), {len(requests)} copy-heavy greedy requests "
+        f"SmolLM2-135M Q4_1, {args.threads} thread(s), {len(copy)} copy-heavy greedy requests "
         f"x {args.max_tokens} tokens, {args.reps} interleaved runs, aggregate decode tok/s by CPU "
         f"time: parallel=1 {m['serial']:.1f}, parallel={args.parallel} {m['batch']:.1f} "
         f"({m['batch'] / m['serial']:.2f}x), parallel={args.parallel} + prompt-lookup "
         f"{m['batch+PL']:.1f} ({m['batch+PL'] / m['serial']:.2f}x)"
+    )
+    print(
+        f"{len(chat)} free-chat greedy requests, same run: parallel={args.parallel} "
+        f"{m['chat batch']:.1f}, + prompt-lookup {m['chat batch+PL']:.1f} "
+        f"({m['chat batch+PL'] / m['chat batch']:.2f}x plain)"
     )
     print(machine())
     spec.close()

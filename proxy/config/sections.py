@@ -88,7 +88,7 @@ class LocalSettings:
     n_threads: int = 0
     n_ctx: int = 4096
     timeout_s: float = 30.0
-    speculative: str = "off"
+    speculative: str = "prompt-lookup"  # the design's default; "off" turns it off
     draft_model_path: str = ""
     default_max_tokens: int = 512
     max_queue: int = 16

@@ -62,7 +62,7 @@ async def test_a_full_queue_sends_the_next_request_to_the_api_at_once(
         health = (await client.get("/healthz")).json()["engine"]
         assert health["queue_depth"] == 1 and health["pending"]["jobs"] == 2
         assert health["calibration"]["decode_tok_s"] > 0
-        assert health["speculative"]["mode"] == "off"
+        assert health["speculative"]["mode"] == "prompt-lookup"  # the default
         assert health["memory"]["fits"] is True
         running.cancel()
         waiting.cancel()
