@@ -129,13 +129,15 @@ KINDS: dict[str, Kind] = {
             probe_path="/docs",  # FastAPI's page: answered without the model lock
             one_at_a_time=True,
         ),
-        # llama.cpp's C++ server (llama-server --jinja): documented, not measured here
-        Kind(name="llama-server", max_n=1, probe_path="/health"),
+        # llama.cpp's C++ server (llama-server --jinja for tools): documented, not measured
+        # here; max_tokens is its documented cap, so the cap goes as that
+        Kind(name="llama-server", max_n=1, max_completion_tokens=False, probe_path="/health"),
         # vLLM's OpenAI server: n, schemas (guided decoding), named and auto tools (auto with
         # --enable-auto-tool-choice); documented, not measured here
         Kind(name="vllm", max_n=8, probe_path="/health"),
-        # Ollama's /v1: no tool_choice, no n, no logprobs assumed; documented, not measured
-        Kind(name="ollama", tools="auto", max_n=1, logprobs="none"),
+        # Ollama's /v1: no tool_choice, no n, no logprobs assumed, the cap as max_tokens;
+        # documented, not measured here
+        Kind(name="ollama", tools="auto", max_n=1, max_completion_tokens=False, logprobs="none"),
         # another frugal serve, asked for its model "local": what the bundled engine honours
         Kind(name="frugal", max_n=8),
         # any other OpenAI-compatible server: plain chat, n = 1
