@@ -81,6 +81,8 @@ class StreamedAnswer:
         self.done = False
 
     def feed(self, data: str) -> str:
+        if not data.strip():
+            return ""
         if data.strip() == "[DONE]":
             self.done = True
             return ""

@@ -261,20 +261,29 @@ def live_through(tmp_path: Path, api: FakeAPI, server: LlamaCppServer) -> Any:
     )
 
 
-async def test_a_server_killed_mid_stream_ends_the_stream_with_an_error_and_one_row(
+async def test_a_server_killed_mid_stream_and_mid_queue_answers_each_request_once(
     tmp_path: Path, fake_api: FakeAPI, make_client: Callable[..., Any], killable: LlamaCppServer
 ) -> None:
+    # One live stream runs on the server, a second request waits in its queue (one slot).
     body = {"model": "gpt-4o-mini", "messages": STORY, "max_tokens": 400, "stream": True}
     async with make_client(live_through(tmp_path, fake_api, killable)) as client:
         backend = await wait_up(client)
-        request = asyncio.create_task(
+        streaming = asyncio.create_task(
             client.post("/v1/chat/completions", json=body, headers=ACCEPT_ANY)
         )
-        while backend.stats.streamed_pieces < 3 and not request.done():
+        while backend.stats.streamed_pieces < 3 and not streaming.done():
             await asyncio.sleep(0.01)
+        queued = asyncio.create_task(
+            client.post("/v1/chat/completions", json=ASK, headers=ACCEPT_ANY)
+        )
+        while backend.health()["queue_depth"] < 1 and not queued.done():
+            await asyncio.sleep(0.01)
+        assert backend.health()["queue_depth"] == 1
         killable.stop()  # SIGKILL, once three tokens have gone to the client
-        r = await request
+        r, waited = await streaming, await queued
         relayed = backend.stats.streamed_pieces
+        assert backend.state == "down"
+    # the stream: the server's tokens up to the kill, once, then an error event
     assert r.status_code == 200 and r.headers["x-frugal-route"] == "local"
     events = r.text.rstrip().split("\n\n")
     assert events[-1] == "data: [DONE]"
@@ -284,11 +293,15 @@ async def test_a_server_killed_mid_stream_ends_the_stream_with_an_error_and_one_
         for c in sse(r.text)
         if c.get("choices") and c["choices"][0]["delta"].get("content")
     ]
-    # the server's tokens up to the kill, once, and nothing from another backend or the API
     assert 3 <= len(pieces) == relayed < 400
+    # the queued request: handed on to the bundled engine, answered there
+    assert waited.status_code == 200 and waited.headers["x-frugal-route"] == "local"
+    assert waited.json()["choices"][0]["message"]["content"]
     assert fake_api.count == 0
-    [(route, _, where, error)] = ledger(tmp_path)
-    assert (route, where, error) == ("local", "srv", "local_error")
+    assert sorted(ledger(tmp_path), key=str) == [  # one row each, in either order
+        ("local", "accepted", "engine", None),
+        ("local", "live", "srv", "local_error"),
+    ]
 
 
 async def test_a_server_killed_before_a_stream_leaves_it_to_the_engine_with_one_row(
