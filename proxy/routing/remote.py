@@ -100,7 +100,7 @@ class RemoteBackend(Backend):
         self.work = WorkTracker()
         self.memory = PrefixMemory()
         self.stats = RemoteStats()
-        self.logprobs = settings.logprobs
+        self.logprobs = settings.logprobs and self.server.gate_logprobs
         self._transport = transport
         self._rates = RemoteRates(
             prefill_tok_s=settings.prefill_tok_s, decode_tok_s=settings.decode_tok_s, prior=prior

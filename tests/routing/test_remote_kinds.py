@@ -223,6 +223,7 @@ async def test_a_llama_cpp_python_backend_is_probed_where_its_model_lock_is_not(
 
     async with remote(handler, kind="llama-cpp-python") as backend:
         assert backend.state == "up"
+        assert backend.logprobs is False  # too dear there for the gate; a client's still go
         assert not backend.admits({**REQUEST, "n": 2}, "chat")
         assert backend.admits({"model": "m", "messages": QUESTION}, "chat")
     assert paths and set(paths) == {"/docs"}  # api_base http://gpu.test/v1, less its /v1
