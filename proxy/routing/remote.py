@@ -12,7 +12,7 @@ answers (:mod:`proxy.routing.remote_rates`). Its answers are scored with
 ``quality.score`` in a thread, with logprobs when the server gives them.
 
 Streams: for a ``live`` stream (``on_token``) the server is asked for a stream and its tokens are
-relayed as they come (:class:`~proxy.routing.remote_wire.StreamedAnswer` puts the answer
+relayed as they come (:class:`~proxy.routing.remote_stream.StreamedAnswer` puts the answer
 together for the gate and the ledger). A stream that breaks before its first token is a failure
 like any other (another backend, or the API); after it, the failure is
 :class:`~proxy.errors.EngineCrashed`, never moved to another backend, and the client's stream
@@ -48,14 +48,8 @@ from proxy.routing.estimator import Prediction, answer_cap, predict
 from proxy.routing.prefix_memory import PrefixMemory
 from proxy.routing.remote_kinds import KINDS
 from proxy.routing.remote_rates import RemoteRates
-from proxy.routing.remote_wire import (
-    StreamCut,
-    StreamedAnswer,
-    error_of,
-    request_body,
-    score,
-    stop_cause,
-)
+from proxy.routing.remote_stream import Relay, StreamCut
+from proxy.routing.remote_wire import error_of, request_body, score, stop_cause
 from proxy.routing.slots import Slots
 
 log = structlog.get_logger(__name__)
@@ -441,37 +435,6 @@ async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], grace_s: float = STOP_G
         task.cancel()
     if pending:
         await asyncio.wait(pending, timeout=grace_s)
-
-
-class Relay:
-    """A live stream's tokens on their way to ``on_token``, and whether any has gone yet."""
-
-    def __init__(
-        self, on_token: Callable[[str], None] | None, prompt_tokens: int, stats: RemoteStats
-    ) -> None:
-        self.on_token = on_token
-        self.prompt_tokens = prompt_tokens
-        self.stats = stats
-        self.answer: StreamedAnswer | None = None
-        self.said = False
-
-    def start(self) -> StreamedAnswer:
-        self.answer = StreamedAnswer(self.prompt_tokens)
-        self.stats.streamed += 1
-        return self.answer
-
-    def say(self, text: str) -> None:
-        if text and self.on_token is not None:
-            self.said = True
-            self.stats.streamed_pieces += 1
-            self.on_token(text)
-
-    def after_first_token(self, failure: EngineCrashed) -> EngineCrashed:
-        """``failure`` as the router must see it: once a token is out, the request stays here
-        (its stream ends with an error event), so never BackendDown."""
-        if self.said and isinstance(failure, BackendDown):
-            return EngineCrashed(f"{failure} after the first token")
-        return failure
 
 
 def backend_failure(name: str, exc: Exception) -> EngineCrashed:

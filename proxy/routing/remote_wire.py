@@ -10,7 +10,6 @@ in the engine's words (:func:`stop_cause`), and it is scored with ``quality.scor
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import httpx
@@ -19,8 +18,6 @@ from proxy.routing.remote_kinds import KINDS, Kind
 
 __all__ = [
     "NOT_FORWARDED",
-    "StreamCut",
-    "StreamedAnswer",
     "error_of",
     "request_body",
     "score",
@@ -54,83 +51,6 @@ def request_body(
         if kind.stream_usage:
             body["stream_options"] = {"include_usage": True}
     return body
-
-
-class StreamCut(Exception):
-    """A server's stream ended without a finish reason (llama-cpp-python's model lock ends a
-    stream with ``[DONE]`` when another request arrives), or with an error event."""
-
-
-class StreamedAnswer:
-    """A chat answer read from a server's SSE stream (one choice), put together as the
-    completion its non-streamed answer would have been.
-
-    :meth:`feed` takes one ``data:`` line's text and returns the content it adds (``""`` for
-    none); :meth:`completion` is the whole answer once the stream has ended. A server that sends
-    no usage chunk (llama-cpp-python) is counted here: one token per content chunk, and the
-    prompt as ``prompt_tokens`` estimates it (:attr:`usage` stays None).
-    """
-
-    def __init__(self, prompt_tokens: int) -> None:
-        self.prompt_tokens = prompt_tokens
-        self.parts: list[str] = []
-        self.logprobs: list[Any] = []
-        self.finish_reason: str | None = None
-        self.usage: dict[str, Any] | None = None
-        self.head: dict[str, Any] = {}
-        self.done = False
-
-    def feed(self, data: str) -> str:
-        if not data.strip():
-            return ""
-        if data.strip() == "[DONE]":
-            self.done = True
-            return ""
-        event = json.loads(data)
-        if not isinstance(event, dict):
-            raise StreamCut("a stream event that is not an object")
-        if event.get("error"):
-            raise StreamCut(f"an error event: {str(event['error'])[:200]}")
-        if not self.head:
-            self.head = {k: event[k] for k in ("id", "created", "model") if k in event}
-        if event.get("usage"):
-            self.usage = event["usage"]
-        text = ""
-        for choice in event.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            piece = delta.get("content")
-            if isinstance(piece, str) and piece:
-                self.parts.append(piece)
-                text += piece
-            entries = (choice.get("logprobs") or {}).get("content")
-            if isinstance(entries, list):
-                self.logprobs.extend(entries)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-        return text
-
-    def completion(self) -> dict[str, Any]:
-        if self.finish_reason is None:
-            raise StreamCut("the stream ended without a finish reason")
-        usage = self.usage
-        if usage is None:
-            decoded = sum(1 for part in self.parts if part)
-            usage = {
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": decoded,
-                "total_tokens": self.prompt_tokens + decoded,
-            }
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": "".join(self.parts)},
-            "logprobs": {"content": self.logprobs} if self.logprobs else None,
-            "finish_reason": self.finish_reason,
-        }
-        completion = {**self.head, "object": "chat.completion", "choices": [choice]}
-        completion["usage"] = usage
-        return completion
 
 
 def stop_cause(completion: dict[str, Any], cap: int) -> str:

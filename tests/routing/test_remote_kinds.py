@@ -19,7 +19,8 @@ from proxy import config
 from proxy.errors import ConfigError, EngineCrashed
 from proxy.routing.base import BackendDown
 from proxy.routing.remote_kinds import KINDS
-from proxy.routing.remote_wire import StreamCut, StreamedAnswer, request_body
+from proxy.routing.remote_stream import StreamCut, StreamedAnswer
+from proxy.routing.remote_wire import request_body
 from tests.conftest import settings_for
 from tests.routing.test_backends import QUESTION, REQUEST, remote
 
