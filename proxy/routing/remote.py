@@ -104,6 +104,7 @@ class RemoteBackend(Backend):
         self._client: httpx.AsyncClient | None = None
         self._prober: asyncio.Task[None] | None = None
         self._checks: set[asyncio.Task[None]] = set()
+        self._hinted = False  # _hint_kind has looked at a probe's answer
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -166,7 +167,25 @@ class RemoteBackend(Backend):
         if response.status_code >= 500:
             self.error = f"health probe: HTTP {response.status_code}"
             return False
+        self._hint_kind(response)
         return True
+
+    def _hint_kind(self, response: httpx.Response) -> None:
+        """Once: say so when a backend left as ``openai-compatible`` is llama-cpp-python's server,
+        whose model list says ``owned_by: "me"``; its /models probe would cut its streams."""
+        if self._hinted or self.settings.kind != "openai-compatible":
+            return
+        self._hinted = True
+        try:
+            owners = {m.get("owned_by") for m in response.json().get("data") or ()}
+        except (ValueError, AttributeError, TypeError):
+            return
+        if "me" in owners:
+            log.warning(
+                "backend_kind_hint",
+                backend=self.name,
+                hint='this looks like python -m llama_cpp.server: set kind = "llama-cpp-python"',
+            )
 
     def _probe_until_up(self) -> None:
         if self._prober is None or self._prober.done():

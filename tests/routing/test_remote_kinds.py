@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import structlog
 
 from proxy import config
 from proxy.errors import ConfigError, EngineCrashed
@@ -228,3 +229,17 @@ async def test_a_llama_cpp_python_backend_is_probed_where_its_model_lock_is_not(
         assert not backend.admits({**REQUEST, "n": 2}, "chat")
         assert backend.admits({"model": "m", "messages": QUESTION}, "chat")
     assert paths and set(paths) == {"/docs"}  # api_base http://gpu.test/v1, less its /v1
+
+
+async def test_a_llama_cpp_python_server_left_as_openai_compatible_gets_a_hint() -> None:
+    models = {"object": "list", "data": [{"id": "m.gguf", "object": "model", "owned_by": "me"}]}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=models)
+
+    with structlog.testing.capture_logs() as logs:
+        async with remote(handler) as backend:
+            assert backend.state == "up"
+            await backend.probe()
+    hints = [entry for entry in logs if entry["event"] == "backend_kind_hint"]
+    assert len(hints) == 1 and 'kind = "llama-cpp-python"' in hints[0]["hint"]
