@@ -18,6 +18,7 @@ from __future__ import annotations
 from proxy.config.checks import validate
 from proxy.config.load import from_dict, load, resolve_path
 from proxy.config.sections import (
+    BACKEND_KINDS,
     SECTIONS,
     BackendSettings,
     CacheSettings,
@@ -35,6 +36,7 @@ from proxy.config.sections import (
 from proxy.errors import ConfigError
 
 __all__ = [
+    "BACKEND_KINDS",
     "SECTIONS",
     "BackendSettings",
     "CacheSettings",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from proxy.config.sections import (
+    BACKEND_KINDS,
     MEMORY_GUARDS,
     OBJECTIVES,
     SPECULATIVE_MODES,
@@ -131,6 +132,15 @@ def _validate_backends(backends: tuple[BackendSettings, ...]) -> None:
         names.add(b.name)
         if not b.api_base.startswith(("http://", "https://")):
             raise ConfigError(f"{where} api_base = {b.api_base!r}: expected an http(s) URL")
+        if b.kind not in BACKEND_KINDS:
+            raise ConfigError(
+                f"{where} kind = {b.kind!r}: expected one of " + ", ".join(BACKEND_KINDS)
+            )
+        if b.kind == "llama-cpp-python" and b.max_concurrency != 1:
+            raise ConfigError(
+                f"{where} max_concurrency = {b.max_concurrency}: expected 1 for kind "
+                '"llama-cpp-python" (one model lock: a second request cuts a running stream)'
+            )
         _check_range(f"{where} max_concurrency", b.max_concurrency, 1, 256)
         _check_range(f"{where} max_queue", b.max_queue, 0)
         _check_range(f"{where} timeout_s", b.timeout_s, 0.0)

@@ -25,6 +25,15 @@ SPECULATIVE_MODES = ("off", "prompt-lookup", "draft")
 MEMORY_GUARDS = ("shrink", "refuse", "off")
 STREAM_MODES = ("verify", "live")
 OBJECTIVES = ("cost", "latency")
+# [[local.backends]] kind: what each does with a request is proxy.routing.remote_kinds's
+BACKEND_KINDS = (
+    "llama-server",
+    "llama-cpp-python",
+    "vllm",
+    "ollama",
+    "frugal",
+    "openai-compatible",
+)
 
 
 def default_threads() -> int:
@@ -60,11 +69,13 @@ class ServerSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class BackendSettings:
-    """``[[local.backends]]``: another OpenAI-compatible llama.cpp server (``llama-server``, or
-    another ``frugal serve``) that local answers may come from."""
+    """``[[local.backends]]``: another OpenAI-compatible inference server (``llama-server``,
+    ``python -m llama_cpp.server``, vLLM, Ollama, another ``frugal serve``) that local answers
+    may come from; ``kind`` says which (:data:`BACKEND_KINDS`)."""
 
     name: str
     api_base: str
+    kind: str = "openai-compatible"
     api_key_env: str = ""
     model: str = "local"
     max_concurrency: int = 1

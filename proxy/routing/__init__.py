@@ -12,6 +12,9 @@
     remote        other llama.cpp / OpenAI-compatible servers used as local backends: their
                   life cycle, health probes, and one call with its deadline
     remote_wire   what a remote server is sent, and how its answer is read and scored
+    remote_stream a live stream from a remote server: relayed token by token, put together
+    remote_kinds  what each kind of server (llama-server, llama-cpp-python, vLLM, ...) is sent
+                  and refuses
     remote_rates  a remote server's prefill and decode rates, measured from its answers
     slots         a remote server's places to run and the FIFO waiting for them
 

@@ -1,14 +1,23 @@
-"""Remote local backends: other OpenAI-compatible llama.cpp servers (``[[local.backends]]``).
+"""Remote local backends: other OpenAI-compatible inference servers (``[[local.backends]]``).
 
-``llama-server`` on another box or a GPU, or another ``frugal serve`` (asked for its model
-``local``, so that it answers locally and never through its own API).
+``llama-server`` or ``python -m llama_cpp.server`` on another box or a GPU, vLLM, Ollama, or
+another ``frugal serve`` (asked for its model ``local``, so that it answers locally and never
+through its own API). Its ``kind`` (:mod:`proxy.routing.remote_kinds`) says how a request is put
+to it and which requests it cannot honour: those are not admitted, and go to the bundled engine
+or the API. Legacy completions stay with the bundled engine.
 
 A remote backend answers ``max_concurrency`` requests at once; the others wait in its FIFO queue
 (at most ``max_queue``; :mod:`proxy.routing.slots`). Its rates are measured by timing its
 answers (:mod:`proxy.routing.remote_rates`). Its answers are scored with
-``quality.score`` in a thread, with logprobs when the server gives them. The answer arrives
-whole (a ``live`` stream replays it), and only chat requests with one answer (``n`` = 1) go to
-a remote; legacy completions stay with the bundled engine.
+``quality.score`` in a thread, with logprobs when the server gives them.
+
+Streams: for a ``live`` stream (``on_token``) the server is asked for a stream and its tokens are
+relayed as they come (:class:`~proxy.routing.remote_stream.StreamedAnswer` puts the answer
+together for the gate and the ledger). A stream that breaks before its first token is a failure
+like any other (another backend, or the API); after it, the failure is
+:class:`~proxy.errors.EngineCrashed`, never moved to another backend, and the client's stream
+ends with an error event. A stream that ends without a finish reason was cut (llama-cpp-python
+ends a stream with ``[DONE]`` when another request arrives) and is a failure too.
 
 Faults: a backend is used only after a health probe (``GET {api_base}/models``) has answered.
 A call that fails to connect marks it down at once; a call that runs past twice its predicted
@@ -24,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +46,9 @@ from proxy.errors import EngineBusy, EngineCrashed, EngineTimeout
 from proxy.routing.base import Backend, BackendDown, left, rounded
 from proxy.routing.estimator import Prediction, answer_cap, predict
 from proxy.routing.prefix_memory import PrefixMemory
+from proxy.routing.remote_kinds import KINDS
 from proxy.routing.remote_rates import RemoteRates
+from proxy.routing.remote_stream import Relay, StreamCut
 from proxy.routing.remote_wire import error_of, request_body, score, stop_cause
 from proxy.routing.slots import Slots
 
@@ -54,6 +65,8 @@ class RemoteStats:
     timeouts: int = 0
     downs: int = 0
     handed_on: int = 0
+    streamed: int = 0  # live streams relayed
+    streamed_pieces: int = 0  # their text pieces (about one token each) handed on
 
 
 class RemoteBackend(Backend):
@@ -72,6 +85,7 @@ class RemoteBackend(Backend):
     ) -> None:
         self.settings = settings
         self.name = settings.name
+        self.server = KINDS[settings.kind]
         self.timeout_s = settings.timeout_s or timeout_s
         self.slots = settings.max_concurrency
         self.default_max_tokens = default_max_tokens
@@ -80,7 +94,7 @@ class RemoteBackend(Backend):
         self.work = WorkTracker()
         self.memory = PrefixMemory()
         self.stats = RemoteStats()
-        self.logprobs = settings.logprobs
+        self.logprobs = settings.logprobs and self.server.gate_logprobs
         self._transport = transport
         self._rates = RemoteRates(
             prefill_tok_s=settings.prefill_tok_s, decode_tok_s=settings.decode_tok_s, prior=prior
@@ -90,6 +104,7 @@ class RemoteBackend(Backend):
         self._client: httpx.AsyncClient | None = None
         self._prober: asyncio.Task[None] | None = None
         self._checks: set[asyncio.Task[None]] = set()
+        self._hinted = False  # _hint_kind has looked at a probe's answer
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -124,26 +139,53 @@ class RemoteBackend(Backend):
         return self.state == "up"
 
     def admits(self, request: dict[str, Any], kind: str) -> bool:
-        n = request.get("n")
         room = self._slots.free > 0 or self._slots.waiting < self.settings.max_queue
-        return self.ready() and kind == "chat" and (n is None or n == 1) and room
+        return self.ready() and kind == "chat" and room and self.server.refuses(request) is None
+
+    def _probe_url(self) -> str:
+        """``GET {api_base}/models``, or a path from the server's root for a kind whose
+        ``/models`` waits behind its model lock (llama-cpp-python: ``/docs``)."""
+        path = self.server.probe_path
+        if not path.startswith("/"):
+            return path
+        root = self.settings.api_base.rstrip("/")
+        root = root.removesuffix("/v1")
+        return root + path
 
     async def probe(self) -> bool:
-        """One health probe: does ``GET {api_base}/models`` answer in time?"""
+        """One health probe: does the kind's probe (``GET {api_base}/models``) answer in time?"""
         if self._client is None:
             return False
         try:
             # asyncio.timeout, not wait_for: on Python 3.11, wait_for can lose a cancellation
             # that arrives just as the probe's answer does, and the caller then never stops.
             async with asyncio.timeout(self.settings.probe_timeout_s):
-                response = await self._client.get("models")
+                response = await self._client.get(self._probe_url())
         except (httpx.HTTPError, TimeoutError) as exc:
             self.error = f"health probe: {type(exc).__name__}"
             return False
         if response.status_code >= 500:
             self.error = f"health probe: HTTP {response.status_code}"
             return False
+        self._hint_kind(response)
         return True
+
+    def _hint_kind(self, response: httpx.Response) -> None:
+        """Once: say so when a backend left as ``openai-compatible`` is llama-cpp-python's server,
+        whose model list says ``owned_by: "me"``; its /models probe would cut its streams."""
+        if self._hinted or self.settings.kind != "openai-compatible":
+            return
+        self._hinted = True
+        try:
+            owners = {m.get("owned_by") for m in response.json().get("data") or ()}
+        except (ValueError, AttributeError, TypeError):
+            return
+        if "me" in owners:
+            log.warning(
+                "backend_kind_hint",
+                backend=self.name,
+                hint='this looks like python -m llama_cpp.server: set kind = "llama-cpp-python"',
+            )
 
     def _probe_until_up(self) -> None:
         if self._prober is None or self._prober.done():
@@ -219,8 +261,8 @@ class RemoteBackend(Backend):
         on_token: Callable[[str], None] | None = None,
         kind: str = "chat",
     ) -> dict[str, Any]:
-        """Answer through the remote server before ``deadline``. The answer arrives whole:
-        ``on_token`` is not called (a live stream replays it)."""
+        """Answer through the remote server before ``deadline``; with ``on_token``, as a stream
+        whose text is handed to ``on_token`` as it comes."""
         if self.state != "up":
             raise BackendDown(f"backend {self.name} is {self.state}")
         if self._slots.free <= 0 and self._slots.waiting >= self.settings.max_queue:
@@ -236,7 +278,7 @@ class RemoteBackend(Backend):
                     raise BackendDown(f"backend {self.name} is {self.state}")
                 self.work.start(ticket)
                 self.memory.remember(request)
-                completion = await self._answer(request, deadline, expected, cap)
+                completion = await self._answer(request, deadline, expected, cap, on_token)
                 return completion
             finally:
                 self._slots.release()
@@ -246,20 +288,34 @@ class RemoteBackend(Backend):
         finally:
             self.work.finish(ticket, request, completion)
 
-    def _body(self, request: dict[str, Any], cap: int) -> dict[str, Any]:
-        return request_body(request, model=self.settings.model, cap=cap, logprobs=self.logprobs)
+    def _body(self, request: dict[str, Any], cap: int, stream: bool) -> dict[str, Any]:
+        return request_body(
+            request,
+            model=self.settings.model,
+            cap=cap,
+            logprobs=self.logprobs,
+            kind=self.server,
+            stream=stream,
+        )
 
     async def _answer(
-        self, request: dict[str, Any], deadline: float, expected_s: float, cap: int
+        self,
+        request: dict[str, Any],
+        deadline: float,
+        expected_s: float,
+        cap: int,
+        on_token: Callable[[str], None] | None = None,
     ) -> dict[str, Any]:
-        body = self._body(request, cap)
+        stream = on_token is not None
+        body = self._body(request, cap, stream)
         started = time.perf_counter()
-        response = await self._call(body, deadline, expected_s)
+        relay = Relay(on_token, int(self.work.estimate_prompt_tokens(request)), self.stats)
+        response = await self._call(self._send(body, relay), deadline, expected_s, relay)
         if response.status_code == 400 and body.get("logprobs") and not request.get("logprobs"):
             # A server that refuses logprobs: ask again without, and stop asking.
             self.logprobs = False
-            body = self._body(request, cap)
-            response = await self._call(body, deadline, expected_s)
+            body = self._body(request, cap, stream)
+            response = await self._call(self._send(body, relay), deadline, expected_s, relay)
         elapsed = time.perf_counter() - started
         if response.status_code >= 500:
             self.stats.failures += 1
@@ -276,6 +332,8 @@ class RemoteBackend(Backend):
             raise EngineCrashed(f"backend {self.name} sent a malformed answer") from exc
         self.stats.completed += 1
         info = self._rates.observe(completion, elapsed)
+        if relay.answer is not None and relay.answer.usage is None:
+            info["usage_source"] = "estimated"  # no usage chunk: counted by StreamedAnswer
         info["stop_cause"] = stop_cause(completion, cap)
         try:
             verdict = await asyncio.to_thread(score, request, {**completion, "frugal": info})
@@ -287,13 +345,36 @@ class RemoteBackend(Backend):
         completion.pop("timings", None)
         return dict(completion)
 
-    async def _call(
-        self, body: dict[str, Any], deadline: float, expected_s: float
-    ) -> httpx.Response:
-        """POST the request; ends early with BackendDown when the backend is found dead, and
-        with EngineTimeout at the deadline."""
+    async def _send(self, body: dict[str, Any], relay: Relay) -> httpx.Response:
+        """POST ``body``; a stream is read to its end here, its text handed to ``relay`` as it
+        comes, and its answer returned as the JSON a non-streamed call would have had."""
         assert self._client is not None
-        call = asyncio.create_task(self._client.post("chat/completions", json=body))
+        if not body.get("stream"):
+            return await self._client.post("chat/completions", json=body)
+        async with self._client.stream("POST", "chat/completions", json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                return response
+            answer = relay.start()
+            async for line in response.aiter_lines():
+                if line.startswith("data:"):
+                    relay.say(answer.feed(line[5:].strip()))
+                    if answer.done:
+                        break
+            completion = answer.completion()  # StreamCut when it ended without a finish
+        return httpx.Response(200, json=completion)
+
+    async def _call(
+        self,
+        send: Coroutine[Any, Any, httpx.Response],
+        deadline: float,
+        expected_s: float,
+        relay: Relay,
+    ) -> httpx.Response:
+        """Run ``send``; ends early with BackendDown when the backend is found dead, and with
+        EngineTimeout at the deadline. Once ``relay`` has handed on a token, a failure is
+        EngineCrashed: the request cannot move to another backend mid-answer."""
+        call = asyncio.create_task(send)
         self._calls.add(call)
         watch = asyncio.create_task(self._watch(expected_s, call))
         try:
@@ -311,9 +392,9 @@ class RemoteBackend(Backend):
                 failure = backend_failure(self.name, exc)
                 if isinstance(failure, BackendDown):
                     self.mark_down(type(exc).__name__)
-                raise failure from exc
+                raise relay.after_first_token(failure) from exc
         if call in done or watch in done:  # cancelled by mark_down, or found dead
-            raise BackendDown(f"backend {self.name} stopped answering")
+            raise relay.after_first_token(BackendDown(f"backend {self.name} stopped answering"))
         self.stats.timeouts += 1
         self._check_soon("no answer before the deadline")
         raise EngineTimeout(f"backend {self.name} did not answer before the deadline")
@@ -340,6 +421,7 @@ class RemoteBackend(Backend):
         return {
             "name": self.name,
             "kind": self.kind,
+            "server": self.settings.kind,
             "api_base": self.settings.api_base,
             "state": self.state,
             "error": self.error,
@@ -358,6 +440,8 @@ class RemoteBackend(Backend):
             "timeouts": self.stats.timeouts,
             "downs": self.stats.downs,
             "handed_on": self.stats.handed_on,
+            "streamed": self.stats.streamed,
+            "streamed_pieces": self.stats.streamed_pieces,
         }
 
 
@@ -382,4 +466,6 @@ def backend_failure(name: str, exc: Exception) -> EngineCrashed:
     """
     if isinstance(exc, httpx.TransportError):
         return BackendDown(f"backend {name} is unreachable: {exc!r}")
+    if isinstance(exc, StreamCut | ValueError):  # a cut stream, or an event that is not JSON
+        return EngineCrashed(f"backend {name}'s stream broke off: {exc}")
     return EngineCrashed(f"backend {name}: {type(exc).__name__}")

@@ -2,7 +2,8 @@
 
 The body is the client's request less the proxy's own fields (:data:`NOT_FORWARDED`), with the
 backend's model, the engine's default ``max_tokens`` when the client set none, and ``logprobs``
-asked for when the backend gives them (for the quality gate). The answer's stop reason is said
+asked for when the backend gives them (for the quality gate), in the words of the backend's kind
+(:mod:`proxy.routing.remote_kinds`). The answer's stop reason is said
 in the engine's words (:func:`stop_cause`), and it is scored with ``quality.score``
 (:func:`score`, run in a thread by the caller).
 """
@@ -13,24 +14,42 @@ from typing import Any
 
 import httpx
 
-__all__ = ["NOT_FORWARDED", "error_of", "request_body", "score", "stop_cause"]
+from proxy.routing.remote_kinds import KINDS, Kind
+
+__all__ = [
+    "NOT_FORWARDED",
+    "error_of",
+    "request_body",
+    "score",
+    "stop_cause",
+]
 
 # Fields of a chat request a remote llama.cpp server is not sent (the proxy's own business).
 NOT_FORWARDED = ("stream", "stream_options", "user", "metadata", "store", "service_tier")
 
 
 def request_body(
-    request: dict[str, Any], *, model: str, cap: int, logprobs: bool
+    request: dict[str, Any],
+    *,
+    model: str,
+    cap: int,
+    logprobs: bool,
+    kind: Kind = KINDS["openai-compatible"],
+    stream: bool = False,
 ) -> dict[str, Any]:
-    """The JSON body sent to the server for ``request``, answering at most ``cap`` tokens."""
+    """The JSON body sent to the server for ``request``, answering at most ``cap`` tokens, in
+    the words of its ``kind``; ``stream``: asked as a stream (a ``live`` one)."""
     body = {k: v for k, v in request.items() if k not in NOT_FORWARDED}
     body["model"] = model
     if not (body.get("max_tokens") or body.get("max_completion_tokens")):
         body["max_tokens"] = cap  # [local] default_max_tokens, as the engine would
-    if logprobs:
-        body["logprobs"] = True
-        if not request.get("logprobs"):
-            body.pop("top_logprobs", None)
+    if logprobs and not request.get("logprobs"):
+        body.pop("top_logprobs", None)
+    body = kind.adapt(body, gate_logprobs=logprobs)
+    if stream:
+        body["stream"] = True
+        if kind.stream_usage:
+            body["stream_options"] = {"include_usage": True}
     return body
 
 

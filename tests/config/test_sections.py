@@ -60,3 +60,13 @@ def test_fallback_is_enabled_only_when_its_key_is_set(monkeypatch: pytest.Monkey
     assert config.FallbackSettings().enabled
     assert config.FallbackSettings(api_base="http://127.0.0.1:1/v1", api_key_env="").enabled
     assert not config.FallbackSettings(api_base="", api_key_env="").enabled
+
+
+def test_example_config_documents_every_backend_key() -> None:
+    # [[local.backends]] is shown commented out, one "# key = default  # what it is" per key
+    text = EXAMPLE.read_text()
+    for f in fields(config.BackendSettings):
+        line = re.search(rf"^# {f.name} = (.+?)\s+# \S", text, re.M)
+        assert line, f"[[local.backends]] {f.name} missing from config.example.toml"
+        if f.name not in ("name", "api_base"):
+            assert tomllib.loads(f"v = {line.group(1)}")["v"] == f.default, f.name

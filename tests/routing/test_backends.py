@@ -526,7 +526,7 @@ async def test_a_second_frugal_serve_is_a_local_backend(
     peer_dir.mkdir()
     peer = await asyncio.to_thread(start_server, peer_dir, fake_api)
     try:
-        entry = {**fast_backend(fake_api), "api_base": peer.base + "/v1"}
+        entry = {**fast_backend(fake_api), "api_base": peer.base + "/v1", "kind": "frugal"}
         s = settings_for(tmp_path, fake_api, local={"backends": [entry]})
         async with make_client(s) as client:
             await wait_for_state(client, "peer", "up")
@@ -536,14 +536,24 @@ async def test_a_second_frugal_serve_is_a_local_backend(
             assert response.json()["choices"][0]["message"]["content"]
             health = await wait_for_state(client, "peer", "up")
             assert health["completed"] == 1 and health["rates_source"] == "requests"
+            # kind "frugal" takes n up to 8: the peer's engine answers both choices
+            two = await client.post(
+                "/v1/chat/completions", json={**REQUEST, "n": 2}, headers=ACCEPT_ANY
+            )
+            assert two.headers["x-frugal-route"] == "local"
+            assert [c["index"] for c in two.json()["choices"]] == [0, 1]
     finally:
         assert await asyncio.to_thread(stop_server, peer) == 0
     conn = sqlite3.connect(tmp_path / "ledger.db")
-    assert conn.execute("SELECT backend, route FROM requests").fetchall() == [("peer", "local")]
+    assert conn.execute("SELECT backend, route FROM requests").fetchall() == [
+        ("peer", "local"),
+        ("peer", "local"),
+    ]
     conn.close()
     peer_ledger = sqlite3.connect(peer.db)
-    # The peer answered it as its own model "local": locally, never through its API.
+    # The peer answered them as its own model "local": locally, never through its API.
     assert peer_ledger.execute("SELECT requested_model, route FROM requests").fetchall() == [
-        ("local", "local")
+        ("local", "local"),
+        ("local", "local"),
     ]
     peer_ledger.close()
