@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,56 +20,17 @@ from proxy.config.model_name import ModelName
 from proxy.engine.generate import bundled_model_path
 from proxy.models import ModelsError, pull
 from quality.relevance import gguf_path
-from tests.models.hub_server import StandInHub
-
-SMOL = "test-org/SmolLM2-135M-Instruct-GGUF"
-SMOL_FILE = "SmolLM2-135M-Instruct-Q4_1.gguf"
-MINI = "test-org/all-MiniLM-L6-v2-GGUF"
-MINI_FILE = "all-MiniLM-L6-v2.Q8_0.gguf"
-SPLIT = "test-org/MiniLM-split-GGUF"
-SPLIT_FILES = ("MiniLM-Q8_0-00001-of-00002.gguf", "MiniLM-Q8_0-00002-of-00002.gguf")
-HUGE = "test-org/Huge-70B-Instruct-GGUF"
-HUGE_FILE = "Huge-70B-Instruct-Q4_K_M.gguf"
-GiB = 1 << 30
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInHub]:
-    mini = gguf_path()
-    folder = tmp_path_factory.mktemp("hub-files")
-    data = mini.read_bytes()
-    half = len(data) // 2
-    (folder / SPLIT_FILES[0]).write_bytes(data[:half])
-    (folder / SPLIT_FILES[1]).write_bytes(data[half:])
-    with StandInHub() as hub:
-        hub.add(SMOL, SMOL_FILE, Path(bundled_model_path()))
-        hub.add(SMOL, "README.md", Path(__file__))  # not a model: never listed as a quant
-        hub.add(MINI, MINI_FILE, mini)
-        for name in SPLIT_FILES:
-            hub.add(SPLIT, name, folder / name)
-        hub.add(HUGE, HUGE_FILE, mini, size=40 * 10**9)  # the listing says 40 GB
-        yield hub
-
-
-@pytest.fixture
-def hub(
-    served: StandInHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[StandInHub]:
-    """The stand-in as HF_ENDPOINT, a fresh cache in tmp_path, no config, no token."""
-    monkeypatch.setenv("HF_ENDPOINT", served.url)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no stored token is read
-    for name in ("HF_TOKEN", "HF_HUB_OFFLINE", "FRUGAL_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(tmp_path)
-    served.reset()
-    # huggingface_hub's own handler keeps the stderr of the test that first used it; point it at
-    # this test's, so that its warnings ("Trying to resume download...") are captured here.
-    for handler in logging.getLogger("huggingface_hub").handlers:
-        if isinstance(handler, logging.StreamHandler):
-            monkeypatch.setattr(handler, "stream", sys.stderr)
-    yield served
-    served.reset()
+from tests.models.conftest import (
+    HUGE,
+    MINI,
+    MINI_FILE,
+    SMOL,
+    SMOL_FILE,
+    SPLIT,
+    SPLIT_FILES,
+    GiB,
+)
+from tests.models.hub_server import COMMIT, StandInHub
 
 
 def _cache(tmp_path: Path, repo: str) -> Path:
@@ -96,7 +54,7 @@ def test_pull_list_and_rm_a_real_gguf(
     assert "memory: fits: about " in err and "n_ctx=4096, parallel 4" in err
     assert f'model = "{SMOL}:Q4_1"' in out  # the config line that serves it
     assert "auto_calibrate = true" in out and "[audit]" in out
-    pulled = _cache(tmp_path, SMOL) / "snapshots" / hub_commit() / SMOL_FILE
+    pulled = _cache(tmp_path, SMOL) / "snapshots" / COMMIT / SMOL_FILE
     assert pulled.read_bytes() == Path(bundled_model_path()).read_bytes()
     assert hub.served[SMOL_FILE] == size  # once, whole
 
@@ -136,18 +94,12 @@ def test_pull_list_and_rm_a_real_gguf(
     assert _listed(capsys) == []
 
 
-def hub_commit() -> str:
-    from tests.models.hub_server import COMMIT
-
-    return COMMIT
-
-
 def test_a_split_gguf_is_pulled_in_full(
     hub: StandInHub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["models", "pull", f"{SPLIT}:Q8_0"]) == 0
     assert all(hub.served[name] > 0 for name in SPLIT_FILES)
-    snapshot = _cache(tmp_path, SPLIT) / "snapshots" / hub_commit()
+    snapshot = _cache(tmp_path, SPLIT) / "snapshots" / COMMIT
     joined = b"".join((snapshot / name).read_bytes() for name in SPLIT_FILES)
     assert joined == gguf_path().read_bytes()
     (row,) = _listed(capsys)
