@@ -36,6 +36,7 @@ from proxy.errors import ConfigError
 from proxy.ledger import keys
 from proxy.models import cli as models_cli
 from proxy.models.cache import resolve as resolve_model
+from proxy.models.gate import for_settings as gate_for_settings
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -288,11 +289,12 @@ def _report(args: argparse.Namespace) -> int:
     from proxy.ledger.database import from_argument, from_settings
 
     quality = config_mod.QualitySettings()
+    settings: config_mod.Settings | None = None
     if args.db:
         db, fixed = from_argument(args.db), 0.0
         if os.environ.get("FRUGAL_CONFIG") or os.path.isfile("frugal.toml"):
-            loaded = config_mod.load(None)
-            fixed, quality = loaded.costs.monthly_fixed_usd, loaded.quality
+            settings = config_mod.load(None)
+            fixed, quality = settings.costs.monthly_fixed_usd, settings.quality
     else:
         settings = config_mod.load(args.config)
         db, fixed = from_settings(settings.ledger), settings.costs.monthly_fixed_usd
@@ -318,6 +320,9 @@ def _report(args: argparse.Namespace) -> int:
             target_precision=quality.target_precision or None,
             threshold=quality.threshold,
         )
+        gate = gate_for_settings(settings) if settings is not None else None
+        if gate is not None and not gate.bundled:  # a pulled model: calibrated, or the prior
+            data["gate"] = gate.as_dict()
         print(report.render(data, args.format))
         if data["requests"] == 0:
             print(

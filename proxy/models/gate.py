@@ -15,13 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.config import Settings
+
 PRIOR = "the shipped prior, fitted to SmolLM2"
 
 
 @dataclass(frozen=True)
 class Gate:
     calibrated: bool
-    detail: str  # one sentence: "the gate uses the shipped prior, fitted to SmolLM2: ..."
+    detail: str  # one sentence: "the gate uses the shipped prior, fitted to SmolLM2 (...)"
+    bundled: bool = False  # the model is SmolLM2 itself, the prior's own model
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -53,7 +56,7 @@ def described(calibrated: bool, weights_path: str, *, bundled: bool = False) -> 
         why += f"; {weights_path} holds no weights fitted for it"
     else:
         why += "; [quality] weights_path is not set"
-    return Gate(False, f"the gate uses {PRIOR} ({why})")
+    return Gate(False, f"the gate uses {PRIOR} ({why})", bundled=bundled)
 
 
 def state(weights_path: str, model_sha256: Callable[[], str], *, bundled: bool = False) -> Gate:
@@ -62,3 +65,29 @@ def state(weights_path: str, model_sha256: Callable[[], str], *, bundled: bool =
     tag = weights_tag(weights_path) if weights_path else None
     calibrated = tag is not None and tag == model_sha256().lower()
     return described(calibrated, weights_path, bundled=bundled)
+
+
+def for_settings(settings: Settings, model_sha256: Callable[[str], str] | None = None) -> Gate:
+    """The gate for the model ``settings`` serve (``[local] model`` found in the cache, else
+    ``model_path``, else the bundled one), for ``frugal report`` (which says it for any model
+    but the bundled SmolLM2, whose own prior it is). ``model_sha256(path)``
+    hashes the file (a caller that asks often memoizes it); a cached model's is its blob's name.
+    """
+    from proxy.config.model_name import ModelName
+    from proxy.engine.model_files import ModelLoadError, bundled_model_path
+    from proxy.models.cache import find
+    from quality.combiner import file_sha256
+
+    hash_file = model_sha256 or file_sha256
+    local = settings.local
+    try:
+        bundled = bundled_model_path()
+    except ModelLoadError:
+        bundled = ""
+    if local.model and not local.model_path:
+        cached = find(ModelName.parse(local.model))
+        if cached is None:
+            return Gate(False, f"the gate uses {PRIOR} ([local] model is not in the cache)")
+        return state(settings.quality.weights_path, cached.sha256)
+    path = local.model_path or bundled
+    return state(settings.quality.weights_path, lambda: hash_file(path), bundled=path == bundled)

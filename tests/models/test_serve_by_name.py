@@ -8,6 +8,7 @@ stops the start with the command that pulls it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from proxy.check import check
 from proxy.cli import main
 from proxy.errors import ConfigError
 from proxy.http.app import create_app
+from quality.combiner import MODEL_TAG, WEIGHTS_PATH
 from tests.conftest import settings_for
 from tests.models.conftest import SMOL, SMOL_FILE
 from tests.models.hub_server import COMMIT, StandInHub
@@ -131,3 +133,42 @@ def test_model_and_model_path_together_are_a_config_error(tmp_path: Path) -> Non
     )
     with pytest.raises(ConfigError, match=r"\[local\] model = 'a/b/c': expected a Hugging Face"):
         config.from_dict({"local": {"model": "a/b/c"}}, source="<t>")
+
+
+def test_the_report_and_the_list_say_whether_the_gate_is_calibrated(
+    offline: StandInHub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    weights = tmp_path / "frugal-weights.json"
+    cfg = tmp_path / "frugal.toml"
+    cfg.write_text(
+        f'[local]\nmodel = "{NAME}"\n[quality]\nweights_path = "{weights}"\n'
+        f'[ledger]\npath = "{tmp_path / "ledger.db"}"\n',
+        encoding="utf-8",
+    )
+    assert main(["migrate", "--config", str(cfg)]) == 0  # an empty ledger
+    capsys.readouterr()
+    assert main(["report", "--config", str(cfg), "--format", "json"]) == 4  # no request yet
+    report = json.loads(capsys.readouterr().out)
+    assert report["gate"]["weights"] == "shipped_prior"
+    assert main(["report", "--config", str(cfg)]) == 4
+    assert "│ Quality gate        │ the gate uses the shipped prior, fitted to SmolLM2" in (
+        capsys.readouterr().out
+    )
+
+    # A weights file fitted for this model's SHA-256 (what frugal calibrate writes).
+    sha = offline.repos[SMOL][SMOL_FILE].sha256
+    fitted = json.loads(WEIGHTS_PATH.read_text(encoding="utf-8"))
+    weights.write_text(json.dumps({**fitted, MODEL_TAG: sha}), encoding="utf-8")
+    assert main(["report", "--config", str(cfg), "--format", "json"]) == 4
+    assert json.loads(capsys.readouterr().out)["gate"] == {
+        "weights": "calibrated",
+        "calibrated": True,
+        "detail": f"the gate is calibrated for this model ({weights})",
+    }
+    assert main(["models", "list", "--format", "json", "--config", str(cfg)]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["in_use"] is True and row["calibrated"] is True and row["sha256"] == sha
+    assert check(str(cfg)) == 0
+    assert f"ok   gate: the gate is calibrated for this model ({weights})" in (
+        capsys.readouterr().out
+    )
