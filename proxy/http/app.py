@@ -48,8 +48,9 @@ from proxy.http.shutdown import AUDIT_STOP_S, AUX_STOP_S, bounded, shutdown
 from proxy.ledger.database import from_settings
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.writer import Ledger
+from proxy.models.cache import blob_sha256
 from proxy.models.cache import resolve as resolve_model
-from proxy.models.gate import described
+from proxy.models.gate import described, weights_tag
 from proxy.params import LOCAL_ALIAS
 from proxy.routing.router import Router
 from proxy.upstream.client import Upstream
@@ -128,15 +129,21 @@ def _no_fallback_detail(settings: Settings) -> str:
 
 
 def _gate(engine: LocalEngine, settings: Settings) -> dict[str, Any]:
-    """The quality gate's weights as the worker loaded them: calibrated for the served model,
-    or the shipped prior fitted to SmolLM2 (``proxy/models/gate.py``)."""
-    weights = engine.info.get("weights") or {}
+    """The quality gate's weights: calibrated for the served model, or the shipped prior fitted
+    to SmolLM2 (``proxy/models/gate.py``). For a model from the hub cache, whose SHA-256 is its
+    blob's name, the weights file's tag is read now (so an ``auto_calibrate`` refit shows at
+    once); for another file, what the worker loaded at start (hashing it here would hold the
+    event loop)."""
+    weights_path = settings.quality.weights_path
+    calibrated = bool((engine.info.get("weights") or {}).get("calibrated"))
+    sha = blob_sha256(engine.model_path) if engine.model_path else None
+    if sha is not None and weights_path:
+        calibrated = weights_tag(weights_path) == sha
     try:
         bundled = engine.model_path == bundled_model_path()
     except ModelLoadError:
         bundled = False
-    calibrated = bool(weights.get("calibrated"))
-    return described(calibrated, settings.quality.weights_path, bundled=bundled).as_dict()
+    return described(calibrated, weights_path, bundled=bundled).as_dict()
 
 
 def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Starlette:

@@ -42,12 +42,17 @@ class CachedModel:
 
     def sha256(self) -> str:
         """The SHA-256 of the first file (what a weights file is tagged with)."""
-        blob = Path(os.path.realpath(self.path))
-        if _SHA256.fullmatch(blob.name):
-            return blob.name
         from quality.combiner import file_sha256
 
-        return file_sha256(blob)
+        return blob_sha256(self.path) or file_sha256(self.path)
+
+
+def blob_sha256(path: str | Path) -> str | None:
+    """The SHA-256 of a file in the hub cache, from its blob's name; None for another file."""
+    blob = Path(os.path.realpath(path))
+    if blob.parent.name == "blobs" and _SHA256.fullmatch(blob.name):
+        return blob.name
+    return None
 
 
 def repo_folder(repo: str) -> Path:

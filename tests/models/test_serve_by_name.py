@@ -42,10 +42,11 @@ def offline(hub: StandInHub, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandI
 async def test_the_app_serves_a_model_named_by_repo_and_quant(
     offline: StandInHub, tmp_path: Path
 ) -> None:
+    weights = tmp_path / "frugal-weights.json"  # auto_calibrate: written after 100 audits
     settings = settings_for(
         tmp_path,
         local={"model": NAME, "parallel": 1},
-        quality={"relevance": False},
+        quality={"relevance": False, "weights_path": str(weights), "auto_calibrate": True},
     )
     app = create_app(settings)
     async with app.router.lifespan_context(app):
@@ -63,6 +64,12 @@ async def test_the_app_serves_a_model_named_by_repo_and_quant(
                 },
             )
             health = (await client.get("/healthz")).json()
+            # A refit for this model's SHA-256 lands (what auto_calibrate writes): /healthz
+            # says so at once.
+            sha = offline.repos[SMOL][SMOL_FILE].sha256
+            fitted = json.loads(WEIGHTS_PATH.read_text(encoding="utf-8"))
+            weights.write_text(json.dumps({**fitted, MODEL_TAG: sha}), encoding="utf-8")
+            refitted = (await client.get("/healthz")).json()
     assert reply.status_code == 200, reply.text
     assert reply.headers["x-frugal-route"] == "local"
     assert reply.json()["choices"][0]["message"]["content"]
@@ -73,7 +80,12 @@ async def test_the_app_serves_a_model_named_by_repo_and_quant(
         "weights": "shipped_prior",
         "calibrated": False,
         "detail": "the gate uses the shipped prior, fitted to SmolLM2 (not calibrated for this "
-        "model yet; [quality] weights_path is not set)",
+        f"model yet; {weights} holds no weights fitted for it)",
+    }
+    assert refitted["gate"] == {
+        "weights": "calibrated",
+        "calibrated": True,
+        "detail": f"the gate is calibrated for this model ({weights})",
     }
 
 
