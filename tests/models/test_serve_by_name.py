@@ -22,7 +22,7 @@ from proxy.errors import ConfigError
 from proxy.http.app import create_app
 from quality.combiner import MODEL_TAG, WEIGHTS_PATH
 from tests.conftest import settings_for
-from tests.models.conftest import SMOL, SMOL_FILE
+from tests.models.conftest import GEMMA, SMOL, SMOL_FILE
 from tests.models.hub_server import COMMIT, StandInHub
 
 NAME = f"{SMOL}:Q4_1"
@@ -184,3 +184,16 @@ def test_the_report_and_the_list_say_whether_the_gate_is_calibrated(
     assert f"ok   gate: the gate is calibrated for this model ({weights})" in (
         capsys.readouterr().out
     )
+
+
+def test_frugal_check_refuses_a_pulled_base_model_without_a_chat_template(
+    hub: StandInHub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["models", "pull", GEMMA]) == 0  # Q4_K_M, the default
+    cfg = tmp_path / "frugal.toml"
+    cfg.write_text(f'[local]\nmodel = "{GEMMA}"\n[fallback]\napi_base = ""\n', encoding="utf-8")
+    capsys.readouterr()
+    assert check(str(cfg)) == 1
+    out = capsys.readouterr().out
+    assert "(gemma3, Q4_K_M" in out
+    assert "FAIL model: " in out and "has no chat template" in out
