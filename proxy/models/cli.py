@@ -20,7 +20,6 @@ from typing import Any
 
 from proxy import config as config_mod
 from proxy.config.model_name import DEFAULT_QUANT, ModelName
-from proxy.errors import ConfigError
 from proxy.models import ModelsError, cache, gate, hub, pull
 
 NAME_HELP = (
@@ -65,13 +64,20 @@ def run(args: argparse.Namespace) -> int:
     except ModelsError as exc:
         print(f"frugal models: {exc}", file=sys.stderr)
         return 1
+    except _BadName as exc:
+        print(f"frugal models: {exc}", file=sys.stderr)
+        return 2
+
+
+class _BadName(Exception):
+    """A name on the command line that is not ``REPO[:QUANT]``: a usage error (exit 2)."""
 
 
 def _name(text: str) -> ModelName:
     try:
         return ModelName.parse(text)
     except ValueError as exc:
-        raise ConfigError(f"model name {exc}") from exc
+        raise _BadName(f"model name {exc}") from exc
 
 
 def _pull(args: argparse.Namespace, settings: config_mod.Settings) -> int:

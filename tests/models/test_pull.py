@@ -208,7 +208,7 @@ def test_bad_names_are_a_clear_error_before_any_request(
 ) -> None:
     assert main(["models", "pull", name]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("frugal: config error: model name ")
+    assert err.startswith(f"frugal models: model name {name!r}: ")
     assert hub.requests == []
 
 
