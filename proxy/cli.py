@@ -8,11 +8,13 @@
     frugal check  [--config PATH]
     frugal calibrate [--config PATH] [--db PATH|URL] [--out PATH]
     frugal quantize IN.gguf OUT.gguf [--type Q4_K_M] [--force]
+    frugal models pull REPO[:QUANT] [--force] | list [--format table|json] | rm REPO[:QUANT]
 
 Errors meant for the user (a bad config, a missing database) print one clean line and exit
 non-zero: 2 for a usage or config error, 3 when there is no ledger to read, 4 when the ledger
 has no request in the period asked for (``frugal report``; the zero report is still printed),
-1 when a ``frugal keys`` request cannot be done (a name taken, or no such key).
+1 when a ``frugal keys`` or ``frugal models`` request cannot be done (a name taken, no such
+key, a model that does not fit or whose download is corrupt).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from proxy import config as config_mod
 from proxy.engine.generate import ModelLoadError
 from proxy.errors import ConfigError
 from proxy.ledger import keys
+from proxy.models import cli as models_cli
+from proxy.models.cache import resolve as resolve_model
+from proxy.models.gate import for_settings as gate_for_settings
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -98,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
         "(needs matplotlib: pip install 'frugal-proxy[chart]')",
     )
     keys.add_parser(sub)
+    models_cli.add_parser(sub)
     migrate = sub.add_parser(
         "migrate",
         help="create or upgrade the ledger's schema now (frugal serve also does it at start)",
@@ -124,7 +130,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from proxy.engine.generate import bundled_model_path
     from proxy.ledger.database import from_argument, from_settings
 
-    settings = config_mod.load(args.config)
+    settings = resolve_model(config_mod.load(args.config))
     db = from_argument(args.db) if args.db else from_settings(settings.ledger)
     model_path = settings.local.model_path or bundled_model_path()
     if not os.path.isfile(model_path):
@@ -182,7 +188,7 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.ledger.database import from_settings
     from proxy.ledger.migrate import open_database
 
-    settings = config_mod.load(args.config)
+    settings = resolve_model(config_mod.load(args.config))  # [local] model: the cache, no network
     server = settings.server
     if args.host or args.port:
         server = dataclasses.replace(
@@ -283,11 +289,12 @@ def _report(args: argparse.Namespace) -> int:
     from proxy.ledger.database import from_argument, from_settings
 
     quality = config_mod.QualitySettings()
+    settings: config_mod.Settings | None = None
     if args.db:
         db, fixed = from_argument(args.db), 0.0
         if os.environ.get("FRUGAL_CONFIG") or os.path.isfile("frugal.toml"):
-            loaded = config_mod.load(None)
-            fixed, quality = loaded.costs.monthly_fixed_usd, loaded.quality
+            settings = config_mod.load(None)
+            fixed, quality = settings.costs.monthly_fixed_usd, settings.quality
     else:
         settings = config_mod.load(args.config)
         db, fixed = from_settings(settings.ledger), settings.costs.monthly_fixed_usd
@@ -313,6 +320,9 @@ def _report(args: argparse.Namespace) -> int:
             target_precision=quality.target_precision or None,
             threshold=quality.threshold,
         )
+        gate = gate_for_settings(settings) if settings is not None else None
+        if gate is not None and not gate.bundled:  # a pulled model: calibrated, or the prior
+            data["gate"] = gate.as_dict()
         print(report.render(data, args.format))
         if data["requests"] == 0:
             print(
@@ -337,6 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "keys":
             return keys.run(args)
+        if args.command == "models":
+            return models_cli.run(args)
         if args.command == "check":
             return check_mod.run(args)
         if args.command == "migrate":

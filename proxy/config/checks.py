@@ -5,13 +5,15 @@
                          expected); ``[[local.backends]]`` and ``[ledger] url`` have their own
                          rules (unique names, http(s) URLs, no password in a URL)
 
-Imports only :mod:`proxy.config.sections` and :mod:`proxy.errors`.
+Imports only :mod:`proxy.config.sections`, :mod:`proxy.config.model_name` and
+:mod:`proxy.errors`.
 """
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from proxy.config.model_name import ModelName
 from proxy.config.sections import (
     BACKEND_KINDS,
     MEMORY_GUARDS,
@@ -20,6 +22,7 @@ from proxy.config.sections import (
     STREAM_MODES,
     BackendSettings,
     LedgerSettings,
+    LocalSettings,
     Settings,
 )
 from proxy.errors import ConfigError
@@ -70,6 +73,7 @@ def validate(settings: Settings) -> Settings:
             f"[local] speculative = {s.local.speculative!r}: expected one of "
             + ", ".join(f'"{m}"' for m in SPECULATIVE_MODES)
         )
+    _check_model(s.local)
     if s.local.speculative == "draft" and not s.local.draft_model_path:
         raise ConfigError('[local] speculative = "draft" needs [local] draft_model_path')
     _check_range("[local] draft_max_tokens", s.local.draft_max_tokens, 1, 32)
@@ -119,6 +123,21 @@ def validate(settings: Settings) -> Settings:
     _check_range("[cache] max_entries", s.cache.max_entries, 1)
     _check_range("[costs] monthly_fixed_usd", s.costs.monthly_fixed_usd, 0.0)
     return settings
+
+
+def _check_model(local: LocalSettings) -> None:
+    """``[local] model`` and ``model_path`` are two ways to name one model: one at most."""
+    if not local.model:
+        return
+    if local.model_path:
+        raise ConfigError(
+            f"[local] model = {local.model!r} and [local] model_path = {local.model_path!r} are "
+            "both set: they name the same thing, keep one"
+        )
+    try:
+        ModelName.parse(local.model)
+    except ValueError as exc:
+        raise ConfigError(f"[local] model = {exc}") from exc
 
 
 def _validate_backends(backends: tuple[BackendSettings, ...]) -> None:

@@ -96,6 +96,7 @@ class BackendSettings:
 @dataclass(frozen=True, kw_only=True)
 class LocalSettings:
     model_path: str = ""
+    model: str = ""  # "REPO:QUANT", found in the Hugging Face cache (proxy/models/)
     n_threads: int = 0
     n_ctx: int = 4096
     timeout_s: float = 30.0

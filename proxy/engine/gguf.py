@@ -6,6 +6,9 @@ llama.cpp. Scalars are kept; arrays are kept as their length, except that for st
 longest element's byte length is kept too (for ``tokenizer.ggml.tokens``: the most bytes one
 token can stand for).
 
+A split model's ``file_size`` is that of all its parts (``-00001-of-0000N``), as llama.cpp loads
+them all: the memory guard counts every part's weights.
+
 Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -225,5 +229,29 @@ def read_header(path: str) -> GGUFHeader:
                 kind = int(r.scalar("<I", 4))
                 metadata[key] = r.value(kind)
     return GGUFHeader(
-        path=path, version=version, tensor_count=tensors, file_size=size, metadata=metadata
+        path=path,
+        version=version,
+        tensor_count=tensors,
+        file_size=size + _other_parts_size(path, metadata),
+        metadata=metadata,
     )
+
+
+_FIRST_PART = re.compile(r"-00001-of-(\d{5})\.gguf$")
+
+
+def _other_parts_size(path: str, metadata: dict[str, Any]) -> int:
+    """The bytes of a split model's other parts (``…-00002-of-00003.gguf``, …), which llama.cpp
+    loads with the first: the model's weights are all of them. 0 for a single file."""
+    first = _FIRST_PART.search(path)
+    count = int(metadata.get("split.count", 0) or 0)
+    if first is None or count < 2:
+        return 0
+    total = 0
+    for i in range(2, count + 1):
+        part = path[: first.start()] + f"-{i:05d}-of-{first.group(1)}.gguf"
+        try:
+            total += os.path.getsize(part)
+        except OSError:
+            pass  # a missing part: llama.cpp says so when it loads
+    return total

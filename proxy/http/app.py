@@ -29,6 +29,7 @@ from proxy.audit.calibrate import AutoCalibrator
 from proxy.audit.runner import AuditRunner
 from proxy.config import Settings
 from proxy.engine.client import LocalEngine
+from proxy.engine.model_files import ModelLoadError, bundled_model_path
 from proxy.errors import ProxyError
 from proxy.http import metrics as metrics_mod
 from proxy.http.auth import Authenticator, AuthMiddleware, RequestGuard, sees_everything
@@ -47,6 +48,9 @@ from proxy.http.shutdown import AUDIT_STOP_S, AUX_STOP_S, bounded, shutdown
 from proxy.ledger.database import from_settings
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.writer import Ledger
+from proxy.models.cache import blob_sha256
+from proxy.models.cache import resolve as resolve_model
+from proxy.models.gate import described, weights_tag
 from proxy.params import LOCAL_ALIAS
 from proxy.routing.router import Router
 from proxy.upstream.client import Upstream
@@ -124,7 +128,26 @@ def _no_fallback_detail(settings: Settings) -> str:
     )
 
 
+def _gate(engine: LocalEngine, settings: Settings) -> dict[str, Any]:
+    """The quality gate's weights: calibrated for the served model, or the shipped prior fitted
+    to SmolLM2 (``proxy/models/gate.py``). For a model from the hub cache, whose SHA-256 is its
+    blob's name, the weights file's tag is read now (so an ``auto_calibrate`` refit shows at
+    once); for another file, what the worker loaded at start (hashing it here would hold the
+    event loop)."""
+    weights_path = settings.quality.weights_path
+    calibrated = bool((engine.info.get("weights") or {}).get("calibrated"))
+    sha = blob_sha256(engine.model_path) if engine.model_path else None
+    if sha is not None and weights_path:
+        calibrated = weights_tag(weights_path) == sha
+    try:
+        bundled = engine.model_path == bundled_model_path()
+    except ModelLoadError:
+        bundled = False
+    return described(calibrated, weights_path, bundled=bundled).as_dict()
+
+
 def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Starlette:
+    settings = resolve_model(settings)  # [local] model = "REPO:QUANT": the cache, no network
     in_flight = InFlight()  # counted by the limits middleware, made before the lifespan runs
 
     @contextlib.asynccontextmanager
@@ -284,6 +307,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             "quality_threshold": settings.quality.threshold,
             "quality_thresholds_by_model": settings.quality.models,
             "stream_mode": settings.router.stream_mode,
+            "gate": _gate(services.engine, settings),
             "routing": services.router.health(),
             "audit": services.audit.health() if services.audit is not None else None,
             "threshold_in_force": (

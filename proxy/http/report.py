@@ -33,6 +33,8 @@ from proxy.http.auth import own_key
 from proxy.http.shapes import Schema, obj
 from proxy.ledger import report as report_mod
 from proxy.ledger.database import from_settings
+from proxy.models.gate import for_settings as gate_for_settings
+from quality.combiner import file_sha256
 
 REPORTS_AT_ONCE = 2
 BY = report_mod.GROUPINGS  # model, day, key, reason, and kind (the quality keys by task kind)
@@ -125,6 +127,7 @@ class ReportEndpoint:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._slots = asyncio.Semaphore(REPORTS_AT_ONCE)
+        self._sha256: tuple[str, str] | None = None  # (model path, its SHA-256)
 
     async def get(self, request: Request) -> Response:
         query = request.query_params
@@ -164,7 +167,7 @@ class ReportEndpoint:
         """What ``frugal report --config FILE`` builds (see ``proxy.cli``), on this thread."""
         settings = self.settings
         try:
-            return report_mod.build(
+            data = report_mod.build(
                 from_settings(settings.ledger),
                 period,
                 settings.costs.monthly_fixed_usd,
@@ -176,3 +179,13 @@ class ReportEndpoint:
             )
         except report_mod.ReportError as exc:
             raise StatusError(503, f"The ledger cannot be read now: {exc}") from exc
+        gate = gate_for_settings(settings, self._model_sha256) if only is None else None
+        if gate is not None and not gate.bundled:  # as frugal report prints it
+            data["gate"] = gate.as_dict()
+        return data
+
+    def _model_sha256(self, path: str) -> str:
+        """The served model file's SHA-256, hashed once (the file does not change under it)."""
+        if self._sha256 is None or self._sha256[0] != path:
+            self._sha256 = (path, file_sha256(path))
+        return self._sha256[1]

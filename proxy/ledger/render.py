@@ -208,6 +208,8 @@ def _summary_rows(report: dict[str, Any]) -> list[list[str]]:
         rows.append(
             ["Not costed", f"{plural(report['unpriced_requests'], 'request')} (see warnings)"]
         )
+    if report.get("gate"):
+        rows.append(["Quality gate", visible(str(report["gate"]["detail"]))])
     return rows
 
 
