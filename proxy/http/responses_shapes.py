@@ -75,6 +75,7 @@ def not_yet(what: str, where: str) -> BadRequest:
 # -- fragments ---------------------------------------------------------------------------------
 
 _STRING: Schema = {"type": "string"}
+_OPTIONAL_STRING: Schema = {"type": ["string", "null"]}
 _TEXT_PART: Schema = schema_obj(
     ["type", "text"], {"type": {"enum": sorted(TEXT_PARTS)}, "text": _STRING}
 )
@@ -92,8 +93,8 @@ _MESSAGE: Schema = schema_obj(
                 {"type": "array", "items": {"anyOf": [_TEXT_PART, _REFUSAL_PART]}},
             ]
         },
-        "id": _STRING,
-        "status": _STRING,
+        "id": _OPTIONAL_STRING,
+        "status": _OPTIONAL_STRING,
     },
 )
 _FUNCTION_CALL: Schema = schema_obj(
@@ -103,8 +104,8 @@ _FUNCTION_CALL: Schema = schema_obj(
         "call_id": _STRING,
         "name": _STRING,
         "arguments": {"type": "string", "description": "JSON text"},
-        "id": _STRING,
-        "status": _STRING,
+        "id": _OPTIONAL_STRING,
+        "status": _OPTIONAL_STRING,
     },
 )
 _FUNCTION_OUTPUT: Schema = schema_obj(
@@ -113,8 +114,8 @@ _FUNCTION_OUTPUT: Schema = schema_obj(
         "type": {"const": "function_call_output"},
         "call_id": _STRING,
         "output": {"anyOf": [_STRING, {"type": "array", "items": _TEXT_PART}]},
-        "id": _STRING,
-        "status": _STRING,
+        "id": _OPTIONAL_STRING,
+        "status": _OPTIONAL_STRING,
     },
 )
 SHAPES: dict[str, Schema] = {
@@ -137,8 +138,8 @@ SHAPES: dict[str, Schema] = {
             {
                 "type": {"const": "function"},
                 "name": {"type": "string", "pattern": f"^{NAME_PATTERN}$"},
-                "description": _STRING,
-                "parameters": {"type": "object", "description": "A JSON Schema."},
+                "description": _OPTIONAL_STRING,
+                "parameters": {"type": ["object", "null"], "description": "A JSON Schema."},
                 "strict": {"type": ["boolean", "null"]},
             },
         ),
@@ -161,10 +162,11 @@ SHAPES: dict[str, Schema] = {
                             "type": {"const": "json_schema"},
                             "name": {"type": "string", "pattern": f"^{NAME_PATTERN}$"},
                             "schema": {"type": "object", "description": "A JSON Schema."},
-                            "description": _STRING,
+                            "description": _OPTIONAL_STRING,
                             "strict": {"type": ["boolean", "null"]},
                         },
                     ),
+                    {"type": "null"},
                 ]
             },
             "verbosity": {"anyOf": [{"enum": list(VERBOSITIES)}, {"type": "null"}]},
@@ -230,6 +232,8 @@ def _input(value: Any, _body: dict[str, Any]) -> None:
     if not isinstance(value, list) or not value:
         raise BadRequest("'input' must be a string or a non-empty array of items", param="input")
     for at, item in objects(value, "input"):
+        string(item, "id", f"{at}.id")
+        string(item, "status", f"{at}.status")
         item_type = item.get("type", "message")
         if item_type in LATER_ITEMS:
             raise not_yet(f"a '{item_type}' item", f"{at}.type")

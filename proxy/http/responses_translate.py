@@ -82,12 +82,15 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
+def _set(holder: dict[str, Any], *names: str) -> dict[str, Any]:
+    """The members of ``holder`` among ``names`` that are set (not None)."""
+    return {k: holder[k] for k in names if holder.get(k) is not None}
+
+
 def _tools(body: dict[str, Any]) -> list[dict[str, Any]]:
     tools = []
     for tool in body["tools"]:
-        function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
-        if tool.get("strict") is not None:
-            function["strict"] = tool["strict"]
+        function = _set(tool, "name", "description", "parameters", "strict")
         tools.append({"type": "function", "function": function})
     return tools
 
@@ -97,12 +100,12 @@ def _response_format(fmt: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if fmt["type"] == "json_object":
         return {"type": "json_object"}
-    schema = {k: fmt[k] for k in ("name", "schema", "description", "strict") if k in fmt}
+    schema = _set(fmt, "name", "schema", "description", "strict")
     return {"type": "json_schema", "json_schema": schema}
 
 
 def _translated(body: dict[str, Any]) -> dict[str, Any]:
-    chat: dict[str, Any] = {k: body[k] for k in _SAME if body.get(k) is not None}
+    chat: dict[str, Any] = _set(body, *_SAME)
     chat["messages"] = _messages(body)
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]

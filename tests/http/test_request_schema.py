@@ -158,3 +158,44 @@ def test_the_handling_of_every_row_is_one_of_the_four() -> None:
         for param in table:
             assert param.handling in (HONOURED, "ignored", "depends", "api"), param.name
             assert param.doc.strip(), param.name
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"input": []},
+        {"input": [{"role": "user"}]},
+        {"input": [{"role": "user", "content": "hi", "status": 3}]},
+        {"input": [{"type": "function_call", "call_id": "c", "name": "f"}]},
+        {"input": [{"type": "function_call_output", "call_id": "c", "output": 1}]},
+        {"tools": [{"type": "function", "name": "f", "description": 1}]},
+        {"tools": [{"type": "function", "name": "f f"}]},
+        {"tool_choice": {"type": "function"}},
+        {"text": {"format": {"type": "json_schema", "name": "x"}}},
+        {"text": {"format": {"type": "json_schema", "name": "x", "schema": {}, "strict": 1}}},
+        {"text": {"verbosity": "loud"}},
+        {"stream_options": {"include_obfuscation": "yes"}},
+        {"include": [1]},
+    ],
+)
+def test_a_responses_body_the_document_refuses_the_validator_refuses(
+    extra: dict[str, Any],
+) -> None:
+    body = {"model": "m", "input": "x", **extra}
+    assert not fits("ResponsesRequest", body)
+    assert not accepted(responses_request, body)
+
+
+def test_a_full_responses_body_fits_both() -> None:
+    body = {
+        "model": "m",
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}", "id": None},
+            {"type": "function_call_output", "call_id": "c", "output": "ok"},
+        ],
+        "tools": [{"type": "function", "name": "f", "parameters": None, "description": None}],
+        "tool_choice": {"type": "function", "name": "f"},
+        "text": {"format": None, "verbosity": None},
+    }
+    assert fits("ResponsesRequest", body) and accepted(responses_request, body)

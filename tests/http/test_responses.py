@@ -294,13 +294,28 @@ async def test_what_is_not_supported_yet_is_a_400_that_says_so(
     assert fake_api.count == 0
 
 
-async def test_a_bad_schema_is_a_400_naming_the_responses_field(sdk: Any) -> None:
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        (
+            {"tools": [{"type": "function", "name": "f", "parameters": {"type": "nope"}}]},
+            "tools[0].parameters",
+        ),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 1}}}},
+            "text.format.schema",
+        ),
+    ],
+)
+async def test_a_bad_value_is_a_400_naming_the_responses_field(
+    sdk: Any, fake_api: FakeAPI, extra: dict[str, Any], param: str
+) -> None:
+    body = {"model": "gpt-4o-mini", "input": "hi", **extra}
     async with sdk() as client:
         with pytest.raises(openai.BadRequestError) as caught:
-            await client.responses.create(
-                model="gpt-4o-mini",
-                input="hi",
-                max_output_tokens=0,
-                extra_headers=API,
-            )
-    assert caught.value.body["param"] == "max_output_tokens"  # type: ignore[index]
+            await client.post("/responses", body=body, cast_to=dict)
+    error: Any = caught.value.body
+    assert error["param"] == param
+    assert param in error["message"]
+    assert fake_api.count == 0
