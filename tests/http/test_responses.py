@@ -14,6 +14,7 @@ import openai
 import pydantic
 import pytest
 
+from proxy.ledger.report import Period, build
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows
@@ -106,6 +107,11 @@ async def test_create_on_the_api_route_sends_the_translated_chat_request(
     [row] = rows(tmp_path / "ledger.db")
     assert (row["endpoint"], row["route"], row["reason"]) == ("responses", "api", "forced")
     assert row["prompt_tokens"] == response.usage.input_tokens  # type: ignore[union-attr]
+    assert row["api_cost_pusd"] > 0
+    # The report counts it as any other request, under its model.
+    report = build(str(tmp_path / "ledger.db"), Period.month(None), 0, by="model")
+    [group] = report["groups"]
+    assert (group["model"], group["requests"], group["local_requests"]) == ("gpt-4o-mini", 1, 0)
 
 
 async def test_an_answer_cut_by_max_output_tokens_is_incomplete(
