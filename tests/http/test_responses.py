@@ -167,6 +167,23 @@ async def test_stream_sends_the_typed_events_in_order_and_the_deltas_make_the_te
     )
 
 
+async def test_create_with_stream_true_yields_the_sdks_event_types(
+    sdk: Any, fake_api: FakeAPI
+) -> None:
+    async with sdk() as client:
+        stream = await client.responses.create(
+            model="gpt-4o-mini", input=QUESTION, stream=True, extra_headers=API
+        )
+        events = [event async for event in stream]
+    assert isinstance(events[0], openai.types.responses.ResponseCreatedEvent)
+    last = events[-1]
+    assert isinstance(last, openai.types.responses.ResponseCompletedEvent)
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) == len(fake_api.reply.split())  # one a word
+    assert "".join(deltas) == last.response.output_text == fake_api.reply
+    assert fake_api.requests[0][2].get("stream") is not True  # the API is asked for JSON
+
+
 async def test_json_schema_format_constrains_the_local_answer(sdk: Any) -> None:
     async with sdk() as client:
         parsed = await client.responses.parse(
