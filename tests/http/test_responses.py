@@ -13,8 +13,10 @@ from typing import Any
 import openai
 import pydantic
 import pytest
+from jsonschema import Draft202012Validator
 
 from proxy.ledger.report import Period, build
+from proxy.params import RESPONSES_PARAMETERS
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows
@@ -342,3 +344,25 @@ async def test_a_bad_value_is_a_400_naming_the_responses_field(
     assert error["param"] == param
     assert param in error["message"]
     assert fake_api.count == 0
+
+
+@pytest.mark.parametrize("headers", [LOCAL, API], ids=["local", "api"])
+async def test_the_answer_fits_the_openapi_documents_response_schema(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any, headers: dict[str, str]
+) -> None:
+    async with make_client(settings_for(tmp_path, fake_api)) as client:
+        spec = (await client.get("/openapi.json")).json()
+        r = await client.post(
+            "/v1/responses",
+            json={"model": "gpt-4o-mini", "input": QUESTION, "max_output_tokens": 8},
+            headers=headers,
+        )
+    assert r.status_code == 200, r.text
+    assert r.headers["x-frugal-route"] == headers["x-frugal-route"]
+    operation = spec["paths"]["/v1/responses"]["post"]
+    assert operation["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ResponsesRequest"
+    }
+    schemas = spec["components"]["schemas"]
+    assert list(schemas["ResponsesRequest"]["properties"]) == list(RESPONSES_PARAMETERS)
+    Draft202012Validator(schemas["Response"]).validate(r.json())
