@@ -15,6 +15,8 @@ import pydantic
 import pytest
 from jsonschema import Draft202012Validator
 
+from proxy.ledger import keys
+from proxy.ledger.database import parse
 from proxy.ledger.report import Period, build
 from proxy.params import RESPONSES_PARAMETERS
 from tests.conftest import settings_for
@@ -366,3 +368,25 @@ async def test_the_answer_fits_the_openapi_documents_response_schema(
     schemas = spec["components"]["schemas"]
     assert list(schemas["ResponsesRequest"]["properties"]) == list(RESPONSES_PARAMETERS)
     Draft202012Validator(schemas["Response"]).validate(r.json())
+
+
+async def test_a_spent_budget_refuses_the_api_call_before_it_is_made(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """The key's budget is reserved for the whole translated body, as on chat."""
+    db = parse(str(tmp_path / "ledger.db"))
+    key = keys.create(db, "tiny", monthly_budget_pusd=1)  # a millionth of a micro-dollar
+    headers = {"authorization": f"Bearer {key}", **API}
+    async with make_client(settings_for(tmp_path, fake_api)) as client:
+        r = await client.post(
+            "/v1/responses", json={"model": "gpt-4o-mini", "input": QUESTION}, headers=headers
+        )
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "insufficient_quota"
+    assert fake_api.count == 0
+    [row] = rows(tmp_path / "ledger.db")
+    assert (row["endpoint"], row["reason"], row["key_name"]) == (
+        "responses",
+        "budget_exhausted",
+        "tiny",
+    )
