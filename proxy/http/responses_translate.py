@@ -229,14 +229,16 @@ def response_of(completion: dict[str, Any], body: dict[str, Any]) -> dict[str, A
         "metadata": body.get("metadata") or {},
         "model": completion.get("model") or body["model"],
         "output": _output(choice.get("message") or {}, status),
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
         "previous_response_id": None,
         "reasoning": {"effort": None, "summary": None},
         "store": False,  # not stored yet, whatever was asked
         "temperature": body.get("temperature"),
-        "text": {"format": text.get("format") or {"type": "text"}, "verbosity": "medium"}
-        | ({"verbosity": text["verbosity"]} if text.get("verbosity") else {}),
-        "tool_choice": body.get("tool_choice", "auto"),
+        "text": {
+            "format": text.get("format") or {"type": "text"},
+            "verbosity": text.get("verbosity") or "medium",
+        },
+        "tool_choice": body.get("tool_choice") or "auto",
         "tools": [{"strict": None, **tool} for tool in body.get("tools") or []],
         "top_p": body.get("top_p"),
         "truncation": body.get("truncation") or "disabled",
