@@ -279,7 +279,8 @@ def _tool_choice(value: Any, body: dict[str, Any]) -> None:
     if choice.get("type") != "function":
         raise not_yet(f"a tool_choice of type {choice.get('type')!r}", "tool_choice.type")
     names = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
-    if choice.get("name") not in names:
+    name = choice.get("name")
+    if not isinstance(name, str) or name not in names:  # a dict or a list is unhashable
         raise BadRequest(
             "'tool_choice.name' must name one of the function tools", param="tool_choice.name"
         )

@@ -171,6 +171,7 @@ def test_the_handling_of_every_row_is_one_of_the_four() -> None:
         {"tools": [{"type": "function", "name": "f", "description": 1}]},
         {"tools": [{"type": "function", "name": "f f"}]},
         {"tool_choice": {"type": "function"}},
+        {"tool_choice": {"type": "function", "name": {}}, "tools": []},
         {"text": {"format": {"type": "json_schema", "name": "x"}}},
         {"text": {"format": {"type": "json_schema", "name": "x", "schema": {}, "strict": 1}}},
         {"text": {"verbosity": "loud"}},
