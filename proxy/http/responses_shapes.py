@@ -191,7 +191,7 @@ def _text(value: Any, where: str) -> None:
 def _parts(parts: list[Any], where: str, *, refusal: bool) -> None:
     for at, part in objects(parts, where):
         part_type = part.get("type")
-        if part_type in LATER_PARTS:
+        if isinstance(part_type, str) and part_type in LATER_PARTS:
             raise not_yet(f"a '{part_type}' part", f"{at}.type")
         if refusal and part_type == "refusal":
             _text(part.get("refusal"), f"{at}.refusal")
@@ -235,7 +235,7 @@ def _input(value: Any, _body: dict[str, Any]) -> None:
         string(item, "id", f"{at}.id")
         string(item, "status", f"{at}.status")
         item_type = item.get("type", "message")
-        if item_type in LATER_ITEMS:
+        if isinstance(item_type, str) and item_type in LATER_ITEMS:
             raise not_yet(f"a '{item_type}' item", f"{at}.type")
         one_of(item_type, ITEMS, f"{at}.type")
         if item_type == "message":
@@ -251,7 +251,7 @@ def _tools(value: Any, _body: dict[str, Any]) -> None:
         raise BadRequest(f"'tools' must be an array, got {kind(value)}", param="tools")
     for at, tool in objects(value, "tools"):
         tool_type = tool.get("type")
-        if tool_type in LATER_TOOLS:
+        if isinstance(tool_type, str) and tool_type in LATER_TOOLS:
             raise not_yet(f"the built-in tool '{tool_type}'", f"{at}.type")
         one_of(tool_type, frozenset({"function"}), f"{at}.type")
         name = tool.get("name")
