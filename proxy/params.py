@@ -3,8 +3,9 @@ local route does with it. Data (hence over 400 lines), but for the allow-list's 
 functions at the end.
 
 Each endpoint's request is a tuple of :class:`Param` rows (:data:`CHAT`, :data:`COMPLETIONS`,
-:data:`EMBEDDINGS`) plus the :class:`Rule` rows that join two fields (:data:`CHAT_RULES`,
-:data:`COMPLETIONS_RULES`). A row says, for one parameter:
+:data:`EMBEDDINGS`, :data:`RESPONSES`, whose :data:`RESPONSES_NOT_YET` names OpenAI's
+parameters that are not served yet) plus the :class:`Rule` rows that join two fields
+(:data:`CHAT_RULES`, :data:`COMPLETIONS_RULES`). A row says, for one parameter:
 
 - its JSON ``type`` (``number``, ``integer``, ``boolean``, ``string``, ``object``, ``array``; a
   nested value of several types lists them all), and whether it is ``required``;
@@ -364,6 +365,113 @@ EMBEDDINGS: tuple[Param, ...] = (
 )
 
 
+# /v1/responses: translated to a chat request (proxy.http.responses_translate), which the cascade
+# answers; ``handling`` is what that chat request gets. The names of RESPONSES_NOT_YET are
+# OpenAI's too, but not served yet: a 400 that says so, never an unknown-field error.
+_CHAT_ROWS = {p.name: p for p in CHAT}
+RESPONSES: tuple[Param, ...] = (
+    _model("The model asked for, as for chat. At most 256 printable characters."),
+    Param(
+        name="input",
+        handling=DEPENDS,  # text messages and function items; images and other items: 400
+        doc="A string (one user message), or a list of items: messages with text parts, "
+        "`function_call` and `function_call_output` items.",
+        type=("string", "array"),
+        required=True,
+        shape="responses_input",
+    ),
+    Param(
+        name="instructions",
+        handling=HONOURED,
+        doc="A system message put before the input.",
+        type="string",
+    ),
+    Param(
+        name="max_output_tokens",
+        handling=HONOURED,
+        doc="The most tokens the answer may have; an answer cut by it is `incomplete`.",
+        type="integer",
+        low=1,
+    ),
+    *(_CHAT_ROWS[name] for name in ("temperature", "top_p")),
+    Param(
+        name="tools",
+        handling=HONOURED,
+        doc="Function tools, in the Responses' flat shape; built-in tools are a 400 (not yet).",
+        type="array",
+        shape="responses_tools",
+    ),
+    Param(
+        name="tool_choice",
+        handling=HONOURED,
+        doc="none, auto, required, or `{type: function, name}` naming one of the tools.",
+        type=("string", "object"),
+        shape="responses_tool_choice",
+    ),
+    _CHAT_ROWS["parallel_tool_calls"],
+    Param(
+        name="text",
+        handling=HONOURED,
+        doc="format: text, json_object, or json_schema (name, schema, strict); verbosity.",
+        type="object",
+        shape="responses_text",
+    ),
+    Param(name="stream", handling=HONOURED, doc="Answer as typed events.", type="boolean"),
+    Param(
+        name="stream_options",
+        handling=IGNORED,
+        doc="include_obfuscation: accepted and ignored (no obfuscation events are sent).",
+        type="object",
+        shape="responses_stream_options",
+    ),
+    Param(
+        name="metadata",
+        handling=IGNORED,
+        doc="Tags echoed in the response: at most 16 keys of 64 characters, values of 512.",
+        type="object",
+        shape="metadata",
+    ),
+    _CHAT_ROWS["user"],
+    _ignored(
+        "store",
+        "boolean",
+        "Accepted and ignored: responses are not stored yet (the answer says `store: false`).",
+    ),
+    Param(
+        name="truncation",
+        handling=IGNORED,
+        doc="Accepted; an input too long for the model is a 400 or goes to the API either way.",
+        type="string",
+        enum=("auto", "disabled"),
+    ),
+    Param(
+        name="include",
+        handling=IGNORED,
+        doc="Accepted and ignored: no extra output data is included.",
+        type="array",
+        shape="responses_include",
+    ),
+    *(_CHAT_ROWS[name] for name in ("service_tier", "prompt_cache_key", "prompt_cache_retention")),
+    _CHAT_ROWS["safety_identifier"],
+)
+
+RESPONSES_NOT_YET: dict[str, str] = {
+    "previous_response_id": "responses are not stored yet: send the whole conversation in 'input'",
+    "conversation": "conversations are not stored yet: send the whole conversation in 'input'",
+    "background": "background responses need stored responses",
+    "reasoning": "the local model does not reason, and the fallback is Chat Completions",
+    "prompt": "stored prompt templates are OpenAI's own",
+    "max_tool_calls": "built-in tools are not served yet",
+    "top_logprobs": "logprobs are not in Responses answers yet",
+    "access_programs": "it is OpenAI's own",
+    "background_options": "background responses need stored responses",
+    "context_management": "the fallback is Chat Completions",
+    "image": "image output is not served",
+    "moderation": "the fallback is Chat Completions",
+    "prompt_cache_options": "the fallback is Chat Completions",
+}
+
+
 def handling_of(table: tuple[Param, ...]) -> dict[str, str]:
     """``{name: handling}`` of a table, in its order."""
     return {p.name: p.handling for p in table}
@@ -372,6 +480,7 @@ def handling_of(table: tuple[Param, ...]) -> dict[str, str]:
 CHAT_PARAMETERS: dict[str, str] = handling_of(CHAT)
 COMPLETIONS_PARAMETERS: dict[str, str] = handling_of(COMPLETIONS)
 EMBEDDINGS_PARAMETERS: dict[str, str] = handling_of(EMBEDDINGS)
+RESPONSES_PARAMETERS: dict[str, str] = handling_of(RESPONSES)
 
 # Keys of litellm's (or a provider SDK's) own that choose where a request goes, with which
 # credentials, or what is answered without asking anyone. None is an OpenAI parameter; a body

@@ -15,6 +15,9 @@
     answers      the engine's completion as OpenAI sends it
     chat         ``POST /v1/chat/completions``: the cascade as HTTP
     completions  ``POST /v1/completions`` and ``POST /v1/embeddings``
+    responses    ``POST /v1/responses``: translated to chat (responses_translate), answered by
+                 the cascade, sent as a Responses object or its typed events; its nested
+                 shapes and their checks are responses_shapes
     sse          Server-Sent Events: chunks, the response that writes a stream's row once
     validate     cheap validation of request bodies (OpenAI's shapes), errors naming ``param``
     body_check   a large body parsed and checked in a worker thread, off the event loop,

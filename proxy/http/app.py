@@ -2,11 +2,11 @@
 
 Nothing lives at module level. The lifespan builds the app's typed
 :class:`~proxy.http.services.Services`, kept on ``app.state.services``, and one handler per
-endpoint (``app.state.chat``, ``completions``, ``embeddings``). It opens the ledger, starts the
-upstream client and the engine worker, and on shutdown (after uvicorn has drained in-flight
-requests) flushes the ledger first, so that the rows of finished requests are safe whatever
-happens next, then stops the rest with a bound on each step, and closes the ledger last (see
-:func:`proxy.http.shutdown.shutdown_budget_s`).
+endpoint (``app.state.chat``, ``completions``, ``embeddings``, ``responses``). It opens the
+ledger, starts the upstream client and the engine worker, and on shutdown (after uvicorn has
+drained in-flight requests) flushes the ledger first, so that the rows of finished requests are
+safe whatever happens next, then stops the rest with a bound on each step, and closes the
+ledger last (see :func:`proxy.http.shutdown.shutdown_budget_s`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from proxy.http.openapi import openapi_spec
 from proxy.http.quotas import AuditPurse, Quotas
 from proxy.http.render import exception_handlers, render, unexpected
 from proxy.http.report import ReportEndpoint
+from proxy.http.responses import ResponsesHandler
 from proxy.http.services import Services, services_of
 from proxy.http.shares import KeyShareMiddleware, KeyShares
 from proxy.http.shutdown import AUDIT_STOP_S, AUX_STOP_S, bounded, shutdown
@@ -229,6 +230,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             app.state.chat = ChatHandler(services)
             app.state.completions = CompletionsHandler(services)
             app.state.embeddings = EmbeddingsHandler(services)
+            app.state.responses = ResponsesHandler(services)
             # litellm (the ledger's token counter) imported alongside the engine's start; serve
             # once it is in, so that the import never competes with requests for the GIL.
             await ledger.counter_ready()
@@ -275,6 +277,10 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
 
     async def chat_completions(request: Request) -> Response:
         handler: ChatHandler = request.app.state.chat
+        return await handler(request)
+
+    async def responses(request: Request) -> Response:
+        handler: ResponsesHandler = request.app.state.responses
         return await handler(request)
 
     async def models(request: Request) -> Response:
@@ -340,6 +346,8 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             Route("/completions", completions, methods=["POST"]),
             Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/embeddings", embeddings, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
+            Route("/responses", responses, methods=["POST"]),
             Route("/openapi.json", openapi, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/models", models, methods=["GET"]),
@@ -359,7 +367,14 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
     # (and so its place in the engine's queue, or its generation).
     app.add_middleware(
         CancelOnDisconnect,
-        paths=("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"),
+        paths=(
+            "/v1/chat/completions",
+            "/chat/completions",
+            "/v1/completions",
+            "/completions",
+            "/v1/responses",
+            "/responses",
+        ),
     )
     app.add_middleware(LimitsMiddleware, settings=settings.server, in_flight=in_flight)
     # The JSON-body check applies where a POST is served; elsewhere a POST is the router's 405.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -31,6 +31,15 @@ from proxy.http.validate import chat_request
 from proxy.routing.router import LocalAttempt, Plan
 from proxy.routing.servable import live_streamable
 from proxy.upstream.stream import UpstreamStream
+
+# How a finished chat completion is sent: (the answer, the exchange, upstream's bytes or None).
+Send = Callable[[dict[str, Any], Exchange, bytes | None], Response]
+
+
+def _send_json(answer: dict[str, Any], ex: Exchange, raw: bytes | None) -> Response:
+    if raw is not None:  # upstream's bytes go back as they came: parsed once, not encoded again
+        return Response(raw, media_type="application/json", headers=ex.headers())
+    return JSONResponse(answer, headers=ex.headers())
 
 
 class ChatHandler(Handler):
@@ -53,30 +62,37 @@ class ChatHandler(Handler):
     # -- JSON -------------------------------------------------------------------------------
 
     async def _json(
-        self, body: dict[str, Any], plan: Plan, threshold: float, ex: Exchange
+        self,
+        body: dict[str, Any],
+        plan: Plan,
+        threshold: float,
+        ex: Exchange,
+        send: Send | None = None,
     ) -> Response:
+        """The cascade's answer to ``body``, sent by ``send`` (as chat's JSON by default;
+        :mod:`proxy.http.responses` sends it as a Responses object)."""
+        send = send or _send_json
         hit = await self.cached(ex)
         if hit is not None:
             ex.keep(hit)
-            return JSONResponse(hit, headers=ex.headers())
+            return send(hit, ex, None)
         if plan.route == "local":
             kept = await self.try_local(body, plan, threshold, ex, kind="chat")
             if kept is not None:
                 answer = public_answer(kept, body)
                 ex.keep(answer)
                 self.remember(ex, answer)
-                return JSONResponse(answer, headers=ex.headers())
+                return send(answer, ex, None)
         else:
             ex.reason = plan.reason
         kept = await self.reserve_or_local(body, plan, threshold, ex, kind="chat")
         if kept is not None:
-            return JSONResponse(public_answer(kept, body), headers=ex.headers())
+            return send(public_answer(kept, body), ex, None)
         upstream = self.services.upstream
         reply = await self.from_api(upstream.chat(body, request_id=ex.request_id), ex)
         ex.keep(reply.body)
         self.remember(ex, reply.body)
-        # Upstream's bytes go back as they came: parsed once for the usage, not encoded again.
-        return Response(reply.raw, media_type="application/json", headers=ex.headers())
+        return send(reply.body, ex, reply.raw)
 
     # -- streaming --------------------------------------------------------------------------
 

@@ -13,7 +13,12 @@ from functools import lru_cache
 from typing import Any
 
 from proxy.http import report
-from proxy.http.request_schema import CHAT_REQUEST, COMPLETIONS_REQUEST, EMBEDDINGS_REQUEST
+from proxy.http.request_schema import (
+    CHAT_REQUEST,
+    COMPLETIONS_REQUEST,
+    EMBEDDINGS_REQUEST,
+    RESPONSES_REQUEST,
+)
 from proxy.http.shapes import TOOL_CALL, Schema, obj
 
 
@@ -106,6 +111,72 @@ EMBEDDINGS: Schema = _list(
     usage=USAGE,
 )
 
+_RESPONSE_ITEM: Schema = {
+    "anyOf": [
+        obj(
+            ["id", "type", "status", "role", "content"],
+            {
+                "id": {"type": "string"},
+                "type": {"const": "message"},
+                "status": {"enum": ["completed", "incomplete"]},
+                "role": {"const": "assistant"},
+                "content": {
+                    "type": "array",
+                    "items": obj(
+                        ["type"],
+                        {
+                            "type": {"enum": ["output_text", "refusal"]},
+                            "text": {"type": "string"},
+                            "refusal": {"type": "string"},
+                        },
+                    ),
+                },
+            },
+        ),
+        obj(
+            ["id", "type", "call_id", "name", "arguments"],
+            {
+                "id": {"type": "string"},
+                "type": {"const": "function_call"},
+                "status": {"type": "string"},
+                "call_id": {"type": "string"},
+                "name": {"type": "string"},
+                "arguments": {"type": "string", "description": "JSON text"},
+            },
+        ),
+    ]
+}
+
+RESPONSE: Schema = obj(
+    ["id", "object", "created_at", "status", "model", "output", "usage"],
+    {
+        "id": {"type": "string", "description": "resp_..., not stored: it cannot be fetched."},
+        "object": {"const": "response"},
+        "created_at": {"type": "integer"},
+        "status": {"enum": ["completed", "incomplete"]},
+        "incomplete_details": {
+            "anyOf": [obj(["reason"], {"reason": {"type": "string"}}), {"type": "null"}]
+        },
+        "model": {"type": "string"},
+        "output": {"type": "array", "items": _RESPONSE_ITEM},
+        "store": {"const": False},
+        "usage": obj(
+            ["input_tokens", "output_tokens", "total_tokens"],
+            {
+                "input_tokens": {"type": "integer"},
+                "input_tokens_details": obj(
+                    ["cached_tokens"], {"cached_tokens": {"type": "integer"}}
+                ),
+                "output_tokens": {"type": "integer"},
+                "output_tokens_details": obj(
+                    ["reasoning_tokens"], {"reasoning_tokens": {"type": "integer"}}
+                ),
+                "total_tokens": {"type": "integer"},
+            },
+        ),
+    },
+)
+
 MODELS: Schema = _list(
     ["id", "object", "created", "owned_by"],
     {
@@ -194,13 +265,19 @@ def _errors(*statuses: int) -> dict[str, Any]:
 
 
 def _post(
-    summary: str, request: str, response: str, *, stream: bool, cascade: bool = True
+    summary: str,
+    request: str,
+    response: str,
+    *,
+    stream: bool,
+    cascade: bool = True,
+    events: str = "With `stream: true`: `data: <chunk>` events, then `data: [DONE]`.",
 ) -> dict[str, Any]:
     content: dict[str, Any] = {"application/json": {"schema": _ref(response)}}
     if stream:
         content["text/event-stream"] = {
             "schema": obj(["data"], {"data": {"type": "string"}}),
-            "description": "With `stream: true`: `data: <chunk>` events, then `data: [DONE]`.",
+            "description": events,
         }
     return {
         "post": {
@@ -242,6 +319,8 @@ def openapi_spec() -> dict[str, Any]:
                 "TextCompletion": TEXT_COMPLETION,
                 "EmbeddingsRequest": EMBEDDINGS_REQUEST,
                 "Embeddings": EMBEDDINGS,
+                "ResponsesRequest": RESPONSES_REQUEST,
+                "Response": RESPONSE,
                 "Models": MODELS,
                 "Report": report.REPORT,
                 "Error": ERROR,
@@ -268,6 +347,15 @@ def openapi_spec() -> dict[str, Any]:
                 "Embeddings",
                 stream=False,
                 cascade=False,
+            ),
+            "/v1/responses": _post(
+                "A Responses answer, local first (translated to chat; not stored)",
+                "ResponsesRequest",
+                "Response",
+                stream=True,
+                events="With `stream: true`: the typed events (`event: response.created` ... "
+                "`response.completed` or `response.incomplete`), each with its "
+                "`sequence_number`; no `[DONE]`.",
             ),
             "/v1/models": {
                 "get": {

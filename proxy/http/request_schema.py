@@ -10,17 +10,34 @@ each with the row's ``doc``; the :class:`proxy.params.Rule` rows become ``if``/`
 
 from __future__ import annotations
 
+from proxy.http import responses_shapes
 from proxy.http.shapes import SHAPES, Schema
-from proxy.params import CHAT, CHAT_RULES, COMPLETIONS, COMPLETIONS_RULES, EMBEDDINGS, Param, Rule
+from proxy.params import (
+    CHAT,
+    CHAT_RULES,
+    COMPLETIONS,
+    COMPLETIONS_RULES,
+    EMBEDDINGS,
+    RESPONSES,
+    Param,
+    Rule,
+)
 
-__all__ = ["CHAT_REQUEST", "COMPLETIONS_REQUEST", "EMBEDDINGS_REQUEST", "request_schema"]
+__all__ = [
+    "CHAT_REQUEST",
+    "COMPLETIONS_REQUEST",
+    "EMBEDDINGS_REQUEST",
+    "RESPONSES_REQUEST",
+    "request_schema",
+]
 
 NULL: Schema = {"type": "null"}
+ALL_SHAPES: dict[str, Schema] = {**SHAPES, **responses_shapes.SHAPES}
 
 
 def _value(param: Param) -> Schema:
     if param.shape is not None:
-        return SHAPES[param.shape]
+        return ALL_SHAPES[param.shape]
     schema: Schema = {"type": param.type if isinstance(param.type, str) else list(param.type)}
     if param.low is not None:
         schema["minimum"] = param.low
@@ -91,4 +108,11 @@ COMPLETIONS_REQUEST = request_schema(
 )
 EMBEDDINGS_REQUEST = request_schema(
     EMBEDDINGS, (), "OpenAI's embeddings request, passed through to the API."
+)
+RESPONSES_REQUEST = request_schema(
+    RESPONSES,
+    (),
+    "OpenAI's Responses request, answered through the chat cascade. A parameter not listed here "
+    "is a 400 naming it; OpenAI's parameters that are not served yet (previous_response_id, "
+    "reasoning, background, ...) are a 400 saying so, as are built-in tools and image parts.",
 )

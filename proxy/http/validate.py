@@ -1,4 +1,5 @@
-"""Cheap validation of OpenAI request bodies: chat completions, legacy completions, embeddings.
+"""Cheap validation of OpenAI request bodies: chat completions, legacy completions, embeddings,
+responses.
 
 The body is parsed once, checked here in plain Python (no schema library on the hot path), and
 passed on as the same dict: the API route forwards it unchanged. Every failure is a
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.errors import BadRequest
-from proxy.http import shape_checks, tool_checks
+from proxy.http import responses_shapes, shape_checks, tool_checks
 from proxy.http.shape_checks import Check, kind
 from proxy.http.shapes import MAX_MODEL_CHARS
 from proxy.params import (
@@ -40,6 +41,9 @@ from proxy.params import (
     COMPLETIONS_RULES,
     EMBEDDINGS,
     EMBEDDINGS_PARAMETERS,
+    RESPONSES,
+    RESPONSES_NOT_YET,
+    RESPONSES_PARAMETERS,
     Param,
     Rule,
     check_parameters,
@@ -51,6 +55,7 @@ __all__ = [
     "completions_request",
     "embeddings_request",
     "parse_json",
+    "responses_request",
 ]
 
 
@@ -68,7 +73,11 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
-CHECKS: dict[str, Check] = {**shape_checks.CHECKS, **tool_checks.CHECKS}
+CHECKS: dict[str, Check] = {
+    **shape_checks.CHECKS,
+    **tool_checks.CHECKS,
+    **responses_shapes.CHECKS,
+}
 
 
 # -- a scalar row's check ----------------------------------------------------------------------
@@ -194,6 +203,7 @@ def _best_of(body: dict[str, Any]) -> None:
 _chat = _endpoint(CHAT, CHAT_RULES, CHAT_PARAMETERS)
 _completions = _endpoint(COMPLETIONS, COMPLETIONS_RULES, COMPLETIONS_PARAMETERS, _best_of)
 _embeddings = _endpoint(EMBEDDINGS, (), EMBEDDINGS_PARAMETERS)
+_responses = _endpoint(RESPONSES, (), RESPONSES_PARAMETERS)
 
 
 def chat_request(body: dict[str, Any]) -> dict[str, Any]:
@@ -209,3 +219,17 @@ def completions_request(body: dict[str, Any]) -> dict[str, Any]:
 def embeddings_request(body: dict[str, Any]) -> dict[str, Any]:
     """Check a ``/v1/embeddings`` body; returns it unchanged or raises BadRequest."""
     return _embeddings(body)
+
+
+def responses_request(body: dict[str, Any]) -> dict[str, Any]:
+    """Check a ``/v1/responses`` body; returns it unchanged or raises BadRequest. A parameter
+    of OpenAI's that is not served yet (:data:`proxy.params.RESPONSES_NOT_YET`) is a 400 that
+    says so, before any unknown one."""
+    for name, why in RESPONSES_NOT_YET.items():
+        if body.get(name) is not None:
+            raise BadRequest(
+                f"'{name}' is not supported yet by the proxy's /v1/responses: {why}",
+                param=name,
+                code="unsupported_parameter",
+            )
+    return _responses(body)

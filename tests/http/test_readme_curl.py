@@ -48,6 +48,8 @@ def check_shape(path: str, body: str) -> None:
         assert data["object"] == "chat.completion" and data["choices"]
     elif path == "/v1/completions":
         assert data["object"] == "text_completion" and data["choices"]
+    elif path == "/v1/responses":
+        assert data["object"] == "response" and data["output"][0]["type"] == "message"
     elif path == "/v1/embeddings":
         assert data["object"] == "list" and data["data"][0]["embedding"]
     elif path == "/v1/models":
@@ -77,6 +79,7 @@ def test_the_readme_has_a_curl_example_for_every_endpoint() -> None:
     assert {
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/responses",
         "/v1/embeddings",
         "/v1/models",
         "/healthz",

@@ -14,9 +14,16 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from proxy.errors import BadRequest
-from proxy.http import shapes
+from proxy.http import responses_shapes, shapes
 from proxy.http.openapi import openapi_spec
-from proxy.http.validate import CHECKS, chat_request, completions_request, embeddings_request
+from proxy.http.request_schema import ALL_SHAPES
+from proxy.http.validate import (
+    CHECKS,
+    chat_request,
+    completions_request,
+    embeddings_request,
+    responses_request,
+)
 from proxy.params import (
     CHAT,
     CHAT_RULES,
@@ -24,6 +31,7 @@ from proxy.params import (
     COMPLETIONS_RULES,
     EMBEDDINGS,
     HONOURED,
+    RESPONSES,
     Param,
     Rule,
 )
@@ -39,7 +47,9 @@ ENDPOINTS: list[tuple[str, tuple[Param, ...], tuple[Rule, ...], Any, dict[str, A
         {"model": "m", "prompt": "x"},
     ),
     ("EmbeddingsRequest", EMBEDDINGS, (), embeddings_request, {"model": "m", "input": "x"}),
+    ("ResponsesRequest", RESPONSES, (), responses_request, {"model": "m", "input": "x"}),
 ]
+TABLES = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
 IDS = [e[0] for e in ENDPOINTS]
 
 
@@ -75,8 +85,9 @@ def test_the_served_document_lists_exactly_the_tables_parameters(
 
 
 def test_every_shape_a_table_names_has_one_fragment_and_one_check() -> None:
-    named = {p.shape for table in (CHAT, COMPLETIONS, EMBEDDINGS) for p in table if p.shape}
-    assert named == set(shapes.SHAPES) == set(CHECKS)
+    named = {p.shape for table in TABLES for p in table if p.shape}
+    assert not set(shapes.SHAPES) & set(responses_shapes.SHAPES)
+    assert named == set(ALL_SHAPES) == set(CHECKS)
 
 
 def _fragment_types(schema: dict[str, Any]) -> set[str]:
@@ -88,12 +99,12 @@ def _fragment_types(schema: dict[str, Any]) -> set[str]:
 
 @pytest.mark.parametrize(
     "param",
-    [p for table in (CHAT, COMPLETIONS, EMBEDDINGS) for p in table if p.shape],
+    [p for table in TABLES for p in table if p.shape],
     ids=lambda p: p.name,
 )
 def test_a_nested_row_says_the_json_types_its_fragment_allows(param: Param) -> None:
     declared = {param.type} if isinstance(param.type, str) else set(param.type)
-    assert _fragment_types(shapes.SHAPES[str(param.shape)]) == declared
+    assert _fragment_types(ALL_SHAPES[str(param.shape)]) == declared
 
 
 def _samples(param: Param) -> list[Any]:
@@ -143,7 +154,52 @@ def test_a_rule_holds_in_both() -> None:
 
 
 def test_the_handling_of_every_row_is_one_of_the_four() -> None:
-    for table in (CHAT, COMPLETIONS, EMBEDDINGS):
+    for table in TABLES:
         for param in table:
             assert param.handling in (HONOURED, "ignored", "depends", "api"), param.name
             assert param.doc.strip(), param.name
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"input": []},
+        {"input": [{"role": "user"}]},
+        {"input": [{"role": "user", "content": "hi", "status": 3}]},
+        {"input": [{"type": "function_call", "call_id": "c", "name": "f"}]},
+        {"input": [{"type": "function_call_output", "call_id": "c", "output": 1}]},
+        {"tools": [{"type": "function", "name": "f", "description": 1}]},
+        {"tools": [{"type": "function", "name": "f f"}]},
+        {"tool_choice": {"type": "function"}},
+        {"tool_choice": {"type": "function", "name": {}}, "tools": []},
+        {"tools": [{"type": {}, "name": "f"}]},
+        {"input": [{"type": [], "role": "user", "content": "hi"}]},
+        {"input": [{"role": "user", "content": [{"type": {}, "text": "hi"}]}]},
+        {"text": {"format": {"type": "json_schema", "name": "x"}}},
+        {"text": {"format": {"type": "json_schema", "name": "x", "schema": {}, "strict": 1}}},
+        {"text": {"verbosity": "loud"}},
+        {"stream_options": {"include_obfuscation": "yes"}},
+        {"include": [1]},
+    ],
+)
+def test_a_responses_body_the_document_refuses_the_validator_refuses(
+    extra: dict[str, Any],
+) -> None:
+    body = {"model": "m", "input": "x", **extra}
+    assert not fits("ResponsesRequest", body)
+    assert not accepted(responses_request, body)
+
+
+def test_a_full_responses_body_fits_both() -> None:
+    body = {
+        "model": "m",
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}", "id": None},
+            {"type": "function_call_output", "call_id": "c", "output": "ok"},
+        ],
+        "tools": [{"type": "function", "name": "f", "parameters": None, "description": None}],
+        "tool_choice": {"type": "function", "name": "f"},
+        "text": {"format": None, "verbosity": None},
+    }
+    assert fits("ResponsesRequest", body) and accepted(responses_request, body)

@@ -16,6 +16,7 @@ import pytest
 from openai.types import completion_create_params as legacy_params
 from openai.types import embedding_create_params as embedding_params
 from openai.types.chat import completion_create_params as chat_params
+from openai.types.responses import response_create_params as response_params
 
 from proxy.engine import grammar, tools
 from proxy.errors import BadRequest
@@ -28,6 +29,8 @@ from proxy.params import (
     EMBEDDINGS_PARAMETERS,
     HONOURED,
     IGNORED,
+    RESPONSES_NOT_YET,
+    RESPONSES_PARAMETERS,
 )
 from proxy.routing.servable import chat_blocker, completions_blocker, live_streamable
 from tests.tool_turns import weather_turns
@@ -88,6 +91,20 @@ def test_every_sdk_legacy_completions_parameter_is_classified_and_documented() -
     assert sorted(sdk - set(documented)) == []
     for name, handling in COMPLETIONS_PARAMETERS.items():
         assert documented.get(name) == handling, name
+
+
+def test_every_sdk_responses_parameter_is_classified_and_documented() -> None:
+    sdk = set(typing.get_type_hints(response_params.ResponseCreateParamsBase))
+    sdk |= set(typing.get_type_hints(response_params.ResponseCreateParamsStreaming))
+    assert {"input", "instructions", "previous_response_id", "text"} <= sdk  # the list is real
+    documented = doc_table("## `POST /v1/responses`")
+    assert sorted(sdk - set(RESPONSES_PARAMETERS) - set(RESPONSES_NOT_YET)) == []
+    assert not set(RESPONSES_PARAMETERS) & set(RESPONSES_NOT_YET)
+    assert sorted(sdk - set(documented)) == []
+    for name, handling in RESPONSES_PARAMETERS.items():
+        assert documented.get(name) == handling, name
+    for name in RESPONSES_NOT_YET:
+        assert documented.get(name) == "not yet", name
 
 
 def test_every_embeddings_parameter_is_documented() -> None:
