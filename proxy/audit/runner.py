@@ -200,7 +200,7 @@ class AuditRunner:
         cost = 0
         error: str | None = None
         if shadow:
-            paid = await self._paid(case, case.body, self._shadow_call(case))
+            paid = await self._paid(case, case.body, lambda: self._shadow(case))
             if paid is None:
                 error = "over_budget"
             else:
@@ -236,7 +236,7 @@ class AuditRunner:
                     candidate=candidate,
                     correctness=correctness,
                 )
-                paid_judge = await self._paid(case, body, self._judge_call(case, body))
+                paid_judge = await self._paid(case, body, lambda: self._judge(case, body))
                 method = "judge"
                 if paid_judge is None:
                     error = "over_budget"
@@ -300,38 +300,24 @@ class AuditRunner:
                 self.purse.pay(held, spent)
         return result, spent
 
-    def _shadow_call(
-        self, case: Case
-    ) -> Callable[[], Awaitable[tuple[dict[str, Any] | None, int]]]:
+    async def _shadow(self, case: Case) -> tuple[dict[str, Any] | None, int]:
         """The shadow call: the API's answer (None: the call failed) and what it cost."""
+        try:
+            reply = await self.upstream.chat(case.body, request_id=case.request_id + ".audit")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed shadow call is a failed audit
+            log.info("audit_shadow_failed", request_id=case.request_id, error=type(exc).__name__)
+            return None, 0
+        model = str(case.body.get("model") or "")
+        return reply.body, self._price(model, reply.body.get("usage"))
 
-        async def call() -> tuple[dict[str, Any] | None, int]:
-            try:
-                reply = await self.upstream.chat(case.body, request_id=case.request_id + ".audit")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a failed shadow call is a failed audit
-                log.info(
-                    "audit_shadow_failed", request_id=case.request_id, error=type(exc).__name__
-                )
-                return None, 0
-            model = str(case.body.get("model") or "")
-            return reply.body, self._price(model, reply.body.get("usage"))
-
-        return call
-
-    def _judge_call(
-        self, case: Case, body: dict[str, Any]
-    ) -> Callable[[], Awaitable[tuple[JudgeOutcome, int]]]:
+    async def _judge(self, case: Case, body: dict[str, Any]) -> tuple[JudgeOutcome, int]:
         """The judge call: its outcome and what it cost."""
-
-        async def call() -> tuple[JudgeOutcome, int]:
-            outcome = await ask_judge(
-                self._transport(case.request_id), body, timeout_s=self.judge_timeout_s
-            )
-            return outcome, self._price(str(body["model"]), outcome.usage)
-
-        return call
+        outcome = await ask_judge(
+            self._transport(case.request_id), body, timeout_s=self.judge_timeout_s
+        )
+        return outcome, self._price(str(body["model"]), outcome.usage)
 
     def _transport(self, request_id: str) -> Any:
         async def send(body: dict[str, Any]) -> dict[str, Any]:

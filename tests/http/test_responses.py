@@ -287,6 +287,15 @@ async def test_unknown_field_is_a_400_naming_it(sdk: Any, tmp_path: Path) -> Non
     assert (row["endpoint"], row["status"], row["reason"]) == ("responses", 400, "bad_request")
 
 
+async def _refused(sdk: Any, extra: dict[str, Any]) -> Any:
+    """The 400's error body for a Responses request of ``extra`` fields."""
+    body = {"model": "gpt-4o-mini", "input": "hi", **extra}
+    async with sdk() as client:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.post("/responses", body=body, cast_to=dict)
+    return caught.value.body
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
@@ -310,11 +319,7 @@ async def test_unknown_field_is_a_400_naming_it(sdk: Any, tmp_path: Path) -> Non
 async def test_what_is_not_supported_yet_is_a_400_that_says_so(
     sdk: Any, fake_api: FakeAPI, extra: dict[str, Any], param: str
 ) -> None:
-    body = {"model": "gpt-4o-mini", "input": "hi", **extra}
-    async with sdk() as client:
-        with pytest.raises(openai.BadRequestError) as caught:
-            await client.post("/responses", body=body, cast_to=dict)
-    error: Any = caught.value.body
+    error = await _refused(sdk, extra)
     assert error["param"] == param
     assert error["code"] == "unsupported_parameter"
     assert "not supported yet" in error["message"]
@@ -338,11 +343,7 @@ async def test_what_is_not_supported_yet_is_a_400_that_says_so(
 async def test_a_bad_value_is_a_400_naming_the_responses_field(
     sdk: Any, fake_api: FakeAPI, extra: dict[str, Any], param: str
 ) -> None:
-    body = {"model": "gpt-4o-mini", "input": "hi", **extra}
-    async with sdk() as client:
-        with pytest.raises(openai.BadRequestError) as caught:
-            await client.post("/responses", body=body, cast_to=dict)
-    error: Any = caught.value.body
+    error = await _refused(sdk, extra)
     assert error["param"] == param
     assert param in error["message"]
     assert fake_api.count == 0
