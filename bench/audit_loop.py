@@ -2,14 +2,14 @@
 
 A user's traffic is the dev set's 576 prompts (``quality/dev/devset.py``), answered locally by the
 bundled SmolLM2-135M. The local answers are the cached ones
-(``tests/data/quality_answers_smollm2.jsonl``, ``quality/dev/answers.py``): the same engine, the
-same greedy answers, so the bench needs no model run. The paid API is ``tests/fake_api.py`` with
+(``tests/data/quality_answers_smollm2.jsonl``, ``quality/dev/local_answers.py``): the same engine,
+the same greedy answers, so the bench needs no model run. The paid API is ``tests/fake_api.py`` with
 its :class:`~tests.fake_api.DevSetOracle`: it answers each prompt with its right answer, and it
 plays the judge of ``docs/audit.md``, grading under the notion its system message names. Every
 audit goes the real way: the reference from the stand-in API over HTTP, the exact check
 (``proxy.audit.verdict``), then the judge protocol (``proxy.audit.judge``) when the check cannot
 decide; the audits are rows of a real SQLite ledger (``migrations/0007_audits.sql``), and
-``frugal calibrate``'s refit (``proxy.audit.calibrate.calibrate``) reads them back. The API and
+``frugal calibrate``'s refit (``proxy.audit.refit.calibrate``) reads them back. The API and
 the judge are asked once per prompt and notion; the runs resample those verdicts.
 
 ``--correctness`` picks the notions of correct, each simulated on its own (by default both):
@@ -50,18 +50,18 @@ from typing import Any
 
 import httpx
 
-from proxy.audit import calibrate as cal
-from proxy.audit.estimate import weighted_share
+from proxy.audit import refit as cal
 from proxy.audit.judge import ask_judge, judge_body
-from proxy.audit.record import AuditRecord, insert, read
 from proxy.audit.verdict import answer_text, exact_check
-from proxy.ledger.migrate import open_database
+from proxy.ledger.audits.audit_record import AuditRecord, insert, read
+from proxy.ledger.audits.estimate import weighted_share
+from proxy.ledger.db.migrate import open_database
 from quality import signals
 from quality.combiner import HARD_CAP, Combiner, default_combiner
-from quality.dev.answers import Graded, grade, load_answers, request_for
 from quality.dev.content import is_content_correct
 from quality.dev.devset import is_correct, load
-from quality.fit import roc_auc
+from quality.dev.local_answers import Graded, grade, load_answers, request_for
+from quality.logistic import roc_auc
 from tests.audit.judge_server import http_transport
 from tests.fake_api import DevSetOracle, FakeAPI
 

@@ -96,7 +96,7 @@ def lone(model: Any, engine: Any, request: dict[str, Any]) -> tuple[float, float
 
 
 def main() -> None:
-    from proxy.engine.batch import BatchEngine
+    from proxy.engine.batch.decode import BatchEngine
     from proxy.engine.generate import LocalModel
 
     parser = argparse.ArgumentParser()
@@ -150,7 +150,7 @@ def main() -> None:
 def copy_bench(args: argparse.Namespace) -> None:
     """Four copy-heavy requests, then four free-chat ones (issue 27: the default must cost
     nothing there), each batch plain and with prompt lookup inside it, interleaved."""
-    from proxy.engine.batch import BatchEngine
+    from proxy.engine.batch.decode import BatchEngine
     from proxy.engine.generate import LocalModel
 
     model = LocalModel.load(smollm2_path(), n_ctx=1024, n_threads=args.threads, calibrate=False)

@@ -78,7 +78,7 @@ async def one_run(engine: Any, tag: str, times: dict[str, list[float]], cached: 
 
 async def main() -> None:
     from proxy.config import LocalSettings
-    from proxy.engine.client import LocalEngine
+    from proxy.engine.local_engine import LocalEngine
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=2)

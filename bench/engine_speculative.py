@@ -9,7 +9,7 @@ interleaved rep by rep so that the shared machine's load falls on all of them al
     .venv/bin/python bench/engine_speculative.py --library [--reps 3] [--max-tokens 200]
 
 With ``--parallel N`` (issue 27: N = 4 is the served default) "ours" is the batched engine that a
-worker with ``parallel = N`` runs (:class:`proxy.engine.batch.BatchEngine`), plain and with
+worker with ``parallel = N`` runs (:class:`proxy.engine.batch.decode.BatchEngine`), plain and with
 prompt lookup inside the batch, answering one request alone: what a lone request gets from the
 default configuration.
 
@@ -123,7 +123,7 @@ def _batch_decode(
 
 def _ours(args: argparse.Namespace, path: str) -> tuple[Any, Any, Any, Any]:
     """Our engine plain and with prompt lookup, as ``run`` callables, and what to close."""
-    from proxy.engine.batch import BatchEngine
+    from proxy.engine.batch.decode import BatchEngine
     from proxy.engine.generate import LocalModel
 
     if args.parallel > 1:

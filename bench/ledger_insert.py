@@ -29,8 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from proxy.ledger.tokens import CountJob, TokenCounter  # noqa: E402
-from proxy.ledger.writer import Ledger  # noqa: E402
+from proxy.ledger.writing.tokens import CountJob, TokenCounter  # noqa: E402
+from proxy.ledger.writing.writer import Ledger  # noqa: E402
 
 BODY = {
     "model": "gpt-4o-mini",
@@ -80,7 +80,7 @@ def target(tmp: str, url: str | None) -> str:
         return str(Path(tmp) / "bench.db")
     import psycopg
 
-    from proxy.ledger.migrate import open_database
+    from proxy.ledger.db.migrate import open_database
 
     open_database(url)
     with psycopg.connect(url, autocommit=True) as conn:

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from quality import score  # noqa: E402
 from quality._view import view_of  # noqa: E402
-from quality.dev.answers import ANSWERS_PATH, load_answers, request_for  # noqa: E402
 from quality.dev.devset import load  # noqa: E402
+from quality.dev.local_answers import ANSWERS_PATH, load_answers, request_for  # noqa: E402
 from quality.relevance import Embedder, relevance  # noqa: E402
 
 BUDGET_MS = 5.0

@@ -47,8 +47,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from proxy.ledger.migrate import open_database  # noqa: E402
-from proxy.ledger.writer import COLUMNS  # noqa: E402
+from proxy.ledger.db.migrate import open_database  # noqa: E402
+from proxy.ledger.writing.writer import COLUMNS  # noqa: E402
 
 # The columns seeded: the writer's, with the client key's name last (whether or not the writer
 # lists it among its columns); a column the seed has no value for is NULL.
@@ -81,8 +81,8 @@ def seed(db: Path, rows: int) -> None:
 
 
 def seed_postgres(url: str, rows: int) -> None:
-    from proxy.ledger import postgres
-    from proxy.ledger.database import from_argument
+    from proxy.ledger.db import postgres
+    from proxy.ledger.db.location import from_argument
 
     db = from_argument(url)
     open_database(db)
@@ -98,8 +98,8 @@ def seed_postgres(url: str, rows: int) -> None:
 
 
 def postgres_rows(url: str) -> int:
-    from proxy.ledger import postgres
-    from proxy.ledger.database import from_argument
+    from proxy.ledger.db import postgres
+    from proxy.ledger.db.location import from_argument
 
     db = from_argument(url)
     try:

@@ -53,7 +53,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import httpx  # noqa: E402
 
 from proxy import config  # noqa: E402
-from proxy.engine.client import LocalEngine  # noqa: E402
+from proxy.engine.local_engine import LocalEngine  # noqa: E402
 from proxy.engine.model_files import bundled_model_path  # noqa: E402
 from proxy.http.app import create_app  # noqa: E402
 from tests.fake_api import FakeAPI  # noqa: E402

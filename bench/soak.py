@@ -45,7 +45,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.ledger import keys as keys_mod  # noqa: E402
+from proxy.ledger.tenants import keys as keys_mod  # noqa: E402
 from tests.fake_api import FakeAPI  # noqa: E402
 from tests.faults_support import (  # noqa: E402
     MB,

@@ -7,7 +7,7 @@ ALTER TABLE api_keys ADD COLUMN rpm INTEGER CHECK (rpm > 0);
 ALTER TABLE api_keys ADD COLUMN models TEXT;  -- comma-separated model names a key may ask for
 
 -- A key's API spend in one UTC month (YYYY-MM), and what requests in flight have reserved.
--- proxy/ledger/budgets.py reserves with one conditional UPDATE of this row.
+-- proxy/ledger/tenants/budgets.py reserves with one conditional UPDATE of this row.
 CREATE TABLE key_spend (
     key_name      TEXT    NOT NULL,
     month         TEXT    NOT NULL,

@@ -244,7 +244,7 @@ def _relevance(report: Report, settings: config_mod.Settings) -> None:
 
 
 def _ledger(report: Report, settings: config_mod.Settings) -> None:
-    from proxy.ledger.database import from_settings
+    from proxy.ledger.db.location import from_settings
 
     try:
         db = from_settings(settings.ledger)
@@ -280,7 +280,7 @@ def _ledger(report: Report, settings: config_mod.Settings) -> None:
 def _postgres_ledger(report: Report, db: Any) -> None:
     """The server answers, and the schema is at this proxy's version (or can be brought there
     by ``frugal migrate``)."""
-    from proxy.ledger.migrate import schema_state
+    from proxy.ledger.db.migrate import schema_state
 
     try:
         applied, missing = schema_state(db)

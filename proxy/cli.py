@@ -33,7 +33,7 @@ from proxy import check as check_mod
 from proxy import config as config_mod
 from proxy.engine.generate import ModelLoadError
 from proxy.errors import ConfigError
-from proxy.ledger import keys
+from proxy.ledger.tenants import keys
 from proxy.models import cli as models_cli
 from proxy.models.cache import resolve as resolve_model
 from proxy.models.gate import for_settings as gate_for_settings
@@ -126,9 +126,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from proxy.audit.calibrate import CalibrationError, run_once, write_weights
+    from proxy.audit.refit import CalibrationError, run_once, write_weights
     from proxy.engine.generate import bundled_model_path
-    from proxy.ledger.database import from_argument, from_settings
+    from proxy.ledger.db.location import from_argument, from_settings
 
     settings = resolve_model(config_mod.load(args.config))
     db = from_argument(args.db) if args.db else from_settings(settings.ledger)
@@ -161,8 +161,8 @@ DB_HELP = (
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from proxy.ledger.database import from_argument, from_settings
-    from proxy.ledger.migrate import open_database
+    from proxy.ledger.db.location import from_argument, from_settings
+    from proxy.ledger.db.migrate import open_database
 
     if args.db:
         db = from_argument(args.db)
@@ -185,8 +185,8 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.http.app import create_app
     from proxy.http.auth import check_bind
     from proxy.http.limits import guarded_protocol
-    from proxy.ledger.database import from_settings
-    from proxy.ledger.migrate import open_database
+    from proxy.ledger.db.location import from_settings
+    from proxy.ledger.db.migrate import open_database
 
     settings = resolve_model(config_mod.load(args.config))  # [local] model: the cache, no network
     server = settings.server
@@ -285,8 +285,9 @@ REPORT_EXIT_CODES = """exit codes:
 def _report(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from proxy.ledger import chart, report
-    from proxy.ledger.database import from_argument, from_settings
+    from proxy.ledger.db.location import from_argument, from_settings
+    from proxy.ledger.reports import build as report
+    from proxy.ledger.reports import chart
 
     quality = config_mod.QualitySettings()
     settings: config_mod.Settings | None = None

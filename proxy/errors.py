@@ -30,12 +30,12 @@
         │   └── BackendDown             (proxy.routing.base) a backend stopped answering
         ├── EngineTimeout               the deadline passed
         ├── EngineBusy                  the queue is full
-        └── ContextOverflow             (proxy.engine.client) the prompt does not fit
+        └── ContextOverflow             (proxy.engine.local_engine) the prompt does not fit
 
 Who raises what, and who turns it into a response:
 
 - Foreign errors of the paid API (aiohttp, litellm, httpx, its statuses) become ProxyErrors in
-  one place, :func:`proxy.upstream.errors.translate`. Failures of *local* backends are
+  one place, :func:`proxy.upstream.failures.translate`. Failures of *local* backends are
   EngineErrors (:func:`proxy.routing.remote.backend_failure` for remote servers); the router turns
   them into a fallback, or into :class:`LocalUnavailable` (or a :class:`BadRequest` for a
   context overflow) when the request may not leave the box.

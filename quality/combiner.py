@@ -1,7 +1,7 @@
 """The combiner: signals in, one :class:`Score` out.
 
 A logistic regression over the signals' features, with weights fitted on graded answers by
-``python -m quality.dev.calibrate`` and read from ``weights.json``. Four models are fitted on the
+``python -m quality.dev.fit_weights`` and read from ``weights.json``. Four models are fitted on the
 same answers, with and without the confidence (logprob) features and with and without the
 relevance feature, so an answer that lacks either (the API's has no logprobs; a server without
 the embedder has no relevance) is judged by the signals that apply, on the same scale.
@@ -236,5 +236,5 @@ class Combiner:
 
 @lru_cache(maxsize=1)
 def default_combiner() -> Combiner:
-    """The combiner fitted by ``python -m quality.dev.calibrate`` (read once, never mutated)."""
+    """The combiner fitted by ``python -m quality.dev.fit_weights`` (read once, never mutated)."""
     return Combiner.load()

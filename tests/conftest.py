@@ -17,7 +17,7 @@ import pytest
 import structlog
 
 from proxy import config
-from proxy.engine.client import LocalEngine
+from proxy.engine.local_engine import LocalEngine
 from proxy.http.app import create_app
 from tests.fake_api import FakeAPI
 

@@ -29,11 +29,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from proxy.audit.record import AuditRecord
-from proxy.ledger import access, postgres
-from proxy.ledger.audits import AUDIT_INSERT, audit_values
-from proxy.ledger.database import Database, as_database
-from proxy.ledger.migrate import open_database
+from proxy.ledger.audits.audit_record import AuditRecord
+from proxy.ledger.audits.table import AUDIT_INSERT, audit_values
+from proxy.ledger.db import access, postgres
+from proxy.ledger.db.location import Database, as_database
+from proxy.ledger.db.migrate import open_database
 
 if TYPE_CHECKING:  # playwright is imported where a browser is started
     from playwright.sync_api import Browser, ConsoleMessage, Page, Request

@@ -30,8 +30,8 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.ledger import keys as keys_mod
 from proxy.ledger.pricing import PriceBook, load_price_map
+from proxy.ledger.tenants import keys as keys_mod
 from quality.schema import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
 from tests.fake_api import FakeAPI, body_tokens
 from tests.faults_support import (

@@ -27,9 +27,9 @@ import httpx
 import pytest
 
 from proxy.http.quotas import worst_case_tokens
-from proxy.ledger import keys
-from proxy.ledger.database import Database, parse
+from proxy.ledger.db.location import Database, parse
 from proxy.ledger.pricing import PriceBook, load_price_map
+from proxy.ledger.tenants import keys
 from tests import pg
 from tests.fake_api import FakeAPI
 from tests.faults_support import launch, server_env, stop, tail, wait_ready

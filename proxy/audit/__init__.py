@@ -2,20 +2,19 @@
 
 The room holds the parts of issue 17 that need no HTTP server, in the order an audit runs:
 
-    settings    ``[audit]``: rate, monthly budget, judge model, notion of correctness, queue size
     sampler     whether this local attempt is audited (at ``rate``, accepted and rejected alike),
                 its sampling weight, the bounded queue of pending audits, the monthly budget
     verdict     the cheap exact check (same text, number, JSON or label) that settles an audit
                 without a judge; reading an answer's text out of a completion
     judge       the judge protocol of ``docs/audit.md``: the request body, the reading of its
                 answer; any failure is "no verdict", never "correct"
-    record      one audit as a row of the ``audits`` table (``migrations/0007_audits.sql``),
-                and reading them back
-    estimate    precision of accepted answers with a 95% Wilson interval over weighted counts,
-                acceptance rate, the share of rejected answers that were right; overall, per
-                task kind, per requested model
-    threshold   the lowest threshold whose precision, at the lower end of its interval, reaches
-                ``[quality] target_precision``
+    runner      the audits' worker: a drawn attempt shadowed, judged and recorded; the threshold
+                in force kept up to date from the recorded audits
+    refit       ``frugal calibrate``: the gate's combiner refitted on the recorded audits
+
+Its ``[audit]`` settings are a section of :mod:`proxy.config` (``audit_settings``); the audits
+as recorded, and the estimates and threshold read from them, are the ledger's
+(:mod:`proxy.ledger.audits`).
 
 It may import :mod:`proxy.config` types, :mod:`proxy.errors` and :mod:`quality`; never
 ``proxy.http`` (or any other part of the request path), which calls into it: the router offers

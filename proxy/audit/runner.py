@@ -21,11 +21,11 @@ worst case is held before it is made, and its real cost replaces the hold after;
 budget cannot hold the call gets no audit (error ``over_budget``), so an audit never takes a
 key past its limit. The gate's features are computed again here, in a thread, so that the
 request path does not carry them. One row per audit goes to the ledger's writer
-(:meth:`~proxy.ledger.writer.Ledger.record_audit`); no text unless ``[server] log_content``.
+(:meth:`~proxy.ledger.writing.writer.Ledger.record_audit`); no text unless ``[server] log_content``.
 
 With ``[quality] target_precision``, the runner keeps the router's threshold in force: the
-choice of :func:`proxy.audit.threshold.choose_threshold` over the recent audits of this local
-model, read from the ledger at start and brought up to date after every audit.
+choice of :func:`proxy.ledger.audits.threshold.choose_threshold` over the recent audits of this
+local model, read from the ledger at start and brought up to date after every audit.
 """
 
 from __future__ import annotations
@@ -42,17 +42,17 @@ from typing import Any, Protocol, TypeVar
 import structlog
 
 from proxy.audit.judge import JudgeOutcome, ask_judge, judge_body
-from proxy.audit.record import AuditRecord
 from proxy.audit.sampler import Sampler, Ticket, month_of
-from proxy.audit.threshold import ThresholdChoice, choose_threshold
 from proxy.audit.verdict import answer_text, exact_check
 from proxy.config import Settings
 from proxy.errors import ProxyError
-from proxy.ledger import access
-from proxy.ledger.audits import read_rows, spend_pusd
-from proxy.ledger.database import Database
+from proxy.ledger.audits.audit_record import AuditRecord
+from proxy.ledger.audits.table import read_rows, spend_pusd
+from proxy.ledger.audits.threshold import ThresholdChoice, choose_threshold
+from proxy.ledger.db import access
+from proxy.ledger.db.location import Database
 from proxy.ledger.pricing import PriceBook
-from proxy.ledger.writer import Ledger
+from proxy.ledger.writing.writer import Ledger
 from proxy.routing.prerouter import request_features
 from proxy.routing.router import Router
 from proxy.upstream.client import Upstream

@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from proxy.audit.settings import PICO_PER_USD, AuditSettings
+from proxy.config.audit_settings import PICO_PER_USD, AuditSettings
 
 log = structlog.get_logger(__name__)
 

@@ -3,6 +3,8 @@
     sections   the dataclasses, one per TOML section, with their defaults (``Settings``)
     load       the file found (--config, $FRUGAL_CONFIG, ./frugal.toml), parsed and built
     checks     the ranges and rules every loaded value is held to
+    audit_settings  the ``[audit]`` section (``AuditSettings``)
+    model_name      ``[local] model``: a model file, or a Hugging Face model by name
 
 Every field is documented in ``config.example.toml``; a test keeps the two in step.
 A bad value raises :class:`~proxy.errors.ConfigError` naming the key, the value and what was
@@ -10,7 +12,7 @@ expected.
 
 ``from proxy.config import Settings, load`` is the interface the rest of the proxy uses; the
 modules above are where each part lives. Everything in ``proxy`` may import this room; it
-imports :mod:`proxy.errors` and :mod:`proxy.audit.settings` (the ``[audit]`` section) only.
+imports :mod:`proxy.errors` only.
 """
 
 from __future__ import annotations

@@ -4,14 +4,14 @@
     SECTIONS        section name -> its dataclass, in the order of ``config.example.toml``
     ServerSettings, LocalSettings (with its BackendSettings), FallbackSettings, RouterSettings,
     QualitySettings, LedgerSettings, CacheSettings, CostSettings, ModelPrice
-    (``[audit]`` is :class:`proxy.audit.settings.AuditSettings`, which checks its own ranges)
+    (``[audit]`` is :class:`proxy.config.audit_settings.AuditSettings`, which checks its own ranges)
 
 Every field is documented in ``config.example.toml``; a test keeps the two in step. Nothing here
 reads a file or checks a range: :mod:`proxy.config.load` builds these from TOML and
 :mod:`proxy.config.checks` validates them.
 
-Imports :mod:`proxy.audit.settings` (the ``[audit]`` section, its one pure module) and nothing
-else of ``proxy``.
+Imports :mod:`proxy.config.audit_settings` (the ``[audit]`` section, its one pure module) and
+nothing else of ``proxy``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from proxy.audit.settings import AuditSettings
+from proxy.config.audit_settings import AuditSettings
 
 SPECULATIVE_MODES = ("off", "prompt-lookup", "draft")
 MEMORY_GUARDS = ("shrink", "refuse", "off")
@@ -104,7 +104,7 @@ class LocalSettings:
     draft_model_path: str = ""
     default_max_tokens: int = 512
     max_queue: int = 16
-    parallel: int = 4  # sequences decoded together in one llama.cpp context (batch.py)
+    parallel: int = 4  # sequences decoded together in one llama.cpp context (batch/decode.py)
     seed: int = 0
     draft_max_tokens: int = 8
     lookup_ngram: int = 3
@@ -175,7 +175,7 @@ class LedgerSettings:
 @dataclass(frozen=True, kw_only=True)
 class CacheSettings:
     """``[cache]``: answers to deterministic requests (temperature 0 or a seed), kept in the
-    ledger database (proxy/ledger/cache.py)."""
+    ledger database (proxy/ledger/response_cache.py)."""
 
     enabled: bool = False
     ttl_s: float = 3600.0

@@ -1,6 +1,6 @@
 """The local model: a worker process that owns llama.cpp, and the proxy's async client of it.
 
-    client          ``LocalEngine``: queue, deadlines, cancellation, restart after a crash
+    local_engine    ``LocalEngine``: queue, deadlines, cancellation, restart after a crash
     worker          the child process: loads the model, answers jobs over a pipe
     worker_env      the child's environment, cleared of secrets
     generate        one completion, token by token, with logprobs, stop strings and deadlines
@@ -8,16 +8,15 @@
                     one row of logits
     messages        a chat request's messages as chat templates take them
     answer          the ``chat.completion`` either decoding path returns
-    batch           several sequences in one llama.cpp context (continuous batching)
-    batch_sequence  one sequence of the batch (its state, each token it takes, its answer)
-    batch_grammar   the batch's grammar samplers, one per constrained sequence
+    batch/          several sequences in one llama.cpp context (continuous batching): its
+                    sub-room (see ``proxy/engine/batch/__init__.py``)
     speculative     prompt-lookup and draft-model drafts, verified in one batch of rows
     draft_policy    how long each draft should be, from the acceptance and the measured step costs
     prefix_cache    KV states of earlier prompts, reused for a shared prefix
     grammar         GBNF grammars from JSON schemas and tools, built in the worker
     grammar_size    the bound on a grammar's size, checked (linearly) before it is built
     tasks, tools, legacy   what a job asks for: chat, tool calls, legacy text completions
-    rates, calibrate       measured prefill and decode rates (the estimator's inputs)
+    rates, measure         measured prefill and decode rates (the estimator's inputs)
     memory, gguf           the memory guard and the model file's header
     quantize               ``frugal quantize``
 

@@ -1,7 +1,7 @@
 """The OpenAI ``chat.completion`` that a local answer is returned as, by either decoding path.
 
 The single path (:meth:`proxy.engine.generate.LocalModel.chat`) and the batch
-(:meth:`proxy.engine.batch.BatchEngine.completion`) answer in one shape: one choice with its
+(:meth:`proxy.engine.batch.decode.BatchEngine.completion`) answer in one shape: one choice with its
 text, token logprobs and finish reason, the usage, and ``frugal``: what the proxy needs besides
 (``stop_cause``, the prefill and decode times, the cached and prefilled prompt tokens, the
 speculation counts, and what the batch adds).

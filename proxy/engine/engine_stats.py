@@ -1,6 +1,6 @@
 """What the local engine has done, as the proxy sees it: counts, rates and the batch's state.
 
-:class:`EngineStats` is kept by :class:`~proxy.engine.client.LocalEngine` from the worker's
+:class:`EngineStats` is kept by :class:`~proxy.engine.local_engine.LocalEngine` from the worker's
 messages: each answer (``observe``: the decode and prefill rates as moving averages, speculation's
 drafted and accepted tokens, the prefix cache's counts, the batch's per-sequence rate), the
 start-up calibration, the batch's periodic progress report, and the worker's crashes and

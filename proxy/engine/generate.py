@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from proxy.engine.answer import chat_completion
-from proxy.engine.calibrate import Calibration
-from proxy.engine.calibrate import calibrate as run_calibration
+from proxy.engine.measure import Calibration
+from proxy.engine.measure import calibrate as run_calibration
 from proxy.engine.messages import template_messages
 from proxy.engine.model_files import ModelLoadError, bundled_model_path, load_llama
 from proxy.engine.prefill_plan import plan, reusable, tiled_until

@@ -10,7 +10,7 @@ give; it then lowers ``parallel``, then shrinks ``n_ctx``, or refuses to start, 
                     32 bytes per embedding value per batch token (fitted on SmolLM2 and Gemma 3)
     draft model     its weights, KV cache and compute buffers, likewise
     batch           with [local] parallel = N > 1, a second context: N KV streams of n_ctx
-                    cells each and its own compute buffers (see ``batch.py``)
+                    cells each and its own compute buffers (see ``batch/decode.py``)
     prefix cache    [local] prefix_cache_mb
     runtime         64 MiB for the worker's Python and libraries
 

@@ -10,7 +10,7 @@ choice). A prompt prefilled from an empty cache in ``chunk``-token steps (the si
 a token sequence is fixed by one number, :func:`tiled_until`: positions below it were evaluated
 in tiled steps, the rest row by row.
 
-Two consequences, which :class:`~proxy.engine.batch.BatchEngine` follows:
+Two consequences, which :class:`~proxy.engine.batch.decode.BatchEngine` follows:
 
 * held KV cells serve another prompt only as far as both were evaluated the same way
   (:func:`reusable`): the common prefix, cut at the smaller ``tiled_until`` when they differ;

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.engine.batch_forecast import Work
+from proxy.engine.batch.forecast import Work
 
 DEFAULT_BYTES_PER_TOKEN = 4.0
 MESSAGE_OVERHEAD_TOKENS = 4  # role markers of a chat template, per message

@@ -2,7 +2,7 @@
 
 :class:`SamplingParams` reads the OpenAI parameters of a request once. The single path
 (:mod:`proxy.engine.generate`) samples through ``Llama.generate`` and reads each token's logprob
-with :class:`LogprobRecorder`; the batch (:mod:`proxy.engine.batch`) samples each row itself,
+with :class:`LogprobRecorder`; the batch (:mod:`proxy.engine.batch.decode`) samples each row itself,
 with :func:`adjusted` (logit bias and penalties) and :func:`pick` (llama.cpp's order of top-k,
 top-p, min-p and temperature, on numpy). Both report logprobs as :func:`logprob_entry` builds
 them, and hold back streamed text that may still begin a stop sequence (:func:`held_back`).

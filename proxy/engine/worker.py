@@ -15,8 +15,8 @@ the machine) passes, or when the proxy writes its id into the shared ``cancel`` 
 worker ever fails to stop, the proxy kills it and starts another; see ``client.py``.
 
 With ``parallel`` > 1 several jobs are in flight at once: plain chat jobs run as sequences of one
-:class:`~proxy.engine.batch.BatchEngine` (one decode step over all of them at a time, new jobs
-joining at the next step; with ``speculative = "prompt-lookup"`` a greedy sequence's drafts are
+:class:`~proxy.engine.batch.decode.BatchEngine` (one decode step over all of them at a time, new
+jobs joining at the next step; with ``speculative = "prompt-lookup"`` a greedy sequence's drafts are
 rows of the same step), and the others (tools, ``n`` > 1, legacy completions) run alone on the
 single path once the batch has drained. Each job is cancelled by its own ("cancel", job_id)
 message, the shared value being able to hold one id only.
@@ -34,8 +34,8 @@ from typing import Any
 from proxy import logs
 from proxy.engine import grammar as grammar_mod
 from proxy.engine import tasks, tools
-from proxy.engine.batch import BatchEngine, BatchError
-from proxy.engine.batch_sequence import Sequence
+from proxy.engine.batch.decode import BatchEngine, BatchError
+from proxy.engine.batch.sequence import Sequence
 from proxy.engine.generate import LocalModel, PromptTooLong
 from proxy.engine.model_files import ModelLoadError
 from proxy.engine.speculative import PromptLookup
@@ -293,7 +293,7 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
 
 def _progress(batch: BatchEngine, running: dict[int, tuple[int, dict[str, Any]]]) -> dict[str, Any]:
     """Where each running job is (prompt tokens still to prefill, answer tokens so far) and the
-    batch's counts and measured costs: what the proxy's forecast starts from (batch_forecast)."""
+    batch's counts and measured costs: what the proxy's forecast starts from (batch/forecast.py)."""
     jobs: dict[int, tuple[int, int]] = {}
     for seq in batch.active:
         entry = running.get(id(seq))

@@ -28,7 +28,7 @@ from typing import Any
 
 import structlog
 
-from proxy.engine.batch_forecast import CHUNK
+from proxy.engine.batch.forecast import CHUNK
 from proxy.engine.engine_stats import EngineStats
 from proxy.engine.model_files import ModelLoadError
 from proxy.engine.worker import worker_main

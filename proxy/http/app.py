@@ -25,10 +25,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.audit.calibrate import AutoCalibrator
+from proxy.audit.refit import AutoCalibrator
 from proxy.audit.runner import AuditRunner
 from proxy.config import Settings
-from proxy.engine.client import LocalEngine
+from proxy.engine.local_engine import LocalEngine
 from proxy.engine.model_files import ModelLoadError, bundled_model_path
 from proxy.errors import ProxyError
 from proxy.http import metrics as metrics_mod
@@ -46,9 +46,9 @@ from proxy.http.responses import ResponsesHandler
 from proxy.http.services import Services, services_of
 from proxy.http.shares import KeyShareMiddleware, KeyShares
 from proxy.http.shutdown import AUDIT_STOP_S, AUX_STOP_S, bounded, shutdown
-from proxy.ledger.database import from_settings
+from proxy.ledger.db.location import from_settings
 from proxy.ledger.pricing import PriceBook, load_price_map
-from proxy.ledger.writer import Ledger
+from proxy.ledger.writing.writer import Ledger
 from proxy.models.cache import blob_sha256
 from proxy.models.cache import resolve as resolve_model
 from proxy.models.gate import described, weights_tag

@@ -1,7 +1,7 @@
 """Client authentication: who may use the proxy, and refusing to run open on a public address.
 
-With keys configured (:mod:`proxy.ledger.keys`: the environment, or the database), every request
-needs one, sent as ``Authorization: Bearer KEY`` (what the ``openai`` client sends) or as
+With keys configured (:mod:`proxy.ledger.tenants.keys`: the environment, or the database), every
+request needs one, sent as ``Authorization: Bearer KEY`` (what the ``openai`` client sends) or as
 ``x-api-key: KEY``. A missing or wrong key gets OpenAI's 401. The key is hashed and compared
 with every known digest through ``hmac.compare_digest``, so the time taken does not say how much
 of a guess was right. A good key's *name* goes into the request's scope state (``key_name``),
@@ -79,8 +79,8 @@ from proxy.errors import (
 from proxy.http.limits import body_pending
 from proxy.http.render import render
 from proxy.http.services import Services, services_in
-from proxy.ledger import keys as keys_mod
-from proxy.ledger.database import from_settings
+from proxy.ledger.db.location import from_settings
+from proxy.ledger.tenants import keys as keys_mod
 
 log = structlog.get_logger("frugal.auth")
 

@@ -35,9 +35,9 @@ from proxy.errors import ProxyError
 from proxy.http.exchange import Exchange
 from proxy.http.quotas import worst_case_tokens
 from proxy.http.services import Services
-from proxy.ledger.tokens import CountJob
+from proxy.ledger.writing.tokens import CountJob
 from proxy.upstream.client import UpstreamResponse
-from proxy.upstream.errors import maybe_billed
+from proxy.upstream.failures import maybe_billed
 from proxy.upstream.stream import Generated, UpstreamStream
 
 log = structlog.get_logger("frugal.charges")

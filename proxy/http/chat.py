@@ -217,7 +217,7 @@ async def _relay(
         async for chunk in stream:
             ex.keep_sse(chunk)
             yield chunk
-    except ProxyError as err:  # translated by the stream itself (proxy.upstream.errors)
+    except ProxyError as err:  # translated by the stream itself (proxy.upstream.failures)
         ex.error = err.code or "stream_cut"
         yield sse_event(err)
         yield sse.DONE

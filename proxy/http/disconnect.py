@@ -6,7 +6,7 @@ client that gives up on a non-streaming request (or on a stream still being prep
 nobody. This ASGI middleware watches for ``http.disconnect`` once the request body has been
 read, and cancels the handler if the client leaves before the response has started. The engine
 client turns that cancellation into "out of the queue" or "stop generating" (see
-``proxy/engine/client.py``), and the request's ledger row says ``client_gone``.
+``proxy/engine/local_engine.py``), and the request's ledger row says ``client_gone``.
 
 After the body, the only message an HTTP/1.1 server still sends is ``http.disconnect``; the
 middleware takes it and hands it on to the application too, when the application asks. Once a

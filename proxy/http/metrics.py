@@ -62,9 +62,9 @@ from proxy.http.services import services_of
 from proxy.ledger.pricing import PUSD_PER_USD
 
 if TYPE_CHECKING:
-    from proxy.engine.client import LocalEngine
+    from proxy.engine.local_engine import LocalEngine
     from proxy.http.limits import InFlight
-    from proxy.ledger.writer import Ledger
+    from proxy.ledger.writing.writer import Ledger
     from proxy.routing.router import Router
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)

@@ -3,18 +3,19 @@ monthly budget, and the response cache it may be answered from.
 
 :class:`Quotas` is one of the app's services. :mod:`proxy.http.shares` calls ``admit_rate``
 from the headers, before the body is read: a key past its ``rpm`` is a 429 with
-``Retry-After`` (:mod:`proxy.ledger.limits`), so a key at its limit cannot hold a slot while it
+``Retry-After`` (:mod:`proxy.ledger.tenants.rpm`), so a key at its limit cannot hold a slot while it
 sends a body. The handlers call it at four points (:mod:`proxy.http.handler`,
 :mod:`proxy.http.chat`):
 
 - ``admit`` once the model is known: a model the key may not use is a 403 naming ``model``.
-- ``cached`` before the local attempt, ``remember`` after an answer (:mod:`proxy.ledger.cache`);
+- ``cached`` before the local attempt, ``remember`` after an answer
+  (:mod:`proxy.ledger.response_cache`);
   a key's entries are its own, by its identity (:attr:`ClientKey.identity`), not its name, which
   a revoked key hands on.
 - ``reserve`` before an API call: the worst-case cost (the whole serialized body as prompt
   tokens, plus ``max_tokens``, or else the model's own output limit, for each of ``n`` or
   ``best_of`` choices, at the API model's price: :func:`worst_case_tokens`) is reserved in
-  the database (:mod:`proxy.ledger.budgets`).
+  the database (:mod:`proxy.ledger.tenants.budgets`).
   :class:`BudgetExhausted` (429, ``insufficient_quota``) when it would pass the budget;
   :class:`BudgetUnavailable` (503) when the database cannot be reached: budgets fail closed.
 - ``settle`` when the row is written: the real cost replaces the reservation, in the
@@ -39,13 +40,13 @@ import structlog
 from proxy.config import Settings
 from proxy.engine.generate import ModelLoadError, bundled_model_path
 from proxy.errors import BudgetExhausted, BudgetUnavailable, ModelNotAllowed, TooManyRequests
-from proxy.ledger.budgets import Budgets, Reservation
-from proxy.ledger.cache import ResponseCache, cache_key, cacheable
-from proxy.ledger.database import Database
-from proxy.ledger.keys import ClientKey
-from proxy.ledger.limits import LocalWindow, RateLimits
-from proxy.ledger.pool import Pool, Unavailable
+from proxy.ledger.db.connections import Pool, Unavailable
+from proxy.ledger.db.location import Database
 from proxy.ledger.pricing import PriceBook
+from proxy.ledger.response_cache import ResponseCache, cache_key, cacheable
+from proxy.ledger.tenants.budgets import Budgets, Reservation
+from proxy.ledger.tenants.keys import ClientKey
+from proxy.ledger.tenants.rpm import LocalWindow, RateLimits
 from quality.combiner import file_sha256
 
 log = structlog.get_logger("frugal.quotas")

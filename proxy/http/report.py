@@ -3,9 +3,9 @@
     GET /v1/frugal/report?month=YYYY-MM[&by=day|model|key|reason|kind]
 
 The answer is the object that ``frugal report --config FILE --month M [--by B] --format json``
-prints: the same :func:`proxy.ledger.report.build` over the same ledger (``[ledger]``), with
+prints: the same :func:`proxy.ledger.reports.build.build` over the same ledger (``[ledger]``), with
 the same fixed cost (``[costs]``) and quality settings, written by the same
-:func:`proxy.ledger.report.render`, so money leaves as exact six-decimal numbers here too
+:func:`proxy.ledger.reports.build.render`, so money leaves as exact six-decimal numbers here too
 (``docs/report.md``). Without ``month`` it is this month so far, as in the CLI.
 
 The build reads the ledger on a thread, at most :data:`REPORTS_AT_ONCE` at a time, so that the
@@ -15,7 +15,8 @@ event loop goes on serving while a report reads a large ledger. A month with no 
 
 What it counts depends on who asks (:func:`proxy.http.auth.own_key`): an admin key, and anyone in
 keyless mode, reads the whole ledger; a client key reads its own requests only
-(:class:`proxy.ledger.report.KeyScope`), so no other key's name or figure is in what it is sent.
+(:class:`proxy.ledger.reports.build.KeyScope`), so no other key's name or figure is in what it is
+sent.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from proxy.config import Settings
 from proxy.errors import BadRequest, StatusError
 from proxy.http.auth import own_key
 from proxy.http.shapes import Schema, obj
-from proxy.ledger import report as report_mod
-from proxy.ledger.database import from_settings
+from proxy.ledger.db.location import from_settings
+from proxy.ledger.reports import build as report_mod
 from proxy.models.gate import for_settings as gate_for_settings
 from quality.combiner import file_sha256
 

@@ -19,13 +19,13 @@ from proxy.http.body_check import BodyChecker
 if TYPE_CHECKING:  # the parts' modules import this one for services_in
     from proxy.audit.runner import AuditRunner
     from proxy.config import Settings
-    from proxy.engine.client import LocalEngine
+    from proxy.engine.local_engine import LocalEngine
     from proxy.http.auth import Authenticator
     from proxy.http.limits import InFlight
     from proxy.http.metrics import Metrics
     from proxy.http.quotas import Quotas
     from proxy.ledger.pricing import PriceBook
-    from proxy.ledger.writer import Ledger
+    from proxy.ledger.writing.writer import Ledger
     from proxy.routing.router import Router
     from proxy.upstream.client import Upstream
 

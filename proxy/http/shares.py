@@ -21,8 +21,8 @@ the body, the key's ``rpm`` is counted on the endpoints that serve models (``adm
 take a slot of ``max_concurrency``. The key's checks that need the body (its models, its budget)
 stay in the handlers.
 
-A key is its identity here (:attr:`~proxy.ledger.keys.ClientKey.identity`), not its name. Shares
-are counted in this process: with replicas, each one holds a key to its share. Keyless mode
+A key is its identity here (:attr:`~proxy.ledger.tenants.keys.ClientKey.identity`), not its name.
+Shares are counted in this process: with replicas, each one holds a key to its share. Keyless mode
 (no keys configured) has no shares: its one user may use every slot. ``/healthz`` and
 ``/metrics`` are neither counted nor refused, as in :mod:`proxy.http.limits`.
 """
@@ -39,7 +39,7 @@ from proxy.errors import ProxyError, TooManyRequests
 from proxy.http.limits import UNLIMITED_PATHS, body_pending
 from proxy.http.render import render
 from proxy.http.services import services_in
-from proxy.ledger.keys import ClientKey
+from proxy.ledger.tenants.keys import ClientKey
 
 log = structlog.get_logger("frugal.limits")
 

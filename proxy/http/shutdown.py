@@ -17,9 +17,9 @@ import structlog
 
 from proxy.audit.runner import AuditRunner
 from proxy.config import Settings
-from proxy.engine.client import LocalEngine
+from proxy.engine.local_engine import LocalEngine
 from proxy.http.auth import Authenticator
-from proxy.ledger.writer import Ledger
+from proxy.ledger.writing.writer import Ledger
 from proxy.routing.router import Router
 from proxy.upstream.client import Upstream
 

@@ -13,8 +13,8 @@ pico-dollar, e.g. 2.9999900000000002e-06; they are rounded to the nearest pico-d
 A model with no known price is *unpriced*: its costs stay NULL in the ledger, never $0. The first
 time a model is found unpriced a warning is logged, and ``frugal report`` lists it.
 
-The usage figures a row is priced on are checked in :mod:`proxy.ledger.usage`; the
-counterfactual token counts come from :mod:`proxy.ledger.tokens`.
+The usage figures a row is priced on are checked in :mod:`proxy.ledger.writing.usage`; the
+counterfactual token counts come from :mod:`proxy.ledger.writing.tokens`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ The rates are the backend's live, profiled ones (:class:`proxy.engine.rates.Rate
 ahead is its :class:`~proxy.engine.rates.PendingWork`. The bundled engine with ``[local]
 parallel`` > 1 is a batch, not a queue: its finish time is played forward from the rows ahead,
 the batch's decode-step cost by number of rows and the request's own tokens
-(:mod:`proxy.engine.batch_forecast`, :func:`batched`). This module adds the request's own part
+(:mod:`proxy.engine.batch.forecast`, :func:`batched`). This module adds the request's own part
 (the share of its prompt a backend has cached is :mod:`proxy.routing.prefix_memory`'s):
 
 * :class:`AnswerLengths`: how long an answer to a request is expected to be. ``max_tokens`` (or
@@ -41,7 +41,7 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from proxy.config import RouterSettings
-from proxy.engine.batch_forecast import Forecast
+from proxy.engine.batch.forecast import Forecast
 from proxy.engine.rates import PendingWork, Rates, ewma
 
 log = structlog.get_logger(__name__)
@@ -119,7 +119,7 @@ def batched(
     rates_source: str,
 ) -> Prediction:
     """The finish time on a batched engine (``[local] parallel`` > 1): played forward by
-    :func:`proxy.engine.batch_forecast.forecast` from the rows ahead, the batch's measured
+    :func:`proxy.engine.batch.forecast.forecast` from the rows ahead, the batch's measured
     step costs and the request's own tokens. ``wait_s`` is the time until it gets a slot."""
     return Prediction(
         backend=backend,

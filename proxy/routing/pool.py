@@ -1,8 +1,9 @@
 """Every local backend, and the choice between them by predicted finish time (seed 000).
 
-    EngineBackend    the bundled engine (``proxy.engine.client.LocalEngine``: one job at a time,
+    EngineBackend    the bundled engine (``proxy.engine.local_engine.LocalEngine``: one job at a
+    time,
                      or ``[local] parallel`` batched; its queue, rates and forecast are the
-                     engine's own, ``proxy.engine.rates`` and ``proxy.engine.batch_forecast``)
+                     engine's own, ``proxy.engine.rates`` and ``proxy.engine.batch.forecast``)
     RemoteBackend    another OpenAI-compatible llama.cpp server (``[[local.backends]]``, in
                      ``proxy.routing.remote``)
     BackendPool      picks the backend with the lowest predicted finish, and moves a request to
@@ -22,7 +23,7 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from proxy.config import Settings
-from proxy.engine.client import LocalEngine
+from proxy.engine.local_engine import LocalEngine
 from proxy.errors import EngineBusy
 from proxy.routing.base import Backend, BackendDown, Choice, left, rounded
 from proxy.routing.estimator import (

@@ -39,8 +39,8 @@ import numpy as np
 
 from quality._view import view_of
 from quality.combiner import Model
-from quality.fit import fit_logistic, standardise
 from quality.instructions import failed_instructions
+from quality.logistic import fit_logistic, standardise
 from quality.task import KINDS, kind_of
 
 REJECT_BELOW = 0.15

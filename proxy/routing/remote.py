@@ -459,7 +459,7 @@ async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], grace_s: float = STOP_G
 def backend_failure(name: str, exc: Exception) -> EngineCrashed:
     """What a failed call to remote backend ``name`` is to the router.
 
-    This is not :func:`proxy.upstream.errors.translate`, which tells a client how the paid API
+    This is not :func:`proxy.upstream.failures.translate`, which tells a client how the paid API
     failed: a local backend that fails is a reason to try another backend, or the API. An httpx
     transport error (refused, reset, timed out, cut off) is :class:`BackendDown`, and the caller
     marks the backend down; anything else is :class:`~proxy.errors.EngineCrashed`.

@@ -24,7 +24,7 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from proxy.config import Settings
-from proxy.engine.client import LocalEngine
+from proxy.engine.local_engine import LocalEngine
 from proxy.errors import BadRequest, EngineError
 from proxy.params import LOCAL_ALIAS
 from proxy.routing.base import Choice

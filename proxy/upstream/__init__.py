@@ -7,7 +7,7 @@
     retry           ``RetryPolicy`` (tenacity): what is retried, backoff, ``Retry-After``, the
                     time budget; retries live here and nowhere else
     stream          an upstream SSE stream that has started: relayed event by event, usage noted
-    errors          ``translate``: every aiohttp, litellm or status failure becomes a
+    failures        ``translate``: every aiohttp, litellm or status failure becomes a
                     ``ProxyError`` here, once
 
 May import ``proxy.params``, ``proxy.config`` and ``proxy.errors``. Knows nothing of HTTP

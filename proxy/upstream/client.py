@@ -27,7 +27,7 @@ nowhere else, and only where the API cannot have done (and billed) the work alre
 
 **Not retried**: a 500 or any other 5xx, a read timeout, a reset or disconnect once the request
 was sent, a body cut short, any other 4xx; and a stream is never retried once
-:meth:`Upstream.chat_stream` has returned it. The rule is in :mod:`proxy.upstream.errors`.
+:meth:`Upstream.chat_stream` has returned it. The rule is in :mod:`proxy.upstream.failures`.
 ``timeout_s`` bounds each wait for upstream's next bytes (as httpx's read timeout did),
 ``connect_timeout_s`` each new connection.
 
@@ -35,7 +35,7 @@ Every call says how many attempts it made: :attr:`UpstreamResponse.attempts` on 
 :attr:`UpstreamStream.attempts` on a stream, and ``attempts`` on the :class:`ProxyError` it
 raises.
 
-Failures become :mod:`proxy.errors` in one module, :mod:`proxy.upstream.errors`:
+Failures become :mod:`proxy.errors` in one module, :mod:`proxy.upstream.failures`:
 ``UpstreamTimeout`` (504), ``UpstreamRateLimited`` (429, with the API's ``Retry-After``),
 ``UpstreamError`` (502), or ``UpstreamStatus`` carrying a 4xx and OpenAI's error body. No message
 carries a key or a prompt.
@@ -67,7 +67,7 @@ from proxy.params import (
     EMBEDDINGS_PARAMETERS,
     forwarded,
 )
-from proxy.upstream.errors import status_error
+from proxy.upstream.failures import status_error
 from proxy.upstream.litellm_route import LitellmRoute, answer_of, sse_of
 from proxy.upstream.retry import BACKOFF_INITIAL_S, RetryPolicy
 from proxy.upstream.stream import UpstreamStream

@@ -1,14 +1,14 @@
 """The retry policy of upstream calls (tenacity): when to try again, how long to wait, when to stop.
 
 Retries live here and nowhere else, and only where the API cannot have done (and billed) the
-work already; which failures those are is :func:`proxy.upstream.errors.retryable`'s rule.
+work already; which failures those are is :func:`proxy.upstream.failures.retryable`'s rule.
 :class:`RetryPolicy` makes up to ``max_retries`` more attempts, with exponential backoff and
 jitter; ``Retry-After`` (seconds or an HTTP date) is honoured on 429 and 503. A retry whose wait
 would end after ``timeout_s`` from the start of the call, or whose ``Retry-After`` is over
 :data:`RETRY_AFTER_CAP_S`, is not made: the call fails at once.
 
 Every failure leaves :meth:`RetryPolicy.run` as a :class:`~proxy.errors.ProxyError` (through
-:func:`~proxy.upstream.errors.translate`, once) that says how many attempts were made.
+:func:`~proxy.upstream.failures.translate`, once) that says how many attempts were made.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from proxy.errors import ProxyError
-from proxy.upstream.errors import describe, retry_after_of, retryable, translate
+from proxy.upstream.failures import describe, retry_after_of, retryable, translate
 
 __all__ = ["BACKOFF_INITIAL_S", "BACKOFF_MAX_S", "RETRY_AFTER_CAP_S", "RetryPolicy"]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from proxy.upstream.errors import translate
+from proxy.upstream.failures import translate
 
 __all__ = ["KEPT_BYTES", "Generated", "UpstreamStream"]
 
@@ -253,7 +253,7 @@ class Generated:
 
     def completion(self) -> dict[str, Any]:
         """The generated text as the choices of a ``chat.completion`` (what the tokenizer of
-        :mod:`proxy.ledger.tokens` counts)."""
+        :mod:`proxy.ledger.writing.tokens` counts)."""
         choices = []
         for index in sorted(set(self._texts) | set(self._calls)):
             calls = [

@@ -3,7 +3,7 @@
     devset      the graded prompts (``tests/data/quality_dev.jsonl``) and their checkers
     content     the same prompts graded for content only (any form), as a chat reader would
     answers     the bundled model's answers to them, generated with the real engine and cached
-    calibrate   ``python -m quality.dev.calibrate``: refit ``quality/weights.json`` (train split)
+    calibrate   ``python -m quality.dev.fit_weights``: refit ``quality/weights.json`` (train split)
     evaluate    ``python -m quality.dev.evaluate``: the held-out figures in ``quality/README.md``
     metrics     ROC AUC and precision at a threshold
 

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from quality import score
-from quality.dev.answers import (
+from quality.dev.devset import DEV_PATH, load
+from quality.dev.local_answers import (
     ANSWERS_PATH,
     Graded,
     generate,
@@ -30,8 +31,7 @@ from quality.dev.answers import (
     same_text,
     save_answers,
 )
-from quality.dev.devset import DEV_PATH, load
-from quality.dev.metrics import AtThreshold, at_threshold, roc_auc, threshold_for_precision
+from quality.dev.roc import AtThreshold, at_threshold, roc_auc, threshold_for_precision
 from quality.relevance import Embedder, RelevanceUnavailable
 
 DEFAULT_THRESHOLD = 0.6

@@ -1,7 +1,7 @@
 """frugal calibrate: the refit on audits, the prior's pull, the tagged weights file and the CLI.
 
 Audits are written to a real SQLite ledger (the migrations, the audits table) by
-``proxy.audit.record.insert``; their features are drawn at random around the shipped
+``proxy.ledger.audits.audit_record.insert``; their features are drawn at random around the shipped
 standardisation, and their verdicts from a "true" model that differs from the shipped one, so
 a refit has something to learn.
 """
@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 from proxy import cli
-from proxy.audit import calibrate as cal
-from proxy.audit.record import AuditRecord, insert
+from proxy.audit import refit as cal
 from proxy.engine.weights import GateWeights
-from proxy.ledger.database import parse
-from proxy.ledger.migrate import open_database
+from proxy.ledger.audits.audit_record import AuditRecord, insert
+from proxy.ledger.db.location import parse
+from proxy.ledger.db.migrate import open_database
 from quality.combiner import HARD_CAP, MODEL_TAG, Combiner, Model, WeightsError, file_sha256
 
 SHIPPED = cal.base_weights()

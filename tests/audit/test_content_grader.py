@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from quality.dev import devset
-from quality.dev.answers import load_answers
 from quality.dev.content import form_only, is_content_correct, relax
+from quality.dev.local_answers import load_answers
 
 ONE_WORD = {"type": "regex", "pattern": "^\\W*tokyo\\W*$", "flags": "i"}
 PROSE_TOO = {

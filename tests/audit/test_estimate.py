@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from proxy.audit.estimate import estimate, estimates, weighted_share, wilson
-from proxy.audit.record import AuditRecord
+from proxy.ledger.audits.audit_record import AuditRecord
+from proxy.ledger.audits.estimate import estimate, estimates, weighted_share, wilson
 
 
 def a(accepted: bool, verdict: bool | None, weight: float = 1.0, **more: str) -> AuditRecord:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.audit.record import AuditRecord, insert, month_spend_pusd, read
-from proxy.ledger.migrate import migrate
+from proxy.ledger.audits.audit_record import AuditRecord, insert, month_spend_pusd, read
+from proxy.ledger.db.migrate import migrate
 
 
 @pytest.fixture

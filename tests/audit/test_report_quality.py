@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from proxy import cli
-from proxy.audit.estimate import wilson
-from proxy.audit.record import AuditRecord, insert
-from proxy.ledger import access
-from proxy.ledger.audits import read_rows, spend_pusd
-from proxy.ledger.database import Database, parse
-from proxy.ledger.writer import Ledger
+from proxy.ledger.audits.audit_record import AuditRecord, insert
+from proxy.ledger.audits.estimate import wilson
+from proxy.ledger.audits.table import read_rows, spend_pusd
+from proxy.ledger.db import access
+from proxy.ledger.db.location import Database, parse
+from proxy.ledger.writing.writer import Ledger
 from tests import pg
 from tests.ledger.test_report import OCTOBER, seed
 

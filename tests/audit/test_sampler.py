@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from proxy.audit.sampler import Sampler, month_of
-from proxy.audit.settings import AuditSettings
+from proxy.config.audit_settings import AuditSettings
 
 MAY = datetime(2025, 5, 31, 23, 59, tzinfo=UTC).timestamp()
 JUNE = datetime(2025, 6, 1, 0, 1, tzinfo=UTC).timestamp()

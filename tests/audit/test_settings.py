@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from proxy.audit.settings import PICO_PER_USD, AuditSettings
+from proxy.config.audit_settings import PICO_PER_USD, AuditSettings
 from proxy.errors import ConfigError
 from proxy.ledger.pricing import PUSD_PER_USD
 

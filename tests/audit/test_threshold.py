@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.audit.estimate import wilson
-from proxy.audit.threshold import ACCEPT_NOTHING, choose_threshold
+from proxy.ledger.audits.estimate import wilson
+from proxy.ledger.audits.threshold import ACCEPT_NOTHING, choose_threshold
 
 
 def graded(

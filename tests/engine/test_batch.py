@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from proxy.engine import grammar as grammar_mod
-from proxy.engine.batch import BatchEngine, Sequence
+from proxy.engine.batch.decode import BatchEngine, Sequence
 from proxy.engine.generate import LocalModel, PromptTooLong
 from proxy.engine.tasks import _grammar
 

@@ -1,10 +1,10 @@
-"""The batched engine's forecast (batch_forecast.py): pure arithmetic, no model."""
+"""The batched engine's forecast (batch/forecast.py): pure arithmetic, no model."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.engine.batch_forecast import BatchCosts, Work, forecast
+from proxy.engine.batch.forecast import BatchCosts, Work, forecast
 
 # 100 prompt tokens/s; a decode step costs 20 ms with one row, 30 ms with two, 50 ms with four.
 COSTS = BatchCosts(prefill_tok_s=100.0, step_s={1: 0.02, 2: 0.03, 4: 0.05})

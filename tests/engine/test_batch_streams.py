@@ -1,4 +1,4 @@
-"""Prompts that share a prefix share its KV cells in the batch (batch_streams.py), and the answers
+"""Prompts that share a prefix share its KV cells in the batch (batch/streams.py), and the answers
 are still the ones each request gets alone from an empty context, token for token and logprob for
 logprob: held by a free stream, copied from a running sequence, or waited for while another
 sequence prefilled it. The real bundled SmolLM2, in-process, as in ``test_batch.py``.
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from proxy.engine.batch import BatchEngine
+from proxy.engine.batch.decode import BatchEngine
 from proxy.engine.generate import LocalModel
 from tests.engine.test_batch import _check_alone, _run_batched
 

@@ -1,11 +1,11 @@
-"""Whose turn is the batch's next step (batch_turns.py): pure decisions on sequences, no model."""
+"""Whose turn is the batch's next step (batch/turns.py): pure decisions on sequences, no model."""
 
 from __future__ import annotations
 
 import time
 
-from proxy.engine.batch_sequence import Sequence
-from proxy.engine.batch_turns import Turns
+from proxy.engine.batch.sequence import Sequence
+from proxy.engine.batch.turns import Turns
 from proxy.engine.sampling import SamplingParams
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import LocalSettings
-from proxy.engine.client import ContextOverflow, LocalEngine
+from proxy.engine.local_engine import ContextOverflow, LocalEngine
 from proxy.engine.model_files import ModelLoadError
 from proxy.errors import EngineBusy
 

@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from proxy.config import LocalSettings
-from proxy.engine.client import LocalEngine
 from proxy.engine.generate import LocalModel
+from proxy.engine.local_engine import LocalEngine
 from proxy.engine.model_files import bundled_model_path
 from proxy.errors import EngineCrashed
 from proxy.http.app import create_app

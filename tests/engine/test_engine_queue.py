@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from proxy.engine.client import LocalEngine
+from proxy.engine.local_engine import LocalEngine
 from proxy.http.app import create_app
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI

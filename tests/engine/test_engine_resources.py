@@ -12,8 +12,8 @@ import pytest
 
 from proxy.config import LocalSettings
 from proxy.engine import memory
-from proxy.engine.client import ContextOverflow, LocalEngine
 from proxy.engine.gguf import GGUFError, read_header
+from proxy.engine.local_engine import ContextOverflow, LocalEngine
 from proxy.engine.model_files import ModelLoadError, bundled_model_path
 from proxy.engine.prefill_plan import TILE_ROWS
 from proxy.errors import EngineBusy

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from proxy.config import LocalSettings
-from proxy.engine.client import LocalEngine
+from proxy.engine.local_engine import LocalEngine
 from proxy.errors import EngineCrashed
 
 QUESTION = {"role": "user", "content": "Name three colors."}

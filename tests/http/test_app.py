@@ -11,7 +11,7 @@ import pytest
 import tiktoken
 from structlog.testing import capture_logs
 
-from proxy.engine.client import LocalEngine
+from proxy.engine.local_engine import LocalEngine
 from proxy.errors import InternalError, MethodNotAllowed, NotFound
 from proxy.http import sse
 from tests.conftest import FAKE_KEY, settings_for

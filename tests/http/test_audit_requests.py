@@ -21,14 +21,14 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.audit.record import AuditRecord, insert
-from proxy.audit.threshold import ACCEPT_NOTHING
-from proxy.engine.client import LocalEngine
+from proxy.engine.local_engine import LocalEngine
 from proxy.http.services import Services
-from proxy.ledger import keys
-from proxy.ledger.budgets import month_of
-from proxy.ledger.database import parse
-from proxy.ledger.migrate import open_database
+from proxy.ledger.audits.audit_record import AuditRecord, insert
+from proxy.ledger.audits.threshold import ACCEPT_NOTHING
+from proxy.ledger.db.location import parse
+from proxy.ledger.db.migrate import open_database
+from proxy.ledger.tenants import keys
+from proxy.ledger.tenants.budgets import month_of
 from tests.audit.judge_server import JudgeServer
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI

@@ -15,11 +15,11 @@ import pytest
 
 from proxy.http.charges import charge_worst_case
 from proxy.http.exchange import Exchange
-from proxy.ledger import keys
-from proxy.ledger.budgets import Budgets, month_of
-from proxy.ledger.database import Database, parse
-from proxy.ledger.pool import Pool
+from proxy.ledger.db.connections import Pool
+from proxy.ledger.db.location import Database, parse
 from proxy.ledger.pricing import PriceBook, load_price_map
+from proxy.ledger.tenants import keys
+from proxy.ledger.tenants.budgets import Budgets, month_of
 from tests import pg
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
@@ -214,9 +214,9 @@ async def test_report_by_key_shows_each_budget_and_its_use(
 ) -> None:
     from decimal import Decimal
 
-    from proxy.ledger.render import render
-    from proxy.ledger.report import Period, build
-    from proxy.ledger.rollup import money
+    from proxy.ledger.reports.build import Period, build
+    from proxy.ledger.reports.formats import render
+    from proxy.ledger.reports.rollup import money
 
     capped = keys.create(database, "capped", monthly_budget_pusd=10**12)  # $1
     free = keys.create(database, "free")

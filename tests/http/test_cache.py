@@ -1,6 +1,6 @@
-"""The response cache through the app (proxy/http/quotas.py, proxy/ledger/cache.py), on SQLite
-and on a real PostgreSQL: a deterministic request is answered from the cache (route and reason
-``cache``, its counterfactual saved), streams get it replayed as a stream, ``Cache-Control``
+"""The response cache through the app (proxy/http/quotas.py, proxy/ledger/response_cache.py), on
+SQLite and on a real PostgreSQL: a deterministic request is answered from the cache (route and
+reason ``cache``, its counterfactual saved), streams get it replayed as a stream, ``Cache-Control``
 opts out, and one key never gets another key's entry unless ``[cache] shared``."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from proxy.ledger import access, keys
-from proxy.ledger.database import Database
+from proxy.ledger.db import access
+from proxy.ledger.db.location import Database
+from proxy.ledger.tenants import keys
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.ledger.conftest import database, pg_server  # noqa: F401 - fixtures

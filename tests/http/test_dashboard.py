@@ -20,8 +20,8 @@ import pytest
 
 from proxy import cli, config
 from proxy.http import dashboard as dashboard_mod
-from proxy.ledger import report as report_mod
-from proxy.ledger.database import Database
+from proxy.ledger.db.location import Database
+from proxy.ledger.reports import build as report_mod
 from tests.dashboard_support import EMPTY_MONTH, GOOD_MONTH, LOSING_MONTH, seed
 from tests.ledger.conftest import database, pg_server  # noqa: F401 - fixtures
 

@@ -23,7 +23,7 @@ from proxy import config
 from proxy.engine.worker_env import worker_environment
 from proxy.errors import ConfigError
 from proxy.http import auth
-from proxy.ledger import keys
+from proxy.ledger.tenants import keys
 from tests.conftest import FAKE_KEY, settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import FRUGAL, Served, start_server, stop_server

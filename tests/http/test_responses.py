@@ -15,9 +15,9 @@ import pydantic
 import pytest
 from jsonschema import Draft202012Validator
 
-from proxy.ledger import keys
-from proxy.ledger.database import parse
-from proxy.ledger.report import Period, build
+from proxy.ledger.db.location import parse
+from proxy.ledger.reports.build import Period, build
+from proxy.ledger.tenants import keys
 from proxy.params import RESPONSES_PARAMETERS
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.ledger import keys
+from proxy.ledger.tenants import keys
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 

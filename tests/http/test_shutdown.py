@@ -20,7 +20,7 @@ import pytest
 
 from proxy import config
 from proxy.http.shutdown import shutdown_budget_s
-from proxy.ledger.writer import SPILL_SUFFIX
+from proxy.ledger.writing.writer import SPILL_SUFFIX
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import start_server, stop_server
 from tests.test_deploy import EXAMPLE, UNIT, unit_settings

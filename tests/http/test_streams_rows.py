@@ -28,7 +28,7 @@ import pytest
 import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 
-from proxy.engine.client import LocalEngine
+from proxy.engine.local_engine import LocalEngine
 from proxy.http.app import create_app
 from tests.conftest import FAKE_KEY, FAKE_KEY_ENV, settings_for
 from tests.fake_api import FakeAPI

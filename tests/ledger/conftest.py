@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.ledger.database import Database, parse
+from proxy.ledger.db.location import Database, parse
 from tests import pg
 
 

@@ -16,11 +16,12 @@ import pytest
 
 from proxy import cli
 from proxy.errors import ConfigError
-from proxy.ledger import access, keys, migrate
-from proxy.ledger.database import Database, parse
+from proxy.ledger.db import access, migrate
+from proxy.ledger.db.location import Database, parse
 from proxy.ledger.pricing import PICO
-from proxy.ledger.report import Period, build
-from proxy.ledger.writer import Ledger
+from proxy.ledger.reports.build import Period, build
+from proxy.ledger.tenants import keys
+from proxy.ledger.writing.writer import Ledger
 from tests import pg
 
 NAMES = [name for name, _ in migrate.migration_files()]
@@ -156,7 +157,7 @@ async def test_two_writers_on_one_database_get_unique_ids_and_one_report(
 async def test_a_late_count_updates_its_row_on_both_backends(database: Database) -> None:
     from concurrent.futures import Future
 
-    from proxy.ledger.tokens import TokenCounter
+    from proxy.ledger.writing.tokens import TokenCounter
 
     ledger = Ledger(database, flush_interval_s=0.02, counter=TokenCounter())
     await ledger.start()

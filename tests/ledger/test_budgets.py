@@ -1,6 +1,7 @@
-"""Budgets, rpm limits and the response cache in the ledger database (proxy/ledger/budgets.py,
-limits.py, cache.py), on SQLite and on a real PostgreSQL: reservations are atomic under
-concurrency, always released (settle or expiry), and the cache keeps its TTL and size bound."""
+"""Budgets, rpm limits and the response cache in the ledger database
+(proxy/ledger/tenants/budgets.py, limits.py, cache.py), on SQLite and on a real PostgreSQL:
+reservations are atomic under concurrency, always released (settle or expiry), and the cache keeps
+its TTL and size bound."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from proxy.ledger.budgets import Budgets, month_of
-from proxy.ledger.cache import ResponseCache, cache_key, cacheable
-from proxy.ledger.database import Database
-from proxy.ledger.limits import LocalWindow, RateLimits
-from proxy.ledger.migrate import open_database
-from proxy.ledger.pool import Pool
+from proxy.ledger.db.connections import Pool
+from proxy.ledger.db.location import Database
+from proxy.ledger.db.migrate import open_database
+from proxy.ledger.response_cache import ResponseCache, cache_key, cacheable
+from proxy.ledger.tenants.budgets import Budgets, month_of
+from proxy.ledger.tenants.rpm import LocalWindow, RateLimits
 
 NOW = 1_790_000_000.0  # 2026-09-21
 

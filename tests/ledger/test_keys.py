@@ -11,7 +11,7 @@ import pytest
 from proxy import cli, config
 from proxy.errors import ConfigError
 from proxy.http import auth
-from proxy.ledger import keys
+from proxy.ledger.tenants import keys
 
 GOOD = "k" * 16
 

@@ -24,10 +24,10 @@ import pytest
 
 from proxy.errors import ConfigError
 from proxy.http.metrics import Metrics
-from proxy.ledger.migrate import migrate, migration_files, open_database
-from proxy.ledger.tokens import CountJob, TokenCounter, _import_litellm
-from proxy.ledger.usage import check_money, check_usage
-from proxy.ledger.writer import COLUMNS, Ledger
+from proxy.ledger.db.migrate import migrate, migration_files, open_database
+from proxy.ledger.writing.tokens import CountJob, TokenCounter, _import_litellm
+from proxy.ledger.writing.usage import check_money, check_usage
+from proxy.ledger.writing.writer import COLUMNS, Ledger
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.faults_support import ledger_rows

@@ -22,7 +22,7 @@ from proxy.ledger.pricing import (
     load_price_map,
     pico_per_token,
 )
-from proxy.ledger.tokens import CountJob, TokenCounter
+from proxy.ledger.writing.tokens import CountJob, TokenCounter
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.toml"
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from proxy import cli
-from proxy.ledger.migrate import migrate, open_database
-from proxy.ledger.report import Period, build, fixed_cost_pico
+from proxy.ledger.db.migrate import migrate, open_database
+from proxy.ledger.reports.build import Period, build, fixed_cost_pico
 
 FRUGAL = str(Path(sys.executable).with_name("frugal"))
 PICO = 10**12

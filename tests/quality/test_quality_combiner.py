@@ -16,7 +16,7 @@ from quality.combiner import (
     Model,
     default_combiner,
 )
-from quality.dev.calibrate import (
+from quality.dev.fit_weights import (
     FAULTS,
     MIN_ACCEPTED,
     fit_constrained,
@@ -192,9 +192,9 @@ def test_the_operating_offset_is_the_smallest_that_reaches_the_target_precision(
 
 
 def test_committed_weights_are_what_calibration_fits_on_the_cached_answers() -> None:
-    from quality.dev.answers import grade, load_answers
-    from quality.dev.calibrate import calibrate
     from quality.dev.devset import load
+    from quality.dev.fit_weights import calibrate
+    from quality.dev.local_answers import grade, load_answers
     from quality.relevance import Embedder
 
     prompts = [p for p in load() if p.split == "train"]

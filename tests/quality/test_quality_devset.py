@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from quality.dev import devset
-from quality.dev.answers import ANSWERS_PATH, grade, load_answers
 from quality.dev.devset import check_number, check_python_function, is_correct
-from quality.dev.metrics import at_threshold, roc_auc, threshold_for_precision
+from quality.dev.local_answers import ANSWERS_PATH, grade, load_answers
+from quality.dev.roc import at_threshold, roc_auc, threshold_for_precision
 
 KINDS = {
     "factual",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from quality import score
-from quality.dev.answers import generate, load_answers, request_for, same_text
 from quality.dev.devset import load
+from quality.dev.local_answers import generate, load_answers, request_for, same_text
 
 
 def test_regenerated_answers_match_the_cached_ones_and_score_with_confidence() -> None:
@@ -16,7 +16,7 @@ def test_regenerated_answers_match_the_cached_ones_and_score_with_confidence() -
         assert same_text(fresh[p.id], cached[p.id]), (
             f"{p.id}: the engine now answers differently from the cached answers the gate was "
             "calibrated on; run `python -m quality.dev.evaluate --split all` then "
-            "`python -m quality.dev.calibrate`"
+            "`python -m quality.dev.fit_weights`"
         )
         s = score(request_for(p), fresh[p.id])
         assert "confidence" in s.signals

@@ -200,7 +200,7 @@ def test_the_cache_is_built_once_and_reused(
 
 
 async def test_the_engine_worker_scores_local_answers_with_relevance(engine: object) -> None:
-    from proxy.engine.client import LocalEngine
+    from proxy.engine.local_engine import LocalEngine
 
     assert isinstance(engine, LocalEngine)
     health = engine.health()

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from proxy import config
-from proxy.engine.client import LocalEngine
+from proxy.engine.local_engine import LocalEngine
 from proxy.engine.rates import Rates
 from proxy.errors import ConfigError, EngineTimeout
 from proxy.routing.base import Backend, BackendDown

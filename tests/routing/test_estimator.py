@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from proxy.config import RouterSettings
-from proxy.engine.batch_forecast import BatchCosts, Work, forecast
+from proxy.engine.batch.forecast import BatchCosts, Work, forecast
 from proxy.engine.rates import PendingWork, Rates
-from proxy.ledger.migrate import open_database
+from proxy.ledger.db.migrate import open_database
 from proxy.routing.estimator import (
     DEFAULT_ANSWER_TOKENS,
     AnswerLengths,

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from proxy.config import ConfigError
-from proxy.engine.client import LocalEngine
-from proxy.ledger.migrate import open_database
-from proxy.ledger.report import Period, build, render
+from proxy.engine.local_engine import LocalEngine
+from proxy.ledger.db.migrate import open_database
+from proxy.ledger.reports.build import Period, build, render
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 

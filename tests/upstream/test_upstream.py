@@ -21,7 +21,7 @@ import pytest
 from proxy.config import FallbackSettings
 from proxy.errors import UpstreamError, UpstreamRateLimited, UpstreamStatus, UpstreamTimeout
 from proxy.upstream.client import Upstream, UpstreamStream
-from proxy.upstream.errors import parse_retry_after, translate
+from proxy.upstream.failures import parse_retry_after, translate
 from tests.fake_api import FakeAPI
 from tests.loopback import Listener
 

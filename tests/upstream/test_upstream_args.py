@@ -22,7 +22,7 @@ from openai.types.chat import completion_create_params as chat_params
 
 from proxy import config
 from proxy.config import FallbackSettings
-from proxy.engine.client import LocalEngine
+from proxy.engine.local_engine import LocalEngine
 from proxy.errors import BadRequest
 from proxy.http.app import create_app
 from proxy.http.validate import chat_request, completions_request, embeddings_request

@@ -1,0 +1,171 @@
+"""The batch's KV streams: what each sequence id's stream holds, and how a prompt reuses it.
+
+:class:`~proxy.engine.batch.decode.BatchEngine` gives every sequence id a KV stream of its own. A
+sequence that leaves keeps its cells there (its prompt and its answer, up to the last token
+decoded) until another sequence takes the id, so that a later prompt starting the same way (a
+shared system prompt, the next turn of a chat) does not prefill that part again. A joining
+prompt gets, in this order of preference (:meth:`Streams.place`):
+
+    held     the free id whose stream holds the longest usable prefix: kept in place when
+             the prompt keeps at least half of what it holds
+    copied   a running sequence's cells, when they go further (by ``COPY_MIN_TOKENS``), or a
+             held stream's that the prompt would cut back by more than half:
+             ``llama_memory_seq_cp`` into the least recently used free id (an empty one
+             first), which llama.cpp does as one copy of the whole stream before the next step
+    follow   a running sequence still prefilling the same prefix (requests that arrive
+             together): the prompt waits until that prefix is in, then copies it, instead of
+             prefilling it a second time alongside
+
+Usable means evaluated as a cold prefill of this prompt would have evaluated it, and the rest is
+prefilled in steps cut to keep it so (``prefill_plan.py``): a reused prefix never changes an
+answer. llama-server also reuses a slot's cache (``--cache-reuse``, slot selection by prompt
+similarity), but neither copies between slots nor cuts the rest to match a cold prefill.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from proxy.engine.batch.sequence import BatchStats, Sequence
+from proxy.engine.prefill_plan import plan, reusable
+from proxy.engine.prefix_cache import common_prefix
+
+__all__ = ["COPY_MIN_TOKENS", "Streams"]
+
+COPY_MIN_TOKENS = 32  # a copy moves a whole KV stream: worth it from about this many tokens
+
+
+@dataclass(frozen=True)
+class _Held:
+    """The tokens whose cells a free id's stream still holds, and how they were evaluated
+    (``prefill_plan.tiled_until`` of the prompt they came with)."""
+
+    tokens: npt.NDArray[np.intc]
+    tiled: int
+
+
+def _cells(seq: Sequence) -> npt.NDArray[np.intc]:
+    return np.asarray(seq.held(), dtype=np.intc)
+
+
+class Streams:
+    """The sequence ids of one batch context, free and taken, and the cells they hold."""
+
+    def __init__(self, lib: Any, mem: Any, n_seq: int, chunk: int, stats: BatchStats) -> None:
+        self._lib = lib
+        self._mem = mem
+        self.n_seq = n_seq
+        self.chunk = chunk
+        self.stats = stats
+        self.free: deque[int] = deque(range(n_seq))  # least recently used first
+        self.held: dict[int, _Held] = {}
+
+    def place(self, seq: Sequence, active: list[Sequence]) -> None:
+        """Give a joining sequence a free id (``seq.seq_id``) and its start: the prefix it keeps
+        (``seq.cached``, in place or copied), or the running ``seq.leader`` to wait for.
+
+        A held stream is taken over in place only when the prompt keeps at least half of it
+        (or no other id is free): otherwise the prompt goes to the least recently used free id
+        (an empty one first), and copies what it shares with the held stream, so that a long
+        held prefix is not cut back for a short match.
+        """
+        wanted = np.asarray(seq.prompt, dtype=np.intc)
+        held_id, kept = None, 0
+        for seq_id in self.free:
+            held = self.held.get(seq_id)
+            if held is not None:
+                n = reusable(common_prefix(held.tokens, wanted), held.tiled, seq.tiled)
+                if n > kept:
+                    held_id, kept = seq_id, n
+        if kept < COPY_MIN_TOKENS:
+            held_id, kept = None, 0
+        others = [i for i in self.free if i != held_id]
+        victim = next((i for i in others if i not in self.held), others[0] if others else None)
+        source, copied = None, 0
+        if held_id is not None and victim is not None and 2 * kept < len(self.held[held_id].tokens):
+            source, copied = held_id, kept  # copy it rather than cut it back
+            held_id, kept = None, 0
+        leader, target = None, 0
+        for other in active:
+            n = reusable(common_prefix(_cells(other), wanted), other.tiled, seq.tiled)
+            if n > copied:
+                source, copied = other.seq_id, n
+            if other.prefilling:
+                ahead = np.asarray(other.prompt[: len(other.prompt) - 1], dtype=np.intc)
+                n = reusable(common_prefix(ahead, wanted), other.tiled, seq.tiled)
+                if n > target:
+                    leader, target = other, n
+        chosen = held_id if held_id is not None else victim
+        assert chosen is not None  # a free id exists: the batch checked fits()
+        if leader is not None and target >= max(kept, copied) + COPY_MIN_TOKENS:
+            seq.leader, seq.lead_target = leader, target
+            self.stats.followed += 1
+        elif source is not None and copied >= kept + COPY_MIN_TOKENS:
+            chosen = victim if victim is not None else chosen
+            self._copy(source, chosen)
+            kept = copied
+        self.free.remove(chosen)
+        self.held.pop(chosen, None)
+        seq.seq_id, seq.cached = chosen, kept
+        if seq.leader is None:
+            self.start(seq, kept)
+
+    def start(self, seq: Sequence, kept: int) -> None:
+        """Keep ``kept`` held tokens (or fewer: see ``prefill_plan.plan``) and plan the rest."""
+        start, steps = plan(kept, len(seq.prompt), self.chunk)
+        self._lib.llama_memory_seq_rm(self._mem, seq.seq_id, start, -1)
+        seq.prefilled = seq.cached = start
+        seq.plan = steps
+        if start:
+            self.stats.reused += 1
+            self.stats.reused_tokens += start
+
+    def waiting(self, seq: Sequence, active: list[Sequence]) -> bool:
+        """Whether a following sequence must still wait for its leader. Once the leader's
+        prefix is in (or the leader has left), copy what its stream holds of the prompt and go
+        on; if that is no longer worth a copy, prefill from what the sequence's own id holds."""
+        leader = seq.leader
+        if leader is None:
+            return False
+        if leader in active and leader.prefilled < seq.lead_target:
+            return True
+        seq.leader = None
+        wanted = np.asarray(seq.prompt, dtype=np.intc)
+        held = self.held.get(leader.seq_id)
+        if leader in active:
+            cells, tiled = _cells(leader), leader.tiled
+        elif held is not None:
+            cells, tiled = held.tokens, held.tiled
+        else:  # its id was taken again meanwhile
+            cells, tiled = wanted[:0], 0
+        n = reusable(common_prefix(cells, wanted), tiled, seq.tiled)
+        kept = seq.cached
+        if n >= kept + COPY_MIN_TOKENS:
+            self._copy(leader.seq_id, seq.seq_id)
+            kept = n
+        self.start(seq, kept)
+        return False
+
+    def _copy(self, source: int, target: int) -> None:
+        self._lib.llama_memory_seq_cp(self._mem, source, target, -1, -1)
+        self.stats.copies += 1
+
+    def release(self, seq: Sequence) -> None:
+        """A sequence left: its id is free again and its stream keeps the cells of its tokens
+        (up to the last one decoded)."""
+        cells = _cells(seq)
+        self._lib.llama_memory_seq_rm(self._mem, seq.seq_id, len(cells), -1)
+        self.held[seq.seq_id] = _Held(cells, seq.tiled)
+        self.free.append(seq.seq_id)
+
+    def clear(self) -> None:
+        """Empty the streams of the free ids (after a failed decode, whose leftovers are
+        unknown, or for a cold start)."""
+        for seq_id in self.free:
+            self._lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+            self.held.pop(seq_id, None)

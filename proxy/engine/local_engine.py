@@ -1,0 +1,329 @@
+"""The proxy's handle on the local engine: its jobs, their queue and deadlines, its forecast.
+
+:class:`LocalEngine` fits the settings to the memory there is (``memory.py``), starts the worker
+process through a :class:`~proxy.engine.worker_link.WorkerLink` (which also restarts it when it
+dies), and runs jobs on it. ``[local] parallel`` jobs run at a time (decoded together by the
+worker when more than one, see ``batch/decode.py``); others wait in a FIFO queue bounded by
+``[local] max_queue``. A job past its deadline is asked to stop (the worker checks the deadline
+every token, or every step of a batch); if the worker has not answered within a grace it is killed
+and replaced, so the CPU is never left working on an answer nobody will read. A worker that dies
+for any reason fails its current jobs with :class:`EngineCrashed`. What it has done is kept in
+:class:`~proxy.engine.engine_stats.EngineStats`; what it will do is forecast from the work it
+holds (``rates.py``, ``batch/forecast.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Collection
+from typing import Any
+
+import structlog
+
+from proxy.config import LocalSettings
+from proxy.engine import memory
+from proxy.engine.batch.forecast import BatchCosts, Forecast, Work, forecast
+from proxy.engine.engine_stats import EngineStats
+from proxy.engine.gguf import GGUFError, GGUFHeader, read_header
+from proxy.engine.model_files import ModelLoadError, bundled_model_path
+from proxy.engine.rates import PendingWork, Rates, WorkTracker
+from proxy.engine.worker_link import ContextOverflow, Unsupported, WorkerLink, seconds_left
+from proxy.errors import EngineBusy, EngineCrashed, EngineTimeout
+
+__all__ = ["ContextOverflow", "LocalEngine", "Unsupported"]
+
+log = structlog.get_logger(__name__)
+
+
+class LocalEngine:
+    """Async client of one worker process."""
+
+    def __init__(
+        self,
+        settings: LocalSettings,
+        *,
+        relevance: bool = True,
+        private_env: Collection[str] = (),
+        weights_path: str = "",
+        weights_optional: bool = False,
+    ) -> None:
+        self.settings = settings
+        # [quality] weights_path: the gate's calibrated weights, loaded and checked in the worker
+        self.weights_path = weights_path
+        self.weights_optional = weights_optional  # auto_calibrate: the file may come later
+        # Variables the worker must not inherit beyond worker_env's own rules: the config's key
+        # variables (the app passes [fallback] and [server] ones; the backends' are added here).
+        self.private_env = (*private_env, *(b.api_key_env for b in settings.backends))
+        self.relevance = relevance  # load the quality gate's embedding model in the worker
+        self.model_path = settings.model_path or ""
+        self.stats = EngineStats()
+        self.work = WorkTracker()
+        self.n_ctx = settings.n_ctx  # after the memory guard, what the worker really uses
+        self.memory: memory.MemoryPlan | None = None
+        self.max_token_bytes = 0
+        self.parallel = max(1, settings.parallel)
+        self._slots = asyncio.Semaphore(self.parallel)
+        self._waiting = 0
+        self.worker = WorkerLink(stats=self.stats, private_env=self.private_env)
+        self._failed: str | None = None  # the memory guard's refusal, before any worker
+
+    @property
+    def state(self) -> str:
+        """stopped, starting, ready, restarting or failed."""
+        return "failed" if self._failed else self.worker.state
+
+    @property
+    def error(self) -> str | None:
+        return self._failed or self.worker.error
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What the worker said when its model was loaded (pid, model, calibration, ...)."""
+        return self.worker.info
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the worker and wait until the model is loaded. Raises ModelLoadError."""
+        if not self.model_path:
+            self.model_path = bundled_model_path()
+        await asyncio.to_thread(self._guard_memory)
+        await self.worker.start(self._options())
+
+    def _guard_memory(self) -> None:
+        """Read the model's header, then fit n_ctx to the RAM available (see ``memory.py``)."""
+        header = _header(self.model_path)
+        draft: GGUFHeader | None = None
+        if self.settings.speculative == "draft" and self.settings.draft_model_path:
+            draft = _header(self.settings.draft_model_path)
+        self.max_token_bytes = header.max_token_bytes
+        plan = memory.plan(
+            header,
+            self.settings.n_ctx,
+            mode=self.settings.memory_guard,
+            draft=draft,
+            prefix_cache_mb=self.settings.prefix_cache_mb,
+            parallel=max(1, self.settings.parallel),
+        )
+        self.memory = plan
+        if not plan.fits:
+            self._failed = (
+                f"not enough memory for {self.model_path}: {'; '.join(plan.notes)}. To fix: "
+                + memory.advice(
+                    plan,
+                    has_draft=draft is not None,
+                    prefix_cache_mb=self.settings.prefix_cache_mb,
+                )
+                + ' (or set [local] memory_guard = "off" to start anyway)'
+            )
+            raise ModelLoadError(self._failed)
+        if plan.parallel < plan.requested_parallel:
+            log.warning("engine_parallel_reduced", detail=plan.notes[0], parallel=plan.parallel)
+            # Before the first job: no slot of the old count is held.
+            self.parallel = plan.parallel
+            self._slots = asyncio.Semaphore(self.parallel)
+        if plan.shrunk:
+            log.warning("engine_context_reduced", detail=plan.notes[-1], n_ctx=plan.n_ctx)
+        self.n_ctx = plan.n_ctx
+
+    def _options(self) -> dict[str, Any]:
+        """What ``worker_main`` needs: the settings, after the memory guard."""
+        return {
+            "model_path": self.model_path,
+            "n_ctx": self.n_ctx,
+            "n_threads": self.settings.threads,
+            "seed": self.settings.seed,
+            "speculative": self.settings.speculative,
+            "default_max_tokens": self.settings.default_max_tokens,
+            "draft_model_path": self.settings.draft_model_path,
+            "draft_max_tokens": self.settings.draft_max_tokens,
+            "lookup_ngram": self.settings.lookup_ngram,
+            "prefix_cache_mb": self.settings.prefix_cache_mb,
+            "flash_attn": self.settings.flash_attn,
+            "relevance": self.relevance,
+            "weights_path": self.weights_path,
+            "weights_optional": self.weights_optional,
+            "parallel": self.parallel,
+        }
+
+    async def stop(self) -> None:
+        """Stop the worker: politely first, then by force."""
+        await self.worker.stop()
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    @property
+    def queue_depth(self) -> int:
+        return self._waiting
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.worker.jobs)
+
+    @property
+    def active(self) -> int:
+        """Jobs running in the worker now (at most ``parallel``)."""
+        return len(self.worker.jobs)
+
+    async def chat(
+        self,
+        request: dict[str, Any],
+        *,
+        deadline: float,
+        on_token: Callable[[str], None] | None = None,
+        kind: str = "chat",
+    ) -> dict[str, Any]:
+        """Run one chat completion before ``deadline`` (a ``time.monotonic()`` value).
+
+        ``kind="complete"`` runs a legacy text completion (``/v1/completions``) instead.
+
+        A prompt that certainly cannot fit the context fails at once with ContextOverflow, and a
+        full queue with EngineBusy, without waiting. Cancelling the call (the client went away)
+        takes the request out of the queue, or stops its generation.
+        """
+        too_long = self.work.certainly_too_long(request, self.n_ctx, self.max_token_bytes)
+        if too_long is not None:
+            raise ContextOverflow(
+                f"a prompt of about {too_long} tokens does not fit a {self.n_ctx}-token context"
+            )
+        if self._waiting >= self.settings.max_queue:
+            raise EngineBusy(f"the local queue is full ({self._waiting} waiting)")
+        ticket = self.work.admit(request, self._answer_budget(request))
+        completion: dict[str, Any] | None = None
+        try:
+            completion = await self._queued(request, deadline, on_token, kind, ticket)
+            return completion
+        finally:
+            self.work.finish(ticket, request, completion)
+
+    def _answer_budget(self, request: dict[str, Any]) -> int:
+        asked = request.get("max_completion_tokens") or request.get("max_tokens")
+        return min(int(asked or self.settings.default_max_tokens), self.n_ctx)
+
+    async def _queued(
+        self,
+        request: dict[str, Any],
+        deadline: float,
+        on_token: Callable[[str], None] | None,
+        kind: str,
+        ticket: int,
+    ) -> dict[str, Any]:
+        self._waiting += 1
+        try:
+            await asyncio.wait_for(self._slots.acquire(), timeout=seconds_left(deadline))
+        except TimeoutError as exc:
+            self.stats.timeouts += 1
+            raise EngineTimeout("the deadline passed while waiting in the local queue") from exc
+        finally:
+            self._waiting -= 1
+        try:
+            if not self.worker.ready.is_set():
+                try:
+                    await asyncio.wait_for(self.worker.ready.wait(), timeout=seconds_left(deadline))
+                except TimeoutError as exc:
+                    raise EngineCrashed(f"the local engine is not ready ({self.state})") from exc
+            self.work.start(ticket)
+            return await self.worker.run(request, deadline, on_token, kind, ticket)
+        finally:
+            self._slots.release()
+
+    @property
+    def rates(self) -> Rates:
+        """Prefill and decode tok/s: calibrated at start, then a moving average of requests."""
+        return Rates(
+            prefill_tok_s=self.stats.prefill_tok_s,
+            decode_tok_s=self.stats.decode_tok_s,
+            source=self.stats.rates_source,
+        )
+
+    def pending_work(self) -> PendingWork:
+        """Tokens still to prefill and decode for the running jobs and those queued."""
+        return self.work.pending(self.rates)
+
+    def batch_costs(self) -> BatchCosts | None:
+        """The batch's measured prefill rate and decode-step costs (None while unknown)."""
+        return BatchCosts.from_health(
+            self.stats.batch,
+            prefill_tok_s=self.stats.prefill_tok_s,
+            decode_tok_s=self.stats.decode_tok_s,
+        )
+
+    def forecast(self, prompt_tokens: float, completion_tokens: float) -> Forecast | None:
+        """With ``parallel`` > 1: when a new request with these tokens would get a slot and be
+        done, played forward from the jobs in the engine (``batch/forecast.py``); None while
+        the costs are unknown. ``completion_tokens`` 0 and ``prompt_tokens`` 0: no new
+        request, the time until the work already in the engine is done."""
+        costs = self.batch_costs()
+        if costs is None:
+            return None
+        progress = self.worker.progress
+        by_ticket = {
+            job.ticket: progress[job_id]
+            for job_id, job in self.worker.jobs.items()
+            if job_id in progress
+        }
+        running, queued = self.work.batch_work(by_ticket)
+        new = Work(prompt_tokens, completion_tokens) if completion_tokens > 0 else None
+        return forecast(running, queued, new, slots=self.parallel, costs=costs)
+
+    def predicted_wait_s(self) -> float | None:
+        """Seconds until the work already in the engine is done (None while rates are unknown)."""
+        if self.parallel > 1:
+            done = self.forecast(0.0, 0.0)
+            return None if done is None else done.finish_s
+        return self.pending_work().seconds(self.rates)
+
+    def health(self) -> dict[str, Any]:
+        pending = self.pending_work()
+        acceptance = self.stats.acceptance_rate
+        return {
+            "state": self.state,
+            "error": self.error,
+            "model": self.info.get("model"),
+            "pid": self.info.get("pid") if self.state == "ready" else None,
+            "n_ctx": self.info.get("n_ctx", self.n_ctx),
+            "n_threads": self.settings.threads,
+            "busy": self.busy,
+            "queue_depth": self._waiting,
+            "max_queue": self.settings.max_queue,
+            "completed": self.stats.completed,
+            "timeouts": self.stats.timeouts,
+            "crashes": self.stats.crashes,
+            "restarts": self.stats.restarts,
+            "prefill_tok_s": _round(self.stats.prefill_tok_s),
+            "decode_tok_s": _round(self.stats.decode_tok_s),
+            "rates_source": self.stats.rates_source,
+            "calibration": self.info.get("calibration"),
+            "relevance": self.info.get("relevance"),
+            "pending": pending.as_dict(),
+            "predicted_wait_s": _round(self.predicted_wait_s(), 2),
+            "speculative": {
+                "mode": self.settings.speculative,
+                "requests": self.stats.speculated,
+                "drafted": self.stats.drafted,
+                "accepted": self.stats.accepted,
+                "acceptance_rate": None if acceptance is None else round(acceptance, 3),
+            },
+            "prefix_cache": self.stats.prefix_cache,
+            "parallel": self.parallel,
+            "active_sequences": len(self.worker.jobs),
+            "batch": {
+                **(self.stats.batch or {}),
+                "sequence_tok_s": _round(self.stats.sequence_tok_s),
+            },
+            "memory": self.memory.as_dict() if self.memory is not None else None,
+        }
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _header(path: str) -> GGUFHeader:
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"model file not found: {path}")
+    try:
+        return read_header(path)
+    except (GGUFError, OSError) as exc:
+        raise ModelLoadError(f"cannot read model {path}: {exc}") from exc

@@ -1,0 +1,126 @@
+"""One ledger row: its columns, and its values as the writer stores them.
+
+:func:`row_values` turns what a request handed to :meth:`Ledger.record` into the values of
+the ``requests`` columns: the counterfactual tokens (the provider's usage for an API answer,
+the requested model's tokenizer for a local one, or the local model's own count while the
+tokenizer is still running), the latency tax, the costs in pico-dollars, and the usage figures
+that could not be true (stored as NULL and named in ``usage_invalid``). It is pure: the writer
+keeps the counts and the log lines.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any
+
+from proxy.ledger.pricing import PriceBook, apply_costs
+from proxy.ledger.writing.usage import check_money, check_usage, distrust_costs
+
+COLUMNS = (
+    "request_id",
+    "ts",
+    "endpoint",
+    "requested_model",
+    "route",
+    "reason",
+    "status",
+    "stream",
+    "quality",
+    "quality_reasons",
+    "prompt_tokens",
+    "completion_tokens",
+    "local_prompt_tokens",
+    "local_completion_tokens",
+    "latency_ms",
+    "local_ms",
+    "api_ms",
+    "api_cost_pusd",
+    "counterfactual_cost_pusd",
+    "error",
+    # 0002_costs
+    "api_model",
+    "cached_tokens",
+    "counterfactual_prompt_tokens",
+    "counterfactual_completion_tokens",
+    "token_source",
+    "latency_tax_ms",
+    # 0003_keys
+    "key_name",
+    # 0004_prediction
+    "predicted_local_ms",
+    "actual_local_ms",
+    "backend",
+    "predicted_completion_tokens",
+    # 0006_attempts
+    "upstream_attempts",
+    "usage_invalid",
+)
+COUNT_UPDATE = (
+    "UPDATE requests SET counterfactual_prompt_tokens = ?, counterfactual_completion_tokens = ?, "
+    "token_source = ?, counterfactual_cost_pusd = ? WHERE id = ?"
+)
+# Columns with a default in the schema: a row that leaves them out gets the default, not NULL.
+DEFAULTS: dict[str, Any] = {
+    "endpoint": "chat.completions",
+    "stream": 0,
+    "local_ms": 0.0,
+    "api_ms": 0.0,
+    "cached_tokens": 0,
+}
+
+
+def result(future: Future[tuple[int, int]] | None) -> tuple[int, int] | None:
+    """A finished count, or None (none asked, still running, failed or cancelled)."""
+    if future is None or not future.done() or future.cancelled() or future.exception():
+        return None
+    return future.result()
+
+
+def row_values(
+    given: dict[str, Any],
+    count: Future[tuple[int, int]] | None,
+    prices: PriceBook,
+    columns: tuple[str, ...],
+) -> tuple[tuple[Any, ...], bool, str]:
+    """(values in ``columns`` order, whether they are final, the invalid usage fields).
+
+    Not final: the counterfactual count is still running and the local model's count stands in
+    (the writer updates the row when it arrives)."""
+    row = {**DEFAULTS, **given}
+    invalid = check_usage(row)
+    final = True
+    if row.get("route") == "api":
+        row["latency_tax_ms"] = round(float(row.get("local_ms") or 0.0), 2)
+        if row.get("prompt_tokens") is not None:
+            row["counterfactual_prompt_tokens"] = row["prompt_tokens"]
+            row["counterfactual_completion_tokens"] = row.get("completion_tokens") or 0
+            # The provider's usage, or the proxy's estimate of it (``usage_estimated``,
+            # ``worst_case``: see proxy/http/charges.py), as the request said.
+            row["token_source"] = row.get("token_source") or "usage"
+    else:
+        row["latency_tax_ms"] = 0.0
+        counted = result(count)
+        if counted is not None:
+            row["counterfactual_prompt_tokens"], row["counterfactual_completion_tokens"] = counted
+            row["token_source"] = "tokenizer"
+        elif row.get("prompt_tokens") is not None:
+            row["counterfactual_prompt_tokens"] = row["prompt_tokens"]
+            row["counterfactual_completion_tokens"] = row.get("completion_tokens") or 0
+            row["token_source"] = "local"
+            final = count is None or count.done()
+    apply_costs(row, prices)
+    distrust_costs(row, invalid)
+    invalid += check_money(row)
+    if invalid:
+        row["usage_invalid"] = ",".join(invalid)
+    return tuple(row.get(column) for column in columns), final, ",".join(invalid)
+
+
+def count_update(
+    given: dict[str, Any], counted: tuple[int, int], rowid: int, prices: PriceBook
+) -> tuple[Any, ...]:
+    """The parameters of :data:`COUNT_UPDATE` for a row whose count arrived after it was written."""
+    row = dict(given)
+    row["counterfactual_prompt_tokens"], row["counterfactual_completion_tokens"] = counted
+    apply_costs(row, prices)
+    return (*counted, "tokenizer", row["counterfactual_cost_pusd"], rowid)
