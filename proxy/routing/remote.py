@@ -8,7 +8,9 @@ or the API. Legacy completions stay with the bundled engine.
 
 A remote backend answers ``max_concurrency`` requests at once; the others wait in its FIFO queue
 (at most ``max_queue``; :mod:`proxy.routing.slots`). Its rates are measured by timing its
-answers (:mod:`proxy.routing.remote_rates`). Its answers are scored with
+answers (:mod:`proxy.routing.remote_rates`). Where its kind publishes the server's load, the
+requests other clients have there are counted in its predicted finish
+(:mod:`proxy.routing.remote_load`). Its answers are scored with
 ``quality.score`` in a thread, with logprobs when the server gives them.
 
 Streams: for a ``live`` stream (``on_token``) the server is asked for a stream and its tokens are
@@ -26,7 +28,9 @@ down. Marking a backend down fails its queued and running calls with
 :class:`~proxy.routing.base.BackendDown`, which the pool turns into a move to another backend
 that can still make the request's deadline, or into a local failure the router sends to the
 API. A down backend is probed again with backoff (0.5 s doubling to 30 s) and used again once a
-probe answers. No wait ever outlives the request's deadline.
+probe answers. No wait ever outlives the request's deadline. A server that answers wrongly (an
+answer that is not JSON, a model list without the configured model, another model's answer:
+:mod:`proxy.routing.remote_health`) is marked down too, with the reason in ``/healthz``.
 """
 
 from __future__ import annotations
