@@ -21,7 +21,7 @@ from proxy import config
 from proxy.engine.rates import Rates
 from proxy.routing.base import BackendDown
 from proxy.routing.remote import RemoteBackend
-from proxy.routing.remote_load import BadLoad, parse_prometheus
+from proxy.routing.remote_load import BadLoad, Load, LoadWatch, parse_prometheus
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.routing.test_backends import StubBackend, pool, wait_for_state
@@ -63,7 +63,7 @@ async def remote(server: StandIn, **values: Any) -> AsyncIterator[RemoteBackend]
 async def reading(backend: RemoteBackend, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
     """Use the backend (a prediction) until its published load satisfies ``done``."""
     assert backend.load is not None
-    for _ in range(300):
+    for _ in range(750):
         backend.predict(REQUEST, 8)
         health = backend.load.health()
         if health is not None and done(health):
@@ -168,6 +168,44 @@ async def test_llama_cpp_python_is_never_asked_for_its_load() -> None:
             assert backend.health()["published"] is None
     # the stand-in has no /docs (a 404 still answers the probe): only the answers were asked
     assert server.paths == ["/v1/chat/completions"] * 3
+
+
+async def test_readings_are_made_after_each_answer_and_old_or_failed_ones_are_not_used() -> None:
+    results: list[Any] = []
+
+    async def read() -> tuple[Load | None, str | None]:
+        result = results.pop(0)
+        if isinstance(result, Exception):
+            raise result
+        return result, None
+
+    async def readings(watch: LoadWatch, n: int) -> None:
+        for _ in range(500):
+            if watch.readings >= n:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{watch.readings} readings, not {n}")
+
+    now = time.monotonic()
+    results += [
+        Load(running=2, waiting=1, at=now),
+        Load(running=2, waiting=1, at=now - 60),  # a reading that came back a minute late
+        RuntimeError("no"),
+    ]
+    watch = LoadWatch("gpu", read, interval_s=3600)  # no reading but the ones asked for
+    try:
+        watch.used()
+        await readings(watch, 1)
+        assert watch.fresh() is not None and watch.fresh() == watch.last
+        watch.answered()
+        await readings(watch, 2)
+        assert watch.last is not None and watch.fresh() is None  # stale: not used
+        watch.answered()
+        await readings(watch, 3)
+        assert watch.last is None and watch.error == "RuntimeError"
+        assert watch.health() == {"used": False, "error": "RuntimeError"}
+    finally:
+        await watch.close()
 
 
 # -- the predictor sees other clients' requests ----------------------------------------------------
@@ -290,7 +328,7 @@ async def published(client: Any, name: str, done: Callable[[dict[str, Any]], boo
     """Ask for predictions (requests to the models list do not predict; a forced-API request
     does not either), until the backend's published load satisfies ``done``."""
     app = client.app
-    for _ in range(300):
+    for _ in range(750):
         backend = next(b for b in app.state.services.router.pool.backends if b.name == name)
         backend.predict(REQUEST, 8)
         health = backend.health()["published"]
