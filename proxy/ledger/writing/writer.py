@@ -72,12 +72,12 @@ from proxy.ledger.db.migrate import open_database
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.writing.batching import FlushMarker, StopMarker, WriterThread
 from proxy.ledger.writing.flush import AuditEntry, Entry
-from proxy.ledger.writing.rows import COLUMNS, COUNT_UPDATE
+from proxy.ledger.writing.rows import COLUMNS, COUNT_UPDATE, LedgerRow
 from proxy.ledger.writing.spill import SPILL_SUFFIX
 from proxy.ledger.writing.storage import Store
 from proxy.ledger.writing.tokens import CountJob, TokenCounter
 
-__all__ = ["COLUMNS", "COUNT_UPDATE", "SPILL_SUFFIX", "Ledger"]
+__all__ = ["COLUMNS", "COUNT_UPDATE", "SPILL_SUFFIX", "Ledger", "LedgerRow"]
 
 log = structlog.get_logger(__name__)
 
@@ -238,11 +238,12 @@ class Ledger(WriterThread):
 
     # -- the request side ------------------------------------------------------------------------
 
-    def record(self, row: dict[str, Any], *, count: CountJob | None = None) -> None:
+    def record(self, row: LedgerRow, *, count: CountJob | None = None) -> None:
         """Queue one row. ``count`` asks for the counterfactual tokens of a local answer."""
         try:
+            values = row.as_dict()
             if self._closed:
-                self._spill([Entry(row, None)], "unwritten", None)
+                self._spill([Entry(values, None)], "unwritten", None)
                 return
             if self._accepted - self._done >= self.max_queue:
                 self._drop()
@@ -252,7 +253,7 @@ class Ledger(WriterThread):
                 self._dropping = 0
             future = self.counter.submit(count) if count is not None else None
             self._accepted += 1
-            self._items.put(Entry(row, future))
+            self._items.put(Entry(values, future))
         except Exception as exc:  # noqa: BLE001 - a request never fails on its ledger row
             self.dropped += 1
             log.error("ledger_record_failed", error=type(exc).__name__)
