@@ -24,7 +24,7 @@ from proxy.http import shadow
 from proxy.http.exchange import Exchange
 from proxy.http.services import Services
 from proxy.ledger.pricing import PUSD_PER_USD, estimate_costs
-from proxy.ledger.writing.rows import LedgerRow
+from proxy.ledger.writing.ledger_row import LedgerRow
 from proxy.ledger.writing.tokens import CountJob
 from proxy.params import LOCAL_ALIAS
 

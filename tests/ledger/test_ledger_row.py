@@ -12,7 +12,7 @@ from typing import Any
 from proxy.ledger.db import access
 from proxy.ledger.db.location import Database
 from proxy.ledger.db.migrate import open_database
-from proxy.ledger.writing.rows import COLUMNS, LedgerRow
+from proxy.ledger.writing.ledger_row import COLUMNS, LedgerRow
 
 # The storage type each backend's migrations give a field's Python type.
 TYPES = {

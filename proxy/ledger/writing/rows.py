@@ -1,7 +1,6 @@
-"""One ledger row: its columns (:class:`LedgerRow`), and its values as the writer stores them.
+"""One ledger row's values as the writer stores them (its columns are
+:class:`~proxy.ledger.writing.ledger_row.LedgerRow`'s, re-exported here).
 
-:class:`LedgerRow` is the one list of the ``requests`` table's columns in Python: the writer's
-INSERT, the spill file and the report's seeding all take :data:`COLUMNS` from it.
 :func:`row_values` turns what a request handed to :meth:`Ledger.record` into the values of
 the ``requests`` columns: the counterfactual tokens (the provider's usage for an API answer,
 the requested model's tokenizer for a local one, or the local model's own count while the
@@ -13,70 +12,14 @@ keeps the counts and the log lines.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass, fields
 from typing import Any
 
 from proxy.ledger.pricing import PriceBook, apply_costs
+from proxy.ledger.writing.ledger_row import COLUMNS, LedgerRow
 from proxy.ledger.writing.usage import check_money, check_usage, distrust_costs
 
+__all__ = ["COLUMNS", "COUNT_UPDATE", "LedgerRow", "count_update", "result", "row_values"]
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LedgerRow:
-    """One row of the ``requests`` table: the only list of its columns in Python.
-
-    Fields are the columns, in the table's order (``id`` is the database's). A field that is
-    ``NOT NULL`` in the schema has a type without ``None``; a schema default is the field's
-    default. The request fills the facts (:mod:`proxy.http.record`); the writer fills the
-    rest (the counterfactual tokens, ``token_source`` unless the request set it, the latency
-    tax, the costs and ``usage_invalid``: see :func:`row_values`). A new column is a field
-    here and a migration in each of ``migrations/`` and ``migrations/postgres/``;
-    ``tests/ledger/test_ledger_row.py`` holds the three to each other.
-    """
-
-    request_id: str
-    ts: float  # unix time the request arrived
-    endpoint: str = "chat.completions"
-    requested_model: str | None = None
-    route: str  # local | api | cache | none
-    reason: str  # a proxy.routing.reasons.Reason
-    status: int
-    stream: int = 0
-    quality: float | None = None
-    quality_reasons: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    local_prompt_tokens: int | None = None
-    local_completion_tokens: int | None = None
-    latency_ms: float
-    local_ms: float = 0.0
-    api_ms: float = 0.0
-    api_cost_pusd: int | None = None  # the writer's
-    counterfactual_cost_pusd: int | None = None  # the writer's
-    error: str | None = None
-    # 0002_costs
-    api_model: str | None = None
-    cached_tokens: int = 0
-    counterfactual_prompt_tokens: int | None = None  # the writer's
-    counterfactual_completion_tokens: int | None = None  # the writer's
-    token_source: str | None = None  # the writer's, unless the request estimated its usage
-    latency_tax_ms: float = 0.0  # the writer's
-    # 0003_keys
-    key_name: str | None = None
-    # 0004_prediction
-    predicted_local_ms: float | None = None
-    actual_local_ms: float | None = None
-    backend: str | None = None
-    predicted_completion_tokens: int | None = None
-    # 0006_attempts
-    upstream_attempts: int | None = None
-    usage_invalid: str | None = None  # the writer's
-
-    def as_dict(self) -> dict[str, Any]:
-        """Every column by name, for the writer, the pricing and the router."""
-        return {column: getattr(self, column) for column in COLUMNS}
-
-
-COLUMNS = tuple(f.name for f in fields(LedgerRow))
 COUNT_UPDATE = (
     "UPDATE requests SET counterfactual_prompt_tokens = ?, counterfactual_completion_tokens = ?, "
     "token_source = ?, counterfactual_cost_pusd = ? WHERE id = ?"

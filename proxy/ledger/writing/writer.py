@@ -72,7 +72,8 @@ from proxy.ledger.db.migrate import open_database
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.writing.batching import FlushMarker, StopMarker, WriterThread
 from proxy.ledger.writing.flush import AuditEntry, Entry
-from proxy.ledger.writing.rows import COLUMNS, COUNT_UPDATE, LedgerRow
+from proxy.ledger.writing.ledger_row import COLUMNS, LedgerRow
+from proxy.ledger.writing.rows import COUNT_UPDATE
 from proxy.ledger.writing.spill import SPILL_SUFFIX
 from proxy.ledger.writing.storage import Store
 from proxy.ledger.writing.tokens import CountJob, TokenCounter
