@@ -34,7 +34,7 @@ def result(future: Future[tuple[int, int]] | None) -> tuple[int, int] | None:
 
 
 def row_values(
-    given: dict[str, Any],
+    given: LedgerRow,
     count: Future[tuple[int, int]] | None,
     prices: PriceBook,
     columns: tuple[str, ...],
@@ -43,7 +43,7 @@ def row_values(
 
     Not final: the counterfactual count is still running and the local model's count stands in
     (the writer updates the row when it arrives)."""
-    row = dict(given)
+    row = given.as_dict()
     invalid = check_usage(row)
     final = True
     if row.get("route") == "api":
@@ -74,10 +74,10 @@ def row_values(
 
 
 def count_update(
-    given: dict[str, Any], counted: tuple[int, int], rowid: int, prices: PriceBook
+    given: LedgerRow, counted: tuple[int, int], rowid: int, prices: PriceBook
 ) -> tuple[Any, ...]:
     """The parameters of :data:`COUNT_UPDATE` for a row whose count arrived after it was written."""
-    row = dict(given)
+    row = given.as_dict()
     row["counterfactual_prompt_tokens"], row["counterfactual_completion_tokens"] = counted
     apply_costs(row, prices)
     return (*counted, "tokenizer", row["counterfactual_cost_pusd"], rowid)

@@ -242,9 +242,8 @@ class Ledger(WriterThread):
     def record(self, row: LedgerRow, *, count: CountJob | None = None) -> None:
         """Queue one row. ``count`` asks for the counterfactual tokens of a local answer."""
         try:
-            values = row.as_dict()
             if self._closed:
-                self._spill([Entry(values, None)], "unwritten", None)
+                self._spill([Entry(row, None)], "unwritten", None)
                 return
             if self._accepted - self._done >= self.max_queue:
                 self._drop()
@@ -254,7 +253,7 @@ class Ledger(WriterThread):
                 self._dropping = 0
             future = self.counter.submit(count) if count is not None else None
             self._accepted += 1
-            self._items.put(Entry(values, future))
+            self._items.put(Entry(row, future))
         except Exception as exc:  # noqa: BLE001 - a request never fails on its ledger row
             self.dropped += 1
             log.error("ledger_record_failed", error=type(exc).__name__)
