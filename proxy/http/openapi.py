@@ -20,6 +20,7 @@ from proxy.http.request_schema import (
     RESPONSES_REQUEST,
 )
 from proxy.http.shapes import TOOL_CALL, Schema, obj
+from proxy.routing.reasons import Reason
 
 
 def _ref(name: str) -> Schema:
@@ -208,13 +209,13 @@ ROUTING_HEADERS: Schema = {
         "schema": {"type": "string"},
     },
     "x-frugal-route": {
-        "description": "Where the answer came from.",
-        "schema": {"enum": ["local", "api", "none"]},
+        "description": "Where the answer came from: the local model, the API, the response "
+        "cache, or none (refused, or failed before either answered).",
+        "schema": {"enum": ["local", "api", "cache", "none"]},
     },
     "x-frugal-reason": {
-        "description": "Why: accepted, low_quality, local_timeout, local_error, local_busy, "
-        "context_overflow, unsupported, forced, no_fallback, live.",
-        "schema": {"type": "string"},
+        "description": "Why it went there (the README's table of reasons says what each means).",
+        "schema": {"type": "string", "enum": [reason.value for reason in Reason]},
     },
     "x-frugal-quality": {
         "description": "The local answer's score in [0, 1], or `none`.",
