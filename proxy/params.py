@@ -219,7 +219,7 @@ CHAT: tuple[Param, ...] = (
     Param(
         name="parallel_tool_calls",
         handling=HONOURED,
-        doc="The local model makes one call per answer, which fits both values.",
+        doc="Not false: a local answer may make up to 8 calls, each with its own id; false: one.",
         type="boolean",
     ),
     Param(
