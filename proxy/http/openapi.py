@@ -150,7 +150,10 @@ _RESPONSE_ITEM: Schema = {
 RESPONSE: Schema = obj(
     ["id", "object", "created_at", "status", "model", "output", "usage"],
     {
-        "id": {"type": "string", "description": "resp_..., not stored: it cannot be fetched."},
+        "id": {
+            "type": "string",
+            "description": "resp_...; with `store` it can be fetched, continued and deleted.",
+        },
         "object": {"const": "response"},
         "created_at": {"type": "integer"},
         "status": {"enum": ["completed", "incomplete"]},
@@ -159,7 +162,8 @@ RESPONSE: Schema = obj(
         },
         "model": {"type": "string"},
         "output": {"type": "array", "items": _RESPONSE_ITEM},
-        "store": {"const": False},
+        "previous_response_id": {"type": ["string", "null"]},
+        "store": {"type": "boolean", "description": "Whether it was stored."},
         "usage": obj(
             ["input_tokens", "output_tokens", "total_tokens"],
             {
@@ -174,6 +178,25 @@ RESPONSE: Schema = obj(
                 "total_tokens": {"type": "integer"},
             },
         ),
+    },
+)
+
+RESPONSE_DELETED: Schema = obj(
+    ["id", "object", "deleted"],
+    {"id": {"type": "string"}, "object": {"const": "response"}, "deleted": {"const": True}},
+)
+
+INPUT_ITEMS: Schema = obj(
+    ["object", "data", "first_id", "last_id", "has_more"],
+    {
+        "object": {"const": "list"},
+        "data": {
+            "type": "array",
+            "items": obj(["id", "type"], {"id": {"type": "string"}, "type": {"type": "string"}}),
+        },
+        "first_id": {"type": ["string", "null"]},
+        "last_id": {"type": ["string", "null"]},
+        "has_more": {"type": "boolean"},
     },
 )
 
@@ -244,7 +267,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
     reasons = {
         400: "Invalid request; `param` names the field.",
         401: "Missing or wrong API key (when keys are configured).",
-        404: "Unknown path.",
+        404: "Unknown path, or no stored response of that id for this key.",
         405: "Wrong method.",
         408: "The request body came too slowly.",
         413: "The request body is too large.",
@@ -252,7 +275,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         421: "A keyless proxy on loopback refuses a `Host` that is not a loopback name.",
         429: "Too many requests in flight, or the API's rate limit.",
         502: "The API failed after retries.",
-        503: "The local model could not answer and no API fallback is allowed.",
+        503: "The local model could not answer and no API fallback is allowed; or the stored "
+        "responses cannot be read (`store_unavailable`).",
         504: "The API did not answer in time.",
     }
     return {
@@ -261,6 +285,50 @@ def _errors(*statuses: int) -> dict[str, Any]:
             "content": {"application/json": {"schema": _ref("Error")}},
         }
         for status in statuses
+    }
+
+
+RESPONSE_ID: dict[str, Any] = {
+    "name": "response_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+}
+LIST_PARAMETERS: list[dict[str, Any]] = [
+    {
+        "name": "limit",
+        "in": "query",
+        "description": "Items in a page (20).",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 100},
+    },
+    {
+        "name": "order",
+        "in": "query",
+        "description": "`desc` (the default): the last item first; `asc`: the first first.",
+        "schema": {"enum": ["asc", "desc"]},
+    },
+    {
+        "name": "after",
+        "in": "query",
+        "description": "An item id: the page starts after it.",
+        "schema": {"type": "string"},
+    },
+    {
+        "name": "before",
+        "in": "query",
+        "description": "An item id: the page ends before it.",
+        "schema": {"type": "string"},
+    },
+]
+
+
+def _answer(description: str, schema: str, *errors: int) -> dict[str, Any]:
+    return {
+        "200": {
+            "description": description,
+            "content": {"application/json": {"schema": _ref(schema)}},
+        },
+        **_errors(*errors),
     }
 
 
@@ -321,6 +389,8 @@ def openapi_spec() -> dict[str, Any]:
                 "Embeddings": EMBEDDINGS,
                 "ResponsesRequest": RESPONSES_REQUEST,
                 "Response": RESPONSE,
+                "ResponseDeleted": RESPONSE_DELETED,
+                "ResponseInputItems": INPUT_ITEMS,
                 "Models": MODELS,
                 "Report": report.REPORT,
                 "Error": ERROR,
@@ -349,7 +419,8 @@ def openapi_spec() -> dict[str, Any]:
                 cascade=False,
             ),
             "/v1/responses": _post(
-                "A Responses answer, local first (translated to chat; not stored)",
+                "A Responses answer, local first (translated to chat; stored unless "
+                "`store: false`)",
                 "ResponsesRequest",
                 "Response",
                 stream=True,
@@ -357,6 +428,27 @@ def openapi_spec() -> dict[str, Any]:
                 "`response.completed` or `response.incomplete`), each with its "
                 "`sequence_number`; no `[DONE]`.",
             ),
+            "/v1/responses/{response_id}": {
+                "parameters": [RESPONSE_ID],
+                "get": {
+                    "summary": "A stored response (the key's own; an admin key's: any)",
+                    "responses": _answer("The response object.", "Response", 401, 404, 503),
+                },
+                "delete": {
+                    "summary": "Delete a stored response (the key's own; an admin key's: any)",
+                    "responses": _answer("Deleted.", "ResponseDeleted", 401, 404, 503),
+                },
+            },
+            "/v1/responses/{response_id}/input_items": {
+                "parameters": [RESPONSE_ID],
+                "get": {
+                    "summary": "The input items of a stored response, a page at a time",
+                    "parameters": LIST_PARAMETERS,
+                    "responses": _answer(
+                        "A page of its input items.", "ResponseInputItems", 400, 401, 404, 503
+                    ),
+                },
+            },
             "/v1/models": {
                 "get": {
                     "summary": "The models that can be asked for",
