@@ -15,13 +15,16 @@ from typing import Any
 import openai
 import pytest
 
+from proxy.ledger.db import access
 from proxy.ledger.db.connections import Pool
-from proxy.ledger.db.location import parse
+from proxy.ledger.db.location import Database, parse
 from proxy.ledger.db.migrate import open_database
 from proxy.ledger.responses_store import ResponseStore, StoredResponse
+from proxy.ledger.tenants import keys
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_responses import API, LOCAL, QUESTION, WEATHER
+from tests.ledger.conftest import database, pg_server  # noqa: F401 - fixtures
 
 KEYS_ENV = "FRUGAL_TEST_RESPONSES_KEYS"
 ALICE, BOB, CAROL = "sk-alice-admin-0001", "sk-bob-client-0002", "sk-carol-client-0003"
@@ -312,3 +315,42 @@ async def test_retention_deletes_old_responses_at_start(
         with pytest.raises(openai.NotFoundError):
             await client().responses.retrieve("resp_old")
         assert (await client().responses.retrieve("resp_new")).id == "resp_new"
+
+
+async def test_stored_keys_chain_on_either_ledger_backend(
+    tmp_path: Path,
+    fake_api: FakeAPI,
+    make_client: Any,
+    database: Database,  # noqa: F811
+) -> None:
+    """On SQLite and on PostgreSQL (what replicas share): a stored key's chain, and another
+    stored key's 404; the rows name the key that made them."""
+    ledger: dict[str, Any] = {"path": str(tmp_path / "ledger.db"), "flush_interval_s": 0.02}
+    if database.is_postgres:
+        ledger["url"] = database.url
+    dave, erin = keys.create(database, "dave"), keys.create(database, "erin")
+    async with make_client(settings_for(tmp_path, fake_api, ledger=ledger)) as http:
+
+        def client(key: str) -> openai.AsyncOpenAI:
+            return openai.AsyncOpenAI(
+                api_key=key, base_url="http://localhost/v1", http_client=http, max_retries=0
+            )
+
+        first = await client(dave).responses.create(
+            model="gpt-4o-mini", input=QUESTION, extra_headers=API
+        )
+        second = await client(dave).responses.create(
+            model="gpt-4o-mini",
+            input="And Italy?",
+            previous_response_id=first.id,
+            extra_headers=API,
+        )
+        with pytest.raises(openai.NotFoundError):
+            await client(erin).responses.retrieve(second.id)
+        assert (await client(dave).responses.retrieve(second.id)).output_text == fake_api.reply
+    assert [len(body["messages"]) for _p, _h, body in fake_api.requests] == [1, 3]
+    with access.connect(database) as conn:
+        stored = conn.query("SELECT id, key_name, previous_id, route FROM responses ORDER BY id")
+    assert sorted(stored) == sorted(
+        [(first.id, "dave", None, "api"), (second.id, "dave", first.id, "api")]
+    )
