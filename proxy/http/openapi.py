@@ -340,6 +340,7 @@ def _post(
     stream: bool,
     cascade: bool = True,
     events: str = "With `stream: true`: `data: <chunk>` events, then `data: [DONE]`.",
+    also: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     content: dict[str, Any] = {"application/json": {"schema": _ref(response)}}
     if stream:
@@ -361,7 +362,7 @@ def _post(
                     "headers": ROUTING_HEADERS,
                     "content": content,
                 },
-                **_errors(400, 401, 408, 413, 415, 421, 429, 502, 503, 504),
+                **_errors(*sorted({400, 401, 408, 413, 415, 421, 429, 502, 503, 504, *also})),
             },
         }
     }
@@ -427,6 +428,7 @@ def openapi_spec() -> dict[str, Any]:
                 events="With `stream: true`: the typed events (`event: response.created` ... "
                 "`response.completed` or `response.incomplete`), each with its "
                 "`sequence_number`; no `[DONE]`.",
+                also=(404,),  # previous_response_id: not stored, or another key's
             ),
             "/v1/responses/{response_id}": {
                 "parameters": [RESPONSE_ID],
