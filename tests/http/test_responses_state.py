@@ -14,7 +14,10 @@ from typing import Any
 
 import openai
 import pytest
+from starlette.requests import Request
 
+from proxy.errors import StoreUnavailable
+from proxy.http.responses_state import ResponsesState
 from proxy.ledger.db import access
 from proxy.ledger.db.connections import Pool
 from proxy.ledger.db.location import Database, parse
@@ -354,3 +357,19 @@ async def test_stored_keys_chain_on_either_ledger_backend(
     assert sorted(stored) == sorted(
         [(first.id, "dave", None, "api"), (second.id, "dave", first.id, "api")]
     )
+
+
+async def test_a_database_out_of_reach_skips_storing_and_a_read_is_a_503(tmp_path: Path) -> None:
+    """The answer is still sent (``store: false``); reading is ``store_unavailable``."""
+    state = ResponsesState(settings_for(tmp_path), parse(str(tmp_path)))  # a folder: no file
+    request = Request({"type": "http", "method": "GET", "headers": [], "state": {}})
+    response = {"id": "resp_1", "object": "response", "output": []}
+    try:
+        assert await state.keep(request, response, [], "local") is False
+        with pytest.raises(StoreUnavailable) as caught:
+            await state.visible(request, "resp_1")
+        with pytest.raises(StoreUnavailable):
+            await state.history(request, "resp_1")
+    finally:
+        await state.stop()
+    assert caught.value.status == 503 and caught.value.code == "store_unavailable"
