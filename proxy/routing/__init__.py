@@ -16,6 +16,9 @@
     remote_kinds  what each kind of server (llama-server, llama-cpp-python, vLLM, ...) is sent
                   and refuses
     remote_rates  a remote server's prefill and decode rates, measured from its answers
+    remote_load   the load a remote server publishes (running and waiting requests, every
+                  client's), kept current while it is in use, and counted in its prediction
+    remote_health whether a remote server answers rightly (JSON, the model it lists)
     slots         a remote server's places to run and the FIFO waiting for them
 
 May import: ``proxy.engine``, ``quality``, and the shared ``proxy.params``, ``proxy.config``,

@@ -204,6 +204,8 @@ class Router:
             elapsed_s=attempt.elapsed_ms / 1000,
             comparable=attempt.choice is choice,
         )
+        if attempt.actual_s is not None and choice.prediction.seconds is not None:
+            self.pool.finished(choice.backend.name, choice.prediction.seconds, attempt.actual_s)
         return attempt
 
     def observe(self, row: dict[str, Any]) -> None:
