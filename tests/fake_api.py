@@ -31,6 +31,9 @@ forgets the recorded requests):
 - ``oracle``: an object whose ``reply_for(body)`` gives the reply to a chat request (None: use
   ``reply``); :class:`DevSetOracle` answers the dev set's prompts with their right answers and
   plays the audit judge (``docs/audit.md``) with the dev set's graders, strict or content-only
+- ``tool_call``: ``{"name": ..., "arguments": {...}}``: a plain chat request that offers tools and
+  ends with the user's message gets that call (``finish_reason: "tool_calls"``); once a tool's
+  result follows, the ``reply`` text, as a model that used one tool
 
 Every request is recorded (unless ``FakeAPI(record=False)``, as the script runs it): ``requests``
 holds ``(path, headers, body)`` tuples (headers with lower-case names, the parsed JSON body or
@@ -90,6 +93,7 @@ DEFAULTS: dict[str, Any] = {
     "require_key": None,
     "models": ("gpt-4o-mini", "gpt-4o"),
     "oracle": None,
+    "tool_call": None,
 }
 
 _ERROR_TYPES = {
@@ -386,6 +390,21 @@ class FakeAPI:
             return pieces[:limit], "length"
         return pieces, "stop"
 
+    def _tool_call(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The knob ``tool_call`` (``{"name": ..., "arguments": {...}}``): a plain request that
+        offers tools and whose last message is the user's is answered with that call, as a
+        model that decides to use a tool; once the tool's result is in, the text reply."""
+        messages = body.get("messages")
+        if self.tool_call is None or not body.get("tools") or not isinstance(messages, list):
+            return None
+        if not messages or not isinstance(messages[-1], dict):
+            return None
+        if messages[-1].get("role") != "user":
+            return None
+        arguments = json.dumps(self.tool_call["arguments"])
+        function = {"name": self.tool_call["name"], "arguments": arguments}
+        return {"id": self._next_id("call"), "type": "function", "function": function}
+
     def _usage(self, body: dict[str, Any], completion_tokens: int) -> dict[str, Any]:
         """The usage an answer reports, as the knobs ``bill_prompt_bytes`` and ``usage`` say."""
         derived = usage_for(body, completion_tokens, by_bytes=self.bill_prompt_bytes)
@@ -405,6 +424,14 @@ class FakeAPI:
             "model": body.get("model", ""),
             "system_fingerprint": "fp_fake",
         }
+        call = self._tool_call(body)
+        if call is not None and not body.get("stream"):
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            choice = {"index": 0, "message": message, "logprobs": None}
+            usage = self._usage(body, len(words(call["function"]["arguments"])))
+            return JSONResponse(
+                {**base, "choices": [{**choice, "finish_reason": "tool_calls"}], "usage": usage}
+            )
         if not body.get("stream"):
             message = {"role": "assistant", "content": "".join(pieces), "refusal": None}
             choices = [
