@@ -10,8 +10,9 @@ A remote backend answers ``max_concurrency`` requests at once; the others wait i
 (at most ``max_queue``; :mod:`proxy.routing.slots`). Its rates are measured by timing its
 answers (:mod:`proxy.routing.remote_rates`). Where its kind publishes the server's load, the
 requests other clients have there are counted in its predicted finish
-(:mod:`proxy.routing.remote_load`). Its answers are scored with
-``quality.score`` in a thread, with logprobs when the server gives them.
+(:mod:`proxy.routing.remote_load`). Its answers are scored in a thread by the same gate as the
+bundled engine's (:class:`proxy.engine.gate.Gate`: the same quality code, relevance model and
+weights), with logprobs when the server gives them.
 
 Streams: for a ``live`` stream (``on_token``) the server is asked for a stream and its tokens are
 relayed as they come (:class:`~proxy.routing.remote_stream.StreamedAnswer` puts the answer
@@ -45,6 +46,7 @@ import httpx
 import structlog
 
 from proxy.config import BackendSettings
+from proxy.engine.gate import Gate
 from proxy.engine.rates import PendingWork, Rates, WorkTracker
 from proxy.errors import EngineBusy, EngineCrashed, EngineTimeout
 from proxy.routing.base import Backend, BackendDown, left, rounded
@@ -55,7 +57,7 @@ from proxy.routing.remote_kinds import KINDS
 from proxy.routing.remote_load import SOURCES, Load, LoadWatch, read_load, with_foreign
 from proxy.routing.remote_rates import RemoteRates
 from proxy.routing.remote_stream import Relay, StreamCut
-from proxy.routing.remote_wire import error_of, request_body, score, stop_cause
+from proxy.routing.remote_wire import error_of, request_body, stop_cause
 from proxy.routing.slots import Slots
 
 log = structlog.get_logger(__name__)
@@ -89,8 +91,12 @@ class RemoteBackend(Backend):
         default_max_tokens: int,
         prior: Callable[[], Rates],
         transport: httpx.AsyncBaseTransport | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.settings = settings
+        # The quality gate its answers are scored with: the pool gives every backend the one
+        # the engine worker scores with (proxy.engine.gate); alone, the shipped weights.
+        self.gate = gate or Gate()
         self.name = settings.name
         self.server = KINDS[settings.kind]
         self.timeout_s = settings.timeout_s or timeout_s
@@ -408,7 +414,9 @@ class RemoteBackend(Backend):
             info["usage_source"] = "estimated"  # no usage chunk: counted by StreamedAnswer
         info["stop_cause"] = stop_cause(completion, cap)
         try:
-            verdict = await asyncio.to_thread(score, request, {**completion, "frugal": info})
+            verdict = await asyncio.to_thread(
+                self.gate.score_answer, request, {**completion, "frugal": info}
+            )
         except Exception as exc:  # noqa: BLE001 - as a failure in the engine worker's gate
             raise EngineCrashed(f"scoring the answer of backend {self.name} failed") from exc
         info["quality"] = verdict

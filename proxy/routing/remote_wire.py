@@ -4,8 +4,8 @@ The body is the client's request less the proxy's own fields (:data:`NOT_FORWARD
 backend's model, the engine's default ``max_tokens`` when the client set none, and ``logprobs``
 asked for when the backend gives them (for the quality gate), in the words of the backend's kind
 (:mod:`proxy.routing.remote_kinds`). The answer's stop reason is said
-in the engine's words (:func:`stop_cause`), and it is scored with ``quality.score``
-(:func:`score`, run in a thread by the caller).
+in the engine's words (:func:`stop_cause`); the answer is scored by the engine's own gate
+(:class:`proxy.engine.gate.Gate`, run in a thread by the caller).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ __all__ = [
     "NOT_FORWARDED",
     "error_of",
     "request_body",
-    "score",
     "stop_cause",
 ]
 
@@ -61,14 +60,6 @@ def stop_cause(completion: dict[str, Any], cap: int) -> str:
         return "eos"
     tokens = int((completion.get("usage") or {}).get("completion_tokens") or 0)
     return "max_tokens" if tokens >= cap else "context_full"
-
-
-def score(request: dict[str, Any], completion: dict[str, Any]) -> dict[str, Any]:
-    """The quality gate's verdict on a remote answer, as the engine worker reports its own."""
-    import quality
-
-    verdict = quality.score(request, completion)
-    return {"value": verdict.value, "reasons": verdict.reasons, "signals": verdict.signals}
 
 
 def error_of(response: httpx.Response) -> str:
