@@ -4,7 +4,8 @@
 another ``frugal serve`` (asked for its model ``local``, so that it answers locally and never
 through its own API). Its ``kind`` (:mod:`proxy.routing.remote_kinds`) says how a request is put
 to it and which requests it cannot honour: those are not admitted, and go to the bundled engine
-or the API. Legacy completions stay with the bundled engine.
+or the API. Legacy completions (``kind="complete"``) go to its ``/completions`` when its kind
+takes them, whole (scored, then replayed by the caller as the engine's are).
 
 A remote backend answers ``max_concurrency`` requests at once; the others wait in its FIFO queue
 (at most ``max_queue``; :mod:`proxy.routing.slots`). Its rates are measured by timing its
@@ -40,6 +41,7 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import httpx
@@ -57,7 +59,7 @@ from proxy.routing.remote_kinds import KINDS
 from proxy.routing.remote_load import SOURCES, Load, LoadWatch, read_load, with_foreign
 from proxy.routing.remote_rates import RemoteRates
 from proxy.routing.remote_stream import Relay, StreamCut
-from proxy.routing.remote_wire import error_of, request_body, stop_cause
+from proxy.routing.remote_wire import completion_body, error_of, request_body, stop_cause
 from proxy.routing.slots import Slots
 
 log = structlog.get_logger(__name__)
@@ -158,7 +160,9 @@ class RemoteBackend(Backend):
 
     def admits(self, request: dict[str, Any], kind: str) -> bool:
         room = self._slots.free > 0 or self._slots.waiting < self.settings.max_queue
-        return self.ready() and kind == "chat" and room and self.server.refuses(request) is None
+        if not (self.ready() and room and kind in ("chat", "complete")):
+            return False
+        return self.server.refuses(request, kind) is None
 
     def _probe_url(self) -> str:
         """``GET {api_base}/models``, or a path from the server's root for a kind whose
@@ -344,7 +348,7 @@ class RemoteBackend(Backend):
                     raise BackendDown(f"backend {self.name} is {self.state}")
                 self.work.start(ticket)
                 self.memory.remember(request)
-                completion = await self._answer(request, deadline, expected, cap, on_token)
+                completion = await self._answer(request, deadline, expected, cap, on_token, kind)
                 return completion
             finally:
                 self._slots.release()
@@ -354,7 +358,17 @@ class RemoteBackend(Backend):
         finally:
             self.work.finish(ticket, request, completion)
 
-    def _body(self, request: dict[str, Any], cap: int, stream: bool) -> dict[str, Any]:
+    def _body(
+        self, request: dict[str, Any], cap: int, stream: bool, kind: str = "chat"
+    ) -> dict[str, Any]:
+        if kind == "complete":
+            return completion_body(
+                request,
+                model=self.settings.model,
+                cap=cap,
+                logprobs=self.logprobs,
+                kind=self.server,
+            )
         return request_body(
             request,
             model=self.settings.model,
@@ -371,17 +385,24 @@ class RemoteBackend(Backend):
         expected_s: float,
         cap: int,
         on_token: Callable[[str], None] | None = None,
+        kind: str = "chat",
     ) -> dict[str, Any]:
-        stream = on_token is not None
-        body = self._body(request, cap, stream)
+        text = kind == "complete"  # a legacy completion: never a live stream
+        stream = on_token is not None and not text
+        path = "completions" if text else "chat/completions"
+        body = self._body(request, cap, stream, kind)
         started = time.perf_counter()
-        relay = Relay(on_token, int(self.work.estimate_prompt_tokens(request)), self.stats)
-        response = await self._call(self._send(body, relay), deadline, expected_s, relay)
+        relay = Relay(
+            on_token if stream else None,
+            int(self.work.estimate_prompt_tokens(request)),
+            self.stats,
+        )
+        response = await self._call(self._send(body, relay, path), deadline, expected_s, relay)
         if response.status_code == 400 and body.get("logprobs") and not request.get("logprobs"):
             # A server that refuses logprobs: ask again without, and stop asking.
             self.logprobs = False
-            body = self._body(request, cap, stream)
-            response = await self._call(self._send(body, relay), deadline, expected_s, relay)
+            body = self._body(request, cap, stream, kind)
+            response = await self._call(self._send(body, relay, path), deadline, expected_s, relay)
         elapsed = time.perf_counter() - started
         if response.status_code >= 500:
             self.stats.failures += 1
@@ -392,10 +413,13 @@ class RemoteBackend(Backend):
             raise EngineCrashed(f"backend {self.name} refused the request: {error_of(response)}")
         try:
             completion = response.json()
-            completion["choices"][0]["message"]  # noqa: B018 - the shape is checked here
+            # the shape is checked here: a chat message, or a legacy completion's text
+            answer = completion["choices"][0]["text" if text else "message"]
+            if not isinstance(answer, str if text else dict):
+                raise TypeError(f"the answer is a {type(answer).__name__}")
             problem = answer_problem(self.server, completion, self.settings.model)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            problem = "its answer is not a chat completion's JSON"
+            problem = f"its answer is not a {'text' if text else 'chat'} completion's JSON"
             cause: Exception | None = exc
         else:
             cause = None
@@ -413,9 +437,10 @@ class RemoteBackend(Backend):
         if relay.answer is not None and relay.answer.usage is None:
             info["usage_source"] = "estimated"  # no usage chunk: counted by StreamedAnswer
         info["stop_cause"] = stop_cause(completion, cap)
+        scored = {**request, "max_tokens": request.get("max_tokens") or cap} if text else request
         try:
             verdict = await asyncio.to_thread(
-                self.gate.score_answer, request, {**completion, "frugal": info}
+                partial(self.gate.score_answer, text=text), scored, {**completion, "frugal": info}
             )
         except Exception as exc:  # noqa: BLE001 - as a failure in the engine worker's gate
             raise EngineCrashed(f"scoring the answer of backend {self.name} failed") from exc
@@ -425,13 +450,16 @@ class RemoteBackend(Backend):
         completion.pop("timings", None)
         return dict(completion)
 
-    async def _send(self, body: dict[str, Any], relay: Relay) -> httpx.Response:
-        """POST ``body``; a stream is read to its end here, its text handed to ``relay`` as it
-        comes, and its answer returned as the JSON a non-streamed call would have had."""
+    async def _send(
+        self, body: dict[str, Any], relay: Relay, path: str = "chat/completions"
+    ) -> httpx.Response:
+        """POST ``body`` to ``path``; a stream is read to its end here, its text handed to
+        ``relay`` as it comes, and its answer returned as the JSON a non-streamed call would
+        have had."""
         assert self._client is not None
         if not body.get("stream"):
-            return await self._client.post("chat/completions", json=body)
-        async with self._client.stream("POST", "chat/completions", json=body) as response:
+            return await self._client.post(path, json=body)
+        async with self._client.stream("POST", path, json=body) as response:
             if response.status_code != 200:
                 await response.aread()
                 return response

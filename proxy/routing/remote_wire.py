@@ -1,4 +1,5 @@
-"""What a remote llama.cpp server is sent for a chat request, and how its answer is read.
+"""What a remote llama.cpp server is sent for a chat request or a legacy completion, and how
+its answer is read.
 
 The body is the client's request less the proxy's own fields (:data:`NOT_FORWARDED`), with the
 backend's model, the engine's default ``max_tokens`` when the client set none, and ``logprobs``
@@ -18,6 +19,7 @@ from proxy.routing.remote_kinds import KINDS, Kind
 
 __all__ = [
     "NOT_FORWARDED",
+    "completion_body",
     "error_of",
     "request_body",
     "stop_cause",
@@ -50,6 +52,24 @@ def request_body(
         if kind.stream_usage:
             body["stream_options"] = {"include_usage": True}
     return body
+
+
+def completion_body(
+    request: dict[str, Any],
+    *,
+    model: str,
+    cap: int,
+    logprobs: bool,
+    kind: Kind = KINDS["openai-compatible"],
+) -> dict[str, Any]:
+    """The JSON body sent to the server's ``/completions`` for a legacy completion ``request``
+    (never streamed: it is scored whole, then replayed, as the engine's), answering at most
+    ``cap`` tokens, in the words of its ``kind``."""
+    body = {k: v for k, v in request.items() if k not in NOT_FORWARDED}
+    body["model"] = model
+    if not body.get("max_tokens"):
+        body["max_tokens"] = cap  # OpenAI's legacy default (16), as the engine would
+    return kind.adapt_completion(body, gate_logprobs=logprobs)
 
 
 def stop_cause(completion: dict[str, Any], cap: int) -> str:
