@@ -5,7 +5,8 @@ another ``frugal serve`` (asked for its model ``local``, so that it answers loca
 through its own API). Its ``kind`` (:mod:`proxy.routing.remote_kinds`) says how a request is put
 to it and which requests it cannot honour: those are not admitted, and go to the bundled engine
 or the API. Legacy completions (``kind="complete"``) go to its ``/completions`` when its kind
-takes them, whole (scored, then replayed by the caller as the engine's are).
+takes them, whole (scored, then replayed by the caller as the engine's are). ``n`` above what
+its server answers at once is asked one answer at a time (``Kind.calls``), each answer scored.
 
 A remote backend answers ``max_concurrency`` requests at once; the others wait in its FIFO queue
 (at most ``max_queue``; :mod:`proxy.routing.slots`). Its rates are measured by timing its
@@ -52,14 +53,21 @@ from proxy.engine.gate import Gate
 from proxy.engine.rates import PendingWork, Rates, WorkTracker
 from proxy.errors import EngineBusy, EngineCrashed, EngineTimeout
 from proxy.routing.base import Backend, BackendDown, left, rounded
-from proxy.routing.estimator import Prediction, answer_cap, predict
+from proxy.routing.estimator import Prediction, answer_cap, answers_per_request, predict
 from proxy.routing.prefix_memory import PrefixMemory
 from proxy.routing.remote_health import answer_problem, listing_problem
 from proxy.routing.remote_kinds import KINDS
 from proxy.routing.remote_load import SOURCES, Load, LoadWatch, read_load, with_foreign
 from proxy.routing.remote_rates import RemoteRates
 from proxy.routing.remote_stream import Relay, StreamCut
-from proxy.routing.remote_wire import completion_body, error_of, request_body, stop_cause
+from proxy.routing.remote_wire import (
+    completion_body,
+    error_of,
+    merge_answers,
+    request_body,
+    split_n,
+    stop_cause,
+)
 from proxy.routing.slots import Slots
 
 log = structlog.get_logger(__name__)
@@ -339,7 +347,7 @@ class RemoteBackend(Backend):
             raise EngineBusy(f"the queue of backend {self.name} is full")
         cap = answer_cap(request, self.default_max_tokens, kind)
         expected = self.predict(request, cap).own_s
-        ticket = self.work.admit(request, cap)
+        ticket = self.work.admit(request, cap * answers_per_request(request))
         completion: dict[str, Any] | None = None
         try:
             await self._slots.acquire(deadline, f"backend {self.name}")
@@ -379,6 +387,25 @@ class RemoteBackend(Backend):
         )
 
     async def _answer(
+        self,
+        request: dict[str, Any],
+        deadline: float,
+        expected_s: float,
+        cap: int,
+        on_token: Callable[[str], None] | None = None,
+        kind: str = "chat",
+    ) -> dict[str, Any]:
+        """The answer to ``request``: one call, or, for ``n`` above what the server answers
+        at once, one call per answer, one after the other (``Kind.calls``), merged."""
+        calls = self.server.calls(request)
+        if calls == 1:
+            return await self._one_answer(request, deadline, expected_s, cap, on_token, kind)
+        answers = []
+        for part in split_n(request, calls):  # never a live stream: n > 1
+            answers.append(await self._one_answer(part, deadline, expected_s, cap, None, kind))
+        return merge_answers(answers)
+
+    async def _one_answer(
         self,
         request: dict[str, Any],
         deadline: float,

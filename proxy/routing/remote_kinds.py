@@ -13,14 +13,20 @@ asked for is not sent there at all. The facts about ``llama-cpp-python`` were me
 checks them); the others come from each server's documentation and are listed in
 ``docs/backends.md`` with where each came from.
 
-``openai-compatible`` assumes nothing beyond plain chat: no ``n`` > 1, and a JSON schema and
-tools sent as OpenAI's, as before kinds existed.
+``openai-compatible`` assumes nothing beyond plain chat: no ``n`` > 1 in one request, and a
+JSON schema and tools sent as OpenAI's, as before kinds existed.
+
+``n`` above what a server answers in one request (``Kind.max_n``; llama-cpp-python ignores
+``n``) is made up for by the proxy: ``Kind.calls`` requests of one answer each, each with its
+own seed, each scored (``proxy.routing.remote_wire.split_n`` and ``merge_answers``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from proxy.routing.servable import MAX_LOCAL_N
 
 __all__ = ["KINDS", "Kind"]
 
@@ -63,15 +69,28 @@ class Kind:
     names_model: bool = False
     # It answers legacy text completions (POST {api_base}/completions), one string prompt each.
     completions: bool = True
+    # n above max_n: asked as n requests of one answer each (up to MAX_LOCAL_N), not refused
+    split_n: bool = True
+
+    def calls(self, request: dict[str, Any]) -> int:
+        """How many requests one request is sent as: 1, or ``n`` when ``n`` is above what this
+        server answers in one request and the proxy makes up for it."""
+        n = request.get("n") or 1
+        return n if n > self.max_n and self.split_n else 1
+
+    def _refuses_n(self, request: dict[str, Any]) -> str | None:
+        n = request.get("n") or 1
+        most = MAX_LOCAL_N if self.split_n else self.max_n
+        return f"n = {n} (at most {most})" if n > most else None
 
     def refuses(self, request: dict[str, Any], kind: str = "chat") -> str | None:
         """Why this kind of server cannot honour ``request``, or None when it can; ``kind``:
         ``chat``, or ``complete`` for a legacy text completion."""
         if kind == "complete":
             return self._refuses_completion(request)
-        n = request.get("n") or 1
-        if n > self.max_n:
-            return f"n = {n} (at most {self.max_n})"
+        too_many = self._refuses_n(request)
+        if too_many is not None:
+            return too_many
         fmt = request.get("response_format")
         if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
             if self.json_schema == "none":
@@ -102,9 +121,9 @@ class Kind:
                 return "a token-id prompt (ids of the bundled model's tokenizer)"
             if len(prompt) != 1:
                 return "several prompts"
-        n = request.get("n") or 1
-        if n > self.max_n:
-            return f"n = {n} (at most {self.max_n})"
+        too_many = self._refuses_n(request)
+        if too_many is not None:
+            return too_many
         for name in ("echo", "suffix", "logit_bias"):
             if request.get(name):
                 return name

@@ -11,6 +11,7 @@ in the engine's words (:func:`stop_cause`); the answer is scored by the engine's
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import httpx
@@ -21,7 +22,9 @@ __all__ = [
     "NOT_FORWARDED",
     "completion_body",
     "error_of",
+    "merge_answers",
     "request_body",
+    "split_n",
     "stop_cause",
 ]
 
@@ -70,6 +73,55 @@ def completion_body(
     if not body.get("max_tokens"):
         body["max_tokens"] = cap  # OpenAI's legacy default (16), as the engine would
     return kind.adapt_completion(body, gate_logprobs=logprobs)
+
+
+def split_n(request: dict[str, Any], calls: int) -> list[dict[str, Any]]:
+    """``request`` as ``calls`` requests of one answer each (``n`` above what the server
+    answers at once), as the engine makes its ``n`` answers: seeds ``seed``, ``seed + 1``, ...
+    when the client gave one, else random ones, and OpenAI's default temperature (1) when none
+    was given, so that the answers are not ``calls`` copies of one greedy answer."""
+    if calls <= 1:
+        return [request]
+    one = {**request, "n": 1}
+    if one.get("temperature") is None:
+        one["temperature"] = 1.0
+    seed = request.get("seed")
+    seeds = (
+        [int(seed) + i for i in range(calls)]
+        if seed is not None
+        else [random.getrandbits(31) for _ in range(calls)]
+    )
+    return [{**one, "seed": s} for s in seeds]
+
+
+def merge_answers(answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The answers to :func:`split_n`'s requests, each scored (``frugal.quality``), as one
+    completion: every answer a choice, the usage added up (the prompt counted once), and the
+    request's verdict and stop cause the worst answer's, as the engine's ``tasks.merge``."""
+    first = answers[0]
+    if len(answers) == 1:
+        return first
+    choices = [{**a["choices"][0], "index": i} for i, a in enumerate(answers)]
+    usages = [a.get("usage") or {} for a in answers]
+    prompt = int(usages[0].get("prompt_tokens") or 0)
+    completion = sum(int(u.get("completion_tokens") or 0) for u in usages)
+    worst = min(answers, key=lambda a: _value(a["frugal"]["quality"]))
+    info = dict(first["frugal"])
+    info.update(
+        stop_cause=worst["frugal"]["stop_cause"],
+        prefill_s=sum(float(a["frugal"].get("prefill_s") or 0.0) for a in answers),
+        decode_s=sum(float(a["frugal"].get("decode_s") or 0.0) for a in answers),
+        quality=worst["frugal"]["quality"],
+        answers=len(answers),
+    )
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion}
+    usage["total_tokens"] = prompt + completion
+    return {**first, "choices": choices, "usage": usage, "frugal": info}
+
+
+def _value(verdict: dict[str, Any]) -> float:
+    value = verdict.get("value")
+    return float(value) if value is not None else -1.0
 
 
 def stop_cause(completion: dict[str, Any], cap: int) -> str:

@@ -203,7 +203,8 @@ async def test_each_request_is_answered_there_when_its_kind_honours_it_and_else_
         ("named tool", {"tools": TOOLS, "tool_choice": NAMED}, "srv"),
         ("max_completion_tokens", {"max_tokens": None, "max_completion_tokens": 4}, "srv"),
         ("auto tools", {"tools": TOOLS}, "engine"),  # ignored there
-        ("n = 2", {"n": 2, "temperature": 0.8}, "engine"),  # one choice there
+        # n is ignored there: the proxy asks twice, one answer each, and scores both
+        ("n = 2", {"n": 2, "temperature": 0.8}, "srv"),
     ]
     answers: dict[str, dict[str, Any]] = {}
     async with make_client(s) as client:
@@ -214,7 +215,8 @@ async def test_each_request_is_answered_there_when_its_kind_honours_it_and_else_
             r = await client.post("/v1/chat/completions", json=body, headers=ACCEPT_ANY)
             assert r.status_code == 200, (label, r.text)
             assert r.headers["x-frugal-route"] == "local", label
-            assert chats(server) - before == (1 if where == "srv" else 0), label
+            calls = (extra.get("n") or 1) if where == "srv" else 0
+            assert chats(server) - before == calls, label
             answers[label] = r.json()
     assert [row[2] for row in ledger(tmp_path)] == [where for _, _, where in cases]
     assert all(row[0] == "local" for row in ledger(tmp_path))
@@ -225,7 +227,10 @@ async def test_each_request_is_answered_there_when_its_kind_honours_it_and_else_
         call["function"]["arguments"]
     )
     assert answers["max_completion_tokens"]["usage"]["completion_tokens"] <= 4
-    assert len(answers["n = 2"]["choices"]) == 2  # the bundled engine gave both
+    two = answers["n = 2"]
+    assert [c["index"] for c in two["choices"]] == [0, 1]
+    assert all(c["message"]["content"] for c in two["choices"])
+    assert 2 <= two["usage"]["completion_tokens"] <= 2 * 24  # both answers counted
 
 
 @pytest.mark.parametrize("mode", ["verify", "live"])
@@ -348,7 +353,7 @@ async def test_legacy_completions_are_answered_there_plain_and_streamed_and_else
         ("plain", {"temperature": 0}, "srv"),
         ("streamed", {"temperature": 0, "stream": True}, "srv"),
         ("logprobs", {"temperature": 0, "logprobs": 2}, "srv"),
-        ("n = 2", {"n": 2, "temperature": 0.8}, "engine"),  # one choice there: not sent
+        ("n = 2", {"n": 2, "temperature": 0.8}, "srv"),  # ignored there: asked twice
         ("echo", {"echo": True, "temperature": 0}, "engine"),  # the engine's own
     ]
     answers: dict[str, httpx.Response] = {}
@@ -359,7 +364,8 @@ async def test_legacy_completions_are_answered_there_plain_and_streamed_and_else
             r = await client.post("/v1/completions", json={**PROMPT, **extra}, headers=ACCEPT_ANY)
             assert r.status_code == 200, (label, r.text)
             assert r.headers["x-frugal-route"] == "local", label
-            assert chats(server, COMPLETIONS) - before == (1 if where == "srv" else 0), label
+            calls = (extra.get("n") or 1) if where == "srv" else 0
+            assert chats(server, COMPLETIONS) - before == calls, label
             answers[label] = r
     conn = sqlite3.connect(tmp_path / "ledger.db")
     try:
@@ -385,4 +391,6 @@ async def test_legacy_completions_are_answered_there_plain_and_streamed_and_else
     assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     lp = answers["logprobs"].json()["choices"][0]["logprobs"]
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) > 0
-    assert len(answers["n = 2"].json()["choices"]) == 2  # the bundled engine gave both
+    two = answers["n = 2"].json()
+    assert [c["index"] for c in two["choices"]] == [0, 1]  # one a call, both scored
+    assert all(c["text"] for c in two["choices"])

@@ -18,6 +18,29 @@ from proxy.routing.remote_wire import completion_body
 from tests.routing.test_backends import remote
 
 PROMPT = {"model": "gpt-4o-mini", "prompt": "The capital of France is", "max_tokens": 8}
+CHAT = {
+    "model": "gpt-4o-mini",
+    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    "max_tokens": 8,
+}
+
+
+def chat_answer(text: str) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-remote",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "local",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9},
+    }
 
 
 def text_answer(*texts: str, model: str = "local") -> dict[str, Any]:
@@ -53,7 +76,8 @@ def text_answer(*texts: str, model: str = "local") -> dict[str, Any]:
         ("frugal", {"n": 3}, None),
         ("openai-compatible", {}, None),
         ("ollama", {}, "legacy completions"),
-        ("llama-cpp-python", {"n": 2}, "n = 2 (at most 1)"),
+        ("llama-cpp-python", {"n": 2}, None),  # made up for by two calls
+        ("llama-cpp-python", {"n": 9}, "n = 9 (at most 8)"),
         ("vllm", {"prompt": ["a", "b"]}, "several prompts"),
         ("frugal", {"prompt": [1, 2, 3]}, "a token-id prompt (ids of the bundled model's "),
         ("vllm", {"echo": True}, "echo"),
@@ -133,3 +157,50 @@ async def test_a_chat_answer_to_a_legacy_completion_is_a_wrong_answer() -> None:
             await backend.chat(PROMPT, deadline=time.monotonic() + 10, kind="complete")
         assert backend.state == "down"
         assert "wrong answer: its answer is not a text completion" in str(backend.last_down)
+
+
+# -- n where the server ignores it ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["chat", "complete"])
+async def test_n_where_the_server_ignores_it_is_one_call_per_answer_each_scored(
+    kind: str,
+) -> None:
+    sent: list[dict[str, Any]] = []
+    texts = [" Paris.", " I cannot help with that.", " Paris is the capital."]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/docs":
+            return httpx.Response(200, text="<html></html>")
+        body = json.loads(request.content)
+        sent.append(body)
+        text = [*texts, " Paris."][len(sent) - 1]  # the last: the lone answer
+        if kind == "complete":
+            return httpx.Response(200, json=text_answer(text))
+        return httpx.Response(200, json=chat_answer(text))
+
+    request = dict(PROMPT) if kind == "complete" else dict(CHAT)
+    async with remote(handler, kind="llama-cpp-python") as backend:
+        assert backend.admits({**request, "n": 3}, kind)
+        three = await backend.chat(
+            {**request, "n": 3, "seed": 7}, deadline=time.monotonic() + 10, kind=kind
+        )
+        alone = await backend.chat(
+            {**request, "seed": 8}, deadline=time.monotonic() + 10, kind=kind
+        )
+    # three calls of one answer each, with the engine's seeds and OpenAI's default temperature
+    assert [(b["n"], b["seed"], b["temperature"]) for b in sent[:3]] == [
+        (1, 7, 1.0),
+        (1, 8, 1.0),
+        (1, 9, 1.0),
+    ]
+    assert "n" not in sent[3] and sent[3]["seed"] == 8 and "temperature" not in sent[3]
+    field = "text" if kind == "complete" else "message"
+    got = [c[field] if kind == "complete" else c[field]["content"] for c in three["choices"]]
+    assert got == texts and [c["index"] for c in three["choices"]] == [0, 1, 2]
+    assert three["usage"] == {"prompt_tokens": 6, "completion_tokens": 9, "total_tokens": 15}
+    info = three["frugal"]
+    assert info["answers"] == 3 and info["backend"] == "gpu"
+    # each answer scored: the request's verdict is the worst one's (the refusal), below the
+    # lone " Paris." answer's
+    assert info["quality"]["value"] < alone["frugal"]["quality"]["value"]
