@@ -63,6 +63,7 @@ from proxy.errors import Forbidden
 from proxy.http.auth import sees_everything
 from proxy.http.services import services_of
 from proxy.ledger.pricing import PUSD_PER_USD
+from proxy.routing.reasons import Reason
 
 if TYPE_CHECKING:
     from proxy.engine.local_engine import LocalEngine
@@ -136,7 +137,7 @@ class Metrics:
         *,
         endpoint: str,
         route: str,
-        reason: str,
+        reason: Reason,
         status: int,
         latency_s: float,
         prompt_tokens: int | None = None,

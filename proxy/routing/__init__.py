@@ -3,6 +3,7 @@
     router        the cascade policy: ``plan`` (forced, unsupported, context overflow,
                   predicted too slow, or a local attempt) and ``try_local`` (accepted, low
                   quality, ...)
+    reasons       the one list of routing reasons (``Reason``), the ``x-frugal-reason`` values
     servable      which requests the local engine can serve at all (``local_blocker``)
     estimator     the predicted finish of a request on a backend, and what it is learned from;
                   the ``predicted_slow`` decision (``Predictor``), as in seed 000
