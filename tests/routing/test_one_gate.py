@@ -2,8 +2,8 @@
 remote backend's, scored in the proxy (``proxy.engine.gate``). The same answer to the same
 request gets the same verdict from both, signal by signal.
 
-The remote is a stand-in server on loopback (``tests/stand_in_servers.py``) that answers with
-exactly what the shared engine answered.
+The remote is a stand-in server on loopback (``tests/stand_in_servers.py``), or for a legacy
+completion ``httpx.MockTransport``, that answers with exactly what the shared engine answered.
 """
 
 from __future__ import annotations
@@ -16,9 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from proxy import config
 from proxy.engine.local_engine import LocalEngine
+from proxy.routing.pool import engine_gate
 from proxy.routing.remote import RemoteBackend
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
@@ -93,3 +96,44 @@ async def test_the_same_answer_gets_the_same_score_from_the_engine_and_a_backend
     finally:
         conn.close()
     assert backend_name == "twin" and quality == pytest.approx(engine_verdict["value"])
+
+
+async def test_a_legacy_completion_gets_the_same_score_from_the_engine_and_a_backend(
+    engine: LocalEngine,
+) -> None:
+    body = {"model": "gpt-4o-mini", "prompt": "The capital of France is", "max_tokens": 8}
+    own = await engine.chat(
+        {**body, "temperature": 0}, deadline=time.monotonic() + 60, kind="complete"
+    )
+    assert own["object"] == "text_completion" and own["frugal"]["quality"]["value"] is not None
+    paths: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        if request.url.path.endswith("/models"):
+            return httpx.Response(200, json={"object": "list", "data": []})
+        return httpx.Response(200, text=as_served(own))
+
+    backend = RemoteBackend(
+        config.BackendSettings(name="twin", api_base="http://twin.test/v1"),
+        timeout_s=30.0,
+        default_max_tokens=512,
+        prior=lambda: engine.rates,
+        transport=httpx.MockTransport(handler),
+        gate=await asyncio.to_thread(engine_gate, engine),  # as the pool loads it
+    )
+    await backend.start()
+    try:
+        for _ in range(200):
+            if backend.state == "up":
+                break
+            await asyncio.sleep(0.01)
+        answer = await backend.chat(
+            {**body, "temperature": 0}, deadline=time.monotonic() + 30, kind="complete"
+        )
+    finally:
+        await backend.close()
+    assert paths[-1] == "/v1/completions"
+    assert answer["choices"][0]["text"] == own["choices"][0]["text"]
+    assert answer["frugal"]["stop_cause"] == own["frugal"]["stop_cause"]
+    assert answer["frugal"]["quality"] == own["frugal"]["quality"]
