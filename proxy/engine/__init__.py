@@ -2,6 +2,8 @@
 
     local_engine    ``LocalEngine``: queue, deadlines, cancellation, restart after a crash
     worker          the child process: loads the model, answers jobs over a pipe
+    gate            the quality gate's scorer (relevance model and weights), one for the
+                    worker's answers and, in the proxy's process, the remote backends'
     worker_env      the child's environment, cleared of secrets
     generate        one completion, token by token, with logprobs, stop strings and deadlines
     sampling        a request's sampling parameters; bias, penalties, picking and logprobs on
@@ -22,5 +24,6 @@
 
 May import ``quality`` (the worker scores its answers) and the shared ``proxy.config`` and
 ``proxy.errors``; never ``proxy.http``, ``proxy.routing`` or ``proxy.upstream``. llama.cpp is
-imported only in the worker process and offline tools, never on the proxy's event loop.
+imported only in the worker process, offline tools, and the proxy's copy of the gate's
+relevance model (loaded and run in threads), never on the proxy's event loop.
 """
