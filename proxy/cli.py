@@ -31,8 +31,7 @@ from typing import Any
 
 from proxy import check as check_mod
 from proxy import config as config_mod
-from proxy.engine.generate import ModelLoadError
-from proxy.errors import ConfigError
+from proxy.errors import ConfigError, UserError
 from proxy.ledger.tenants import keys
 from proxy.models import cli as models_cli
 from proxy.models.cache import resolve as resolve_model
@@ -126,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from proxy.audit.refit import CalibrationError, run_once, write_weights
+    from proxy.audit.refit import run_once, write_weights
     from proxy.engine.generate import bundled_model_path
     from proxy.ledger.db.location import from_argument, from_settings
 
@@ -137,13 +136,9 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise ConfigError(f"[local] model_path = {model_path!r}: no such file")
     out = args.out or settings.quality.weights_path or "frugal-weights.json"
     target = getattr(settings.quality, "target_precision", 0.0) or None
-    try:
-        result = run_once(
-            db, model_path, target=target, configured_threshold=settings.quality.threshold
-        )
-    except CalibrationError as exc:
-        print(f"frugal calibrate: {exc}", file=sys.stderr)
-        return 1
+    result = run_once(
+        db, model_path, target=target, configured_threshold=settings.quality.threshold
+    )
     write_weights(out, result.weights)
     print("\n".join(result.report()))
     print(
@@ -301,72 +296,58 @@ def _report(args: argparse.Namespace) -> int:
         db, fixed = from_settings(settings.ledger), settings.costs.monthly_fixed_usd
         quality = settings.quality
     now = datetime.now(UTC)
-    try:
-        if args.last and not args.first:
-            raise report.ReportError("--to needs --from", report.EXIT_USAGE)
-        if args.chart:
-            chart.check_path(args.chart)
-        period = (
-            report.Period.between(args.first, args.last, now)
-            if args.first
-            else report.Period.month(args.month, now)
+    if args.last and not args.first:
+        raise report.ReportError("--to needs --from", report.EXIT_USAGE)
+    if args.chart:
+        chart.check_path(args.chart)
+    period = (
+        report.Period.between(args.first, args.last, now)
+        if args.first
+        else report.Period.month(args.month, now)
+    )
+    data = report.build(
+        db,
+        period,
+        fixed,
+        by=args.by,
+        daily=bool(args.chart),
+        now=now,
+        target_precision=quality.target_precision or None,
+        threshold=quality.threshold,
+    )
+    gate = gate_for_settings(settings) if settings is not None else None
+    if gate is not None and not gate.bundled:  # a pulled model: calibrated, or the prior
+        data["gate"] = gate.as_dict()
+    print(report.render(data, args.format))
+    if data["requests"] == 0:
+        print(
+            f"frugal report: no requests recorded from {data['from']} to {data['to']} "
+            f"in {db.label}",
+            file=sys.stderr,
         )
-        data = report.build(
-            db,
-            period,
-            fixed,
-            by=args.by,
-            daily=bool(args.chart),
-            now=now,
-            target_precision=quality.target_precision or None,
-            threshold=quality.threshold,
-        )
-        gate = gate_for_settings(settings) if settings is not None else None
-        if gate is not None and not gate.bundled:  # a pulled model: calibrated, or the prior
-            data["gate"] = gate.as_dict()
-        print(report.render(data, args.format))
-        if data["requests"] == 0:
-            print(
-                f"frugal report: no requests recorded from {data['from']} to {data['to']} "
-                f"in {db.label}",
-                file=sys.stderr,
-            )
-            return report.EXIT_EMPTY
-        if args.chart:
-            chart.draw(data, args.chart)
-            print(f"frugal report: chart written to {args.chart}", file=sys.stderr)
-    except report.ReportError as exc:
-        print(f"frugal report: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return report.EXIT_EMPTY
+    if args.chart:
+        chart.draw(data, args.chart)
+        print(f"frugal report: chart written to {args.chart}", file=sys.stderr)
     return report.EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``frugal`` command; its exit status.
+
+    A :class:`UserError` from any command is printed here, and only here, as one line with no
+    traceback, and its ``exit_code`` returned.
+    """
     args = _parser().parse_args(argv)
     try:
-        if args.command == "serve":
-            return _serve(args)
-        if args.command == "keys":
-            return keys.run(args)
-        if args.command == "models":
-            return models_cli.run(args)
-        if args.command == "check":
-            return check_mod.run(args)
-        if args.command == "migrate":
-            return _migrate(args)
-        if args.command == "calibrate":
-            return _calibrate(args)
-        if args.command == "quantize":
-            from proxy.engine import quantize
-
-            return quantize.run(args.source, args.target, args.type, args.force)
-        return _report(args)
-    except ConfigError as exc:
-        print(f"frugal: config error: {exc}", file=sys.stderr)
-        return 2
-    except ModelLoadError as exc:
-        print(f"frugal: model error: {exc}", file=sys.stderr)
-        return 2
+        status = _run(args)
+        # Output to a pipe is buffered: flush it here, so that a reader that has gone shows up
+        # below and not in the interpreter's own flush at exit (a message and status 120).
+        sys.stdout.flush()
+        return status
+    except UserError as exc:
+        print(f"{exc.label}: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -376,6 +357,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "keys":
+        return keys.run(args)
+    if args.command == "models":
+        return models_cli.run(args)
+    if args.command == "check":
+        return check_mod.run(args)
+    if args.command == "migrate":
+        return _migrate(args)
+    if args.command == "calibrate":
+        return _calibrate(args)
+    if args.command == "quantize":
+        from proxy.engine import quantize
+
+        return quantize.run(args.source, args.target, args.type, args.force)
+    return _report(args)
 
 
 if __name__ == "__main__":

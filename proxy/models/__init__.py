@@ -21,6 +21,10 @@ file's tag), :mod:`proxy.config` and :mod:`proxy.errors`; ``proxy.http``, ``prox
 
 from __future__ import annotations
 
+from proxy.errors import UserError
 
-class ModelsError(Exception):
+
+class ModelsError(UserError):
     """A ``frugal models`` request that cannot be done; its message says why and what to do."""
+
+    label = "frugal models"

@@ -55,22 +55,17 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = config_mod.load(args.config)
-    try:
-        if args.action == "pull":
-            return _pull(args, settings)
-        if args.action == "rm":
-            return _rm(args, settings)
-        return _list(args, settings)
-    except ModelsError as exc:
-        print(f"frugal models: {exc}", file=sys.stderr)
-        return 1
-    except _BadName as exc:
-        print(f"frugal models: {exc}", file=sys.stderr)
-        return 2
+    if args.action == "pull":
+        return _pull(args, settings)
+    if args.action == "rm":
+        return _rm(args, settings)
+    return _list(args, settings)
 
 
-class _BadName(Exception):
+class _BadName(ModelsError):
     """A name on the command line that is not ``REPO[:QUANT]``: a usage error (exit 2)."""
+
+    exit_code = 2
 
 
 def _name(text: str) -> ModelName:

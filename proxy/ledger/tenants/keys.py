@@ -54,7 +54,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from proxy.errors import ConfigError
+from proxy.errors import ConfigError, UserError
 from proxy.ledger.db import access
 from proxy.ledger.db.location import Database, as_database, from_argument, from_settings
 from proxy.ledger.db.migrate import open_database
@@ -372,8 +372,10 @@ def _iso(ts: float | None) -> str | None:
 # -- the command ----------------------------------------------------------------------------------
 
 
-class KeyCommandError(Exception):
+class KeyCommandError(UserError):
     """A ``frugal keys`` request that cannot be done; printed as one line, exit status 1."""
+
+    label = "frugal keys"
 
 
 def add_parser(sub: Any) -> None:
@@ -426,40 +428,36 @@ def run(args: argparse.Namespace) -> int:
 
     settings = None if args.db else config_mod.load(args.config)
     db = from_argument(args.db) if settings is None else from_settings(settings.ledger)
-    try:
-        if args.action == "create":
-            key = create(
-                db,
-                args.name,
-                monthly_budget_pusd=None
-                if args.monthly_budget_usd is None
-                else budget_pusd(args.monthly_budget_usd),
-                rpm=args.rpm,
-                models=None if args.models is None else parse_models(args.models),
-                max_concurrency=args.max_concurrency,
-                admin=args.admin,
-            )
-            print(key)
-            scope = "an admin key" if args.admin else "a client key"
-            print(
-                f"Created {scope} {args.name!r}. This is the only time it is shown: store it now. "
-                f"Clients send it as 'Authorization: Bearer KEY'.",
-                file=sys.stderr,
-            )
-        elif args.action == "revoke":
-            revoke(db, args.name)
-            print(f"Revoked key {args.name!r}.", file=sys.stderr)
+    if args.action == "create":
+        key = create(
+            db,
+            args.name,
+            monthly_budget_pusd=None
+            if args.monthly_budget_usd is None
+            else budget_pusd(args.monthly_budget_usd),
+            rpm=args.rpm,
+            models=None if args.models is None else parse_models(args.models),
+            max_concurrency=args.max_concurrency,
+            admin=args.admin,
+        )
+        print(key)
+        scope = "an admin key" if args.admin else "a client key"
+        print(
+            f"Created {scope} {args.name!r}. This is the only time it is shown: store it now. "
+            f"Clients send it as 'Authorization: Bearer KEY'.",
+            file=sys.stderr,
+        )
+    elif args.action == "revoke":
+        revoke(db, args.name)
+        print(f"Revoked key {args.name!r}.", file=sys.stderr)
+    else:
+        rows = listing(db)
+        if args.format == "json":
+            print(json.dumps(rows, indent=2))
+        elif rows:
+            print(_table(rows, None if settings is None else settings.server.key_concurrency()))
         else:
-            rows = listing(db)
-            if args.format == "json":
-                print(json.dumps(rows, indent=2))
-            elif rows:
-                print(_table(rows, None if settings is None else settings.server.key_concurrency()))
-            else:
-                print("No keys stored; create one with `frugal keys create NAME`.", file=sys.stderr)
-    except KeyCommandError as exc:
-        print(f"frugal keys: {exc}", file=sys.stderr)
-        return 1
+            print("No keys stored; create one with `frugal keys create NAME`.", file=sys.stderr)
     return 0
 
 
