@@ -36,4 +36,4 @@ def test_every_room_says_what_it_holds_and_what_it_may_import() -> None:
 def test_the_old_flat_modules_are_gone() -> None:
     """A module left at the top of proxy/ beside its room would be a second home for it."""
     top = sorted(p.stem for p in (ROOT / "proxy").glob("*.py"))
-    assert top == ["__init__", "__main__", "check", "cli", "errors", "logs", "params"]
+    assert top == ["__init__", "__main__", "errors", "logs", "params"]
