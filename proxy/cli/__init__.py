@@ -30,7 +30,9 @@ One module per group of commands, each with its options beside the code that run
 
 Each group has ``add_parsers(sub)``, which adds its commands and sets each one's ``run``
 (``args.run(args)``: the exit status). This package is the top of the house: it may import
-every room of :mod:`proxy` and :mod:`quality`, and nothing imports it.
+every room below it (``proxy.http``, ``proxy.models``, ``proxy.audit``, ``proxy.engine``,
+``proxy.ledger``), the shared ``proxy.config``, ``proxy.errors`` and ``proxy.logs``, and
+``quality``; nothing imports it.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@
     audits     the ``audits`` table: its columns, its insert, its readers
     response_cache  answers to deterministic requests, kept in the ledger database
 
-May import ``proxy.config`` and ``proxy.errors`` only: every other room writes to the ledger,
-so the ledger imports none of them.
+May import the shared ``proxy.config``, ``proxy.errors``, ``proxy.params`` (the local alias
+the prices know) and ``proxy.logs`` only: every other room writes to the ledger, so the
+ledger imports none of them.
 """

@@ -10,6 +10,6 @@
     failures        ``translate``: every aiohttp, litellm or status failure becomes a
                     ``ProxyError`` here, once
 
-May import ``proxy.params``, ``proxy.config`` and ``proxy.errors``. Knows nothing of HTTP
-handlers, routing or the engine.
+May import ``proxy.params``, ``proxy.config``, ``proxy.errors`` and ``proxy.logs``. Knows
+nothing of HTTP handlers, routing or the engine.
 """
