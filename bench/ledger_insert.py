@@ -24,13 +24,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from proxy.ledger.writing.tokens import CountJob, TokenCounter  # noqa: E402
-from proxy.ledger.writing.writer import Ledger  # noqa: E402
+from proxy.ledger.writing.writer import Ledger, LedgerRow  # noqa: E402
 
 BODY = {
     "model": "gpt-4o-mini",
@@ -42,29 +41,29 @@ BODY = {
 COMPLETION = {"choices": [{"message": {"role": "assistant", "content": "Paris."}}]}
 
 
-def row(i: int, route: str) -> dict[str, Any]:
-    return {
-        "request_id": f"bench-{i:08d}",
-        "ts": time.time(),
-        "endpoint": "chat.completions",
-        "requested_model": "gpt-4o-mini",
-        "api_model": "gpt-4o-mini",
-        "route": route,
-        "reason": "accepted" if route == "local" else "low_quality",
-        "status": 200,
-        "stream": 0,
-        "quality": 0.81,
-        "quality_reasons": "logprob_mean,format_ok",
-        "prompt_tokens": 31,
-        "completion_tokens": 3,
-        "local_prompt_tokens": 41,
-        "local_completion_tokens": 4,
-        "latency_ms": 412.5,
-        "local_ms": 400.1,
-        "api_ms": 0.0 if route == "local" else 350.0,
-        "cached_tokens": 0,
-        "error": None,
-    }
+def row(i: int, route: str) -> LedgerRow:
+    return LedgerRow(
+        request_id=f"bench-{i:08d}",
+        ts=time.time(),
+        endpoint="chat.completions",
+        requested_model="gpt-4o-mini",
+        api_model="gpt-4o-mini",
+        route=route,
+        reason="accepted" if route == "local" else "low_quality",
+        status=200,
+        stream=0,
+        quality=0.81,
+        quality_reasons="logprob_mean,format_ok",
+        prompt_tokens=31,
+        completion_tokens=3,
+        local_prompt_tokens=41,
+        local_completion_tokens=4,
+        latency_ms=412.5,
+        local_ms=400.1,
+        api_ms=0.0 if route == "local" else 350.0,
+        cached_tokens=0,
+        error=None,
+    )
 
 
 async def ready_counter() -> TokenCounter:

@@ -17,6 +17,7 @@
     │   ├── TooManyRequests         429 requests               rate_limit_exceeded (Retry-After)
     │   │   └── BudgetExhausted     429 insufficient_quota     insufficient_quota (a key's budget)
     │   ├── BudgetUnavailable       503 server_error           budget_unavailable (fail closed)
+    │   ├── StoreUnavailable        503 server_error           store_unavailable (stored Responses)
     │   ├── StatusError             4xx/5xx any other status the web framework raised
     │   ├── InternalError           500 server_error           internal_error (the request id)
     │   ├── LocalUnavailable        503 server_error           local_unavailable
@@ -214,6 +215,14 @@ class BudgetUnavailable(ProxyError):
     status = 503
     type = "server_error"
     code = "budget_unavailable"
+
+
+class StoreUnavailable(ProxyError):
+    """The database of stored Responses cannot be reached (a read of one, or its deletion)."""
+
+    status = 503
+    type = "server_error"
+    code = "store_unavailable"
 
 
 class StatusError(ProxyError):

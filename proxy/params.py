@@ -219,7 +219,7 @@ CHAT: tuple[Param, ...] = (
     Param(
         name="parallel_tool_calls",
         handling=HONOURED,
-        doc="The local model makes one call per answer, which fits both values.",
+        doc="Not false: a local answer may make up to 8 calls, each with its own id; false: one.",
         type="boolean",
     ),
     Param(
@@ -432,10 +432,19 @@ RESPONSES: tuple[Param, ...] = (
         shape="metadata",
     ),
     _CHAT_ROWS["user"],
-    _ignored(
-        "store",
-        "boolean",
-        "Accepted and ignored: responses are not stored yet (the answer says `store: false`).",
+    Param(
+        name="store",
+        handling=HONOURED,
+        doc="true (the default): the response and its input items are kept in the ledger "
+        "database, for `previous_response_id` and GET /v1/responses/{id}; false: not kept.",
+        type="boolean",
+    ),
+    Param(
+        name="previous_response_id",
+        handling=HONOURED,
+        doc="A stored response of the same key to continue: its conversation (every earlier "
+        "turn's input and output items) comes before `input`.",
+        type="string",
     ),
     Param(
         name="truncation",
@@ -456,8 +465,8 @@ RESPONSES: tuple[Param, ...] = (
 )
 
 RESPONSES_NOT_YET: dict[str, str] = {
-    "previous_response_id": "responses are not stored yet: send the whole conversation in 'input'",
-    "conversation": "conversations are not stored yet: send the whole conversation in 'input'",
+    "conversation": "conversations are not served: use previous_response_id, or send the whole "
+    "conversation in 'input'",
     "background": "background responses need stored responses",
     "reasoning": "the local model does not reason, and the fallback is Chat Completions",
     "prompt": "stored prompt templates are OpenAI's own",

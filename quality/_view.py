@@ -51,6 +51,8 @@ class View:
     response_format: dict[str, Any] | None
     tools: tuple[dict[str, Any], ...]
     tool_choice: Any
+    parallel_tool_calls: bool = True
+    """False when the request allows one tool call at most."""
 
 
 def view_of(request: dict[str, Any], completion: dict[str, Any]) -> View:
@@ -123,4 +125,5 @@ def view_of(request: dict[str, Any], completion: dict[str, Any]) -> View:
         response_format=response_format if isinstance(response_format, dict) else None,
         tools=tuple(t for t in tools if isinstance(t, dict)) if isinstance(tools, list) else (),
         tool_choice=request.get("tool_choice"),
+        parallel_tool_calls=request.get("parallel_tool_calls") is not False,
     )

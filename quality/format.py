@@ -7,6 +7,7 @@ something its parser rejects is worse off than with the API, which would have ke
 - ``response_format`` ``json_schema``: it must also validate against the schema.
 - ``tools``: every call must name a tool that exists, with arguments that parse and validate
   against its ``parameters``; ``tool_choice`` ``required`` (or a named function) needs a call.
+  Several calls in one answer are each checked so; ``parallel_tool_calls: false`` allows one.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def _tool_failures(view: View) -> list[str]:
         return failures
     if choice == "none" or not view.tools:
         return ["tool_unexpected"]
+    if len(view.tool_calls) > 1 and not view.parallel_tool_calls:
+        failures.append("tool_parallel")
     for call in view.tool_calls:
         if call.name not in params:
             failures.append("tool_unknown")

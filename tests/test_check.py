@@ -167,3 +167,42 @@ def test_quantize_writes_a_q4_k_m_file_that_loads_and_answers(
     assert main(["quantize", str(tmp_path / "none.gguf"), str(tmp_path / "y.gguf")]) == 1
     assert "input file not found" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "x.gguf")
+
+
+def test_each_backend_is_probed_and_its_kind_and_load_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.stand_in_servers import StandIn
+
+    with StandIn("llama-server") as gpu, StandIn("vllm", model="qwen") as wrong:
+        gpu.running, gpu.waiting, gpu.slots = 3, 5, 4
+        dead = f"http://127.0.0.1:{_closed_port()}/v1"
+        config = _config(
+            tmp_path,
+            f'[ledger]\npath = "{tmp_path / "ledger.db"}"\n'
+            f'[[local.backends]]\nname = "gpu"\nkind = "llama-server"\napi_base = "{gpu.url}"\n'
+            f'[[local.backends]]\nname = "vl"\nkind = "vllm"\napi_base = "{wrong.url}"\n'
+            f'[[local.backends]]\nname = "gone"\nkind = "ollama"\napi_base = "{dead}"\n'
+            f'[[local.backends]]\nname = "lcp"\nkind = "llama-cpp-python"\n'
+            f'api_base = "{gpu.url}"\n',
+        )
+        assert main(["check", "--config", config]) == 0  # a backend down is not fatal
+    out = capsys.readouterr().out
+    assert (
+        f"ok   backend gpu (llama-server, {gpu.url}): up; supports json_schema yes, tools yes, "
+        "n up to 1, logprobs yes; load: 3 running, 5 waiting, 4 slots\n"
+    ) in out
+    assert (
+        f"warn backend vl (vllm, {wrong.url}): answers wrongly, model 'local' is not in its "
+        "model list (qwen); supports json_schema yes, tools yes, n up to 8, logprobs yes\n"
+        "     fix: check model (now 'local') and kind of [[local.backends]] vl\n"
+    ) in out
+    assert (
+        f"warn backend gone (ollama, {dead}): down, GET {dead}/models failed (ConnectError); "
+        "supports json_schema yes, tools auto only, n up to 1, logprobs no\n"
+    ) in out
+    assert (
+        f"ok   backend lcp (llama-cpp-python, {gpu.url}): up; supports json_schema as "
+        "json_object, tools named only, n up to 1, logprobs with top_logprobs; load: not "
+        "published by this kind\n"
+    ) in out

@@ -32,6 +32,7 @@ from proxy.errors import (
     ProxyError,
     RequestTimeout,
     StatusError,
+    StoreUnavailable,
     TooManyRequests,
     Unauthorized,
     UnsupportedMediaType,
@@ -63,6 +64,7 @@ CASES: dict[type[ProxyError], Callable[[], ProxyError]] = {
     Forbidden: lambda: Forbidden("an admin key reads this"),
     BudgetExhausted: lambda: BudgetExhausted("the budget is spent"),
     BudgetUnavailable: lambda: BudgetUnavailable("no budget database"),
+    StoreUnavailable: lambda: StoreUnavailable("no responses database"),
     StatusError: lambda: StatusError(400, "malformed"),
     InternalError: lambda: InternalError("req-1"),
     LocalUnavailable: lambda: LocalUnavailable("no local answer"),
@@ -91,6 +93,7 @@ BODIES: dict[type[ProxyError], tuple[int, str, str, str | None, str | None]] = {
     Forbidden: (403, "an admin key reads this", INVALID, "permission_denied", None),
     BudgetExhausted: (429, "the budget is spent", "insufficient_quota", "insufficient_quota", None),
     BudgetUnavailable: (503, "no budget database", "server_error", "budget_unavailable", None),
+    StoreUnavailable: (503, "no responses database", "server_error", "store_unavailable", None),
     StatusError: (400, "malformed", INVALID, None, None),
     InternalError: (
         500,

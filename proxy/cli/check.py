@@ -10,6 +10,9 @@ It checks, without starting the engine:
 * the memory estimate (``proxy/engine/memory.py``) against the RAM available;
 * the upstream API: a GET on ``{api_base}/models`` with a 3 s timeout (reported, not fatal: the
   proxy runs local-only without it);
+* each ``[[local.backends]]`` server: its kind's health probe and model list, what the kind
+  supports, and the load it publishes (reported, not fatal: the bundled engine answers without
+  it);
 * the ledger folder: writable.
 
 Each line starts with ``ok``, ``warn`` or ``FAIL``; a failure says how to fix it. Exit 0 when
@@ -225,6 +228,97 @@ def _upstream(report: Report, settings: config_mod.Settings) -> None:
         report.ok(f"upstream: GET {url} answered {reply.status_code}")
 
 
+def _backends(report: Report, settings: config_mod.Settings) -> None:
+    """Each ``[[local.backends]]`` server: up or not, what its kind supports, its load."""
+    import httpx
+
+    for entry in settings.local.backends:
+        headers = {}
+        key = entry.api_key()
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        with httpx.Client(headers=headers, timeout=UPSTREAM_TIMEOUT_S, trust_env=False) as client:
+            _backend(report, entry, client)
+
+
+def _backend(report: Report, entry: config_mod.BackendSettings, client: Any) -> None:
+    import httpx
+
+    from proxy.routing.remote_health import listing_problem
+    from proxy.routing.remote_kinds import KINDS
+    from proxy.routing.remote_load import SOURCES, BadLoad, parse, root_of
+
+    kind = KINDS[entry.kind]
+    base = entry.api_base.rstrip("/")
+    root = root_of(entry.api_base)
+    what = f"backend {entry.name} ({entry.kind}, {base})"
+    supports = f"supports {_supports(kind)}"
+    probe = root + kind.probe_path if kind.probe_path.startswith("/") else f"{base}/models"
+    fix = f"start the server, or fix api_base of [[local.backends]] {entry.name}"
+    try:
+        reply = client.get(probe)
+    except httpx.HTTPError as exc:
+        report.warn(f"{what}: down, GET {probe} failed ({type(exc).__name__}); {supports}", fix)
+        return
+    if reply.status_code >= 500:
+        report.warn(f"{what}: down, GET {probe} answered {reply.status_code}; {supports}", fix)
+        return
+    listing = reply if kind.probe_path == "models" else None
+    if listing is None and kind.names_model:
+        try:
+            listing = client.get(f"{base}/models")
+        except httpx.HTTPError as exc:
+            report.warn(f"{what}: GET {base}/models failed ({type(exc).__name__}); {supports}")
+            return
+    problem = None
+    if listing is not None and listing.status_code == 200:
+        problem = listing_problem(kind, listing, entry.model)
+    if problem is not None:
+        report.warn(
+            f"{what}: answers wrongly, {problem}; {supports}",
+            f"check model (now {entry.model!r}) and kind of [[local.backends]] {entry.name}",
+        )
+        return
+    found: dict[str, Any] = {}
+    unread: list[str] = []
+    for path in SOURCES.get(entry.kind, ()):
+        try:
+            page = client.get(root + path)
+            if page.status_code != 200:
+                raise BadLoad(f"{path}: HTTP {page.status_code}")
+            for name, value in parse(entry.kind, path, page.text).items():
+                found.setdefault(name, value)
+        except httpx.HTTPError as exc:
+            unread.append(f"{path}: {type(exc).__name__}")
+        except BadLoad as exc:
+            unread.append(str(exc))
+    report.ok(f"{what}: up; {supports}; load: {_load_text(entry.kind, found, unread)}")
+
+
+def _supports(kind: Any) -> str:
+    schema = {"native": "yes", "json_object": "as json_object", "none": "no"}[kind.json_schema]
+    tools = {"any": "yes", "named": "named only", "auto": "auto only", "none": "no"}
+    logprobs = {"yes": "yes", "with_top": "with top_logprobs", "none": "no"}[kind.logprobs]
+    return (
+        f"json_schema {schema}, tools {tools[kind.tools]}, n up to {kind.max_n}, "
+        f"logprobs {logprobs}"
+    )
+
+
+def _load_text(kind: str, found: dict[str, Any], unread: list[str]) -> str:
+    from proxy.routing.remote_load import SOURCES
+
+    if not SOURCES.get(kind):
+        return "not published by this kind"
+    parts = [f"{found[k]} {k}" for k in ("running", "waiting", "slots") if k in found]
+    if "models" in found:
+        parts.append("models loaded: " + (", ".join(found["models"]) or "none"))
+    text = ", ".join(parts) or "unreadable"
+    if unread:
+        text += f" ({'; '.join(unread)})"
+    return text
+
+
 def _relevance(report: Report, settings: config_mod.Settings) -> None:
     """The quality gate's embedding model: installed, and its GGUF built or buildable."""
     if not settings.quality.relevance:
@@ -311,6 +405,7 @@ def check(explicit_config: str | None, out: TextIO | None = None) -> int:
         _models,
         _relevance,
         _upstream,
+        _backends,
         _ledger,
     ]
     for step in steps:

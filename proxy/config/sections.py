@@ -184,6 +184,14 @@ class CacheSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ResponsesSettings:
+    """``[responses]``: stored Responses (``store``, ``previous_response_id``), kept in the
+    ledger database (proxy/ledger/responses_store.py)."""
+
+    retention_days: float = 30.0  # older stored responses are deleted; 0: kept until deleted
+
+
+@dataclass(frozen=True, kw_only=True)
 class CostSettings:
     monthly_fixed_usd: float = 0.0
 
@@ -208,6 +216,7 @@ class Settings:
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     costs: CostSettings = field(default_factory=CostSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
+    responses: ResponsesSettings = field(default_factory=ResponsesSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
     pricing: dict[str, ModelPrice] = field(default_factory=dict)
     source: str = "<defaults>"
@@ -222,5 +231,6 @@ SECTIONS: dict[str, type] = {
     "ledger": LedgerSettings,
     "costs": CostSettings,
     "cache": CacheSettings,
+    "responses": ResponsesSettings,
     "audit": AuditSettings,
 }

@@ -4,6 +4,7 @@
     response_format json_schema   ->  JSON fitting the schema (llama.cpp's schema converter)
     tools, a call required        ->  {"name": <one of the tools>, "arguments": <its schema>}
     tools, tool_choice "auto"     ->  such a call, or text that does not start with "{"
+    parallel_tool_calls not false ->  one to MAX_CALLS such calls, one per line, in place of one
 
 The text is pure Python (``llama_cpp.llama_grammar`` converts schemas without touching a model),
 so the proxy can check at planning time that a schema converts, and the worker builds the same
@@ -65,7 +66,8 @@ def _sized(spec: str) -> None:
 
 @lru_cache(maxsize=128)
 def _build(spec: str) -> str:
-    """GBNF text for a canonical JSON ``spec``: {"json": schema|None, "calls": [...], "auto": b}."""
+    """GBNF text for a canonical JSON ``spec``:
+    {"json": schema|None, "calls": [...], "auto": b, "most": calls per answer}."""
     data = json.loads(spec)
     _size(data)
     conv = _converter()
@@ -74,6 +76,11 @@ def _build(spec: str) -> str:
         if calls:
             resolved = conv.resolve_refs(call_schema(calls), "tools")
             call_rule = conv.visit(resolved, "call")
+            most = int(data.get("most") or 1)
+            if most > 1:
+                call_rule = conv._add_rule(
+                    "calls", f'{call_rule} ("\\n" {call_rule}){{0,{most - 1}}}'
+                )
             if not data.get("auto"):
                 conv._add_rule("root", call_rule)
             elif data.get("json") is not None:
@@ -112,7 +119,8 @@ def spec_for(request: dict[str, Any]) -> str | None:
             return None
         return json.dumps({"json": json_schema}, sort_keys=True)
     calls = [[name, params] for name, params in plan.functions]
-    return json.dumps({"json": json_schema, "calls": calls, "auto": plan.optional}, sort_keys=True)
+    spec = {"json": json_schema, "calls": calls, "auto": plan.optional, "most": plan.most}
+    return json.dumps(spec, sort_keys=True)
 
 
 def gbnf_for(request: dict[str, Any]) -> str | None:

@@ -175,6 +175,8 @@ class Sizer:
             self.root = call_schema(calls)
             self.visit(self.root, len("call"))
             self.spend(NODE_CHARS + len(TEXT_RULE), rules=2)
+            if int(data.get("most") or 1) > 1:  # calls ::= call ("\n" call){0,N}
+                self.spend(NODE_CHARS + 32, rules=1)
         if data.get("json") is not None:
             self.refs = set()
             self.root = data["json"]

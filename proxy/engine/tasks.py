@@ -3,6 +3,10 @@
     chat      grammar (JSON mode, tools) -> the tool-aware prompt -> n answers -> scored
     complete  each prompt x n answers of a legacy text completion -> scored
 
+An answer that may make several tool calls is watched as it grows: a small model may repeat
+a call it has made instead of ending, so the answer ends at the first repeated call (stop cause
+``repeated_call``), which :func:`proxy.engine.tools.to_message` then drops.
+
 Every answer is scored by the quality gate here, in the worker, so that its CPU stays off the
 proxy's event loop. With several answers (``n`` > 1, or several prompts) the request's score is
 the worst one's: the client gets all of them, so all of them must be good enough.
@@ -53,6 +57,23 @@ def _seeds(request: dict[str, Any], count: int) -> list[int | None]:
     return [random.getrandbits(31) for _ in range(count)]
 
 
+class _CallWatch:
+    """Ends an answer once its newest call repeats an earlier one (see the module docstring)."""
+
+    def __init__(self, should_stop: StopCheck | None) -> None:
+        self.text = ""
+        self.inner = should_stop
+
+    def on_token(self, piece: str) -> None:
+        self.text += piece
+
+    def should_stop(self) -> str | None:
+        reason = self.inner() if self.inner is not None else None
+        if reason:
+            return reason
+        return "repeated_call" if tools.repeats(self.text) else None
+
+
 def _needs_rewrite(request: dict[str, Any]) -> bool:
     if tools.call_plan(request) is not None:
         return True
@@ -84,8 +105,16 @@ def chat(
     answers: list[dict[str, Any]] = []
     for seed in _seeds(request, n):
         one = {**prepared, "seed": seed} if seed is not None else prepared
-        answer = model.chat(one, on_token=stream, should_stop=should_stop, grammar=grammar)
+        if plan is not None and plan.most > 1:
+            watch = _CallWatch(should_stop)
+            answer = model.chat(
+                one, on_token=watch.on_token, should_stop=watch.should_stop, grammar=grammar
+            )
+        else:
+            answer = model.chat(one, on_token=stream, should_stop=should_stop, grammar=grammar)
         choice = answer["choices"][0]
+        if answer["frugal"]["stop_cause"] == "repeated_call":
+            choice["finish_reason"] = "stop"  # the answer is whole: the repeat is dropped
         message, is_call = tools.to_message(choice["message"].get("content") or "", plan)
         choice["message"] = message
         if is_call and plan is not None and choice["finish_reason"] == "stop":

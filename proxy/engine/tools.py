@@ -8,14 +8,21 @@ uses one of its own, the same for every model:
   conversation (assistant ``tool_calls`` or ``function_call``) are written back in that form, and
   ``tool`` / ``function`` results become user turns that name the call they answer, so that any
   chat template (even one that knows only system, user and assistant) can render them.
-- **Grammar.** :mod:`proxy.engine.grammar` constrains the answer to such a call when one is
-  required (``tool_choice`` ``required`` or a named function), and to "a call or text that does
+- **Grammar.** :mod:`proxy.engine.grammar` constrains the answer to calls when one is
+  required (``tool_choice`` ``required`` or a named function), and to "calls or text that does
   not start with ``{``" for ``auto``. A call is valid JSON that fits the tool's schema by
   construction.
+- **Several calls.** Unless ``parallel_tool_calls`` is false, an answer may make up to
+  :data:`MAX_CALLS` calls, one JSON object per line (the form earlier turns are written back in).
+  A named function, ``parallel_tool_calls: false`` and the deprecated ``functions`` allow exactly
+  one call, as OpenAI's ``function_call`` holds one. A small model may repeat a call it has just
+  made instead of ending its answer: a call with the same name and arguments as an earlier one
+  in the answer is made once, and :func:`repeats` lets the engine stop at the first repeat
+  rather than loop until the bound or ``max_tokens``.
 - **Answer.** :func:`to_message` turns the generated text into an OpenAI assistant message with
-  ``tool_calls`` (or ``function_call`` for a ``functions`` request).
-
-The model calls one tool per answer, which satisfies ``parallel_tool_calls`` either way.
+  ``tool_calls``, one entry with its own ``call_...`` id per call (or ``function_call`` for a
+  ``functions`` request). Text that is not wholly a run of valid calls stays text, for the
+  quality gate to judge.
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.engine.messages import text_of
+
+MAX_CALLS = 8
+"""Most calls one local answer may make, which keeps the grammar and the answer bounded."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,8 @@ class CallPlan:
     """True for "auto": the model may answer with text instead."""
     legacy: bool
     """The request used ``functions`` / ``function_call`` (answer with ``function_call``)."""
+    most: int = 1
+    """How many calls one answer may make: :data:`MAX_CALLS`, or 1 (see the module docstring)."""
 
 
 def _definitions(request: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
@@ -63,11 +75,13 @@ def call_plan(request: dict[str, Any]) -> CallPlan | None:
         fn = choice.get("function") if not legacy else choice
         named = fn.get("name") if isinstance(fn, dict) else None
     chosen = [d for d in definitions if named is None or d.get("name") == named]
+    several = not legacy and named is None and request.get("parallel_tool_calls") is not False
     return CallPlan(
         functions=tuple((str(d["name"]), d.get("parameters")) for d in chosen),
         described=tuple(definitions),
         optional=named is None and choice != "required",
         legacy=legacy,
+        most=MAX_CALLS if several else 1,
     )
 
 
@@ -86,6 +100,11 @@ def _instructions(plan: CallPlan) -> str:
         'To call a function, reply with only a JSON object: {"name": "<function name>", '
         '"arguments": {<the arguments>}}.',
     ]
+    if plan.most > 1:  # the bound (MAX_CALLS) is the grammar's: a small model counts badly
+        lines.append(
+            "If the user asks about several things, make one call for each, one JSON object per "
+            "line. Do not repeat a call."
+        )
     if plan.optional:
         lines.append("If no function is needed, answer in plain text instead.")
     else:
@@ -146,36 +165,70 @@ def prompt_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def to_message(text: str, plan: CallPlan | None) -> tuple[dict[str, Any], bool]:
-    """The assistant message for generated ``text``; True when it is a call."""
-    if plan is not None and text.lstrip().startswith("{"):
+def _objects(text: str, most: int) -> tuple[list[Any], bool]:
+    """The JSON values ``text`` starts with, one after another (at most ``most`` + 1), and
+    whether they are all of it (white space aside)."""
+    decoder = json.JSONDecoder()
+    found: list[Any] = []
+    at = len(text) - len(text.lstrip())
+    while at < len(text) and len(found) <= most:
         try:
-            data = json.loads(text)
+            data, end = decoder.raw_decode(text, at)
         except ValueError:
-            data = None
-        names = {name for name, _ in plan.functions}
-        if isinstance(data, dict) and data.get("name") in names and "arguments" in data:
-            arguments = json.dumps(data["arguments"], ensure_ascii=False)
-            if plan.legacy:
-                call = {"name": data["name"], "arguments": arguments}
-                return {
-                    "role": "assistant",
-                    "content": None,
-                    "function_call": call,
-                    "refusal": None,
-                }, True
-            tool_call = {
-                "id": "call_" + uuid.uuid4().hex[:24],
-                "type": "function",
-                "function": {"name": data["name"], "arguments": arguments},
-            }
-            return {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [tool_call],
-                "refusal": None,
-            }, True
-    return {"role": "assistant", "content": text, "refusal": None}, False
+            return found, False
+        found.append(data)
+        rest = text[end:]
+        at = end + len(rest) - len(rest.lstrip())
+    return found, at >= len(text)
+
+
+def _key(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, ensure_ascii=False)
+
+
+def _calls(text: str, plan: CallPlan) -> list[tuple[str, Any]] | None:
+    """The (name, arguments) of each call that ``text`` is made of, repeats dropped, or None
+    when it is not wholly a run of at most ``plan.most`` calls to the plan's functions."""
+    names = {name for name, _ in plan.functions}
+    found, whole = _objects(text, plan.most)
+    if not whole or not found or len(found) > plan.most:
+        return None
+    calls: dict[str, tuple[str, Any]] = {}
+    for data in found:
+        if not (isinstance(data, dict) and data.get("name") in names and "arguments" in data):
+            return None
+        calls.setdefault(_key(data), (str(data["name"]), data["arguments"]))
+    return list(calls.values())
+
+
+def repeats(text: str) -> bool:
+    """Whether the calls ``text`` starts with repeat one another: the answer so far ends with a
+    complete call identical to an earlier one (checked by the engine as the answer grows)."""
+    if not text.rstrip().endswith("}") or not text.lstrip().startswith("{"):
+        return False
+    found, _ = _objects(text, MAX_CALLS)
+    keys = [_key(data) for data in found]
+    return len(keys) > 1 and keys[-1] in keys[:-1]
+
+
+def to_message(text: str, plan: CallPlan | None) -> tuple[dict[str, Any], bool]:
+    """The assistant message for generated ``text``; True when it is a call (or several)."""
+    calls = _calls(text, plan) if plan is not None and text.lstrip().startswith("{") else None
+    if plan is None or calls is None:
+        return {"role": "assistant", "content": text, "refusal": None}, False
+    if plan.legacy:
+        name, arguments = calls[0]
+        call = {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}
+        return {"role": "assistant", "content": None, "function_call": call, "refusal": None}, True
+    tool_calls = [
+        {
+            "id": "call_" + uuid.uuid4().hex[:24],
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+        }
+        for name, arguments in calls
+    ]
+    return {"role": "assistant", "content": None, "tool_calls": tool_calls, "refusal": None}, True
 
 
 def finish_reason(plan: CallPlan, request: dict[str, Any]) -> str:

@@ -18,6 +18,8 @@
     responses    ``POST /v1/responses``: translated to chat (responses_translate), answered by
                  the cascade, sent as a Responses object or its typed events; its nested
                  shapes and their checks are responses_shapes
+    responses_state  stored Responses: ``store``, ``previous_response_id``, and
+                 ``GET``/``DELETE /v1/responses/{id}`` and its ``input_items``
     sse          Server-Sent Events: chunks, the response that writes a stream's row once
     validate     cheap validation of request bodies (OpenAI's shapes), errors naming ``param``;
                  the nested values checked by shape_checks and tool_checks

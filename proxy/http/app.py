@@ -32,6 +32,7 @@ from proxy.engine.local_engine import LocalEngine
 from proxy.engine.model_files import ModelLoadError, bundled_model_path
 from proxy.errors import ProxyError
 from proxy.http import metrics as metrics_mod
+from proxy.http import responses_state
 from proxy.http.auth import Authenticator, AuthMiddleware, RequestGuard, sees_everything
 from proxy.http.chat import ChatHandler
 from proxy.http.completions import CompletionsHandler, EmbeddingsHandler
@@ -43,6 +44,7 @@ from proxy.http.quotas import AuditPurse, Quotas
 from proxy.http.render import exception_handlers, render, unexpected
 from proxy.http.report import ReportEndpoint
 from proxy.http.responses import ResponsesHandler
+from proxy.http.responses_state import ResponsesState
 from proxy.http.services import Services, services_of
 from proxy.http.shares import KeyShareMiddleware, KeyShares
 from proxy.http.shutdown import AUDIT_STOP_S, AUX_STOP_S, bounded, shutdown
@@ -169,6 +171,8 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
         await auth.start()
         quotas = Quotas(settings, from_settings(settings.ledger), prices)
         await quotas.start()
+        stored = ResponsesState(settings, from_settings(settings.ledger))
+        await stored.start()
         upstream = Upstream(settings.fallback)
         await upstream.start()
         owns_engine = engine is None
@@ -224,6 +228,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
                 in_flight=in_flight,
                 audit=audit,
                 quotas=quotas,
+                responses=stored,
             )
             app.state.services = services
             # One handler per endpoint; each route looks its own up on app.state per request.
@@ -252,6 +257,7 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
                 # budget through them (the ledger's flush comes after both, in shutdown).
                 await bounded(audit.close(AUDIT_STOP_S), AUDIT_STOP_S + 0.5, "audit")
             await bounded(quotas.stop(), AUX_STOP_S, "quotas")
+            await bounded(stored.stop(), AUX_STOP_S, "responses")
             built = getattr(app.state, "services", None)
             if built is not None:
                 built.bodies.close()
@@ -348,6 +354,10 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
             Route("/embeddings", embeddings, methods=["POST"]),
             Route("/v1/responses", responses, methods=["POST"]),
             Route("/responses", responses, methods=["POST"]),
+            Route("/v1/responses/{response_id}", responses_state.one, methods=["GET", "DELETE"]),
+            Route("/responses/{response_id}", responses_state.one, methods=["GET", "DELETE"]),
+            Route("/v1/responses/{response_id}/input_items", responses_state.list_input_items),
+            Route("/responses/{response_id}/input_items", responses_state.list_input_items),
             Route("/openapi.json", openapi, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/models", models, methods=["GET"]),

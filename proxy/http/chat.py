@@ -28,6 +28,7 @@ from proxy.http.exchange import Exchange
 from proxy.http.handler import Handler, aiter_of
 from proxy.http.render import sse_event
 from proxy.http.validate import chat_request
+from proxy.routing.reasons import Reason
 from proxy.routing.router import LocalAttempt, Plan
 from proxy.routing.servable import live_streamable
 from proxy.upstream.stream import UpstreamStream
@@ -84,6 +85,7 @@ class ChatHandler(Handler):
                 self.remember(ex, answer)
                 return send(answer, ex, None)
         else:
+            assert plan.reason is not None  # a plan for the API says why
             ex.reason = plan.reason
         kept = await self.reserve_or_local(body, plan, threshold, ex, kind="chat")
         if kept is not None:
@@ -116,6 +118,7 @@ class ChatHandler(Handler):
                     self.remember(ex, answer)
                     return self._replay(answer, ex, include_usage, bool(body.get("logprobs")))
         else:
+            assert plan.reason is not None  # a plan for the API says why
             ex.reason = plan.reason
         kept = await self.reserve_or_local(body, plan, threshold, ex, kind="chat")
         if kept is not None:
@@ -201,7 +204,7 @@ class ChatHandler(Handler):
             queue.put_nowait(attempt.completion["choices"][0]["message"]["content"])
         else:
             queue.put_nowait(first.result())
-        ex.route, ex.reason = "local", "forced" if plan.forced else "live"
+        ex.route, ex.reason = "local", Reason.FORCED if plan.forced else Reason.LIVE
 
         async def stop() -> None:
             await cancel(task)
@@ -262,8 +265,8 @@ async def _live_chunks(
             return
         ex.take_usage(completion.get("usage"))
         ex.keep(completion)
-        if attempt.reason == "local_timeout":
-            ex.reason = "local_timeout"
+        if attempt.reason == Reason.LOCAL_TIMEOUT:
+            ex.reason = Reason.LOCAL_TIMEOUT
         yield writer.finish(completion["choices"][0].get("finish_reason") or "stop")
         if include_usage:
             yield writer.usage(sse.public_usage(completion.get("usage") or {}))

@@ -34,6 +34,7 @@ from proxy.http.exchange import Exchange
 from proxy.http.handler import Handler, aiter_of
 from proxy.http.validate import completions_request, embeddings_request
 from proxy.params import LOCAL_ALIAS
+from proxy.routing.reasons import Reason
 from proxy.routing.router import ROUTE_HEADER
 
 
@@ -55,6 +56,7 @@ class CompletionsHandler(Handler):
             if kept is not None:
                 return self._local(kept, ex, body)
         else:
+            assert plan.reason is not None  # a plan for the API says why
             ex.reason = plan.reason
         # The key's budget, before the API call; spent, a local answer the gate accepts is free.
         kept = await self.reserve_or_local(body, plan, threshold, ex, kind="complete")
@@ -105,7 +107,7 @@ class EmbeddingsHandler(Handler):
                 param="model",
                 code="unsupported_locally",
             )
-        ex.reason = "forced" if forced == "api" else "unsupported"
+        ex.reason = Reason.FORCED if forced == "api" else Reason.UNSUPPORTED
         if not self.router.fallback_enabled:
             raise LocalUnavailable(
                 "embeddings come from the API, and no API fallback is configured"

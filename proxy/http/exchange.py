@@ -26,6 +26,7 @@ from typing import Any
 from proxy.audit.runner import Case
 from proxy.audit.sampler import Ticket
 from proxy.routing.estimator import Prediction
+from proxy.routing.reasons import Reason
 from proxy.routing.router import LocalAttempt, Plan
 
 
@@ -40,7 +41,7 @@ class Exchange:
     model: str | None = None
     stream: bool = False
     route: str = "none"
-    reason: str = "error"
+    reason: Reason = Reason.ERROR
     status: int = 200
     quality: float | None = None
     quality_reasons: list[str] = field(default_factory=list)

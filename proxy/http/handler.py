@@ -47,6 +47,7 @@ from proxy.http import charges, record, shadow, sse
 from proxy.http.exchange import Exchange
 from proxy.http.render import sse_event, unexpected
 from proxy.http.services import Services
+from proxy.routing.reasons import Reason
 from proxy.routing.router import ROUTE_HEADER, LocalAttempt, Plan
 from proxy.upstream.client import UpstreamResponse
 
@@ -80,7 +81,7 @@ class Handler:
             ex.status = exc.status
             ex.error = exc.code or exc.type
             if isinstance(exc, BadRequest):
-                ex.reason = "bad_request"
+                ex.reason = Reason.BAD_REQUEST
             raise
         except asyncio.CancelledError:
             # The client disconnected before its answer was ready (see proxy/http/disconnect.py).
@@ -89,7 +90,7 @@ class Handler:
             raise
         except ClientDisconnect:
             # The client closed its socket in the middle of its body: it left, nothing failed.
-            ex.status, ex.error, ex.reason = 499, "client_gone", "client_gone"
+            ex.status, ex.error, ex.reason = 499, "client_gone", Reason.CLIENT_GONE
             return Response(status_code=499)  # nobody reads it
         except BaseException:
             ex.status = 500
@@ -129,18 +130,18 @@ class Handler:
         possible (``model: local``, or no fallback configured)."""
         completion = attempt.completion
         if attempt.accepted or (completion is not None and plan.local_only):
-            ex.route, ex.reason = "local", "forced" if plan.forced else attempt.reason
+            ex.route, ex.reason = "local", Reason.FORCED if plan.forced else attempt.reason
         elif completion is not None and not self.router.fallback_enabled:
-            ex.route, ex.reason = "local", "no_fallback"
+            ex.route, ex.reason = "local", Reason.NO_FALLBACK
         elif completion is None and (plan.local_only or not self.router.fallback_enabled):
-            ex.reason = attempt.reason if plan.local_only else "no_fallback"
-            if attempt.reason == "context_overflow":
+            ex.reason = attempt.reason if plan.local_only else Reason.NO_FALLBACK
+            if attempt.reason == Reason.CONTEXT_OVERFLOW:
                 raise BadRequest(
                     f"{self.prompt_noun} does not fit the local model's context: {attempt.error}",
                     param=self.prompt_param,
                     code="context_length_exceeded",
                 )
-            if attempt.reason == "unsupported":
+            if attempt.reason == Reason.UNSUPPORTED:
                 raise BadRequest(
                     f"the local model cannot serve this request ({attempt.error})",
                     param="model",
@@ -184,7 +185,7 @@ class Handler:
             return None
         answer = await quotas.cached(ex.cache_key)
         if answer is not None:
-            ex.route, ex.reason = "cache", "cache"
+            ex.route, ex.reason = "cache", Reason.CACHE
             ex.take_usage(answer.get("usage"))
             ex.cache_key = None  # nothing to store again
         return answer
@@ -208,10 +209,10 @@ class Handler:
         try:
             ex.reservation = await quotas.reserve(key, body, api_model, ex.local_prompt_tokens)
         except BudgetExhausted:
-            ex.reason = "budget_exhausted"
+            ex.reason = Reason.BUDGET_EXHAUSTED
             raise
         except BudgetUnavailable:
-            ex.reason = "budget_unavailable"
+            ex.reason = Reason.BUDGET_UNAVAILABLE
             raise
 
     async def reserve_or_local(
@@ -223,12 +224,12 @@ class Handler:
         try:
             await self.reserve(body, ex)
         except BudgetExhausted:
-            if plan.route == "api" and plan.reason == "predicted_slow":
+            if plan.route == "api" and plan.reason == Reason.PREDICTED_SLOW:
                 kept = await self.try_local(body, plan, threshold, ex, kind=kind)
                 if kept is not None:
-                    ex.reason = "budget_exhausted"
+                    ex.reason = Reason.BUDGET_EXHAUSTED
                     return kept
-            ex.reason = "budget_exhausted"
+            ex.reason = Reason.BUDGET_EXHAUSTED
             raise
         return None
 

@@ -34,6 +34,9 @@ pricier one) cannot make a counter go down, so the exact figure over any window 
     frugal_api_latency_seconds                             the API's latency (moving average)
     frugal_backend_{up,queue_depth,predicted_wait_seconds}{backend}
     frugal_backend_{prefill,decode}_tokens_per_second{backend}
+    frugal_backend_finish_seconds{backend,measure}         predicted and actual finish (summary)
+    frugal_backend_published_requests{backend,state}       load a remote server publishes
+    frugal_backend_foreign_requests{backend}               other clients' requests there
     frugal_ledger_rows_{written,rejected,dropped,spilled,lost}_total
     frugal_ledger_usage_invalid_total, frugal_ledger_write_{failures,retries}_total
     frugal_ledger_pending_rows, frugal_ledger_max_queue, frugal_ledger_degraded
@@ -60,6 +63,7 @@ from proxy.errors import Forbidden
 from proxy.http.auth import sees_everything
 from proxy.http.services import services_of
 from proxy.ledger.pricing import PUSD_PER_USD
+from proxy.routing.reasons import Reason
 
 if TYPE_CHECKING:
     from proxy.engine.local_engine import LocalEngine
@@ -133,7 +137,7 @@ class Metrics:
         *,
         endpoint: str,
         route: str,
-        reason: str,
+        reason: Reason,
         status: int,
         latency_s: float,
         prompt_tokens: int | None = None,

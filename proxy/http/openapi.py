@@ -20,6 +20,7 @@ from proxy.http.request_schema import (
     RESPONSES_REQUEST,
 )
 from proxy.http.shapes import TOOL_CALL, Schema, obj
+from proxy.routing.reasons import Reason
 
 
 def _ref(name: str) -> Schema:
@@ -150,7 +151,10 @@ _RESPONSE_ITEM: Schema = {
 RESPONSE: Schema = obj(
     ["id", "object", "created_at", "status", "model", "output", "usage"],
     {
-        "id": {"type": "string", "description": "resp_..., not stored: it cannot be fetched."},
+        "id": {
+            "type": "string",
+            "description": "resp_...; with `store` it can be fetched, continued and deleted.",
+        },
         "object": {"const": "response"},
         "created_at": {"type": "integer"},
         "status": {"enum": ["completed", "incomplete"]},
@@ -159,7 +163,8 @@ RESPONSE: Schema = obj(
         },
         "model": {"type": "string"},
         "output": {"type": "array", "items": _RESPONSE_ITEM},
-        "store": {"const": False},
+        "previous_response_id": {"type": ["string", "null"]},
+        "store": {"type": "boolean", "description": "Whether it was stored."},
         "usage": obj(
             ["input_tokens", "output_tokens", "total_tokens"],
             {
@@ -174,6 +179,25 @@ RESPONSE: Schema = obj(
                 "total_tokens": {"type": "integer"},
             },
         ),
+    },
+)
+
+RESPONSE_DELETED: Schema = obj(
+    ["id", "object", "deleted"],
+    {"id": {"type": "string"}, "object": {"const": "response"}, "deleted": {"const": True}},
+)
+
+INPUT_ITEMS: Schema = obj(
+    ["object", "data", "first_id", "last_id", "has_more"],
+    {
+        "object": {"const": "list"},
+        "data": {
+            "type": "array",
+            "items": obj(["id", "type"], {"id": {"type": "string"}, "type": {"type": "string"}}),
+        },
+        "first_id": {"type": ["string", "null"]},
+        "last_id": {"type": ["string", "null"]},
+        "has_more": {"type": "boolean"},
     },
 )
 
@@ -208,13 +232,13 @@ ROUTING_HEADERS: Schema = {
         "schema": {"type": "string"},
     },
     "x-frugal-route": {
-        "description": "Where the answer came from.",
-        "schema": {"enum": ["local", "api", "none"]},
+        "description": "Where the answer came from: the local model, the API, the response "
+        "cache, or none (refused, or failed before either answered).",
+        "schema": {"enum": ["local", "api", "cache", "none"]},
     },
     "x-frugal-reason": {
-        "description": "Why: accepted, low_quality, local_timeout, local_error, local_busy, "
-        "context_overflow, unsupported, forced, no_fallback, live.",
-        "schema": {"type": "string"},
+        "description": "Why it went there (the README's table of reasons says what each means).",
+        "schema": {"type": "string", "enum": [reason.value for reason in Reason]},
     },
     "x-frugal-quality": {
         "description": "The local answer's score in [0, 1], or `none`.",
@@ -244,7 +268,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
     reasons = {
         400: "Invalid request; `param` names the field.",
         401: "Missing or wrong API key (when keys are configured).",
-        404: "Unknown path.",
+        404: "Unknown path, or no stored response of that id for this key.",
         405: "Wrong method.",
         408: "The request body came too slowly.",
         413: "The request body is too large.",
@@ -252,7 +276,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         421: "A keyless proxy on loopback refuses a `Host` that is not a loopback name.",
         429: "Too many requests in flight, or the API's rate limit.",
         502: "The API failed after retries.",
-        503: "The local model could not answer and no API fallback is allowed.",
+        503: "The local model could not answer and no API fallback is allowed; or the stored "
+        "responses cannot be read (`store_unavailable`).",
         504: "The API did not answer in time.",
     }
     return {
@@ -264,6 +289,50 @@ def _errors(*statuses: int) -> dict[str, Any]:
     }
 
 
+RESPONSE_ID: dict[str, Any] = {
+    "name": "response_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+}
+LIST_PARAMETERS: list[dict[str, Any]] = [
+    {
+        "name": "limit",
+        "in": "query",
+        "description": "Items in a page (20).",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 100},
+    },
+    {
+        "name": "order",
+        "in": "query",
+        "description": "`desc` (the default): the last item first; `asc`: the first first.",
+        "schema": {"enum": ["asc", "desc"]},
+    },
+    {
+        "name": "after",
+        "in": "query",
+        "description": "An item id: the page starts after it.",
+        "schema": {"type": "string"},
+    },
+    {
+        "name": "before",
+        "in": "query",
+        "description": "An item id: the page ends before it.",
+        "schema": {"type": "string"},
+    },
+]
+
+
+def _answer(description: str, schema: str, *errors: int) -> dict[str, Any]:
+    return {
+        "200": {
+            "description": description,
+            "content": {"application/json": {"schema": _ref(schema)}},
+        },
+        **_errors(*errors),
+    }
+
+
 def _post(
     summary: str,
     request: str,
@@ -272,6 +341,7 @@ def _post(
     stream: bool,
     cascade: bool = True,
     events: str = "With `stream: true`: `data: <chunk>` events, then `data: [DONE]`.",
+    also: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     content: dict[str, Any] = {"application/json": {"schema": _ref(response)}}
     if stream:
@@ -293,7 +363,7 @@ def _post(
                     "headers": ROUTING_HEADERS,
                     "content": content,
                 },
-                **_errors(400, 401, 408, 413, 415, 421, 429, 502, 503, 504),
+                **_errors(*sorted({400, 401, 408, 413, 415, 421, 429, 502, 503, 504, *also})),
             },
         }
     }
@@ -321,6 +391,8 @@ def openapi_spec() -> dict[str, Any]:
                 "Embeddings": EMBEDDINGS,
                 "ResponsesRequest": RESPONSES_REQUEST,
                 "Response": RESPONSE,
+                "ResponseDeleted": RESPONSE_DELETED,
+                "ResponseInputItems": INPUT_ITEMS,
                 "Models": MODELS,
                 "Report": report.REPORT,
                 "Error": ERROR,
@@ -349,14 +421,37 @@ def openapi_spec() -> dict[str, Any]:
                 cascade=False,
             ),
             "/v1/responses": _post(
-                "A Responses answer, local first (translated to chat; not stored)",
+                "A Responses answer, local first (translated to chat; stored unless "
+                "`store: false`)",
                 "ResponsesRequest",
                 "Response",
                 stream=True,
                 events="With `stream: true`: the typed events (`event: response.created` ... "
                 "`response.completed` or `response.incomplete`), each with its "
                 "`sequence_number`; no `[DONE]`.",
+                also=(404,),  # previous_response_id: not stored, or another key's
             ),
+            "/v1/responses/{response_id}": {
+                "parameters": [RESPONSE_ID],
+                "get": {
+                    "summary": "A stored response (the key's own; an admin key's: any)",
+                    "responses": _answer("The response object.", "Response", 401, 404, 503),
+                },
+                "delete": {
+                    "summary": "Delete a stored response (the key's own; an admin key's: any)",
+                    "responses": _answer("Deleted.", "ResponseDeleted", 401, 404, 503),
+                },
+            },
+            "/v1/responses/{response_id}/input_items": {
+                "parameters": [RESPONSE_ID],
+                "get": {
+                    "summary": "The input items of a stored response, a page at a time",
+                    "parameters": LIST_PARAMETERS,
+                    "responses": _answer(
+                        "A page of its input items.", "ResponseInputItems", 400, 401, 404, 503
+                    ),
+                },
+            },
             "/v1/models": {
                 "get": {
                     "summary": "The models that can be asked for",

@@ -11,7 +11,7 @@
 Prompts and answers reach the log only as ``request_content``, when ``[server] log_content``
 is on.
 
-Imports :mod:`proxy.ledger` (pricing, the token count job) and the exchange it reads.
+Imports :mod:`proxy.ledger` (the row, pricing, the token count job) and the exchange it reads.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from proxy.http import shadow
 from proxy.http.exchange import Exchange
 from proxy.http.services import Services
 from proxy.ledger.pricing import PUSD_PER_USD, estimate_costs
+from proxy.ledger.writing.ledger_row import LedgerRow
 from proxy.ledger.writing.tokens import CountJob
 from proxy.params import LOCAL_ALIAS
 
@@ -37,44 +38,46 @@ def finish(ex: Exchange, services: Services) -> None:
     ex.recorded = True
     latency_ms = (time.perf_counter() - ex.started) * 1000
     model = ex.model or ""
-    row = {
-        "request_id": ex.request_id,
-        "ts": ex.arrived,
-        "endpoint": ex.endpoint,
-        "requested_model": ex.model,
-        "route": ex.route,
-        "reason": ex.reason,
-        "status": ex.status,
-        "stream": int(ex.stream),
-        "quality": ex.quality,
-        "quality_reasons": ",".join(ex.quality_reasons[:3]) or None,
-        "prompt_tokens": ex.prompt_tokens,
-        "completion_tokens": ex.completion_tokens,
-        "local_prompt_tokens": ex.local_prompt_tokens,
-        "local_completion_tokens": ex.local_completion_tokens,
-        "latency_ms": round(latency_ms, 2),
-        "local_ms": round(ex.local_ms, 2),
-        "api_ms": round(ex.api_ms, 2),
-        "error": ex.error,
-        "key_name": ex.key_name,
-        "api_model": services.upstream.target(model) if model != LOCAL_ALIAS else None,
-        "cached_tokens": ex.cached_tokens,
-        "predicted_local_ms": ex.predicted_local_ms,
-        "actual_local_ms": ex.actual_local_ms,
-        "backend": ex.backend,
-        "predicted_completion_tokens": ex.predicted_completion_tokens,
-        "upstream_attempts": ex.upstream_attempts,
-    }
-    if ex.token_source is not None:  # an API call charged without the provider's usage
-        row["token_source"] = ex.token_source
+    row = LedgerRow(
+        request_id=ex.request_id,
+        ts=ex.arrived,
+        endpoint=ex.endpoint,
+        requested_model=ex.model,
+        route=ex.route,
+        reason=ex.reason,
+        status=ex.status,
+        stream=int(ex.stream),
+        quality=ex.quality,
+        quality_reasons=",".join(ex.quality_reasons[:3]) or None,
+        prompt_tokens=ex.prompt_tokens,
+        completion_tokens=ex.completion_tokens,
+        local_prompt_tokens=ex.local_prompt_tokens,
+        local_completion_tokens=ex.local_completion_tokens,
+        latency_ms=round(latency_ms, 2),
+        local_ms=round(ex.local_ms, 2),
+        api_ms=round(ex.api_ms, 2),
+        error=ex.error,
+        key_name=ex.key_name,
+        api_model=services.upstream.target(model) if model != LOCAL_ALIAS else None,
+        cached_tokens=ex.cached_tokens,
+        predicted_local_ms=ex.predicted_local_ms,
+        actual_local_ms=ex.actual_local_ms,
+        backend=ex.backend,
+        predicted_completion_tokens=ex.predicted_completion_tokens,
+        upstream_attempts=ex.upstream_attempts,
+        # Set only for an API call charged without the provider's usage (proxy.http.charges);
+        # otherwise the writer says where the counterfactual tokens came from.
+        token_source=ex.token_source,
+    )
     # Costs for the log and the metrics now; the ledger prices the row itself, recounting
     # a local answer with the requested model's tokenizer off the request path.
-    api_cost, counterfactual = estimate_costs(row, services.prices)
+    facts = row.as_dict()
+    api_cost, counterfactual = estimate_costs(facts, services.prices)
     count = None
     if ex.route == "local" and ex.status < 400 and ex.body and ex.local_completion:
         count = CountJob(model=model, body=ex.body, completion=ex.local_completion)
     services.ledger.record(row, count=count)
-    services.router.observe(row)
+    services.router.observe(facts)
     if ex.audit is not None:
         shadow.start(ex, services)
     # A client that left still cost what upstream reported for it, or what was estimated

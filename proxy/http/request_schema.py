@@ -113,6 +113,6 @@ RESPONSES_REQUEST = request_schema(
     RESPONSES,
     (),
     "OpenAI's Responses request, answered through the chat cascade. A parameter not listed here "
-    "is a 400 naming it; OpenAI's parameters that are not served yet (previous_response_id, "
+    "is a 400 naming it; OpenAI's parameters that are not served yet (conversation, "
     "reasoning, background, ...) are a 400 saying so, as are built-in tools and image parts.",
 )

@@ -8,8 +8,13 @@ sent as a ``response`` object, or, with ``stream: true``, replayed as the Respon
 (built from the finished answer: the API is asked for JSON, as a ``verify`` chat stream would
 judge a local answer before its first byte).
 
-The ledger row's ``endpoint`` is ``responses``. Nothing is stored yet: ``store`` is accepted and
-ignored, ``previous_response_id`` is a 400.
+State (:mod:`proxy.http.responses_state`): with ``previous_response_id`` the stored conversation
+it ended (every earlier turn's input and output items, whichever route answered each) comes
+before this turn's input, so the chat request, local or sent upstream, carries the whole
+conversation and never one of our ids. With ``store`` (the default) the finished response and
+its input items are kept, before the first byte is sent, so that the next turn can name it.
+
+The ledger row's ``endpoint`` is ``responses``.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from proxy.http.chat import ChatHandler, Send
+from proxy.http.chat import ChatHandler
 from proxy.http.exchange import Exchange
 from proxy.http.handler import aiter_of
+from proxy.http.responses_state import ResponsesState, input_items
 from proxy.http.responses_translate import chat_of, events, response_of
 from proxy.http.validate import responses_request
 
@@ -33,7 +39,14 @@ class ResponsesHandler(ChatHandler):
 
     async def handle(self, request: Request, ex: Exchange) -> Response:
         asked = await self.services.bodies.read(request, responses_request)
-        body = chat_of(asked)
+        state = self._state()
+        previous = asked.get("previous_response_id")
+        items = input_items(asked["input"])
+        if previous is not None:
+            earlier = await state.history(request, previous)
+            body = chat_of({**asked, "input": [*earlier, *items]})
+        else:
+            body = chat_of(asked)
         if self.services.settings.server.log_content:
             ex.content_out = []
             ex.content_in = body["messages"]
@@ -41,13 +54,23 @@ class ResponsesHandler(ChatHandler):
         plan, threshold = self.begin(request, body, ex)
         ex.stream = bool(asked.get("stream"))  # the chat request itself is asked for JSON
         await self.admit(request, body, ex)  # the key's models; the cache entry
-        return await self._json(body, plan, threshold, ex, self._sender(asked))
+        answers: list[dict[str, Any]] = []
 
-    def _sender(self, asked: dict[str, Any]) -> Send:
-        def send(answer: dict[str, Any], ex: Exchange, _raw: bytes | None) -> Response:
-            response = response_of(answer, asked)
-            if ex.stream:
-                return self.stream(aiter_of(events(response)), ex)
-            return JSONResponse(response, headers=ex.headers())
+        def take(answer: dict[str, Any], _ex: Exchange, _raw: bytes | None) -> Response:
+            answers.append(answer)
+            return Response()  # not sent: the answer is stored first, then sent below
 
-        return send
+        await self._json(body, plan, threshold, ex, take)
+        response = response_of(answers[0], asked)
+        response["previous_response_id"] = previous
+        if asked.get("store") is not False:
+            response["store"] = await state.keep(request, response, items, ex.route)
+        if ex.stream:
+            return self.stream(aiter_of(events(response)), ex)
+        return JSONResponse(response, headers=ex.headers())
+
+    def _state(self) -> ResponsesState:
+        state = self.services.responses
+        if state is None:
+            raise RuntimeError("the app was built without stored responses")
+        return state

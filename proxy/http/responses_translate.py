@@ -10,7 +10,7 @@
 
 The stream is made from the finished answer (as a ``verify`` chat stream is): the cascade judges
 the whole answer first, and the API is asked for JSON, so a fallback can still happen before the
-first event. Nothing is stored: the answer says ``store: false``.
+first event. Storing it is :mod:`proxy.http.responses`'s.
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def response_of(completion: dict[str, Any], body: dict[str, Any]) -> dict[str, A
         "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
         "previous_response_id": None,
         "reasoning": {"effort": None, "summary": None},
-        "store": False,  # not stored yet, whatever was asked
+        "store": False,  # True once proxy.http.responses has stored it
         "temperature": body.get("temperature"),
         "text": {
             "format": text.get("format") or {"type": "text"},

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # the parts' modules import this one for services_in
     from proxy.http.limits import InFlight
     from proxy.http.metrics import Metrics
     from proxy.http.quotas import Quotas
+    from proxy.http.responses_state import ResponsesState
     from proxy.ledger.pricing import PriceBook
     from proxy.ledger.writing.writer import Ledger
     from proxy.routing.router import Router
@@ -46,6 +47,7 @@ class Services:
     in_flight: InFlight
     audit: AuditRunner | None = None  # shadow audits (docs/audit.md); None: not running
     quotas: Quotas | None = None  # key budgets, limits and the response cache (issue 19)
+    responses: ResponsesState | None = None  # stored Responses (issue 26); None: not kept
     bodies: BodyChecker = field(default_factory=BodyChecker)  # large bodies checked off the loop
 
 

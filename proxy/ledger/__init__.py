@@ -8,6 +8,7 @@
     pricing    prices (litellm's offline map plus overrides) and a row's costs, in pico-dollars
     audits     the ``audits`` table: its columns, its insert, its readers
     response_cache  answers to deterministic requests, kept in the ledger database
+    responses_store stored Responses (``store``), their input items and their chains
 
 May import the shared ``proxy.config``, ``proxy.errors``, ``proxy.params`` (the local alias
 the prices know) and ``proxy.logs`` only: every other room writes to the ledger, so the

@@ -3,6 +3,7 @@
     router        the cascade policy: ``plan`` (forced, unsupported, context overflow,
                   predicted too slow, or a local attempt) and ``try_local`` (accepted, low
                   quality, ...)
+    reasons       the one list of routing reasons (``Reason``), the ``x-frugal-reason`` values
     servable      which requests the local engine can serve at all (``local_blocker``)
     prerouter     from the request alone, will the local answer be rejected
                   (``predicted_reject``), learned from the audits' verdicts
@@ -18,6 +19,9 @@
     remote_kinds  what each kind of server (llama-server, llama-cpp-python, vLLM, ...) is sent
                   and refuses
     remote_rates  a remote server's prefill and decode rates, measured from its answers
+    remote_load   the load a remote server publishes (running and waiting requests, every
+                  client's), kept current while it is in use, and counted in its prediction
+    remote_health whether a remote server answers rightly (JSON, the model it lists)
     slots         a remote server's places to run and the FIFO waiting for them
 
 May import: ``proxy.engine``, ``quality``, and the shared ``proxy.params``, ``proxy.config``,

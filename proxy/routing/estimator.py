@@ -43,6 +43,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from proxy.config import RouterSettings
 from proxy.engine.batch.forecast import Forecast
 from proxy.engine.rates import PendingWork, Rates, ewma
+from proxy.routing.reasons import Reason
 
 log = structlog.get_logger(__name__)
 
@@ -216,9 +217,9 @@ def read_ledger(path: str, limit: int = SEED_ROWS) -> list[tuple[str | None, int
         rows = conn.execute(
             "SELECT requested_model, local_completion_tokens FROM requests "
             "WHERE local_completion_tokens IS NOT NULL AND status < 400 "
-            "AND reason NOT IN ('local_timeout', 'local_error') "
+            "AND reason NOT IN (?, ?) "
             "ORDER BY id DESC LIMIT ?",
-            (limit,),
+            (Reason.LOCAL_TIMEOUT, Reason.LOCAL_ERROR, limit),
         ).fetchall()
     except sqlite3.Error:
         return []

@@ -17,10 +17,11 @@ can take it (its own queue then says ``local_busy``, as without other backends).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from proxy.config import Settings
 from proxy.engine.local_engine import LocalEngine
@@ -116,6 +117,31 @@ class EngineBackend(Backend):
         }
 
 
+@dataclass
+class FinishTimes:
+    """Predicted against actual finish times of one backend's answers that ran to their end
+    where they were predicted."""
+
+    count: int = 0
+    predicted_sum_s: float = 0.0
+    actual_sum_s: float = 0.0
+    last_predicted_s: float | None = None
+    last_actual_s: float | None = None
+
+    def add(self, predicted_s: float, actual_s: float) -> None:
+        self.count += 1
+        self.predicted_sum_s += predicted_s
+        self.actual_sum_s += actual_s
+        self.last_predicted_s, self.last_actual_s = predicted_s, actual_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "last_predicted_s": rounded(self.last_predicted_s, 3),
+            "last_actual_s": rounded(self.last_actual_s, 3),
+        }
+
+
 class BackendPool:
     """Every local backend; the bundled engine is always the first."""
 
@@ -126,6 +152,7 @@ class BackendPool:
         self.lengths = lengths
         self.default_max_tokens = default_max_tokens
         self.moves = 0
+        self.finishes: dict[str, FinishTimes] = {b.name: FinishTimes() for b in backends}
 
     @classmethod
     def build(cls, settings: Settings, engine: LocalEngine, lengths: AnswerLengths) -> BackendPool:
@@ -219,8 +246,18 @@ class BackendPool:
                 )
                 choice = nxt
 
+    def finished(self, name: str, predicted_s: float, actual_s: float) -> None:
+        """An answer of backend ``name`` ran to its end there: what it took against what was
+        predicted when it was routed."""
+        self.finishes.setdefault(name, FinishTimes()).add(predicted_s, actual_s)
+
     def health(self) -> list[dict[str, Any]]:
-        return [b.health() for b in self.backends]
+        out = []
+        for backend in self.backends:
+            health = backend.health()
+            health["finish"] = self.finishes.setdefault(backend.name, FinishTimes()).as_dict()
+            out.append(health)
+        return out
 
     def metrics(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
@@ -256,3 +293,44 @@ class BackendPool:
             if health.get("decode_tok_s") is not None:
                 decode.add_metric(name, float(health["decode_tok_s"]))
         yield from (up, wait, prefill, decode, queue)
+        yield from self._finish_metrics()
+        yield from _published_metrics(self.health())
+
+    def _finish_metrics(self) -> Iterator[Metric]:
+        finish = SummaryMetricFamily(
+            "frugal_backend_finish_seconds",
+            "Finish times of local answers that ran to their end on the backend they were "
+            "routed to: as predicted when routed, and as they happened.",
+            labels=["backend", "measure"],
+        )
+        for name, times in self.finishes.items():
+            finish.add_metric([name, "predicted"], times.count, times.predicted_sum_s)
+            finish.add_metric([name, "actual"], times.count, times.actual_sum_s)
+        yield finish
+
+
+def _published_metrics(healths: list[dict[str, Any]]) -> Iterator[Metric]:
+    """The load remote servers publish (``proxy.routing.remote_load``), as last read."""
+    published = GaugeMetricFamily(
+        "frugal_backend_published_requests",
+        "Requests the backend's server says it is running or holding waiting, every "
+        "client's, as last read.",
+        labels=["backend", "state"],
+    )
+    foreign = GaugeMetricFamily(
+        "frugal_backend_foreign_requests",
+        "Requests of other clients on the backend's server (published running and waiting "
+        "minus this proxy's), as last read.",
+        labels=["backend"],
+    )
+    for health in healths:
+        load = health.get("published")
+        if not isinstance(load, dict):
+            continue
+        name = str(health["name"])
+        for state in ("running", "waiting"):
+            if load.get(state) is not None:
+                published.add_metric([name, state], float(load[state]))
+        if load.get("foreign") is not None:
+            foreign.add_metric([name], float(load["foreign"]))
+    yield from (published, foreign)

@@ -8,7 +8,9 @@ or the API. Legacy completions stay with the bundled engine.
 
 A remote backend answers ``max_concurrency`` requests at once; the others wait in its FIFO queue
 (at most ``max_queue``; :mod:`proxy.routing.slots`). Its rates are measured by timing its
-answers (:mod:`proxy.routing.remote_rates`). Its answers are scored with
+answers (:mod:`proxy.routing.remote_rates`). Where its kind publishes the server's load, the
+requests other clients have there are counted in its predicted finish
+(:mod:`proxy.routing.remote_load`). Its answers are scored with
 ``quality.score`` in a thread, with logprobs when the server gives them.
 
 Streams: for a ``live`` stream (``on_token``) the server is asked for a stream and its tokens are
@@ -26,7 +28,9 @@ down. Marking a backend down fails its queued and running calls with
 :class:`~proxy.routing.base.BackendDown`, which the pool turns into a move to another backend
 that can still make the request's deadline, or into a local failure the router sends to the
 API. A down backend is probed again with backoff (0.5 s doubling to 30 s) and used again once a
-probe answers. No wait ever outlives the request's deadline.
+probe answers. No wait ever outlives the request's deadline. A server that answers wrongly (an
+answer that is not JSON, a model list without the configured model, another model's answer:
+:mod:`proxy.routing.remote_health`) is marked down too, with the reason in ``/healthz``.
 """
 
 from __future__ import annotations
@@ -46,7 +50,9 @@ from proxy.errors import EngineBusy, EngineCrashed, EngineTimeout
 from proxy.routing.base import Backend, BackendDown, left, rounded
 from proxy.routing.estimator import Prediction, answer_cap, predict
 from proxy.routing.prefix_memory import PrefixMemory
+from proxy.routing.remote_health import answer_problem, listing_problem
 from proxy.routing.remote_kinds import KINDS
+from proxy.routing.remote_load import SOURCES, Load, LoadWatch, read_load, with_foreign
 from proxy.routing.remote_rates import RemoteRates
 from proxy.routing.remote_stream import Relay, StreamCut
 from proxy.routing.remote_wire import error_of, request_body, score, stop_cause
@@ -56,6 +62,7 @@ log = structlog.get_logger(__name__)
 
 PROBE_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 STOP_GRACE_S = 1.0  # how long a cancelled call or watch may take to end
+WRONG_ANSWER_PAUSE_S = 2.0  # a backend that answered wrongly is probed again after this
 
 
 @dataclass
@@ -91,6 +98,7 @@ class RemoteBackend(Backend):
         self.default_max_tokens = default_max_tokens
         self.state = "probing"  # probing | up | down | closed
         self.error: str | None = None
+        self.last_down: str | None = None  # why it was last marked down, kept once up again
         self.work = WorkTracker()
         self.memory = PrefixMemory()
         self.stats = RemoteStats()
@@ -105,6 +113,8 @@ class RemoteBackend(Backend):
         self._prober: asyncio.Task[None] | None = None
         self._checks: set[asyncio.Task[None]] = set()
         self._hinted = False  # _hint_kind has looked at a probe's answer
+        # The load its server publishes, for the kinds that publish one (remote_load.py)
+        self.load = LoadWatch(self.name, self._read_load) if SOURCES.get(settings.kind) else None
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -125,6 +135,8 @@ class RemoteBackend(Backend):
 
     async def close(self) -> None:
         self.state = "closed"
+        if self.load is not None:
+            await self.load.close()
         tasks: list[asyncio.Task[Any]] = [t for t in (self._prober, *self._checks) if t]
         tasks += self._calls
         await stop_tasks(tasks)
@@ -167,8 +179,31 @@ class RemoteBackend(Backend):
         if response.status_code >= 500:
             self.error = f"health probe: HTTP {response.status_code}"
             return False
+        problem = await self._listing_problem(response)
+        if problem is not None:
+            self.error = f"health probe: {problem}"
+            return False
         self._hint_kind(response)
         return True
+
+    async def _listing_problem(self, probe: httpx.Response) -> str | None:
+        """What is wrong with the server's model list (remote_health.py): the probe's answer
+        when the probe reads the list, else, for a kind that serves only the models it lists,
+        the list read now."""
+        if self.server.probe_path == "models":
+            if probe.status_code != 200:
+                return None
+            return listing_problem(self.server, probe, self.settings.model)
+        if not self.server.names_model or self._client is None:
+            return None
+        try:
+            async with asyncio.timeout(self.settings.probe_timeout_s):
+                response = await self._client.get("models")
+        except (httpx.HTTPError, TimeoutError) as exc:
+            return f"its model list: {type(exc).__name__}"
+        if response.status_code != 200:
+            return f"its model list: HTTP {response.status_code}"
+        return listing_problem(self.server, response, self.settings.model)
 
     def _hint_kind(self, response: httpx.Response) -> None:
         """Once: say so when a backend left as ``openai-compatible`` is llama-cpp-python's server,
@@ -187,11 +222,13 @@ class RemoteBackend(Backend):
                 hint='this looks like python -m llama_cpp.server: set kind = "llama-cpp-python"',
             )
 
-    def _probe_until_up(self) -> None:
+    def _probe_until_up(self, pause_s: float = 0.0) -> None:
         if self._prober is None or self._prober.done():
-            self._prober = asyncio.create_task(self._probe_loop(), name=f"probe-{self.name}")
+            self._prober = asyncio.create_task(self._probe_loop(pause_s), name=f"probe-{self.name}")
 
-    async def _probe_loop(self) -> None:
+    async def _probe_loop(self, pause_s: float = 0.0) -> None:
+        if pause_s > 0:
+            await asyncio.sleep(pause_s)
         attempt = 0
         while self.state != "closed":
             if await self.probe() and self.state != "closed":
@@ -202,29 +239,31 @@ class RemoteBackend(Backend):
                 return
             if self.state == "probing":
                 self.state = "down"
+                self.last_down = self.error
                 log.warning("backend_down", backend=self.name, why=self.error)
             await asyncio.sleep(PROBE_BACKOFF_S[min(attempt, len(PROBE_BACKOFF_S) - 1)])
             attempt += 1
 
-    def mark_down(self, why: str) -> None:
-        """Stop using the backend: fail what waits for it and what runs on it, probe again."""
+    def mark_down(self, why: str, *, pause_s: float = 0.0) -> None:
+        """Stop using the backend: fail what waits for it and what runs on it, probe again
+        (after ``pause_s``: a server that answered wrongly may well pass the probe)."""
         if self.state in ("down", "closed"):
             return
         self.state = "down"
-        self.error = why
+        self.error = self.last_down = why
         self.stats.downs += 1
         log.warning("backend_down", backend=self.name, why=why, queued=self._slots.waiting)
         self._slots.fail_all(lambda: BackendDown(f"backend {self.name} is down ({why})"))
         for call in list(self._calls):
             call.cancel()
-        self._probe_until_up()
+        self._probe_until_up(pause_s)
 
     def _check_soon(self, why: str) -> None:
         """Probe now, in the background; mark the backend down if the probe fails."""
 
         async def check() -> None:
             if self.state == "up" and not await self.probe():
-                self.mark_down(why)
+                self.mark_down(f"{why}; {self.error}" if self.error else why)
 
         task = asyncio.create_task(check(), name=f"check-{self.name}")
         self._checks.add(task)
@@ -240,15 +279,36 @@ class RemoteBackend(Backend):
         return self.work.pending(self.rates)
 
     def predict(self, request: dict[str, Any], completion_tokens: float) -> Prediction:
+        """Seed 000's finish time here, counting the requests other clients have on the server
+        when it publishes them (:func:`~proxy.routing.remote_load.with_foreign`)."""
         prompt = self.work.estimate_prompt_tokens(request)
+        prompt *= 1.0 - self.memory.cached_share(request)
+        pending = self.pending_work()
+        slots = self.slots
+        load = None
+        if self.load is not None:
+            self.load.used()
+            load = self.load.fresh()
+        if load is not None and sum(load.foreign()) > 0:
+            answer = self.work.mean_answer_tokens or completion_tokens
+            pending = with_foreign(pending, load, prompt_tokens=prompt, answer_tokens=answer)
+            # the server's slots are shared: it has at least as many as it runs
+            slots = load.slots or max(slots, load.running or 0)
         return predict(
             self.name,
             rates=self.rates,
-            pending=self.pending_work(),
-            prompt_tokens=prompt * (1.0 - self.memory.cached_share(request)),
+            pending=pending,
+            prompt_tokens=prompt,
             completion_tokens=completion_tokens,
-            slots=self.slots,
+            slots=slots,
             overhead_s=self._rates.overhead.value or 0.0,
+        )
+
+    async def _read_load(self) -> tuple[Load | None, str | None]:
+        if self._client is None or self.state != "up":
+            return None, None
+        return await read_load(
+            self._client, self.settings.kind, self.settings.api_base, lambda: len(self._calls)
         )
 
     # -- one request -------------------------------------------------------------------------
@@ -327,10 +387,22 @@ class RemoteBackend(Backend):
         try:
             completion = response.json()
             completion["choices"][0]["message"]  # noqa: B018 - the shape is checked here
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            problem = answer_problem(self.server, completion, self.settings.model)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            problem = "its answer is not a chat completion's JSON"
+            cause: Exception | None = exc
+        else:
+            cause = None
+        if problem is not None:
+            # A server that answers wrongly is marked down (the reason in /healthz): the
+            # request moves on, as from a server that does not answer, and it is probed again.
             self.stats.failures += 1
-            raise EngineCrashed(f"backend {self.name} sent a malformed answer") from exc
+            self.mark_down(f"wrong answer: {problem}", pause_s=WRONG_ANSWER_PAUSE_S)
+            down = BackendDown(f"backend {self.name} answered wrongly: {problem}")
+            raise relay.after_first_token(down) from cause
         self.stats.completed += 1
+        if self.load is not None:
+            self.load.answered()
         info = self._rates.observe(completion, elapsed)
         if relay.answer is not None and relay.answer.usage is None:
             info["usage_source"] = "estimated"  # no usage chunk: counted by StreamedAnswer
@@ -425,6 +497,7 @@ class RemoteBackend(Backend):
             "api_base": self.settings.api_base,
             "state": self.state,
             "error": self.error,
+            "last_down": self.last_down,
             "running": self.slots - max(self._slots.free, 0) if self.state != "closed" else 0,
             "queue_depth": self._slots.waiting,
             "max_concurrency": self.slots,
@@ -442,6 +515,7 @@ class RemoteBackend(Backend):
             "handed_on": self.stats.handed_on,
             "streamed": self.stats.streamed,
             "streamed_pieces": self.stats.streamed_pieces,
+            "published": None if self.load is None else self.load.health(),
         }
 
 

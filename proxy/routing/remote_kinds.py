@@ -57,6 +57,9 @@ class Kind:
     # One model lock: a request that arrives during a stream, a health probe included, cuts
     # that stream. It is sent one request at a time and never probed while it answers.
     one_at_a_time: bool = False
+    # It answers only for the models it lists, and its answer names the model that answered:
+    # a model missing from its list, or another model in an answer, marks it down.
+    names_model: bool = False
 
     def refuses(self, request: dict[str, Any]) -> str | None:
         """Why this kind of server cannot honour ``request``, or None when it can."""
@@ -138,10 +141,17 @@ KINDS: dict[str, Kind] = {
         Kind(name="llama-server", max_n=1, max_completion_tokens=False, probe_path="/health"),
         # vLLM's OpenAI server: n, schemas (guided decoding), named and auto tools (auto with
         # --enable-auto-tool-choice); documented, not measured here
-        Kind(name="vllm", max_n=8, probe_path="/health"),
+        Kind(name="vllm", max_n=8, probe_path="/health", names_model=True),
         # Ollama's /v1: no tool_choice, no n, no logprobs assumed, the cap as max_tokens;
         # documented, not measured here
-        Kind(name="ollama", tools="auto", max_n=1, max_completion_tokens=False, logprobs="none"),
+        Kind(
+            name="ollama",
+            tools="auto",
+            max_n=1,
+            max_completion_tokens=False,
+            logprobs="none",
+            names_model=True,
+        ),
         # another frugal serve, asked for its model "local": what the bundled engine honours
         Kind(name="frugal", max_n=8),
         # any other OpenAI-compatible server: plain chat, n = 1

@@ -31,6 +31,7 @@ from proxy.routing.base import Choice
 from proxy.routing.estimator import Prediction, Predictor
 from proxy.routing.pool import BackendPool
 from proxy.routing.prerouter import PreRouter
+from proxy.routing.reasons import Reason
 from proxy.routing.servable import local_blocker
 
 ROUTE_HEADER = "x-frugal-route"
@@ -39,7 +40,7 @@ ROUTE_HEADER = "x-frugal-route"
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     route: str  # "local" first, or "api" straight away
-    reason: str  # why it was pre-routed to the API, or "" for a local attempt
+    reason: Reason | None  # why it was pre-routed to the API; None for a local attempt
     local_only: bool  # the client asked for the local model: never fall back
     forced: bool = False
     choice: Choice | None = None  # the local backend picked, with its predicted finish
@@ -48,7 +49,7 @@ class Plan:
 @dataclass(kw_only=True)
 class LocalAttempt:
     completion: dict[str, Any] | None = None
-    reason: str = ""  # accepted | low_quality | local_timeout | local_error | local_busy | ...
+    reason: Reason = Reason.LOCAL_ERROR  # until it ran: accepted | low_quality | local_timeout ...
     quality: float | None = None
     quality_reasons: list[str] = field(default_factory=list)
     error: str | None = None
@@ -59,7 +60,7 @@ class LocalAttempt:
 
     @property
     def accepted(self) -> bool:
-        return self.reason == "accepted"
+        return self.reason == Reason.ACCEPTED
 
 
 class Router:
@@ -99,7 +100,7 @@ class Router:
                 f"model 'local' cannot be sent to the API ({ROUTE_HEADER}: api)", param="model"
             )
         if forced == "api":
-            return Plan(route="api", reason="forced", local_only=False, forced=True)
+            return Plan(route="api", reason=Reason.FORCED, local_only=False, forced=True)
         blocker = local_blocker(body)
         if blocker is not None:
             if local_only or forced == "local":
@@ -108,32 +109,36 @@ class Router:
                     param="model",
                     code="unsupported_locally",
                 )
-            return Plan(route="api", reason="unsupported", local_only=False)
+            return Plan(route="api", reason=Reason.UNSUPPORTED, local_only=False)
         kind = "chat" if "messages" in body else "complete"
         choice = self.pool.choose(body, kind)
         # Definite reasons win over predicted ones: a prompt that cannot fit is not "slow".
         overflow = choice.backend.cannot_fit(body)
         if overflow is not None and not (local_only or forced == "local"):
             if self.fallback_enabled:
-                return Plan(route="api", reason="context_overflow", local_only=False, choice=choice)
+                return Plan(
+                    route="api", reason=Reason.CONTEXT_OVERFLOW, local_only=False, choice=choice
+                )
         if forced == "local":
-            return Plan(route="local", reason="", local_only=True, forced=True, choice=choice)
+            return Plan(route="local", reason=None, local_only=True, forced=True, choice=choice)
         if (
             not local_only
             and self.fallback_enabled
             and choice.backend.admits(body, kind)  # a full queue says so itself: local_busy
             and self.predictor.too_slow(choice.prediction.seconds, choice.timeout_s)
         ):
-            return Plan(route="api", reason="predicted_slow", local_only=False, choice=choice)
+            return Plan(route="api", reason=Reason.PREDICTED_SLOW, local_only=False, choice=choice)
         if (
             not local_only
             and self.fallback_enabled
             and kind == "chat"
             and self.prerouter.predicted_reject(body)
         ):
-            return Plan(route="api", reason="predicted_reject", local_only=False, choice=choice)
+            return Plan(
+                route="api", reason=Reason.PREDICTED_REJECT, local_only=False, choice=choice
+            )
         return Plan(
-            route="local", reason="", local_only=local_only, forced=local_only, choice=choice
+            route="local", reason=None, local_only=local_only, forced=local_only, choice=choice
         )
 
     def set_threshold_in_force(self, value: float | None) -> None:
@@ -182,7 +187,7 @@ class Router:
                 body, choice, deadline=deadline, on_token=on_token, kind=kind
             )
         except EngineError as exc:
-            attempt.reason = exc.reason
+            attempt.reason = Reason(exc.reason)  # the engine's own words, one of ours
             attempt.error = str(exc)
         else:
             attempt.completion = completion
@@ -191,11 +196,11 @@ class Router:
             attempt.quality = verdict.get("value")
             attempt.quality_reasons = list(verdict.get("reasons") or [])
             if info.get("stop_cause") == "deadline":
-                attempt.reason = "local_timeout"
+                attempt.reason = Reason.LOCAL_TIMEOUT
             elif attempt.quality is not None and attempt.quality >= threshold:
-                attempt.reason = "accepted"
+                attempt.reason = Reason.ACCEPTED
             else:
-                attempt.reason = "low_quality"
+                attempt.reason = Reason.LOW_QUALITY
         attempt.elapsed_ms = (time.perf_counter() - started) * 1000
         attempt.actual_s = self.predictor.learn(
             body,
@@ -204,6 +209,8 @@ class Router:
             elapsed_s=attempt.elapsed_ms / 1000,
             comparable=attempt.choice is choice,
         )
+        if attempt.actual_s is not None and choice.prediction.seconds is not None:
+            self.pool.finished(choice.backend.name, choice.prediction.seconds, attempt.actual_s)
         return attempt
 
     def observe(self, row: dict[str, Any]) -> None:

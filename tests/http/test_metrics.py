@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.http.metrics import Metrics
+from proxy.routing.reasons import Reason
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import ACCEPT_ANY, REJECT_ALL, Served, start_server, stop_server
@@ -70,6 +71,11 @@ def test_metrics_count_requests_tokens_latency_money_engine_and_ledger(served: S
     assert requests("local", "accepted", "200") == 1
     assert requests("api", "low_quality", "200") == 1
     assert requests("none", "bad_request", "400") == 1
+    labelled = {
+        dict(labels)["reason"] for name, labels in samples if name == "frugal_requests_total"
+    }
+    assert labelled == {"accepted", "low_quality", "bad_request"}
+    assert labelled <= {reason.value for reason in Reason}  # the label's values are the enum's
 
     for route in ("local", "api"):
         labels = {**CHAT, "route": route}
@@ -168,7 +174,7 @@ def test_money_is_summed_exactly_in_picodollars() -> None:
         metrics.observe(
             endpoint="chat.completions",
             route="local",
-            reason="accepted",
+            reason=Reason.ACCEPTED,
             status=200,
             latency_s=0.1,
             api_cost_pusd=0,
@@ -177,7 +183,7 @@ def test_money_is_summed_exactly_in_picodollars() -> None:
     metrics.observe(
         endpoint="chat.completions",
         route="api",
-        reason="low_quality",
+        reason=Reason.LOW_QUALITY,
         status=200,
         latency_s=0.1,
         api_cost_pusd=300_000,  # mapped to a pricier model: nothing saved, nothing subtracted

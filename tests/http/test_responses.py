@@ -99,7 +99,7 @@ async def test_create_on_the_api_route_sends_the_translated_chat_request(
         )
     assert response.output_text == fake_api.reply
     assert response.status == "completed" and response.incomplete_details is None
-    assert response.metadata == {"team": "a"} and response.store is False  # not stored yet
+    assert response.metadata == {"team": "a"} and response.store is True
     [(path, _headers, sent)] = fake_api.requests
     assert path == "/v1/chat/completions"
     assert sent["messages"] == [
@@ -299,7 +299,7 @@ async def _refused(sdk: Any, extra: dict[str, Any]) -> Any:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"previous_response_id": "resp_123"}, "previous_response_id"),
+        ({"conversation": "conv_123"}, "conversation"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
         ({"background": True}, "background"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),

@@ -378,7 +378,9 @@ def test_grammar_for_a_schema_and_for_a_required_tool_call() -> None:
     call = grammar.gbnf_for({"messages": MSG, "tools": [WEATHER], "tool_choice": "required"})
     assert call is not None and '\\"get_weather\\"' in call and "text ::=" not in call
     auto = grammar.gbnf_for({"messages": MSG, "tools": [WEATHER]})
-    assert auto is not None and "root ::= call | text" in auto
+    assert auto is not None and "root ::= calls | text" in auto  # one call or several
+    one = grammar.gbnf_for({"messages": MSG, "tools": [WEATHER], "parallel_tool_calls": False})
+    assert one is not None and "root ::= call | text" in one
     assert grammar.gbnf_for({"messages": MSG}) is None
     assert grammar.gbnf_for({"messages": MSG, "tools": [WEATHER], "tool_choice": "none"}) is None
 

@@ -21,14 +21,14 @@ from proxy.ledger.db.location import Database, parse
 from proxy.ledger.pricing import PICO
 from proxy.ledger.reports.build import Period, build
 from proxy.ledger.tenants import keys
-from proxy.ledger.writing.writer import Ledger
+from proxy.ledger.writing.writer import Ledger, LedgerRow
 from tests import pg
 
 NAMES = [name for name, _ in migrate.migration_files()]
 OCT = Period.month("2026-10")
 
 
-def row(request_id: str, **extra: Any) -> dict[str, Any]:
+def row(request_id: str, **extra: Any) -> LedgerRow:
     base: dict[str, Any] = {
         "request_id": request_id,
         "ts": 1_791_000_000.0 + random.random() * 86400 * 3,  # October 2026
@@ -44,7 +44,7 @@ def row(request_id: str, **extra: Any) -> dict[str, Any]:
         "local_ms": 4.0,
         "key_name": "alice",
     }
-    return {**base, **extra}
+    return LedgerRow(**{**base, **extra})
 
 
 def rows_of(db: Database, columns: str = "*") -> list[tuple[Any, ...]]:

@@ -27,7 +27,7 @@ from proxy.http.metrics import Metrics
 from proxy.ledger.db.migrate import migrate, migration_files, open_database
 from proxy.ledger.writing.tokens import CountJob, TokenCounter, _import_litellm
 from proxy.ledger.writing.usage import check_money, check_usage
-from proxy.ledger.writing.writer import COLUMNS, Ledger
+from proxy.ledger.writing.writer import COLUMNS, Ledger, LedgerRow
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.faults_support import ledger_rows
@@ -84,8 +84,8 @@ def fresh_schema(tmp_path: Path) -> dict[str, Any]:
         conn.close()
 
 
-def api_row(request_id: str, **extra: Any) -> dict[str, Any]:
-    return {
+def api_row(request_id: str, **extra: Any) -> LedgerRow:
+    fields: dict[str, Any] = {
         "request_id": request_id,
         "ts": time.time(),
         "requested_model": "gpt-4o-mini",
@@ -99,6 +99,7 @@ def api_row(request_id: str, **extra: Any) -> dict[str, Any]:
         "api_ms": 12.0,
         **extra,
     }
+    return LedgerRow(**fields)
 
 
 async def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
@@ -511,7 +512,7 @@ async def test_upstream_attempts_are_written_and_a_row_without_them_stays_null(
     ledger = Ledger(str(db), flush_interval_s=0.02)
     await ledger.start()
     ledger.record(api_row("retried", upstream_attempts=3))
-    ledger.record({**api_row("local"), "route": "local", "reason": "accepted"})
+    ledger.record(api_row("local", route="local", reason="accepted"))
     await ledger.close()
     rows = {r["request_id"]: r["upstream_attempts"] for r in ledger_rows(db)}
     assert rows == {"retried": 3, "local": None}
@@ -677,13 +678,9 @@ async def test_a_slow_tokenizer_never_holds_a_row_back(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     ledger = Ledger(str(db), counter=counter, flush_interval_s=0.02)
     await ledger.start()
-    row = {
-        **api_row("local-1"),
-        "route": "local",
-        "reason": "accepted",
-        "prompt_tokens": 40,
-        "completion_tokens": 3,
-    }
+    row = api_row(
+        "local-1", route="local", reason="accepted", prompt_tokens=40, completion_tokens=3
+    )
     ledger.record(row, count=paris_count())
     await until(lambda: ledger.written == 1)
     [early] = ledger_rows(db)
@@ -708,7 +705,7 @@ async def test_close_waits_for_the_counts_of_the_last_rows(tmp_path: Path) -> No
     db = tmp_path / "ledger.db"
     ledger = Ledger(str(db), counter=counter, flush_interval_s=5.0)
     await ledger.start()
-    row = {**api_row("last"), "route": "local", "reason": "accepted", "prompt_tokens": 40}
+    row = api_row("last", route="local", reason="accepted", prompt_tokens=40)
     ledger.record(row, count=paris_count())
     closing = asyncio.create_task(ledger.close())
     await asyncio.sleep(0.3)

@@ -448,6 +448,26 @@ def test_required_tool_choice_without_a_call_fails() -> None:
     assert format_compliance(view_of(req, completion("It is sunny."))).hard == ("tool_missing",)
 
 
+def test_several_calls_are_each_checked_against_their_tools_schema() -> None:
+    req = request("What's the weather in Lyon and in Nice?", tools=TOOLS)
+    good = [call("get_weather", '{"city": "Lyon"}'), call("get_weather", '{"city": "Nice"}')]
+    bad = [good[0], call("get_weather", '{"unit": "k"}')]
+    valid = completion(None, tool_calls=good, finish_reason="tool_calls")
+    assert format_compliance(view_of(req, valid)).hard == ()
+    broken = completion(None, tool_calls=bad, finish_reason="tool_calls")
+    assert format_compliance(view_of(req, broken)).hard == ("tool_args_mismatch",)
+    assert score(req, broken).value < 0.2
+
+
+def test_several_calls_break_parallel_tool_calls_false() -> None:
+    req = request("What's the weather in Lyon and in Nice?", tools=TOOLS, parallel_tool_calls=False)
+    two = [call("get_weather", '{"city": "Lyon"}'), call("get_weather", '{"city": "Nice"}')]
+    comp = completion(None, tool_calls=two, finish_reason="tool_calls")
+    assert format_compliance(view_of(req, comp)).hard == ("tool_parallel",)
+    one = completion(None, tool_calls=two[:1], finish_reason="tool_calls")
+    assert format_compliance(view_of(req, one)).hard == ()
+
+
 # --- explicit instructions --------------------------------------------------------------------
 
 

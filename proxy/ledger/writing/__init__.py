@@ -4,6 +4,7 @@
     batching   the writer thread's loop: gathers batches, winds up at shutdown
     flush      its writes: one transaction a batch, rows held, retried, rejected or spilled
     storage    the writer thread's one connection and its statements
+    ledger_row ``LedgerRow``: the ``requests`` table's columns, once
     rows       a request's row turned into the values of the ``requests`` table
     usage      the impossible token counts and costs of a row, blanked to unknown
     spill      rows the database would not take, kept in a JSONL file

@@ -27,6 +27,7 @@ import structlog
 from proxy.ledger.db.location import Database
 from proxy.ledger.pricing import PriceBook
 from proxy.ledger.writing import spill
+from proxy.ledger.writing.ledger_row import LedgerRow
 from proxy.ledger.writing.rows import count_update, result, row_values
 from proxy.ledger.writing.storage import Store
 
@@ -35,7 +36,7 @@ log = structlog.get_logger("proxy.ledger.writing.writer")
 
 @dataclass(slots=True, eq=False)
 class Entry:
-    row: dict[str, Any]
+    row: LedgerRow
     count: Future[tuple[int, int]] | None
     rowid: int | None = None
     checked: bool = False  # its usage was validated (and counted, if invalid)
@@ -235,7 +236,7 @@ class Flusher:
                 if len(batch) == 1:
                     log.error(
                         "ledger_count_refused",
-                        request_id=batch[0].entry.row.get("request_id"),
+                        request_id=batch[0].entry.row.request_id,
                         error=type(exc).__name__,
                     )
                 continue
@@ -248,7 +249,7 @@ class Flusher:
         self._done += 1
         self._last_error = type(exc).__name__
         self._last_incident = time.monotonic()
-        request_id = entry.row.get("request_id")
+        request_id = entry.row.request_id
         self.dead_letters.append(
             {"request_id": request_id, "error": type(exc).__name__, "at": time.time()}
         )
@@ -260,7 +261,7 @@ class Flusher:
         """Append the rows to ``<path>.rejected.jsonl`` (one JSON line each, synced)."""
         error = type(exc).__name__ if exc is not None else None
         try:
-            spill.append(self.spill_path, [e.row for e in entries], why, error)
+            spill.append(self.spill_path, [e.row.as_dict() for e in entries], why, error)
         except OSError as failure:
             self.lost += len(entries)
             log.error(
@@ -289,14 +290,14 @@ class Flusher:
         values, final, invalid = row_values(entry.row, entry.count, self.prices, store.columns)
         count = entry.count
         if count is not None and count.done() and result(count) is None:
-            if entry.row.get("route") != "api":
-                self._count_failed(count, entry.row.get("requested_model"))
+            if entry.row.route != "api":
+                self._count_failed(count, entry.row.requested_model)
         if invalid and not entry.checked:
             self.usage_invalid += 1
             if self.usage_invalid == 1 or self.usage_invalid % 100 == 0:
                 log.warning(
                     "ledger_usage_invalid",
-                    request_id=entry.row.get("request_id"),
+                    request_id=entry.row.request_id,
                     fields=invalid,
                     rows_so_far=self.usage_invalid,
                     detail="stored as NULL; the row's costs are unknown",
@@ -310,7 +311,7 @@ class Flusher:
         counted = result(entry.count)
         if counted is None or entry.rowid is None:
             if entry.count is not None:
-                self._count_failed(entry.count, entry.row.get("requested_model"))
+                self._count_failed(entry.count, entry.row.requested_model)
             return None
         return count_update(entry.row, counted, entry.rowid, self.prices)
 

@@ -1,4 +1,5 @@
-"""One ledger row: its columns, and its values as the writer stores them.
+"""One ledger row's values as the writer stores them (its columns are
+:class:`~proxy.ledger.writing.ledger_row.LedgerRow`'s, re-exported here).
 
 :func:`row_values` turns what a request handed to :meth:`Ledger.record` into the values of
 the ``requests`` columns: the counterfactual tokens (the provider's usage for an API answer,
@@ -14,59 +15,15 @@ from concurrent.futures import Future
 from typing import Any
 
 from proxy.ledger.pricing import PriceBook, apply_costs
+from proxy.ledger.writing.ledger_row import COLUMNS, LedgerRow
 from proxy.ledger.writing.usage import check_money, check_usage, distrust_costs
 
-COLUMNS = (
-    "request_id",
-    "ts",
-    "endpoint",
-    "requested_model",
-    "route",
-    "reason",
-    "status",
-    "stream",
-    "quality",
-    "quality_reasons",
-    "prompt_tokens",
-    "completion_tokens",
-    "local_prompt_tokens",
-    "local_completion_tokens",
-    "latency_ms",
-    "local_ms",
-    "api_ms",
-    "api_cost_pusd",
-    "counterfactual_cost_pusd",
-    "error",
-    # 0002_costs
-    "api_model",
-    "cached_tokens",
-    "counterfactual_prompt_tokens",
-    "counterfactual_completion_tokens",
-    "token_source",
-    "latency_tax_ms",
-    # 0003_keys
-    "key_name",
-    # 0004_prediction
-    "predicted_local_ms",
-    "actual_local_ms",
-    "backend",
-    "predicted_completion_tokens",
-    # 0006_attempts
-    "upstream_attempts",
-    "usage_invalid",
-)
+__all__ = ["COLUMNS", "COUNT_UPDATE", "LedgerRow", "count_update", "result", "row_values"]
+
 COUNT_UPDATE = (
     "UPDATE requests SET counterfactual_prompt_tokens = ?, counterfactual_completion_tokens = ?, "
     "token_source = ?, counterfactual_cost_pusd = ? WHERE id = ?"
 )
-# Columns with a default in the schema: a row that leaves them out gets the default, not NULL.
-DEFAULTS: dict[str, Any] = {
-    "endpoint": "chat.completions",
-    "stream": 0,
-    "local_ms": 0.0,
-    "api_ms": 0.0,
-    "cached_tokens": 0,
-}
 
 
 def result(future: Future[tuple[int, int]] | None) -> tuple[int, int] | None:
@@ -77,7 +34,7 @@ def result(future: Future[tuple[int, int]] | None) -> tuple[int, int] | None:
 
 
 def row_values(
-    given: dict[str, Any],
+    given: LedgerRow,
     count: Future[tuple[int, int]] | None,
     prices: PriceBook,
     columns: tuple[str, ...],
@@ -86,7 +43,7 @@ def row_values(
 
     Not final: the counterfactual count is still running and the local model's count stands in
     (the writer updates the row when it arrives)."""
-    row = {**DEFAULTS, **given}
+    row = given.as_dict()
     invalid = check_usage(row)
     final = True
     if row.get("route") == "api":
@@ -117,10 +74,10 @@ def row_values(
 
 
 def count_update(
-    given: dict[str, Any], counted: tuple[int, int], rowid: int, prices: PriceBook
+    given: LedgerRow, counted: tuple[int, int], rowid: int, prices: PriceBook
 ) -> tuple[Any, ...]:
     """The parameters of :data:`COUNT_UPDATE` for a row whose count arrived after it was written."""
-    row = dict(given)
+    row = given.as_dict()
     row["counterfactual_prompt_tokens"], row["counterfactual_completion_tokens"] = counted
     apply_costs(row, prices)
     return (*counted, "tokenizer", row["counterfactual_cost_pusd"], rowid)

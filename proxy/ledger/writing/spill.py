@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any
 
-from proxy.ledger.writing.rows import COLUMNS
+from proxy.ledger.writing.ledger_row import COLUMNS
 
 SPILL_SUFFIX = ".rejected.jsonl"
 

@@ -26,7 +26,8 @@ from typing import Any
 from proxy.ledger.audits.table import AUDIT_INSERT, audit_values
 from proxy.ledger.db import postgres
 from proxy.ledger.db.location import Database
-from proxy.ledger.writing.rows import COLUMNS, COUNT_UPDATE
+from proxy.ledger.writing.ledger_row import COLUMNS
+from proxy.ledger.writing.rows import COUNT_UPDATE
 
 
 class Store:

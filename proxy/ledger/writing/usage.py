@@ -9,24 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.ledger.writing.ledger_row import COUNT_COLUMNS, MONEY_COLUMNS, NOT_NULL_COUNTS
+
 TOKEN_LIMIT = 2**31
 """Token counts are integers in [0, 2**31): no context window comes near it, and a figure
 beyond it (an upstream reporting 2**70) cannot be a real count."""
 INT64 = 2**63
-TOKEN_FIELDS = (
-    "prompt_tokens",
-    "completion_tokens",
-    "local_prompt_tokens",
-    "local_completion_tokens",
-    "cached_tokens",
-    "counterfactual_prompt_tokens",
-    "counterfactual_completion_tokens",
-    "predicted_completion_tokens",
-    "upstream_attempts",
-)
-MONEY_FIELDS = ("api_cost_pusd", "counterfactual_cost_pusd")
+TOKEN_FIELDS = COUNT_COLUMNS
+MONEY_FIELDS = MONEY_COLUMNS
 # NOT NULL in the schema: an impossible figure there is stored as 0 rather than NULL.
-_ZERO_WHEN_INVALID = frozenset({"cached_tokens"})
+_ZERO_WHEN_INVALID = NOT_NULL_COUNTS
 
 
 def check_usage(row: dict[str, Any]) -> list[str]:

@@ -72,12 +72,13 @@ from proxy.ledger.db.migrate import open_database
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.writing.batching import FlushMarker, StopMarker, WriterThread
 from proxy.ledger.writing.flush import AuditEntry, Entry
-from proxy.ledger.writing.rows import COLUMNS, COUNT_UPDATE
+from proxy.ledger.writing.ledger_row import COLUMNS, LedgerRow
+from proxy.ledger.writing.rows import COUNT_UPDATE
 from proxy.ledger.writing.spill import SPILL_SUFFIX
 from proxy.ledger.writing.storage import Store
 from proxy.ledger.writing.tokens import CountJob, TokenCounter
 
-__all__ = ["COLUMNS", "COUNT_UPDATE", "SPILL_SUFFIX", "Ledger"]
+__all__ = ["COLUMNS", "COUNT_UPDATE", "SPILL_SUFFIX", "Ledger", "LedgerRow"]
 
 log = structlog.get_logger(__name__)
 
@@ -238,7 +239,7 @@ class Ledger(WriterThread):
 
     # -- the request side ------------------------------------------------------------------------
 
-    def record(self, row: dict[str, Any], *, count: CountJob | None = None) -> None:
+    def record(self, row: LedgerRow, *, count: CountJob | None = None) -> None:
         """Queue one row. ``count`` asks for the counterfactual tokens of a local answer."""
         try:
             if self._closed:

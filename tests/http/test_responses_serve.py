@@ -1,0 +1,182 @@
+"""Stored Responses on a real ``frugal serve`` process, driven by the official ``openai`` client:
+create then retrieve, input_items and delete; a function-tool round trip with
+``previous_response_id``; ``store: false``; a chain local -> API in which the fake API is sent the
+earlier turns; another key's 404; and no stored content in the server's log."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.fake_api import FakeAPI
+from tests.http.test_serve import Served, start_server, stop_server
+
+pytestmark = pytest.mark.serve
+
+ADMIN, BOB, CAROL = "sk-serve-admin-0001", "sk-serve-bob-00002", "sk-serve-carol-0003"
+LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}
+API = {"x-frugal-route": "api"}
+SECRET = "Zanzibar-marmalade-4471"  # a word of content that must never reach the log
+WEATHER: dict[str, object] = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The current weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[FakeAPI]:
+    with FakeAPI(reply="Rome is the capital of Italy.") as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def served(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    server = start_server(
+        tmp_path_factory.mktemp("responses-serve"),
+        api,
+        server_toml='api_keys_env = "FRUGAL_TEST_RESPONSES_KEYS"',
+        env={"FRUGAL_TEST_RESPONSES_KEYS": f"admin;admin:{ADMIN},bob:{BOB},carol:{CAROL}"},
+        client_key=ADMIN,
+        router_toml="predictive = false",
+    )
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def clients(served: Served) -> Iterator[dict[str, openai.OpenAI]]:
+    made = {
+        name: openai.OpenAI(base_url=served.base + "/v1", api_key=key, max_retries=0)
+        for name, key in (("admin", ADMIN), ("bob", BOB), ("carol", CAROL))
+    }
+    yield made
+    for client in made.values():
+        client.close()
+
+
+def test_create_then_retrieve_input_items_and_delete(clients: dict[str, openai.OpenAI]) -> None:
+    bob = clients["bob"]
+    made = bob.responses.create(
+        model="gpt-4o-mini",
+        input=f"Repeat the word {SECRET}.",
+        max_output_tokens=16,
+        extra_headers=LOCAL,
+    )
+    assert made.store is True
+    again = bob.responses.retrieve(made.id)
+    assert again.id == made.id and again.output_text == made.output_text
+    [item] = bob.responses.input_items.list(made.id).data
+    assert item.type == "message" and item.role == "user"  # type: ignore[union-attr]
+    assert item.content[0].text == f"Repeat the word {SECRET}."  # type: ignore[union-attr]
+    deleted = bob.responses.delete(made.id)
+    assert deleted is None  # the SDK reads the deleted object and returns None
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.retrieve(made.id)
+
+
+def test_store_false_cannot_be_retrieved(clients: dict[str, openai.OpenAI]) -> None:
+    bob = clients["bob"]
+    made = bob.responses.create(model="gpt-4o-mini", input="Hi", store=False, extra_headers=API)
+    assert made.store is False
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.retrieve(made.id)
+
+
+def test_a_function_tool_round_trip_with_previous_response_id(
+    clients: dict[str, openai.OpenAI], api: FakeAPI
+) -> None:
+    bob = clients["bob"]
+    first = bob.responses.create(
+        model="gpt-4o-mini",
+        input="What is the weather in Paris?",
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice={"type": "function", "name": "get_weather"},
+        extra_headers=LOCAL,
+    )
+    [call] = [item for item in first.output if item.type == "function_call"]
+    assert isinstance(json.loads(call.arguments)["city"], str)
+    sent_before = api.count
+    second = bob.responses.create(
+        model="gpt-4o-mini",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21C"}],
+        tools=[WEATHER],  # type: ignore[list-item]
+        extra_headers=API,
+    )
+    assert second.output_text == api.reply and second.previous_response_id == first.id
+    [(_path, _headers, sent)] = api.requests[sent_before:]
+    roles = [m["role"] for m in sent["messages"]]
+    assert roles == ["user", "assistant", "tool"]
+    assert sent["messages"][1]["tool_calls"][0]["id"] == call.call_id
+    assert sent["messages"][2] == {
+        "role": "tool",
+        "tool_call_id": call.call_id,
+        "content": "sunny, 21C",
+    }
+
+
+def test_a_chain_local_then_api_sends_the_earlier_turns(
+    clients: dict[str, openai.OpenAI], api: FakeAPI
+) -> None:
+    bob = clients["bob"]
+    raw = bob.responses.with_raw_response.create(
+        model="gpt-4o-mini",
+        input="What is the capital of France?",
+        max_output_tokens=16,
+        extra_headers=LOCAL,
+    )
+    assert raw.headers["x-frugal-route"] == "local"
+    local = raw.parse()
+    sent_before = api.count
+    second = bob.responses.create(
+        model="gpt-4o-mini",
+        input="And of Italy?",
+        previous_response_id=local.id,
+        extra_headers=API,
+    )
+    assert second.output_text == api.reply
+    [(_path, _headers, sent)] = api.requests[sent_before:]
+    assert sent["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]},
+        {"role": "assistant", "content": local.output_text},
+        {"role": "user", "content": [{"type": "text", "text": "And of Italy?"}]},
+    ]
+    assert local.id not in json.dumps(sent)
+
+
+def test_another_keys_response_is_a_404_and_an_admin_reads_it(
+    clients: dict[str, openai.OpenAI],
+) -> None:
+    made = clients["bob"].responses.create(model="gpt-4o-mini", input="Hi", extra_headers=API)
+    carol = clients["carol"]
+    with pytest.raises(openai.NotFoundError):
+        carol.responses.retrieve(made.id)
+    with pytest.raises(openai.NotFoundError):
+        carol.responses.input_items.list(made.id)
+    with pytest.raises(openai.NotFoundError):
+        carol.responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError) as caught:
+        carol.responses.create(
+            model="gpt-4o-mini", input="Hi", previous_response_id=made.id, extra_headers=API
+        )
+    assert caught.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert clients["admin"].responses.retrieve(made.id).id == made.id
+
+
+def test_stored_content_never_reaches_the_log(served: Served) -> None:
+    """Last: the server is stopped, then its whole log is searched."""
+    stop_server(served)
+    log = Path(served.log).read_text()
+    assert log and SECRET not in log
