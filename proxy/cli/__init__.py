@@ -30,9 +30,9 @@ One module per group of commands, each with its options beside the code that run
 
 Each group has ``add_parsers(sub)``, which adds its commands and sets each one's ``run``
 (``args.run(args)``: the exit status). This package is the top of the house: it may import
-every room below it (``proxy.http``, ``proxy.models``, ``proxy.audit``, ``proxy.engine``,
-``proxy.ledger``), the shared ``proxy.config``, ``proxy.errors`` and ``proxy.logs``, and
-``quality``; nothing imports it.
+every room below it (``proxy.http``, ``proxy.models``, ``proxy.audit``, ``proxy.routing`` for
+``frugal check``'s probes of the backends, ``proxy.engine``, ``proxy.ledger``), the shared
+``proxy.config``, ``proxy.errors`` and ``proxy.logs``, and ``quality``; nothing imports it.
 """
 
 from __future__ import annotations
