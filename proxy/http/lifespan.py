@@ -47,8 +47,8 @@ log = structlog.get_logger("frugal.app")
 @dataclass(slots=True)
 class _Parts:
     """The services the lifespan has started so far: what :func:`_stop` stops when the app
-    ends, or when a later part fails to start. A part is kept here before its own start, so
-    that a start that fails half-way is stopped too."""
+    ends, or when a later part fails to start. The router, the audits and the calibrator are
+    kept here before their own start, so that one whose start fails is stopped too."""
 
     prices: PriceBook
     ledger: Ledger
