@@ -1,6 +1,9 @@
 """HTTP: the Starlette app, its middleware and one handler per endpoint.
 
-    app          ``create_app(settings)``: the services built in the lifespan, the routes
+    app          ``create_app(settings)``, assembled from the routes, the lifespan and the
+                 middleware; ``/healthz``, ``/v1/models``, ``/openapi.json``
+    lifespan     the parts the app starts, in order (ledger, keys, quotas, upstream, engine,
+                 router, audits), the ``Services`` and handlers made from them, and their stop
     shutdown     the orderly stop after the drain (ledger flushed first), and its time bound
     services     the typed bundle of services the handlers and middleware receive
     auth         client keys (``Authorization: Bearer``), and the guard that refuses what a web
