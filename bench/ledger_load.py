@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -32,12 +31,7 @@ FRUGAL = str(Path(sys.executable).with_name("frugal"))
 sys.path.insert(0, str(ROOT))
 
 from tests.ledger.load import Load  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.loopback import free_port  # noqa: E402
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,14 +28,10 @@ UPSTREAM_KEY = "sk-bench-upstream-" + "0" * 16
 MODEL = "gpt-4o-mini"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
+sys.path.insert(0, str(ROOT))
+from tests.loopback import free_port, terminate  # noqa: E402
 
 # -- processes -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pinned(cpus: str | None, argv: list[str]) -> list[str]:
@@ -80,13 +74,7 @@ class Server:
             raise SystemExit(f"{self.name} exited with {self.proc.returncode}:\n{tail}")
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout_s=30)
         return int(self.proc.returncode)
 
 

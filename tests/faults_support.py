@@ -30,7 +30,8 @@ import httpx
 
 from tests.conftest import FAKE_KEY, FAKE_KEY_ENV
 from tests.fake_api import FakeAPI
-from tests.http.test_serve import FRUGAL, Served, free_port
+from tests.http.test_serve import FRUGAL, Served
+from tests.loopback import free_port, terminate
 
 READY_S = 90.0
 """Longest wait for a server's engine to be ready (2 cores shared by many test runs)."""
@@ -175,15 +176,7 @@ def start_frugal(
 
 def stop(served: Served, timeout_s: float = 40.0) -> int | None:
     """SIGTERM, then SIGKILL after ``timeout_s``; the exit status (None if it had to be killed)."""
-    if served.proc.poll() is not None:
-        return served.proc.returncode
-    served.proc.send_signal(signal.SIGTERM)
-    try:
-        return served.proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        served.proc.kill()
-        served.proc.wait()
-        return None
+    return terminate(served.proc, timeout_s)
 
 
 def tail(path: Path, chars: int = 4000) -> str:

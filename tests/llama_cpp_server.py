@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from proxy.engine.model_files import bundled_model_path
+from tests.loopback import free_port
 
 READY_TIMEOUT_S = 120.0
 EXTRA = ("fastapi", "sse_starlette", "starlette_context", "pydantic_settings")
@@ -58,14 +59,6 @@ class LlamaCppServer:
         if self.alive():
             self.proc.kill()
         self.proc.wait(timeout=30)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start(folder: Path, *, n_ctx: int = 2048, threads: int = 1) -> LlamaCppServer:

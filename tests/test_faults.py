@@ -52,8 +52,8 @@ from tests.faults_support import (
     wait_ready,
     wait_rows,
 )
-from tests.http.test_serve import FRUGAL, QUESTION, Served, free_port
-from tests.loopback import Listener
+from tests.http.test_serve import FRUGAL, QUESTION, Served
+from tests.loopback import Listener, free_port
 
 pytestmark = pytest.mark.serve
 

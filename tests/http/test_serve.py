@@ -26,6 +26,7 @@ import pytest
 
 from tests.conftest import FAKE_KEY, FAKE_KEY_ENV
 from tests.fake_api import FakeAPI
+from tests.loopback import free_port, terminate
 
 pytestmark = pytest.mark.serve
 
@@ -33,12 +34,6 @@ FRUGAL = str(Path(sys.executable).with_name("frugal"))
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 ACCEPT_ANY = {"x-frugal-min-quality": "0"}
 REJECT_ALL = {"x-frugal-min-quality": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -159,15 +154,10 @@ def stop_server(served: Served) -> int:
     if served._client is not None:
         served._client.close()
         served._client = None
-    if served.proc.poll() is None:
-        served.proc.send_signal(signal.SIGTERM)
-        try:
-            return served.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            served.proc.kill()
-            served.proc.wait()
-            raise
-    return int(served.proc.returncode)
+    code = terminate(served.proc, timeout_s=30)
+    if code is None:
+        raise AssertionError(f"frugal serve did not exit within 30 s of SIGTERM:\n{served.log}")
+    return code
 
 
 @pytest.fixture(scope="module")
