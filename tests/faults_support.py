@@ -1,6 +1,6 @@
 """Helpers of the fault matrix (``tests/test_faults.py``) and the soak run (``bench/soak.py``).
 
-- :func:`launch` / :func:`start_frugal`: a real ``frugal serve`` subprocess on a free loopback
+- :func:`launch` (and :func:`wait_ready`): a real ``frugal serve`` subprocess on a free loopback
   port, with a config built from nested dicts (:func:`toml_of`) and an environment of our own;
   the returned :class:`~tests.http.test_serve.Served` is the one ``tests/http/test_serve.py`` uses.
 - :func:`rss_bytes` and :class:`RssWatch`: a process's resident memory from
@@ -161,17 +161,6 @@ def wait_ready(served: Served, timeout_s: float = READY_S) -> Served:
     served.proc.kill()
     served.proc.wait()
     raise AssertionError(f"frugal serve did not become ready:\n{tail(served.log)}")
-
-
-def start_frugal(
-    tmp: Path,
-    api: FakeAPI | None,
-    *,
-    config: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-    db: Path | None = None,
-) -> Served:
-    return wait_ready(launch(tmp, api, config=config, env=env, db=db))
 
 
 def stop(served: Served, timeout_s: float = 40.0) -> int | None:

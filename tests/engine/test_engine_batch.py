@@ -29,6 +29,7 @@ from proxy.errors import EngineCrashed
 from proxy.http.app import create_app
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
+from tests.tool_turns import weather_tool
 
 PROMPTS = [
     "Write two sentences about the sea.",
@@ -113,22 +114,7 @@ async def test_a_deadline_ends_one_sequence_and_tools_run_alone(engine: LocalEng
     now = time.monotonic()
     short = engine.chat(_request(PROMPTS[2], 900), deadline=now + 1.5)
     normal = engine.chat(_request(PROMPTS[0]), deadline=now + 300)
-    tool_request = {
-        **_request("What is the weather in Paris?"),
-        "tools": [
-            {
-                "type": "function",
-                "function": {
-                    "name": "get_weather",
-                    "parameters": {
-                        "type": "object",
-                        "properties": {"city": {"type": "string"}},
-                        "required": ["city"],
-                    },
-                },
-            }
-        ],
-    }
+    tool_request = {**_request("What is the weather in Paris?"), "tools": [weather_tool()]}
     tool = engine.chat(tool_request, deadline=now + 300)
     cut, done, called = await asyncio.gather(short, normal, tool)
     assert cut["frugal"]["stop_cause"] == "deadline"

@@ -199,7 +199,21 @@ async def test_a_spent_budget_stops_audits_says_so_once_and_never_fails_a_reques
     assert len(stops) <= 1  # logged once: when the spend crossed it, or at the first skip
 
 
-def seed(path: Path, records: list[AuditRecord]) -> None:
+def seed(path: Path, model: str, graded: list[tuple[float, bool]]) -> None:
+    """Audits of accepted local answers of ``model``, a minute old, in the ledger at ``path``:
+    for each, its score and whether the judge found it right."""
+    now = time.time()
+    records = [
+        AuditRecord(
+            accepted=True,
+            verdict=right,
+            score=score,
+            ts=now - 60,
+            local_model=model,
+            request_id=f"seed-{i}",
+        )
+        for i, (score, right) in enumerate(graded)
+    ]
     db = parse(str(path))
     open_database(db)
     conn = sqlite3.connect(path)
@@ -217,23 +231,10 @@ async def test_a_target_precision_puts_the_threshold_the_audits_support_in_force
     make_client: Any,
     engine: LocalEngine,
 ) -> None:
-    import time
-
     model = str(engine.health().get("model") or "")
-    now = time.time()
     # Answers scoring 0.5 and up were right, those below were wrong.
-    records = [
-        AuditRecord(
-            accepted=True,
-            verdict=score >= 0.5,
-            score=score,
-            ts=now - 60,
-            local_model=model,
-            request_id=f"seed-{i}",
-        )
-        for i, score in enumerate([0.3 + 0.01 * i for i in range(60)])
-    ]
-    seed(tmp_path / "ledger.db", records)
+    scores = [0.3 + 0.01 * i for i in range(60)]
+    seed(tmp_path / "ledger.db", model, [(score, score >= 0.5) for score in scores])
     settings = audit_settings(tmp_path, fake_api, judge, target=0.9, rate=0.0)
     async with make_client(settings) as client:
         force = (await client.get("/healthz")).json()["threshold_in_force"]
@@ -249,21 +250,8 @@ async def test_an_unreachable_target_accepts_nothing_and_says_why(
     make_client: Any,
     engine: LocalEngine,
 ) -> None:
-    import time
-
     model = str(engine.health().get("model") or "")
-    records = [
-        AuditRecord(
-            accepted=True,
-            verdict=i % 2 == 0,
-            score=0.5 + 0.004 * i,
-            ts=time.time() - 60,
-            local_model=model,
-            request_id=f"seed-{i}",
-        )
-        for i in range(100)
-    ]
-    seed(tmp_path / "ledger.db", records)
+    seed(tmp_path / "ledger.db", model, [(0.5 + 0.004 * i, i % 2 == 0) for i in range(100)])
     settings = audit_settings(tmp_path, fake_api, judge, target=0.9, rate=0.0)
     async with make_client(settings) as client:
         force = (await client.get("/healthz")).json()["threshold_in_force"]

@@ -29,23 +29,13 @@ import pytest
 
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import ACCEPT_ANY, REJECT_ALL, Served, start_server, stop_server
+from tests.tool_turns import weather_tool
 
 pytestmark = pytest.mark.serve
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 API_REPLY = "The capital of France is Paris."
-WEATHER: Any = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+WEATHER: Any = weather_tool("The current weather in a city")
 JS = Path(__file__).parent / "js"
 
 
