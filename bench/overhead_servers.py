@@ -10,7 +10,6 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ MODEL = "gpt-4o-mini"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 sys.path.insert(0, str(ROOT))
-from tests.loopback import free_port, terminate  # noqa: E402
+from tests.loopback import free_port, poll_ready, terminate  # noqa: E402
 
 # -- processes -----------------------------------------------------------------------------------
 
@@ -84,18 +83,11 @@ def start(
     log = tmp / f"{name}.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=tmp)
-    server = Server(name, proc, log)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        server.check_alive()
-        try:
-            if ready():
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    server.stop()
-    raise SystemExit(f"{name} did not become ready; see {log}")
+    problem = poll_ready(proc, ready, 180, every_s=0.2)
+    if problem:
+        tail = log.read_text(errors="replace")[-3000:]
+        raise SystemExit(f"{name} {problem}; see {log}:\n{tail}")
+    return Server(name, proc, log)
 
 
 def ok(url: str, headers: dict[str, str] | None = None) -> bool:

@@ -31,7 +31,7 @@ import httpx
 from tests.conftest import FAKE_KEY, FAKE_KEY_ENV
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import FRUGAL, Served
-from tests.loopback import free_port, terminate
+from tests.loopback import free_port, poll_ready, terminate
 
 READY_S = 90.0
 """Longest wait for a server's engine to be ready (2 cores shared by many test runs)."""
@@ -148,19 +148,10 @@ def launch(
 
 def wait_ready(served: Served, timeout_s: float = READY_S) -> Served:
     """Wait until /healthz says the engine is ready; the log is in the error if it never is."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if served.proc.poll() is not None:
-            raise AssertionError(f"frugal serve exited early:\n{tail(served.log)}")
-        try:
-            if served.health()["engine"]["state"] == "ready":
-                return served
-        except (httpx.HTTPError, KeyError, ValueError):
-            pass
-        time.sleep(0.1)
-    served.proc.kill()
-    served.proc.wait()
-    raise AssertionError(f"frugal serve did not become ready:\n{tail(served.log)}")
+    problem = poll_ready(served.proc, served.engine_ready, timeout_s)
+    if problem:
+        raise AssertionError(f"frugal serve {problem}:\n{tail(served.log)}")
+    return served
 
 
 def stop(served: Served, timeout_s: float = 40.0) -> int | None:

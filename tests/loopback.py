@@ -11,8 +11,9 @@ connection another end by overriding :meth:`Listener.handle`
 an API base (``http://…/v1``).
 
 For a server in another process (``frugal serve``, llama.cpp's server, PostgreSQL), tests and
-benchmarks alike: :func:`free_port` finds it a port, :func:`terminate` stops it (SIGTERM, then
-SIGKILL), and :func:`outlived` reaps the engine worker of a server killed with SIGKILL.
+benchmarks alike: :func:`free_port` finds it a port, :func:`poll_ready` waits until it answers,
+:func:`terminate` stops it (SIGTERM, then SIGKILL), and :func:`outlived` reaps the engine worker
+of a server killed with SIGKILL.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+import httpx
 import uvicorn
 
 
@@ -49,6 +52,27 @@ def terminate(proc: subprocess.Popen[Any], timeout_s: float = 30.0) -> int | Non
         proc.kill()
         proc.wait()
         return None
+
+
+def poll_ready(
+    proc: subprocess.Popen[Any], ready: Callable[[], bool], timeout_s: float, every_s: float = 0.1
+) -> str | None:
+    """Ask ``ready()`` every ``every_s`` (an HTTP error or an unexpected answer counts as not
+    yet) until it says yes: None. Otherwise what went wrong: ``proc`` exited first, or was not
+    ready within ``timeout_s`` (then it is killed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"exited early with status {proc.returncode}"
+        try:
+            if ready():
+                return None
+        except (httpx.HTTPError, KeyError, ValueError):
+            pass
+        time.sleep(every_s)
+    proc.kill()
+    proc.wait()
+    return f"was not ready within {timeout_s:g} s"
 
 
 async def outlived(pid: int, wait_s: float = 10.0) -> bool:

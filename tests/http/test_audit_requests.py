@@ -13,7 +13,7 @@ import asyncio
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -224,19 +224,27 @@ def seed(path: Path, model: str, graded: list[tuple[float, bool]]) -> None:
         conn.close()
 
 
-async def test_a_target_precision_puts_the_threshold_the_audits_support_in_force(
-    tmp_path: Path,
-    fake_api: FakeAPI,
-    judge: JudgeServer,
-    make_client: Any,
-    engine: LocalEngine,
-) -> None:
+@pytest.fixture
+def audited_app(
+    tmp_path: Path, fake_api: FakeAPI, judge: JudgeServer, make_client: Any, engine: LocalEngine
+) -> Callable[[list[tuple[float, bool]]], Any]:
+    """The app with a target precision of 0.9 and no new audits, on a ledger seeded with the
+    given audits of the local model's answers (see :func:`seed`)."""
     model = str(engine.health().get("model") or "")
+
+    def open_(graded: list[tuple[float, bool]]) -> Any:
+        seed(tmp_path / "ledger.db", model, graded)
+        return make_client(audit_settings(tmp_path, fake_api, judge, target=0.9, rate=0.0))
+
+    return open_
+
+
+async def test_a_target_precision_puts_the_threshold_the_audits_support_in_force(
+    audited_app: Callable[[list[tuple[float, bool]]], Any],
+) -> None:
     # Answers scoring 0.5 and up were right, those below were wrong.
     scores = [0.3 + 0.01 * i for i in range(60)]
-    seed(tmp_path / "ledger.db", model, [(score, score >= 0.5) for score in scores])
-    settings = audit_settings(tmp_path, fake_api, judge, target=0.9, rate=0.0)
-    async with make_client(settings) as client:
+    async with audited_app([(score, score >= 0.5) for score in scores]) as client:
         force = (await client.get("/healthz")).json()["threshold_in_force"]
     assert force["source"] == "target"
     assert force["value"] == pytest.approx(0.5)
@@ -244,16 +252,9 @@ async def test_a_target_precision_puts_the_threshold_the_audits_support_in_force
 
 
 async def test_an_unreachable_target_accepts_nothing_and_says_why(
-    tmp_path: Path,
-    fake_api: FakeAPI,
-    judge: JudgeServer,
-    make_client: Any,
-    engine: LocalEngine,
+    audited_app: Callable[[list[tuple[float, bool]]], Any],
 ) -> None:
-    model = str(engine.health().get("model") or "")
-    seed(tmp_path / "ledger.db", model, [(0.5 + 0.004 * i, i % 2 == 0) for i in range(100)])
-    settings = audit_settings(tmp_path, fake_api, judge, target=0.9, rate=0.0)
-    async with make_client(settings) as client:
+    async with audited_app([(0.5 + 0.004 * i, i % 2 == 0) for i in range(100)]) as client:
         force = (await client.get("/healthz")).json()["threshold_in_force"]
         response = await client.post("/v1/chat/completions", json=ASK)
     assert force["source"] == "accept_nothing" and force["accepts_nothing"] is True

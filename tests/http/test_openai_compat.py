@@ -28,7 +28,7 @@ import pydantic
 import pytest
 
 from tests.fake_api import FakeAPI
-from tests.http.test_serve import ACCEPT_ANY, REJECT_ALL, Served, start_server, stop_server
+from tests.http.test_serve import ACCEPT_ANY, REJECT_ALL, Served, serving
 from tests.tool_turns import weather_tool
 
 pytestmark = pytest.mark.serve
@@ -52,9 +52,8 @@ def api() -> Iterator[FakeAPI]:
 
 @pytest.fixture(scope="module")
 def served(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    server = start_server(tmp_path_factory.mktemp("compat"), api)
-    yield server
-    stop_server(server)
+    with serving(tmp_path_factory.mktemp("compat"), api) as server:
+        yield server
 
 
 @pytest.fixture

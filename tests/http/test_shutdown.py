@@ -22,7 +22,7 @@ from proxy import config
 from proxy.http.shutdown import shutdown_budget_s
 from proxy.ledger.writing.writer import SPILL_SUFFIX
 from tests.fake_api import FakeAPI
-from tests.http.test_serve import start_server, stop_server
+from tests.http.test_serve import serving
 from tests.test_deploy import EXAMPLE, UNIT, unit_settings
 
 STORY = [{"role": "user", "content": "Write a very long story about the sea."}]
@@ -46,12 +46,8 @@ def test_the_worst_stop_fits_the_units_timeout_with_a_margin() -> None:
 def test_sigterm_drains_requests_in_flight_then_flushes_the_ledger_and_exits_0(
     tmp_path: Path,
 ) -> None:
-    with FakeAPI(reply=REPLY, per_token_s=0.4) as api:
-        served = start_server(tmp_path, api)
-        try:
-            _drain(served)
-        finally:
-            stop_server(served)
+    with FakeAPI(reply=REPLY, per_token_s=0.4) as api, serving(tmp_path, api) as served:
+        _drain(served)
 
 
 def _drain(served: Any) -> None:
@@ -140,12 +136,8 @@ def _drain(served: Any) -> None:
 def test_sigterm_with_the_database_locked_and_the_engine_busy_loses_no_row(
     tmp_path: Path,
 ) -> None:
-    with FakeAPI(reply=REPLY) as api:
-        served = start_server(tmp_path, api)
-        try:
-            _locked_stop(served)
-        finally:
-            stop_server(served)
+    with FakeAPI(reply=REPLY) as api, serving(tmp_path, api) as served:
+        _locked_stop(served)
 
 
 def _locked_stop(served: Any) -> None:
