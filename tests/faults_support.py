@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import threading
@@ -157,6 +158,18 @@ def wait_ready(served: Served, timeout_s: float = READY_S) -> Served:
 def stop(served: Served, timeout_s: float = 40.0) -> int | None:
     """SIGTERM, then SIGKILL after ``timeout_s``; the exit status (None if it had to be killed)."""
     return terminate(served.proc, timeout_s)
+
+
+def read_events(sock: socket.socket, count: int) -> bytes:
+    """Read an SSE answer from ``sock`` until ``count`` events (``data:`` lines) are in, or the
+    server closes; what was read."""
+    got = b""
+    while got.count(b"data:") < count:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    return got
 
 
 def tail(path: Path, chars: int = 4000) -> str:

@@ -42,6 +42,7 @@ from tests.faults_support import (
     columns,
     engine_pid,
     launch,
+    read_events,
     rows_for,
     spilled_text,
     stop,
@@ -1199,12 +1200,7 @@ def test_issue24_row2_a_cut_stream_is_charged(main: Lazy, api: FakeAPI, upstream
     body = chat_body(stream=True, max_tokens=words)
     sock = raw_request(served, body, {**TO_API, "x-request-id": request_id})
     sock.settimeout(10)
-    got = b""
-    while got.count(b"data:") < 5:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        got += chunk
+    read_events(sock, 5)
     hard_close(sock)
     row = one_row(served, request_id, timeout_s=30)
     print(f"issue24 row2 {upstream}: row {row}")

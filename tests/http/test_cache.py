@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from proxy.ledger.db import access
 from proxy.ledger.db.location import Database
 from proxy.ledger.tenants import keys
-from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
-from tests.ledger.conftest import database, pg_server  # noqa: F401 - fixtures
+from tests.ledger.conftest import database, open_app, pg_server  # noqa: F401 - fixtures
 
 CHAT = "/v1/chat/completions"
 ASK = {
@@ -27,28 +23,7 @@ ASK = {
 }
 
 
-@pytest.fixture
-def open_app(
-    tmp_path: Path,
-    fake_api: FakeAPI,
-    make_client: Any,
-    database: Database,  # noqa: F811
-) -> Callable[..., Any]:
-    """The app on the fake API and ``database`` with the cache on; ``shared=True`` shares it
-    between keys."""
-
-    def open_(*, shared: bool = False) -> Any:
-        return make_client(_settings(tmp_path, fake_api, database, shared=shared))
-
-    return open_
-
-
-def _settings(tmp_path: Path, api: FakeAPI, db: Database, shared: bool = False) -> Any:
-    ledger: dict[str, Any] = {"path": str(tmp_path / "ledger.db"), "flush_interval_s": 0.02}
-    if db.is_postgres:
-        ledger["url"] = db.url
-    cache = {"enabled": True, "ttl_s": 600.0, "shared": shared}
-    return settings_for(tmp_path, api, ledger=ledger, cache=cache)
+CACHE = {"enabled": True, "ttl_s": 600.0, "shared": False}
 
 
 def _to_api_as(db: Database, *names: str) -> list[dict[str, str]]:
@@ -64,12 +39,12 @@ async def _settled() -> None:
 
 
 async def test_a_deterministic_request_is_answered_from_the_cache(
-    open_app: Callable[..., Any],
+    open_app: Callable[..., Any],  # noqa: F811
     fake_api: FakeAPI,
     database: Database,  # noqa: F811
 ) -> None:
     alice, bob = _to_api_as(database, "alice", "bob")
-    async with open_app() as client:
+    async with open_app(cache=CACHE) as client:
         first = await client.post(CHAT, json=ASK, headers=alice)
         await _settled()
         hit = await client.post(CHAT, json=ASK, headers=alice)
@@ -97,12 +72,12 @@ async def test_a_deterministic_request_is_answered_from_the_cache(
 
 
 async def test_a_shared_cache_serves_every_key(
-    open_app: Callable[..., Any],
+    open_app: Callable[..., Any],  # noqa: F811
     fake_api: FakeAPI,
     database: Database,  # noqa: F811
 ) -> None:
     alice, bob = _to_api_as(database, "alice", "bob")
-    async with open_app(shared=True) as client:
+    async with open_app(cache={**CACHE, "shared": True}) as client:
         await client.post(CHAT, json=ASK, headers=alice)
         await _settled()
         other_key = await client.post(CHAT, json=ASK, headers=bob)
@@ -113,12 +88,12 @@ async def test_a_shared_cache_serves_every_key(
 
 
 async def test_a_new_key_given_a_revoked_keys_name_never_gets_its_entries(
-    open_app: Callable[..., Any],
+    open_app: Callable[..., Any],  # noqa: F811
     fake_api: FakeAPI,
     database: Database,  # noqa: F811
 ) -> None:
     (old,) = _to_api_as(database, "alice")
-    async with open_app() as client:
+    async with open_app(cache=CACHE) as client:
         first = await client.post(CHAT, json=ASK, headers=old)
         await _settled()
         hit = await client.post(CHAT, json=ASK, headers=old)  # the old key's own entry

@@ -55,16 +55,7 @@ def _drain(served: Any) -> None:
     first_chunk = threading.Event()
 
     def local_answer() -> None:
-        results["local"] = httpx.post(
-            served.base + "/v1/chat/completions",
-            json={"model": "gpt-4o-mini", "messages": STORY, "max_tokens": 40},
-            headers={
-                "x-frugal-route": "local",
-                "x-frugal-min-quality": "0",
-                "x-request-id": "in-flight-local",
-            },
-            timeout=120,
-        )
+        results["local"] = _ask_locally(served, max_tokens=40)
         results["local_done"] = time.monotonic()
 
     def api_stream() -> None:
@@ -196,10 +187,11 @@ def _locked_stop(served: Any) -> None:
     assert '"ledger_rows_lost": 0' in log
 
 
-def _local_answer(served: Any, sent: list[str]) -> None:
-    r = httpx.post(
+def _ask_locally(served: Any, max_tokens: int) -> httpx.Response:
+    """The story asked of the local model (any answer accepted), as request ``in-flight-local``."""
+    return httpx.post(
         served.base + "/v1/chat/completions",
-        json={"model": "gpt-4o-mini", "messages": STORY, "max_tokens": 24},
+        json={"model": "gpt-4o-mini", "messages": STORY, "max_tokens": max_tokens},
         headers={
             "x-frugal-route": "local",
             "x-frugal-min-quality": "0",
@@ -207,5 +199,9 @@ def _local_answer(served: Any, sent: list[str]) -> None:
         },
         timeout=120,
     )
+
+
+def _local_answer(served: Any, sent: list[str]) -> None:
+    r = _ask_locally(served, max_tokens=24)
     if r.status_code == 200:
         sent.append("in-flight-local")
