@@ -102,6 +102,12 @@ class Kit:
     def __init__(self, base: Path, example_text: str | None = None) -> None:
         self.repo = base / "repo"
         self.root = base / "root"
+        # where install.sh puts things, under the staging root
+        self.unit = self.root / "etc/systemd/system" / UNIT_NAME
+        self.config = self.root / "etc/frugal-proxy/frugal.toml"
+        self.env_file = self.root / "etc/frugal-proxy/env"
+        self.state = self.root / "var/lib/frugal-proxy"
+        self.prefix = self.root / "opt/frugal-proxy"
         self.log = base / "system-commands.log"
         shutil.copytree(DEPLOY, self.repo / "deploy")
         shutil.copytree(REPO / "requirements", self.repo / "requirements")
@@ -125,27 +131,6 @@ class Kit:
 
     def system_calls(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
-
-    # Staged paths
-    @property
-    def unit(self) -> Path:
-        return self.root / "etc/systemd/system" / UNIT_NAME
-
-    @property
-    def config(self) -> Path:
-        return self.root / "etc/frugal-proxy/frugal.toml"
-
-    @property
-    def env_file(self) -> Path:
-        return self.root / "etc/frugal-proxy/env"
-
-    @property
-    def state(self) -> Path:
-        return self.root / "var/lib/frugal-proxy"
-
-    @property
-    def prefix(self) -> Path:
-        return self.root / "opt/frugal-proxy"
 
 
 @pytest.fixture
