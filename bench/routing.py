@@ -42,8 +42,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,8 +55,8 @@ import httpx  # noqa: E402
 from proxy import config  # noqa: E402
 from proxy.engine.local_engine import LocalEngine  # noqa: E402
 from proxy.engine.model_files import bundled_model_path  # noqa: E402
-from proxy.http.app import create_app  # noqa: E402
 from tests.fake_api import FakeAPI  # noqa: E402
+from tests.in_process import in_process  # noqa: E402
 
 MODEL = "gpt-4o-mini"
 KEY_ENV = "FRUGAL_BENCH_UPSTREAM_KEY"
@@ -162,18 +160,6 @@ def settings_for(
     )
 
 
-@asynccontextmanager
-async def app_client(settings: Any, engine: LocalEngine) -> AsyncIterator[httpx.AsyncClient]:
-    """An httpx client on the app, in process, its lifespan running for the block."""
-    app = create_app(settings, engine=engine)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://127.0.0.1", timeout=600
-        ) as client:
-            yield client
-
-
 async def ask(
     client: httpx.AsyncClient, prompt: str, max_tokens: int, headers: dict[str, str] | None = None
 ) -> httpx.Response:
@@ -205,7 +191,7 @@ async def run_burst(
         db, api, predictive=variant == "predictive", timeout_s=timeout_s, threads=args.threads
     )
     run = Run(variant)
-    async with app_client(settings, engine) as client:
+    async with in_process(settings, engine, timeout_s=600) as client:
         start = time.perf_counter()
 
         async def one(i: int, prompt: str) -> Result:
@@ -257,7 +243,7 @@ async def warm_up(
         workdir / "warmup.db", api, predictive=False, timeout_s=600, threads=args.threads
     )
     alone = 0.0
-    async with app_client(settings, engine) as client:
+    async with in_process(settings, engine, timeout_s=600) as client:
         for prompt in prompts:
             t = time.perf_counter()
             await ask(client, prompt, args.max_tokens, {"x-frugal-route": "local"})

@@ -18,8 +18,8 @@ import structlog
 
 from proxy import config
 from proxy.engine.local_engine import LocalEngine
-from proxy.http.app import create_app
 from tests.fake_api import FakeAPI
+from tests.in_process import in_process
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -86,14 +86,8 @@ def make_client(tmp_path: Path, engine: LocalEngine) -> Callable[..., Any]:
     async def factory(
         settings: config.Settings, *, own_engine: bool = False
     ) -> AsyncIterator[httpx.AsyncClient]:
-        app = create_app(settings, engine=None if own_engine else engine)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://localhost", timeout=60
-            ) as client:
-                client.app = app  # type: ignore[attr-defined]
-                yield client
+        async with in_process(settings, None if own_engine else engine) as client:
+            yield client
 
     return factory
 
