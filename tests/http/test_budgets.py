@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +21,8 @@ from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.tenants import keys
 from proxy.ledger.tenants.budgets import Budgets, month_of
 from tests import pg
+from tests.conftest import AppFactory, ledger_settings
 from tests.fake_api import FakeAPI
-from tests.ledger.conftest import (  # noqa: F401 - fixtures
-    database,
-    ledger_settings,
-    open_app,
-    pg_server,
-)
 
 ASK = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hi."}]}
 API = {"x-frugal-route": "api"}
@@ -49,9 +43,7 @@ def spend(db: Database, name: str) -> tuple[int, int]:
 
 
 async def test_a_budget_is_never_passed_and_its_reservations_are_released(
-    open_app: Callable[..., Any],  # noqa: F811
-    fake_api: FakeAPI,
-    database: Database,  # noqa: F811
+    open_app: AppFactory, fake_api: FakeAPI, database: Database
 ) -> None:
     # gpt-4o-mini: $0.15 / $0.60 per Mtok; a worst case of ~30 prompt + 20 answer tokens is
     # about $0.000017, so a $0.0001 budget holds a few of these requests, not twenty. All twenty
@@ -77,9 +69,7 @@ async def test_a_budget_is_never_passed_and_its_reservations_are_released(
 
 
 async def test_a_key_may_use_only_its_models_and_its_rpm(
-    open_app: Callable[..., Any],  # noqa: F811
-    fake_api: FakeAPI,
-    database: Database,  # noqa: F811
+    open_app: AppFactory, fake_api: FakeAPI, database: Database
 ) -> None:
     # rpm is counted from the headers, before the body names a model: the 403 counts too.
     key = keys.create(database, "narrow", rpm=3, models=("gpt-4o-mini", "local"))
@@ -144,9 +134,9 @@ EMBED = {"model": "text-embedding-3-small", "input": "word " * 500}
     ids=["completions", "embeddings"],
 )
 async def test_completions_and_embeddings_hold_to_the_budget(
-    open_app: Callable[..., Any],  # noqa: F811
+    open_app: AppFactory,
     fake_api: FakeAPI,
-    database: Database,  # noqa: F811
+    database: Database,
     path: str,
     body: dict[str, Any],
     budget_pusd: int,
@@ -170,9 +160,7 @@ async def test_completions_and_embeddings_hold_to_the_budget(
 
 
 async def test_completions_and_embeddings_keep_the_keys_models_and_rpm(
-    open_app: Callable[..., Any],  # noqa: F811
-    fake_api: FakeAPI,
-    database: Database,  # noqa: F811
+    open_app: AppFactory, fake_api: FakeAPI, database: Database
 ) -> None:
     # Each key's 403 below counts against its rpm (counted before the body names the model).
     text = keys.create(database, "text", rpm=3, models=("gpt-4o-mini",))
@@ -201,9 +189,7 @@ async def test_completions_and_embeddings_keep_the_keys_models_and_rpm(
 
 
 async def test_report_by_key_shows_each_budget_and_its_use(
-    open_app: Callable[..., Any],  # noqa: F811
-    fake_api: FakeAPI,
-    database: Database,  # noqa: F811
+    open_app: AppFactory, fake_api: FakeAPI, database: Database
 ) -> None:
     from decimal import Decimal
 

@@ -6,14 +6,12 @@ opts out, and one key never gets another key's entry unless ``[cache] shared``."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
 
 from proxy.ledger.db import access
 from proxy.ledger.db.location import Database
 from proxy.ledger.tenants import keys
+from tests.conftest import AppFactory
 from tests.fake_api import FakeAPI
-from tests.ledger.conftest import database, open_app, pg_server  # noqa: F401 - fixtures
 
 CHAT = "/v1/chat/completions"
 ASK = {
@@ -39,9 +37,7 @@ async def _settled() -> None:
 
 
 async def test_a_deterministic_request_is_answered_from_the_cache(
-    open_app: Callable[..., Any],  # noqa: F811
-    fake_api: FakeAPI,
-    database: Database,  # noqa: F811
+    open_app: AppFactory, fake_api: FakeAPI, database: Database
 ) -> None:
     alice, bob = _to_api_as(database, "alice", "bob")
     async with open_app(cache=CACHE) as client:
@@ -72,9 +68,7 @@ async def test_a_deterministic_request_is_answered_from_the_cache(
 
 
 async def test_a_shared_cache_serves_every_key(
-    open_app: Callable[..., Any],  # noqa: F811
-    fake_api: FakeAPI,
-    database: Database,  # noqa: F811
+    open_app: AppFactory, fake_api: FakeAPI, database: Database
 ) -> None:
     alice, bob = _to_api_as(database, "alice", "bob")
     async with open_app(cache={**CACHE, "shared": True}) as client:
@@ -88,9 +82,7 @@ async def test_a_shared_cache_serves_every_key(
 
 
 async def test_a_new_key_given_a_revoked_keys_name_never_gets_its_entries(
-    open_app: Callable[..., Any],  # noqa: F811
-    fake_api: FakeAPI,
-    database: Database,  # noqa: F811
+    open_app: AppFactory, fake_api: FakeAPI, database: Database
 ) -> None:
     (old,) = _to_api_as(database, "alice")
     async with open_app(cache=CACHE) as client:

@@ -98,10 +98,10 @@ def _settings(tmp_path: Path, api: FakeAPI, **server: Any) -> Any:
 
 
 @pytest.fixture
-def open_app(
+def keyed_app(
     tmp_path: Path, fake_api: FakeAPI, make_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> Callable[..., Any]:
-    """``async with open_app(env_keys, **server) as client``: the app, as a :class:`Client`,
+    """``async with keyed_app(env_keys, **server) as client``: the app, as a :class:`Client`,
     with ``server`` in its [server] section and ``env_keys`` (if given) as its keys from the
     environment, besides those in the ledger."""
 
@@ -126,9 +126,9 @@ def _assert_share_429(response: httpx.Response, body: StalledBody, name: str) ->
 
 
 async def test_a_key_holds_at_most_its_share_and_its_next_request_is_refused_before_its_body(
-    tmp_path: Path, fake_api: FakeAPI, open_app: Callable[..., Any]
+    tmp_path: Path, fake_api: FakeAPI, keyed_app: Callable[..., Any]
 ) -> None:
-    async with open_app(f"hog:{HOG},other:{OTHER}", max_concurrency=8) as client:
+    async with keyed_app(f"hog:{HOG},other:{OTHER}", max_concurrency=8) as client:
         http = client.http
         for _ in range(2):  # the default share: a quarter of 8
             client.stall(HOG)
@@ -148,11 +148,11 @@ async def test_a_key_holds_at_most_its_share_and_its_next_request_is_refused_bef
 
 
 async def test_a_key_never_holds_every_slot_whatever_share_it_was_given(
-    tmp_path: Path, fake_api: FakeAPI, open_app: Callable[..., Any]
+    tmp_path: Path, fake_api: FakeAPI, keyed_app: Callable[..., Any]
 ) -> None:
     db = tmp_path / "ledger.db"
     big = keys.create(str(db), "big", max_concurrency=100)
-    async with open_app(
+    async with keyed_app(
         f"carol;max_concurrency=1:{CAROL},other:{OTHER}", max_concurrency=4
     ) as client:
         http = client.http
@@ -176,9 +176,9 @@ async def test_a_key_never_holds_every_slot_whatever_share_it_was_given(
 
 
 async def test_a_request_without_a_good_key_is_refused_without_taking_a_slot(
-    tmp_path: Path, fake_api: FakeAPI, open_app: Callable[..., Any]
+    tmp_path: Path, fake_api: FakeAPI, keyed_app: Callable[..., Any]
 ) -> None:
-    async with open_app(f"hog:{HOG},other:{OTHER}", max_concurrency=2) as client:
+    async with keyed_app(f"hog:{HOG},other:{OTHER}", max_concurrency=2) as client:
         http = client.http
         client.stall(HOG)  # a share of 1: one slot of 2 held
         await client.held(1)
@@ -205,11 +205,11 @@ async def test_a_request_without_a_good_key_is_refused_without_taking_a_slot(
 
 
 async def test_the_keys_rpm_is_counted_before_its_body_is_read(
-    tmp_path: Path, fake_api: FakeAPI, open_app: Callable[..., Any]
+    tmp_path: Path, fake_api: FakeAPI, keyed_app: Callable[..., Any]
 ) -> None:
     db = tmp_path / "ledger.db"
     limited = keys.create(str(db), "limited", rpm=1)
-    async with open_app() as client:
+    async with keyed_app() as client:
         http = client.http
         first = await http.post(URL, json=ASK, headers=_headers(limited))
         second, body = await client.refused(limited)
