@@ -236,19 +236,22 @@ def test_unit_runs_the_installed_proxy_the_documented_way() -> None:
         "Environment"
     ]
     assert CACHE_DIR.startswith("/var/lib/" + one("StateDirectory") + "/")
-    assert one("EnvironmentFile") == "/etc/frugal-proxy/env"
-    assert one("User") == "frugal"
-    assert one("StateDirectory") == "frugal-proxy"
-    assert one("WorkingDirectory") == "/var/lib/frugal-proxy"
-    assert one("Restart") == "on-failure"
-    assert one("RestartSec") == "2"
-    assert one("KillSignal") == "SIGTERM"
-    assert one("KillMode") == "mixed"
-    assert one("MemorySwapMax") == "0"
-    assert one("MemoryMax") == "7G"
-    assert one("UMask") == "0077"
-    assert one("ProtectProc") == "invisible"
-    assert one("WantedBy") == "multi-user.target"
+    expected = {
+        "EnvironmentFile": "/etc/frugal-proxy/env",
+        "User": "frugal",
+        "StateDirectory": "frugal-proxy",
+        "WorkingDirectory": "/var/lib/frugal-proxy",
+        "Restart": "on-failure",
+        "RestartSec": "2",
+        "KillSignal": "SIGTERM",
+        "KillMode": "mixed",
+        "MemorySwapMax": "0",
+        "MemoryMax": "7G",
+        "UMask": "0077",
+        "ProtectProc": "invisible",
+        "WantedBy": "multi-user.target",
+    }
+    assert {key: one(key) for key in expected} == expected
     drain = drain_s_from_example()
     stop = float(one("TimeoutStopSec"))
     assert stop >= drain + 5, (
