@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             def serves(name: str, endpoint: str) -> bool:
                 return endpoint == "chat" or name != "litellm"
 
+            direct_sent = dict.fromkeys(ENDPOINTS, 0)  # what wrk sent the upstream itself
             for endpoint in endpoints:  # warm-up: connection pools, caches, lazy imports
                 for name in order:
                     if not serves(name, endpoint):
@@ -199,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                     cell = measure(
                         targets[name], 16, args.warmup, 0, load_cpus, tmp, endpoint, store
                     )
+                    if name == "direct":
+                        direct_sent[endpoint] += cell.requests
                     print(
                         f"warm-up {name} {endpoint}: {cell.requests} requests, "
                         f"{cell.errors} errors",
@@ -224,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                             *(conns, args.window, round_, load_cpus, tmp, endpoint, store),
                         )
                         run.cells.append(cell)
+                        if name == "direct":
+                            direct_sent[endpoint] += cell.requests
                         print(
                             f"round {round_} {name:>14} {endpoint:>9} c={conns:<2} "
                             f"p50={cell.p50_ms:.3f}ms "
@@ -232,12 +237,15 @@ def main(argv: list[str] | None = None) -> int:
                             f"rows={cell.ledger_rows}",
                             file=sys.stderr,
                         )
-            if args.upstream == "fast":  # which upstream endpoint the proxies' fallback used
-                # (direct's requests included: a proxy's Responses fallback shows up as more
-                # upstream chat requests than chat cells served, or more Responses ones)
-                run.conditions["upstream_requests"] = {
+            if args.upstream == "fast":
+                # Which upstream endpoint the proxies' Responses fallback used: what the upstream
+                # answered, less what wrk sent it directly (and the one chat request of its
+                # readiness check). Translated, a Responses request is an upstream chat request.
+                run.conditions["upstream_requests_from_proxies"] = {
                     kind: int(httpx.get(f"{direct_url}/count/{kind}", timeout=5).text)
-                    for kind in ("chat", "responses")
+                    - direct_sent[kind]
+                    - (kind == "chat")
+                    for kind in ENDPOINTS
                 }
         run.conditions["loadavg_end"] = os.getloadavg()
         print(report(run, order, connections, endpoints))
