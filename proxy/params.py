@@ -468,9 +468,10 @@ RESPONSES_NOT_YET: dict[str, str] = {
     "conversation": "conversations are not served: use previous_response_id, or send the whole "
     "conversation in 'input'",
     "background": "background responses need stored responses",
-    "reasoning": "the local model does not reason, and the fallback is Chat Completions",
+    "reasoning": "the local model does not reason, and the fallback is Chat Completions "
+    '([fallback] responses = "translate")',
     "prompt": "stored prompt templates are OpenAI's own",
-    "max_tool_calls": "built-in tools are not served yet",
+    "max_tool_calls": "built-in tools are not served by Chat Completions",
     "top_logprobs": "logprobs are not in Responses answers yet",
     "access_programs": "it is OpenAI's own",
     "background_options": "background responses need stored responses",

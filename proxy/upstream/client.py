@@ -171,6 +171,11 @@ class Upstream:
         route = self._routes.get(requested_model)
         return route[0] if route is not None else requested_model
 
+    def via_litellm(self, requested_model: str) -> bool:
+        """Whether a request for ``requested_model`` goes through litellm (not ``api_base``)."""
+        route = self._routes.get(requested_model)
+        return route is not None and route[1]
+
     def model_ids(self) -> list[str]:
         """The names the mapping knows, for ``GET /v1/models``."""
         return list(self._settings.models)
@@ -250,6 +255,30 @@ class Upstream:
             if route is not None and not route[1]:
                 body = {**body, "model": route[0]}
         return await self._post(self._url(path), body, request_id)
+
+    async def post_direct(
+        self, path: str, body: dict[str, Any], *, request_id: str
+    ) -> UpstreamResponse:
+        """POST a ``body`` the caller built from its own allow-list to ``api_base + path``
+        (:mod:`proxy.upstream.responses_api`), JSON back, under the retry policy."""
+        return await self._post(self._url(path), body, request_id)
+
+    async def open_direct(
+        self, path: str, body: dict[str, Any], *, request_id: str
+    ) -> UpstreamStream:
+        """Open a streamed POST of such a ``body``; returns once upstream has answered 200."""
+        started = time.perf_counter()
+        content = _encode(body).encode()
+        response, tries = await self._retry(
+            _open, self._ready(), self._url(path), content, _headers(request_id), self._proxy
+        )
+        return UpstreamStream(
+            response.content.iter_any(),
+            _closer(response),
+            strip_usage=False,
+            latency_s=time.perf_counter() - started,
+            attempts=tries,
+        )
 
     # -- the direct route ----------------------------------------------------------------------
 
