@@ -95,7 +95,9 @@ class ResponsesHandler(ChatHandler):
         earlier = await state.history(request, previous) if previous is not None else []
         conversation = [*earlier, *items]
         api_own = self._api_own(asked["model"])
-        stand, taken = stand_in({**asked, "input": conversation}, API_ONLY)
+        # Without an earlier turn, the input as it was sent (a string stays one message).
+        given = conversation if earlier else asked["input"]
+        stand, taken = stand_in({**asked, "input": given}, API_ONLY)
         body = chat_of(stand)
         if self.services.settings.server.log_content:
             ex.content_out = []

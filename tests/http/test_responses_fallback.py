@@ -42,9 +42,15 @@ def sdk(tmp_path: Path, fake_api: FakeAPI, make_client: Any) -> Callable[..., An
     async def factory(mode: str | None = None) -> AsyncIterator[Any]:
         fallback = {} if mode is None else {"responses": mode}
         async with make_client(settings_for(tmp_path, fake_api, fallback=fallback)) as http:
-            yield openai.AsyncOpenAI(
-                api_key="sk-unused", base_url="http://localhost/v1", http_client=http, max_retries=0
-            ), http
+            yield (
+                openai.AsyncOpenAI(
+                    api_key="sk-unused",
+                    base_url="http://localhost/v1",
+                    http_client=http,
+                    max_retries=0,
+                ),
+                http,
+            )
 
     return factory
 
