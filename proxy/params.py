@@ -397,7 +397,8 @@ RESPONSES: tuple[Param, ...] = (
     Param(
         name="tools",
         handling=HONOURED,
-        doc="Function tools, in the Responses' flat shape; built-in tools are a 400 (not yet).",
+        doc="Function tools, in the Responses' flat shape; a built-in tool sends the request to "
+        "the API's own /v1/responses (a 400 with [fallback] responses = translate).",
         type="array",
         shape="responses_tools",
     ),

@@ -82,7 +82,7 @@ class ResponsesHandler(ChatHandler):
         only it can do is let through (its own checks are the API's)."""
         if isinstance(body, dict) and self._api_own(body.get("model")):
             stand, taken = stand_in(body, API_ONLY)
-            if taken:
+            if taken and "a 'item_reference' item" not in taken:  # names an upstream-stored item
                 responses_request(stand)
                 return body
         return responses_request(body)
