@@ -162,10 +162,16 @@ def chat_of(body: dict[str, Any]) -> dict[str, Any]:
         raise BadRequest(message, param=param, code=exc.code) from None
 
 
+def _typed(value: Any, names: frozenset[str]) -> bool:
+    """Whether ``value`` (an unchecked item, part or tool) has a ``type`` among ``names``."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    return isinstance(kind, str) and kind in names
+
+
 def _taken_parts(content: Any) -> tuple[Any, list[str]]:
     if not isinstance(content, list):
         return content, []
-    kept = [p for p in content if not (isinstance(p, dict) and p.get("type") in LATER_PARTS)]
+    kept = [p for p in content if not _typed(p, LATER_PARTS)]
     taken = [f"a '{p['type']}' part" for p in content if p not in kept]
     return kept, taken
 
@@ -178,11 +184,11 @@ def stand_in(body: dict[str, Any], api_only: tuple[str, ...]) -> tuple[dict[str,
     out = {k: v for k, v in body.items() if k not in api_only}
     tools = body.get("tools")
     if isinstance(tools, list):
-        later = [t for t in tools if isinstance(t, dict) and t.get("type") in LATER_TOOLS]
+        later = [t for t in tools if _typed(t, LATER_TOOLS)]
         taken += [f"the built-in tool '{t['type']}'" for t in later]
         out["tools"] = [t for t in tools if t not in later] or None
     choice = body.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") in LATER_TOOLS:
+    if _typed(choice, LATER_TOOLS):
         out["tool_choice"] = None
     given = body.get("input")
     if isinstance(given, list):
@@ -190,7 +196,7 @@ def stand_in(body: dict[str, Any], api_only: tuple[str, ...]) -> tuple[dict[str,
         for item in given:
             if not isinstance(item, dict):
                 items.append(item)
-            elif item.get("type") in LATER_ITEMS:
+            elif _typed(item, LATER_ITEMS):
                 taken.append(f"a '{item['type']}' item")
             elif "content" in item:
                 content, parts = _taken_parts(item["content"])

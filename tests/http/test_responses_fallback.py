@@ -39,8 +39,8 @@ def sdk(tmp_path: Path, fake_api: FakeAPI, make_client: Any) -> Callable[..., An
     default)."""
 
     @asynccontextmanager
-    async def factory(mode: str | None = None) -> AsyncIterator[Any]:
-        fallback = {} if mode is None else {"responses": mode}
+    async def factory(mode: str | None = None, **more: Any) -> AsyncIterator[Any]:
+        fallback = ({} if mode is None else {"responses": mode}) | more
         async with make_client(settings_for(tmp_path, fake_api, fallback=fallback)) as http:
             yield (
                 openai.AsyncOpenAI(
@@ -264,3 +264,83 @@ async def test_a_function_tool_round_trip_on_the_apis_responses(
         "function_call_output",
     ]
     assert sent["input"][1]["call_id"] == call.call_id
+
+
+async def test_a_model_routed_through_litellm_is_translated(
+    sdk: Any, fake_api: FakeAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """litellm's providers have no /v1/responses: the API route asks for a chat completion
+    (litellm's hosted_vllm provider, pointed at the fake API), and a built-in tool is a 400."""
+    monkeypatch.setenv("HOSTED_VLLM_API_BASE", fake_api.url)
+    models = {"gpt-4o-mini": "hosted_vllm/served-model"}
+    async with sdk(models=models) as (client, _http):
+        response = await client.responses.create(
+            model="gpt-4o-mini", input=QUESTION, extra_headers=API
+        )
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.responses.create(
+                model="gpt-4o-mini",
+                input=QUESTION,
+                tools=[{"type": "web_search"}],
+                extra_headers=API,
+            )
+    assert response.output_text == fake_api.reply
+    assert [(path, body["model"]) for path, _h, body in fake_api.requests] == [
+        ("/v1/chat/completions", "served-model")
+    ]
+    assert caught.value.body["param"] == "tools[0].type"  # type: ignore[index]
+
+
+async def test_an_upstream_429_is_passed_on_and_recorded(
+    sdk: Any, fake_api: FakeAPI, tmp_path: Path
+) -> None:
+    fake_api.set(fail_status=429, retry_after=0)
+    async with sdk() as (client, _http):
+        with pytest.raises(openai.RateLimitError) as caught:
+            await client.responses.create(model="gpt-4o-mini", input=QUESTION, extra_headers=API)
+    assert caught.value.status_code == 429
+    assert [path for path, _h, _b in fake_api.requests] == ["/v1/responses"] * 2  # one retry
+    [row] = rows(tmp_path / "ledger.db")
+    assert (row["endpoint"], row["route"], row["status"]) == ("responses", "api", 429)
+
+
+async def test_a_stream_cut_by_the_upstream_ends_with_an_error_event(
+    sdk: Any, fake_api: FakeAPI, tmp_path: Path
+) -> None:
+    fake_api.set(cut_stream_after=4)
+    async with sdk() as (_client, http):
+        body = {"model": "gpt-4o-mini", "input": QUESTION, "stream": True}
+        r = await http.post("/v1/responses", json=body, headers=API)
+    assert r.status_code == 200
+    payloads = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    assert [p["sequence_number"] for p in payloads] == list(range(len(payloads)))
+    assert [p["type"] for p in payloads][:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert payloads[-1]["type"] == "error"
+    [row] = rows(tmp_path / "ledger.db")
+    assert (row["endpoint"], row["route"]) == ("responses", "api")
+    assert row["error"] is not None
+
+
+@pytest.mark.parametrize("mode", [None, "translate"])
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tool_choice": {"type": {}, "name": ""}}, "tool_choice.type"),
+        ({"tools": [{"type": ["web_search"]}]}, "tools[0].type"),
+        ({"input": [{"type": {}, "role": "user", "content": "hi"}]}, "input[0].type"),
+    ],
+)
+async def test_a_type_that_is_not_a_string_is_a_400_naming_it(
+    sdk: Any, fake_api: FakeAPI, mode: str | None, extra: dict[str, Any], param: str
+) -> None:
+    body = {"model": "gpt-4o-mini", "input": QUESTION, **extra}
+    async with sdk(mode) as (_client, http):
+        r = await http.post("/v1/responses", json=body, headers=API)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert fake_api.count == 0
