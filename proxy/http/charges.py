@@ -130,7 +130,10 @@ async def await_abandoned(
         return
     ex.upstream_attempts = reply.attempts
     usage = reply.body.get("usage")
-    if isinstance(usage, dict) and usage.get("prompt_tokens") is not None:
+    if (
+        isinstance(usage, dict)
+        and (usage.get("prompt_tokens") or usage.get("input_tokens")) is not None
+    ):
         ex.take_usage(usage)
     else:
         charge_worst_case(ex)
