@@ -114,7 +114,7 @@ class ResponsesHandler(ChatHandler):
 
         only_api = [t for t in taken if "item" not in t]  # earlier built-in calls: said already
         if api_own and only_api:
-            if plan.local_only:
+            if plan.local_only or not self.router.fallback_enabled:
                 raise BadRequest(
                     "the local model cannot serve this request (" + ", ".join(only_api) + ")",
                     param="model",
@@ -300,7 +300,13 @@ async def _relayed(
                 )
                 if not data.startswith(b"{"):
                     continue  # a comment, or a [DONE] some servers add
-                payload = json.loads(data)
+                try:
+                    payload = json.loads(data)
+                except ValueError:
+                    out.append(raw + b"\n\n")  # not ours to mend: relayed as it came
+                    continue
+                if not isinstance(payload, dict):
+                    continue
                 response = payload.get("response")
                 if isinstance(response, dict):
                     payload["response"] = response = _ours(response, asked, our_id)

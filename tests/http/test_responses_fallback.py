@@ -346,3 +346,14 @@ async def test_a_type_that_is_not_a_string_is_a_400_naming_it(
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
     assert fake_api.count == 0
+
+
+async def test_without_a_fallback_what_only_the_api_can_do_is_a_400(
+    tmp_path: Path, make_client: Any
+) -> None:
+    body = {"model": "gpt-4o-mini", "input": QUESTION, "tools": [{"type": "web_search"}]}
+    async with make_client(settings_for(tmp_path)) as http:  # no [fallback] api_base
+        r = await http.post("/v1/responses", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "unsupported_locally" and "web_search" in error["message"]
