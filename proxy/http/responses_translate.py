@@ -87,7 +87,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 content = content if isinstance(content, str) else _text_of(content)
             elif not isinstance(content, str):
                 content = [
-                    {"type": "text", "text": p["text"]} for p in content if p["type"] in TEXT_PARTS
+                    {"type": "text", "text": p["text"]} for p in content if _typed(p, TEXT_PARTS)
                 ]
             messages.append({"role": item["role"], "content": content})
     return messages
