@@ -367,6 +367,7 @@ def test_official_node_client_on_the_responses_api(
     own /v1/responses is sent the earlier turn), responses.stream on the API route (the final
     text the joined deltas, ordered sequence numbers), and a retrieve of the stored answer."""
     sent_before = api.count
+    reply = api.reply  # what the API answers now (another test may have reset it)
     out = subprocess.run(
         ["node", "responses.mjs", served.base + "/v1"],
         cwd=node_openai,
@@ -380,11 +381,11 @@ def test_official_node_client_on_the_responses_api(
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["route"] == "local", seen
     assert seen["text"] and seen["usage"]["output_tokens"] > 0
-    assert seen["followed_text"] == API_REPLY and seen["followed_previous"] == seen["local_id"]
-    assert seen["deltas"] == seen["final_text"] == API_REPLY
+    assert seen["followed_text"] == reply and seen["followed_previous"] == seen["local_id"]
+    assert seen["deltas"] == seen["final_text"] == reply
     assert seen["sequence"] == list(range(len(seen["sequence"])))
     assert (seen["first"], seen["last"]) == ("response.created", "response.completed")
-    assert seen["fetched_id"] == seen["final_id"] and seen["fetched_text"] == API_REPLY
+    assert seen["fetched_id"] == seen["final_id"] and seen["fetched_text"] == reply
     followed, streamed = [r.body for r in api.requests[sent_before:]]
     assert followed["store"] is False and streamed["store"] is False and streamed["stream"]
     assert [item["role"] for item in followed["input"]] == ["user", "assistant", "user"]
