@@ -92,10 +92,8 @@ class Proxy:
 
 
 async def main() -> None:
-    import httpx
-
     from proxy import config
-    from proxy.http.app import create_app
+    from tests.in_process import in_process
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
@@ -109,43 +107,40 @@ async def main() -> None:
             "ledger": {"path": "/tmp/frugal-bench-overhead.db"},
         }
     )
-    app = create_app(settings)
     systems: dict[str, Any] = {
         "raw (flash_attn off, library default)": Raw(path, args.threads, False),
         "raw (flash_attn on, as the proxy)": Raw(path, args.threads, True),
     }
     results: dict[str, dict[str, list[float]]] = {}
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://b", timeout=600) as c:
-            pid = app.state.services.engine.health()["pid"]
-            systems = {"proxy": Proxy(c, pid), **systems}
-            tag = 0
-            for system in systems.values():  # warm up each once
-                await system.ask(_prompt(-1, False), 2)
+    async with in_process(settings, timeout_s=600) as c:
+        pid = c.app.state.services.engine.health()["pid"]
+        systems = {"proxy": Proxy(c, pid), **systems}
+        tag = 0
+        for system in systems.values():  # warm up each once
+            await system.ask(_prompt(-1, False), 2)
 
-            def cpu(system: Any) -> float:
-                return time.process_time() + _worker_cpu(system.pid)
+        def cpu(system: Any) -> float:
+            return time.process_time() + _worker_cpu(system.pid)
 
-            for _ in range(args.reps):
-                for name, system in systems.items():
-                    tag += 1
-                    r = results.setdefault(
-                        name, {"prefill": [], "decode": [], "prefill_cpu": [], "decode_cpu": []}
-                    )
-                    c0 = cpu(system)
-                    wall, n_prompt = await system.ask(_prompt(tag, True), 1)
-                    r["prefill"].append(n_prompt / wall)
-                    r["prefill_cpu"].append(n_prompt / (cpu(system) - c0))
-                    short = _prompt(tag, False)
-                    await system.ask(short, 1)
-                    c0 = cpu(system)
-                    t1, _ = await system.ask(short, 1)
-                    c1 = cpu(system)
-                    t65, _ = await system.ask(short, 65)
-                    c65 = cpu(system)
-                    r["decode"].append(64 / (t65 - t1))
-                    r["decode_cpu"].append(64 / ((c65 - c1) - (c1 - c0)))
+        for _ in range(args.reps):
+            for name, system in systems.items():
+                tag += 1
+                r = results.setdefault(
+                    name, {"prefill": [], "decode": [], "prefill_cpu": [], "decode_cpu": []}
+                )
+                c0 = cpu(system)
+                wall, n_prompt = await system.ask(_prompt(tag, True), 1)
+                r["prefill"].append(n_prompt / wall)
+                r["prefill_cpu"].append(n_prompt / (cpu(system) - c0))
+                short = _prompt(tag, False)
+                await system.ask(short, 1)
+                c0 = cpu(system)
+                t1, _ = await system.ask(short, 1)
+                c1 = cpu(system)
+                t65, _ = await system.ask(short, 65)
+                c65 = cpu(system)
+                r["decode"].append(64 / (t65 - t1))
+                r["decode_cpu"].append(64 / ((c65 - c1) - (c1 - c0)))
     proxy = results["proxy"]
     print(f"SmolLM2-135M Q4_1, n_ctx 4096, {args.threads} thread(s), {args.reps} runs, medians")
     print(f"{'tok/s':38} {'prefill':>8} {'decode':>7} {'prefill cpu':>12} {'decode cpu':>11}")

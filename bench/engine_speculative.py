@@ -121,6 +121,22 @@ def _batch_decode(
     return wall / share, cpu / share, out
 
 
+def _plain_and_lookup(args: argparse.Namespace, path: str, n_ctx: int) -> tuple[Any, Any]:
+    """Our model loaded twice: plain (not calibrated), and with prompt lookup as ``args`` say."""
+    from proxy.engine.generate import LocalModel
+
+    plain = LocalModel.load(path, n_ctx=n_ctx, n_threads=args.threads, calibrate=False)
+    lookup = LocalModel.load(
+        path,
+        n_ctx=n_ctx,
+        n_threads=args.threads,
+        speculative="prompt-lookup",
+        draft_max_tokens=args.draft_max,
+        lookup_ngram=args.ngram,
+    )
+    return plain, lookup
+
+
 def _ours(args: argparse.Namespace, path: str) -> tuple[Any, Any, Any, Any]:
     """Our engine plain and with prompt lookup, as ``run`` callables, and what to close."""
     from proxy.engine.batch.decode import BatchEngine
@@ -144,15 +160,7 @@ def _ours(args: argparse.Namespace, path: str) -> tuple[Any, Any, Any, Any]:
             return go
 
         return timed(plain), timed(spec), (plain, spec), model
-    single = LocalModel.load(path, n_ctx=1024, n_threads=args.threads, calibrate=False)
-    lookup = LocalModel.load(
-        path,
-        n_ctx=1024,
-        n_threads=args.threads,
-        speculative="prompt-lookup",
-        draft_max_tokens=args.draft_max,
-        lookup_ngram=args.ngram,
-    )
+    single, lookup = _plain_and_lookup(args, path, n_ctx=1024)
 
     def timed_single(model: Any) -> Any:
         def go(messages: list[dict[str, Any]], n: int) -> tuple[float, float, Any]:
@@ -260,8 +268,6 @@ def library(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    from proxy.engine.generate import LocalModel
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
@@ -277,15 +283,7 @@ def main() -> None:
         library(args)
         return
     path = smollm2_path()
-    plain = LocalModel.load(path, n_ctx=2048, n_threads=args.threads, calibrate=False)
-    spec = LocalModel.load(
-        path,
-        n_ctx=2048,
-        n_threads=args.threads,
-        speculative="prompt-lookup",
-        draft_max_tokens=args.draft_max,
-        lookup_ngram=args.ngram,
-    )
+    plain, spec = _plain_and_lookup(args, path, n_ctx=2048)
     assert spec.calibration is not None
     print(f"calibration: {spec.calibration.as_dict()}")
     print(

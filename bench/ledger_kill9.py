@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ledger_load import Load, Stack  # noqa: E402
 
+from tests.loopback import outlived  # noqa: E402
+
 
 async def trial(clients: int, seconds: float) -> tuple[int, int, list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
@@ -40,14 +42,7 @@ async def trial(clients: int, seconds: float) -> tuple[int, int, list[float]]:
         load.stop.set()
         await running
         stack.serve.wait(timeout=10)
-        for _ in range(100):  # the engine worker ends with its parent; make sure it did
-            try:
-                os.kill(engine_pid, 0)
-            except ProcessLookupError:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            os.kill(engine_pid, signal.SIGKILL)
+        if await outlived(engine_pid):  # the engine worker ends with its parent; make sure it did
             print("warning: the engine worker outlived the killed server")
         stack.stop()
         rows = stack.rows()

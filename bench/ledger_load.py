@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -32,26 +31,13 @@ FRUGAL = str(Path(sys.executable).with_name("frugal"))
 sys.path.insert(0, str(ROOT))
 
 from tests.ledger.load import Load  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.loopback import free_port, poll_ready  # noqa: E402
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{proc.args} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"{url} did not come up")
+    problem = poll_ready(proc, lambda: httpx.get(url, timeout=2).status_code < 500, timeout)
+    if problem:
+        raise SystemExit(f"{proc.args} {problem} ({url})")
 
 
 class Stack:

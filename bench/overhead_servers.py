@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,14 +27,10 @@ UPSTREAM_KEY = "sk-bench-upstream-" + "0" * 16
 MODEL = "gpt-4o-mini"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
+sys.path.insert(0, str(ROOT))
+from tests.loopback import free_port, poll_ready, terminate  # noqa: E402
 
 # -- processes -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pinned(cpus: str | None, argv: list[str]) -> list[str]:
@@ -80,13 +73,7 @@ class Server:
             raise SystemExit(f"{self.name} exited with {self.proc.returncode}:\n{tail}")
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout_s=30)
         return int(self.proc.returncode)
 
 
@@ -96,18 +83,11 @@ def start(
     log = tmp / f"{name}.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=tmp)
-    server = Server(name, proc, log)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        server.check_alive()
-        try:
-            if ready():
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    server.stop()
-    raise SystemExit(f"{name} did not become ready; see {log}")
+    problem = poll_ready(proc, ready, 180, every_s=0.2)
+    if problem:
+        tail = log.read_text(errors="replace")[-3000:]
+        raise SystemExit(f"{name} {problem}; see {log}:\n{tail}")
+    return Server(name, proc, log)
 
 
 def ok(url: str, headers: dict[str, str] | None = None) -> bool:

@@ -55,8 +55,8 @@ import httpx  # noqa: E402
 from proxy import config  # noqa: E402
 from proxy.engine.local_engine import LocalEngine  # noqa: E402
 from proxy.engine.model_files import bundled_model_path  # noqa: E402
-from proxy.http.app import create_app  # noqa: E402
 from tests.fake_api import FakeAPI  # noqa: E402
+from tests.in_process import in_process  # noqa: E402
 
 MODEL = "gpt-4o-mini"
 KEY_ENV = "FRUGAL_BENCH_UPSTREAM_KEY"
@@ -160,6 +160,23 @@ def settings_for(
     )
 
 
+async def ask(
+    client: httpx.AsyncClient, prompt: str, max_tokens: int, headers: dict[str, str] | None = None
+) -> httpx.Response:
+    """One chat request of ``prompt``; an error status raises."""
+    response = await client.post(
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+        },
+        headers=headers,
+    )
+    response.raise_for_status()
+    return response
+
+
 async def run_burst(
     variant: str,
     engine: LocalEngine,
@@ -173,37 +190,24 @@ async def run_burst(
     settings = settings_for(
         db, api, predictive=variant == "predictive", timeout_s=timeout_s, threads=args.threads
     )
-    app = create_app(settings, engine=engine)
     run = Run(variant)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://127.0.0.1", timeout=600
-        ) as client:
-            start = time.perf_counter()
+    async with in_process(settings, engine, timeout_s=600) as client:
+        start = time.perf_counter()
 
-            async def one(i: int, prompt: str) -> Result:
-                await asyncio.sleep(i * args.gap_ms / 1000)
-                sent = time.perf_counter()
-                response = await client.post(
-                    "/v1/chat/completions",
-                    json={
-                        "model": MODEL,
-                        "messages": [{"role": "user", "content": prompt}],
-                        "max_tokens": args.max_tokens,
-                    },
-                )
-                response.raise_for_status()
-                return Result(
-                    index=i,
-                    sent=sent - start,
-                    latency_s=time.perf_counter() - sent,
-                    route=response.headers["x-frugal-route"],
-                    reason=response.headers["x-frugal-reason"],
-                )
+        async def one(i: int, prompt: str) -> Result:
+            await asyncio.sleep(i * args.gap_ms / 1000)
+            sent = time.perf_counter()
+            response = await ask(client, prompt, args.max_tokens)
+            return Result(
+                index=i,
+                sent=sent - start,
+                latency_s=time.perf_counter() - sent,
+                route=response.headers["x-frugal-route"],
+                reason=response.headers["x-frugal-reason"],
+            )
 
-            run.results = list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
-            run.burst_s = max(r.sent + r.latency_s for r in run.results)
+        run.results = list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+        run.burst_s = max(r.sent + r.latency_s for r in run.results)
     # The app is closed: every ledger row is written and counted.
     conn = sqlite3.connect(db)
     try:
@@ -238,26 +242,12 @@ async def warm_up(
     settings = settings_for(
         workdir / "warmup.db", api, predictive=False, timeout_s=600, threads=args.threads
     )
-    app = create_app(settings, engine=engine)
     alone = 0.0
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://127.0.0.1", timeout=600
-        ) as c:
-            for prompt in prompts:
-                t = time.perf_counter()
-                response = await c.post(
-                    "/v1/chat/completions",
-                    json={
-                        "model": MODEL,
-                        "messages": [{"role": "user", "content": prompt}],
-                        "max_tokens": args.max_tokens,
-                    },
-                    headers={"x-frugal-route": "local"},
-                )
-                response.raise_for_status()
-                alone = time.perf_counter() - t
+    async with in_process(settings, engine, timeout_s=600) as client:
+        for prompt in prompts:
+            t = time.perf_counter()
+            await ask(client, prompt, args.max_tokens, {"x-frugal-route": "local"})
+            alone = time.perf_counter() - t
     return alone
 
 

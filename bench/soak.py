@@ -52,6 +52,7 @@ from tests.faults_support import (  # noqa: E402
     engine_pid,
     launch,
     ledger_rows,
+    read_events,
     rss_bytes,
     stop,
     wait_ready,
@@ -201,12 +202,7 @@ class Soak:
                     time.sleep(random.uniform(0.05, 0.5))
                 else:
                     sock.sendall(head.encode() + data)
-                    got = b""
-                    while got.count(b"data:") < 3:
-                        chunk = sock.recv(65536)
-                        if not chunk:
-                            break
-                        got += chunk
+                    read_events(sock, 3)
         except OSError:
             pass
         self.note(request_id, kind, 0, started)

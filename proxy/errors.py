@@ -1,7 +1,8 @@
 """Every error the proxy raises on purpose: the tree, with each class's status, type and code.
 
     Exception
-    ├── ConfigError                     bad settings; the CLI prints it and exits 2
+    ├── UserError                       the command line's: one clean line, its exit_code (1)
+    │   └── ConfigError                 bad settings; the CLI prints it and exits 2
     ├── ProxyError                      what a client sees: OpenAI's error JSON, with its status
     │   ├── BadRequest              400 invalid_request_error  invalid_value (names the `param`)
     │   ├── Unauthorized            401 authentication_error   invalid_api_key (WWW-Authenticate)
@@ -58,8 +59,29 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 
-class ConfigError(Exception):
+class UserError(Exception):
+    """A ``frugal`` command that cannot be done, for a reason the user can fix.
+
+    The CLI's ``main`` (:mod:`proxy.cli`) is the one place that catches it: it prints
+    ``{label}: {message}`` on one line, with no traceback, and exits with ``exit_code``. Each
+    command's own error (``frugal keys``, ``frugal report``, ...) is a subclass that sets the two
+    on the class; ``exit_code`` may also be given per instance (``frugal report``'s 2, 3 and 4).
+    """
+
+    exit_code: int = 1
+    label: str = "frugal"
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class ConfigError(UserError):
     """A setting is missing or wrong. The message names the key, the value and what was expected."""
+
+    exit_code = 2
+    label = "frugal: config error"
 
 
 class ProxyError(Exception):

@@ -28,6 +28,7 @@ import numpy.typing as npt
 from quality._types import Signal
 from quality._view import View
 from quality.embed_gguf import GGUF_NAME, PACKAGE_PIN, cache_dir, convert, package_dir
+from quality.llama_load import open_llama
 
 HEAD_WORDS = 24
 MAX_THREADS = 4
@@ -74,24 +75,19 @@ class Embedder:
 
     @classmethod
     def load(cls, path: str | Path | None = None, *, n_threads: int | None = None) -> Embedder:
-        from llama_cpp import Llama
-
-        model = Path(path) if path else gguf_path()
+        model = str(path or gguf_path())
         threads = n_threads or max(1, min(MAX_THREADS, os.cpu_count() or 1))
-        try:
-            llm = Llama(
-                str(model),
-                embedding=True,
-                n_ctx=N_CTX,
-                n_batch=N_CTX,
-                n_ubatch=N_CTX,
-                n_threads=threads,
-                n_threads_batch=threads,
-                verbose=False,
-            )
-        except (ValueError, RuntimeError, OSError) as exc:
-            raise RelevanceUnavailable(f"cannot load {model}: {exc}") from exc
-        return cls(llm, str(model), threads)
+        llm = open_llama(
+            model,
+            RelevanceUnavailable,
+            embedding=True,
+            n_ctx=N_CTX,
+            n_batch=N_CTX,
+            n_ubatch=N_CTX,
+            n_threads=threads,
+            n_threads_batch=threads,
+        )
+        return cls(llm, model, threads)
 
     def embed(self, texts: list[str]) -> npt.NDArray[np.float64]:
         with self._lock:

@@ -1,4 +1,5 @@
-"""Shared fixtures: the fake API, the real local engine, and in-process apps built on them.
+"""Shared fixtures: the fake API, the real local engine, and in-process apps built on them (on
+each ledger backend with ``open_app``, whose ``database`` comes from ``tests/ledger/conftest.py``).
 
 The engine (the real SmolLM2 in a real worker process) is started once per session and lent to
 each in-process app, which does not own it; tests that crash or stop an engine start their own.
@@ -18,8 +19,10 @@ import structlog
 
 from proxy import config
 from proxy.engine.local_engine import LocalEngine
-from proxy.http.app import create_app
+from proxy.ledger.db.location import Database
 from tests.fake_api import FakeAPI
+from tests.in_process import in_process
+from tests.ledger.conftest import database, pg_server  # noqa: F401 - for every folder
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -86,16 +89,37 @@ def make_client(tmp_path: Path, engine: LocalEngine) -> Callable[..., Any]:
     async def factory(
         settings: config.Settings, *, own_engine: bool = False
     ) -> AsyncIterator[httpx.AsyncClient]:
-        app = create_app(settings, engine=None if own_engine else engine)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://localhost", timeout=60
-            ) as client:
-                client.app = app  # type: ignore[attr-defined]
-                yield client
+        async with in_process(settings, None if own_engine else engine) as client:
+            yield client
 
     return factory
+
+
+def ledger_settings(
+    tmp_path: Path, api: FakeAPI, db: Database, **sections: dict[str, Any]
+) -> config.Settings:
+    """:func:`settings_for` with the ledger on ``db`` (its PostgreSQL URL, or ``tmp_path``'s
+    SQLite file)."""
+    ledger: dict[str, Any] = {"path": str(tmp_path / "ledger.db"), "flush_interval_s": 0.02}
+    if db.is_postgres:
+        ledger["url"] = db.url
+    return settings_for(tmp_path, api, ledger=ledger, **sections)
+
+
+@pytest.fixture
+def open_app(
+    tmp_path: Path,
+    fake_api: FakeAPI,
+    make_client: AppFactory,
+    database: Database,  # noqa: F811
+) -> AppFactory:
+    """``async with open_app(**sections) as client``: an in-process app on the fake API, its
+    ledger on ``database`` (each backend in turn)."""
+
+    def open_(**sections: dict[str, Any]) -> Any:
+        return make_client(ledger_settings(tmp_path, fake_api, database, **sections))
+
+    return open_
 
 
 @pytest.fixture(autouse=True)

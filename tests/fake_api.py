@@ -81,7 +81,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from tests.loopback import ThreadedServer
+from tests.loopback import ThreadedServer, quiet_config
 
 DEFAULT_REPLY = "Paris is the capital of France."
 EMBEDDING_DIM = 8
@@ -304,16 +304,7 @@ class FakeAPI:
     # -- life cycle --------------------------------------------------------------------------
 
     def start(self) -> FakeAPI:
-        config = uvicorn.Config(
-            self.app,
-            loop="asyncio",
-            http="h11",
-            lifespan="off",
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=2,
-        )
+        config = quiet_config(self.app, graceful_s=2)
         self._stopping = False
         self._served = ThreadedServer(config, host=self.host, port=self.port, name="fake-api")
         self.port = self._served.start()

@@ -1,6 +1,6 @@
 """Helpers of the fault matrix (``tests/test_faults.py``) and the soak run (``bench/soak.py``).
 
-- :func:`launch` / :func:`start_frugal`: a real ``frugal serve`` subprocess on a free loopback
+- :func:`launch` (and :func:`wait_ready`): a real ``frugal serve`` subprocess on a free loopback
   port, with a config built from nested dicts (:func:`toml_of`) and an environment of our own;
   the returned :class:`~tests.http.test_serve.Served` is the one ``tests/http/test_serve.py`` uses.
 - :func:`rss_bytes` and :class:`RssWatch`: a process's resident memory from
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import threading
@@ -30,7 +31,8 @@ import httpx
 
 from tests.conftest import FAKE_KEY, FAKE_KEY_ENV
 from tests.fake_api import FakeAPI
-from tests.http.test_serve import FRUGAL, Served, free_port
+from tests.http.test_serve import FRUGAL, Served
+from tests.loopback import free_port, poll_ready, terminate
 
 READY_S = 90.0
 """Longest wait for a server's engine to be ready (2 cores shared by many test runs)."""
@@ -147,43 +149,27 @@ def launch(
 
 def wait_ready(served: Served, timeout_s: float = READY_S) -> Served:
     """Wait until /healthz says the engine is ready; the log is in the error if it never is."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if served.proc.poll() is not None:
-            raise AssertionError(f"frugal serve exited early:\n{tail(served.log)}")
-        try:
-            if served.health()["engine"]["state"] == "ready":
-                return served
-        except (httpx.HTTPError, KeyError, ValueError):
-            pass
-        time.sleep(0.1)
-    served.proc.kill()
-    served.proc.wait()
-    raise AssertionError(f"frugal serve did not become ready:\n{tail(served.log)}")
-
-
-def start_frugal(
-    tmp: Path,
-    api: FakeAPI | None,
-    *,
-    config: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-    db: Path | None = None,
-) -> Served:
-    return wait_ready(launch(tmp, api, config=config, env=env, db=db))
+    problem = poll_ready(served.proc, served.engine_ready, timeout_s)
+    if problem:
+        raise AssertionError(f"frugal serve {problem}:\n{tail(served.log)}")
+    return served
 
 
 def stop(served: Served, timeout_s: float = 40.0) -> int | None:
     """SIGTERM, then SIGKILL after ``timeout_s``; the exit status (None if it had to be killed)."""
-    if served.proc.poll() is not None:
-        return served.proc.returncode
-    served.proc.send_signal(signal.SIGTERM)
-    try:
-        return served.proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        served.proc.kill()
-        served.proc.wait()
-        return None
+    return terminate(served.proc, timeout_s)
+
+
+def read_events(sock: socket.socket, count: int) -> bytes:
+    """Read an SSE answer from ``sock`` until ``count`` events (``data:`` lines) are in, or the
+    server closes; what was read."""
+    got = b""
+    while got.count(b"data:") < count:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    return got
 
 
 def tail(path: Path, chars: int = 4000) -> str:

@@ -16,13 +16,13 @@ import importlib.util
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from proxy.engine.model_files import bundled_model_path
+from tests.loopback import free_port, poll_ready
 
 READY_TIMEOUT_S = 120.0
 EXTRA = ("fastapi", "sse_starlette", "starlette_context", "pydantic_settings")
@@ -60,14 +60,6 @@ class LlamaCppServer:
         self.proc.wait(timeout=30)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start(folder: Path, *, n_ctx: int = 2048, threads: int = 1) -> LlamaCppServer:
     """Start the server in ``folder`` (its log is ``folder/llama_cpp_server.log``) and wait
     until it answers."""
@@ -85,15 +77,11 @@ def start(folder: Path, *, n_ctx: int = 2048, threads: int = 1) -> LlamaCppServe
     with log.open("wb") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=folder)
     server = LlamaCppServer(proc=proc, port=port, log=log)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if not server.alive():
-            raise RuntimeError(f"llama_cpp.server exited: {log.read_text(errors='replace')}")
-        try:
-            if httpx.get(server.api_base + "/models", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    server.stop()
-    raise RuntimeError(f"llama_cpp.server did not answer: {log.read_text(errors='replace')}")
+
+    def answers() -> bool:
+        return httpx.get(server.api_base + "/models", timeout=2).status_code == 200
+
+    problem = poll_ready(proc, answers, READY_TIMEOUT_S, every_s=0.2)
+    if problem:
+        raise RuntimeError(f"llama_cpp.server {problem}: {log.read_text(errors='replace')}")
+    return server

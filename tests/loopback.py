@@ -1,21 +1,107 @@
-"""Loopback servers on a thread: a bare TCP listener, and an ASGI app under uvicorn.
+"""Loopback servers, on a thread or in another process: a bare TCP listener, an ASGI app under
+uvicorn, and the helpers that start and stop a server process.
 
 :class:`ThreadedServer` serves an app (the fake API, the judge, the proxy itself) with uvicorn on
 a thread of the test process, on a socket it binds first, so the port is known before the
-server runs. :class:`Listener` accepts each connection, counts it and closes it at once; a
-subclass gives a connection another end by overriding :meth:`Listener.handle`
+server runs; :func:`quiet_config` is the uvicorn set-up the stand-in servers share.
+
+:class:`Listener` accepts each connection, counts it and closes it at once; a subclass gives a
+connection another end by overriding :meth:`Listener.handle`
 (``tests/upstream/test_upstream.py`` reads the whole request first). ``url`` is the listener as
 an API base (``http://…/v1``).
+
+For a server in another process (``frugal serve``, llama.cpp's server, PostgreSQL), tests and
+benchmarks alike: :func:`free_port` finds it a port, :func:`poll_ready` waits until it answers,
+:func:`terminate` stops it (SIGTERM, then SIGKILL), and :func:`outlived` reaps the engine worker
+of a server killed with SIGKILL.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import select
+import signal
 import socket
+import subprocess
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
+import httpx
 import uvicorn
+
+
+def free_port() -> int:
+    """A loopback port free at the time of asking, for a server that binds it itself."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def terminate(proc: subprocess.Popen[Any], timeout_s: float = 30.0) -> int | None:
+    """SIGTERM, then SIGKILL after ``timeout_s``: the exit status, or None if it had to be
+    killed."""
+    if proc.poll() is not None:
+        return proc.returncode
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+
+
+def poll_ready(
+    proc: subprocess.Popen[Any], ready: Callable[[], bool], timeout_s: float, every_s: float = 0.1
+) -> str | None:
+    """Ask ``ready()`` every ``every_s`` (an HTTP error or an unexpected answer counts as not
+    yet) until it says yes: None. Otherwise what went wrong: ``proc`` exited first, or was not
+    ready within ``timeout_s`` (then it is killed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"exited early with status {proc.returncode}"
+        try:
+            if ready():
+                return None
+        except (httpx.HTTPError, KeyError, ValueError):
+            pass
+        time.sleep(every_s)
+    proc.kill()
+    proc.wait()
+    return f"was not ready within {timeout_s:g} s"
+
+
+async def outlived(pid: int, wait_s: float = 10.0) -> bool:
+    """Wait up to ``wait_s`` for process ``pid`` (the engine worker of a killed server) to end;
+    SIGKILL it and return True if it did not."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        await asyncio.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    return True
+
+
+def quiet_config(app: Any, *, graceful_s: float | None = None) -> uvicorn.Config:
+    """uvicorn's settings for a stand-in server: asyncio and h11, no lifespan, no access log,
+    warnings only; ``graceful_s`` bounds how long stopping waits for open requests."""
+    return uvicorn.Config(
+        app,
+        loop="asyncio",
+        http="h11",
+        lifespan="off",
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=graceful_s,
+    )
 
 
 class ThreadedServer:

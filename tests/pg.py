@@ -13,12 +13,13 @@ import itertools
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.loopback import free_port
 
 BIN_DIRS = (
     "/usr/lib/postgresql/15/bin",
@@ -34,12 +35,6 @@ def binaries() -> Path | None:
             return Path(folder)
     found = shutil.which("initdb")
     return Path(found).parent if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -106,7 +101,7 @@ def running() -> Iterator[Server | None]:
         capture_output=True,
         timeout=120,
     )
-    server = Server(root, _free_port(), folder, runner)
+    server = Server(root, free_port(), folder, runner)
     server.start()
     try:
         yield server

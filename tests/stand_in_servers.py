@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from tests.loopback import ThreadedServer
+from tests.loopback import ThreadedServer, quiet_config
 
 
 class StandIn:
@@ -54,15 +53,7 @@ class StandIn:
         return f"http://{self.host}:{self.port}/v1"
 
     def start(self) -> StandIn:
-        config = uvicorn.Config(
-            self.app,
-            loop="asyncio",
-            http="h11",
-            lifespan="off",
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-        )
+        config = quiet_config(self.app)
         self._served = ThreadedServer(config, host=self.host, name=f"stand-in-{self.kind}")
         self.port = self._served.start()
         return self

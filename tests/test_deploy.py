@@ -102,6 +102,12 @@ class Kit:
     def __init__(self, base: Path, example_text: str | None = None) -> None:
         self.repo = base / "repo"
         self.root = base / "root"
+        # where install.sh puts things, under the staging root
+        self.unit = self.root / "etc/systemd/system" / UNIT_NAME
+        self.config = self.root / "etc/frugal-proxy/frugal.toml"
+        self.env_file = self.root / "etc/frugal-proxy/env"
+        self.state = self.root / "var/lib/frugal-proxy"
+        self.prefix = self.root / "opt/frugal-proxy"
         self.log = base / "system-commands.log"
         shutil.copytree(DEPLOY, self.repo / "deploy")
         shutil.copytree(REPO / "requirements", self.repo / "requirements")
@@ -125,27 +131,6 @@ class Kit:
 
     def system_calls(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
-
-    # Staged paths
-    @property
-    def unit(self) -> Path:
-        return self.root / "etc/systemd/system" / UNIT_NAME
-
-    @property
-    def config(self) -> Path:
-        return self.root / "etc/frugal-proxy/frugal.toml"
-
-    @property
-    def env_file(self) -> Path:
-        return self.root / "etc/frugal-proxy/env"
-
-    @property
-    def state(self) -> Path:
-        return self.root / "var/lib/frugal-proxy"
-
-    @property
-    def prefix(self) -> Path:
-        return self.root / "opt/frugal-proxy"
 
 
 @pytest.fixture
@@ -251,19 +236,22 @@ def test_unit_runs_the_installed_proxy_the_documented_way() -> None:
         "Environment"
     ]
     assert CACHE_DIR.startswith("/var/lib/" + one("StateDirectory") + "/")
-    assert one("EnvironmentFile") == "/etc/frugal-proxy/env"
-    assert one("User") == "frugal"
-    assert one("StateDirectory") == "frugal-proxy"
-    assert one("WorkingDirectory") == "/var/lib/frugal-proxy"
-    assert one("Restart") == "on-failure"
-    assert one("RestartSec") == "2"
-    assert one("KillSignal") == "SIGTERM"
-    assert one("KillMode") == "mixed"
-    assert one("MemorySwapMax") == "0"
-    assert one("MemoryMax") == "7G"
-    assert one("UMask") == "0077"
-    assert one("ProtectProc") == "invisible"
-    assert one("WantedBy") == "multi-user.target"
+    expected = {
+        "EnvironmentFile": "/etc/frugal-proxy/env",
+        "User": "frugal",
+        "StateDirectory": "frugal-proxy",
+        "WorkingDirectory": "/var/lib/frugal-proxy",
+        "Restart": "on-failure",
+        "RestartSec": "2",
+        "KillSignal": "SIGTERM",
+        "KillMode": "mixed",
+        "MemorySwapMax": "0",
+        "MemoryMax": "7G",
+        "UMask": "0077",
+        "ProtectProc": "invisible",
+        "WantedBy": "multi-user.target",
+    }
+    assert {key: one(key) for key in expected} == expected
     drain = drain_s_from_example()
     stop = float(one("TimeoutStopSec"))
     assert stop >= drain + 5, (

@@ -42,9 +42,9 @@ from tests.faults_support import (
     columns,
     engine_pid,
     launch,
+    read_events,
     rows_for,
     spilled_text,
-    start_frugal,
     stop,
     tail,
     toml_of,
@@ -52,8 +52,8 @@ from tests.faults_support import (
     wait_ready,
     wait_rows,
 )
-from tests.http.test_serve import FRUGAL, QUESTION, Served, free_port
-from tests.loopback import Listener
+from tests.http.test_serve import FRUGAL, QUESTION, Served
+from tests.loopback import Listener, free_port
 
 pytestmark = pytest.mark.serve
 
@@ -207,7 +207,7 @@ def _fresh_knobs(api: FakeAPI, remote_api: FakeAPI) -> None:
 
 def _lazy(tmp: pytest.TempPathFactory, name: str, api: FakeAPI, **config: Any) -> Iterator[Lazy]:
     env = {"HOSTED_VLLM_API_BASE": api.url}
-    lazy = Lazy(lambda path: start_frugal(path, api, config=config, env=env), tmp, name)
+    lazy = Lazy(lambda path: wait_ready(launch(path, api, config=config, env=env)), tmp, name)
     yield lazy
     lazy.close()
 
@@ -525,7 +525,7 @@ def _row5_disk_full(tmp: Path, api: FakeAPI) -> None:
         pytest.skip(f"cannot mount a 1 MiB tmpfs here ({done.stderr.strip() or done.returncode})")
     served: Served | None = None
     try:
-        served = start_frugal(tmp, api, db=mount / "ledger.db")
+        served = wait_ready(launch(tmp, api, db=mount / "ledger.db"))
         filler = mount / "filler"
         with contextlib.suppress(OSError), filler.open("wb") as sink:
             while True:
@@ -571,7 +571,7 @@ def test_row5_a_row_that_cannot_be_written_blocks_nothing(
 
 def test_row6_sigterm_with_db_locked_and_engine_busy(tmp_path: Path, api: FakeAPI) -> None:
     limit = timeout_stop_sec()
-    served = start_frugal(tmp_path, api, config={"ledger": {"busy_timeout_s": 1.0}})
+    served = wait_ready(launch(tmp_path, api, config={"ledger": {"busy_timeout_s": 1.0}}))
     conn = sqlite3.connect(served.db, timeout=10, isolation_level=None)
     conn.execute("BEGIN EXCLUSIVE")
     long_id = rid("sigterm-long")
@@ -1200,12 +1200,7 @@ def test_issue24_row2_a_cut_stream_is_charged(main: Lazy, api: FakeAPI, upstream
     body = chat_body(stream=True, max_tokens=words)
     sock = raw_request(served, body, {**TO_API, "x-request-id": request_id})
     sock.settimeout(10)
-    got = b""
-    while got.count(b"data:") < 5:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        got += chunk
+    read_events(sock, 5)
     hard_close(sock)
     row = one_row(served, request_id, timeout_s=30)
     print(f"issue24 row2 {upstream}: row {row}")

@@ -16,8 +16,11 @@ Its ``[audit]`` settings are a section of :mod:`proxy.config` (``audit_settings`
 as recorded, and the estimates and threshold read from them, are the ledger's
 (:mod:`proxy.ledger.audits`).
 
-It may import :mod:`proxy.config` types, :mod:`proxy.errors` and :mod:`quality`; never
-``proxy.http`` (or any other part of the request path), which calls into it: the router offers
-each local attempt to a :class:`~proxy.audit.sampler.Sampler`, and the upstream client is
-plugged into :func:`~proxy.audit.judge.ask_judge` as its transport.
+It may import :mod:`proxy.config` types, :mod:`proxy.errors`, :mod:`proxy.ledger` (the audits
+recorded), :mod:`quality`, and below it on the request path :mod:`proxy.routing` (the runner
+hands the threshold in force to the ``Router``; the pre-router learns from the audits' request
+features) and
+:mod:`proxy.upstream` (the shadow and judge calls go through its ``Upstream``); never
+``proxy.http``, which calls into it: a handler offers each local attempt to a
+:class:`~proxy.audit.sampler.Sampler`.
 """

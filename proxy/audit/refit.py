@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from proxy.errors import UserError
 from proxy.ledger.audits.audit_record import COLUMNS, AuditRecord
 from proxy.ledger.audits.threshold import ThresholdChoice, choose_threshold
 from proxy.ledger.db.location import Database
@@ -68,8 +69,10 @@ REFIT = ("full_no_relevance", "full")
 DEFAULT_TARGET = 0.9
 
 
-class CalibrationError(Exception):
+class CalibrationError(UserError):
     """Why no refit could be made (too few audits, no ledger): a plain sentence."""
+
+    label = "frugal calibrate"
 
 
 @dataclass(frozen=True, kw_only=True)

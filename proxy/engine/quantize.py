@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from proxy.engine.gguf import GGUFError, read_header
+from proxy.errors import UserError
 
 # Formats offered by `frugal quantize` and their llama_ftype values.
 TYPES = {
@@ -38,8 +39,10 @@ _FLOAT_TYPES = ("F32", "F16", "BF16")
 _TENSOR_LINE = re.compile(rb"\[\s*(\d+)\s*/\s*(\d+)\s*\]")
 
 
-class QuantizeError(Exception):
+class QuantizeError(UserError):
     """The quantization cannot be done; the message says why and what to do."""
+
+    label = "frugal quantize"
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,8 @@ def quantize(
 
 
 def run(source: str, target: str, type_name: str, force: bool, out: TextIO | None = None) -> int:
-    """The CLI: progress and result on stderr/stdout, exit 0 or 1."""
+    """The CLI: progress and result on stderr/stdout, exit 0; a :class:`QuantizeError` (exit 1)
+    is printed by the CLI's ``main``."""
     out = out or sys.stderr
     last = [0.0]
 
@@ -137,11 +141,7 @@ def run(source: str, target: str, type_name: str, force: bool, out: TextIO | Non
             last[0] = now
             print(f"\rquantizing: tensor {done}/{total}", end="", file=out, flush=True)
 
-    try:
-        result = quantize(source, target, type_name=type_name, force=force, progress=show)
-    except QuantizeError as exc:
-        print(f"frugal quantize: {exc}", file=out)
-        return 1
+    result = quantize(source, target, type_name=type_name, force=force, progress=show)
     print("", file=out)
     if result.requantized:
         print(

@@ -36,10 +36,10 @@ from proxy.engine import grammar as grammar_mod
 from proxy.engine import tasks, tools
 from proxy.engine.batch.decode import BatchEngine, BatchError
 from proxy.engine.batch.sequence import Sequence
+from proxy.engine.gate import Gate
 from proxy.engine.generate import LocalModel, PromptTooLong
 from proxy.engine.model_files import ModelLoadError
 from proxy.engine.speculative import PromptLookup
-from proxy.engine.weights import GateWeights
 
 PROGRESS_S = 0.25  # how often a batched worker reports its jobs' progress
 
@@ -72,13 +72,15 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
         return
     import quality  # noqa: F401 - imported now, not on the first job's clock
 
-    relevance = _load_embedder(bool(options.get("relevance", True)))
-    global _weights
-    _weights = GateWeights(
-        options.get("weights_path", ""), model.path, optional=options.get("weights_optional", False)
-    )
+    global _gate
     try:
-        weights = _weights.start()  # [quality] weights_path, checked against the model file
+        # [quality] relevance and weights_path, the weights checked against the model file
+        _gate = Gate.load(
+            relevance=bool(options.get("relevance", True)),
+            weights_path=options.get("weights_path", ""),
+            model_path=model.path,
+            weights_optional=options.get("weights_optional", False),
+        )
     except ValueError as exc:  # quality.combiner.WeightsError
         conn.send(("fatal", str(exc)))
         return
@@ -112,8 +114,8 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
                 "calibration": (
                     model.calibration.as_dict() if model.calibration is not None else None
                 ),
-                "relevance": relevance,
-                "weights": weights,
+                "relevance": _gate.relevance,
+                "weights": _gate.weights_info(),
                 "parallel": parallel,
             },
         )
@@ -303,39 +305,9 @@ def _progress(batch: BatchEngine, running: dict[int, tuple[int, dict[str, Any]]]
     return {"jobs": jobs, "batch": batch.health()}
 
 
-_embedder: Any = None
-_weights: GateWeights | None = None
-"""The relevance signal's embedding model (``quality.relevance.Embedder``), when loaded."""
-
-
-def _load_embedder(wanted: bool) -> dict[str, Any]:
-    """Load the relevance signal's model in this process; what happened, for ``/healthz``."""
-    global _embedder
-    if not wanted:
-        return {"enabled": False, "reason": "[quality] relevance = false"}
-    from quality.relevance import Embedder, RelevanceUnavailable
-
-    started = time.perf_counter()
-    try:
-        _embedder = Embedder.load()
-    except RelevanceUnavailable as exc:
-        return {"enabled": False, "reason": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - an optional signal must never stop the engine
-        return {"enabled": False, "reason": f"{type(exc).__name__}: {exc}"}
-    return {
-        "enabled": True,
-        "model_path": _embedder.path,
-        "n_threads": _embedder.n_threads,
-        "load_s": round(time.perf_counter() - started, 3),
-    }
+_gate = Gate()
+"""The quality gate this process scores with (``proxy.engine.gate``), loaded at start."""
 
 
 def _score(request: dict[str, Any], completion: dict[str, Any]) -> dict[str, Any]:
-    import quality
-
-    if completion["frugal"].get("stop_cause") == "cancelled":
-        # Its client is gone: answer the proxy at once, nobody will read a score.
-        return {"value": None, "reasons": ["cancelled"], "signals": {}}
-    combiner = _weights.current() if _weights is not None else None
-    verdict = quality.score(request, completion, embedder=_embedder, combiner=combiner)
-    return {"value": verdict.value, "reasons": verdict.reasons, "signals": verdict.signals}
+    return _gate.score(request, completion)

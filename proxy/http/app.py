@@ -1,21 +1,16 @@
-"""The Starlette application: ``create_app(settings)``, its routes and its lifespan.
+"""The Starlette application: ``create_app(settings)``, assembled from its parts.
 
-Nothing lives at module level. The lifespan builds the app's typed
-:class:`~proxy.http.services.Services`, kept on ``app.state.services``, and one handler per
-endpoint (``app.state.chat``, ``completions``, ``embeddings``, ``responses``). It opens the
-ledger, starts the upstream client and the engine worker, and on shutdown (after uvicorn has
-drained in-flight requests) flushes the ledger first, so that the rows of finished requests are
-safe whatever happens next, then stops the rest with a bound on each step, and closes the
-ledger last (see :func:`proxy.http.shutdown.shutdown_budget_s`).
+Nothing lives at module level. :func:`create_app` puts together the routes (:func:`_routes`),
+the lifespan (:func:`proxy.http.lifespan.lifespan`: the services it starts, in order, and the
+orderly stop) and the middleware (:func:`_add_middleware`). The endpoints that are not a
+handler's live here too: ``/healthz``, ``/v1/models`` and ``/openapi.json``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import structlog
@@ -25,38 +20,30 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.audit.refit import AutoCalibrator
-from proxy.audit.runner import AuditRunner
 from proxy.config import Settings
 from proxy.engine.local_engine import LocalEngine
 from proxy.engine.model_files import ModelLoadError, bundled_model_path
 from proxy.errors import ProxyError
 from proxy.http import metrics as metrics_mod
 from proxy.http import responses_state
-from proxy.http.auth import Authenticator, AuthMiddleware, RequestGuard, sees_everything
+from proxy.http.auth import AuthMiddleware, RequestGuard, sees_everything
 from proxy.http.chat import ChatHandler
 from proxy.http.completions import CompletionsHandler, EmbeddingsHandler
 from proxy.http.dashboard import Dashboard
 from proxy.http.disconnect import CancelOnDisconnect
+from proxy.http.lifespan import lifespan
 from proxy.http.limits import InFlight, LimitsMiddleware
 from proxy.http.openapi import openapi_spec
-from proxy.http.quotas import AuditPurse, Quotas
 from proxy.http.render import exception_handlers, render, unexpected
 from proxy.http.report import ReportEndpoint
 from proxy.http.responses import ResponsesHandler
-from proxy.http.responses_state import ResponsesState
-from proxy.http.services import Services, services_of
+from proxy.http.services import services_of
 from proxy.http.shares import KeyShareMiddleware, KeyShares
-from proxy.http.shutdown import AUDIT_STOP_S, AUX_STOP_S, bounded, shutdown
 from proxy.ledger.db.location import from_settings
-from proxy.ledger.pricing import PriceBook, load_price_map
-from proxy.ledger.writing.writer import Ledger
 from proxy.models.cache import blob_sha256
 from proxy.models.cache import resolve as resolve_model
 from proxy.models.gate import described, weights_tag
 from proxy.params import LOCAL_ALIAS
-from proxy.routing.router import Router
-from proxy.upstream.client import Upstream
 
 log = structlog.get_logger("frugal.app")
 
@@ -119,18 +106,6 @@ class RequestIdMiddleware:
                 await render(error, request_id)(scope, receive, send_with_id)
 
 
-def _no_fallback_detail(settings: Settings) -> str:
-    """Why there is no API fallback, and what to set."""
-    fallback = settings.fallback
-    if not (fallback.api_base or fallback.models):
-        return "no API fallback: [fallback] api_base is empty"
-    return (
-        f"no API fallback: the environment variable {fallback.api_key_env} (named by "
-        '[fallback] api_key_env) is not set; set it, or set [fallback] api_key_env = "" '
-        "for an upstream that needs no key"
-    )
-
-
 def _gate(engine: LocalEngine, settings: Settings) -> dict[str, Any]:
     """The quality gate's weights: calibrated for the served model, or the shipped prior fitted
     to SmolLM2 (``proxy/models/gate.py``). For a model from the hub cache, whose SHA-256 is its
@@ -150,242 +125,153 @@ def _gate(engine: LocalEngine, settings: Settings) -> dict[str, Any]:
 
 
 def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Starlette:
+    """The app for ``settings``: its routes, its lifespan (which builds the services) and its
+    middleware. ``engine``: a started engine to serve with, which the app does not stop; by
+    default the lifespan starts its own."""
     settings = resolve_model(settings)  # [local] model = "REPO:QUANT": the cache, no network
     in_flight = InFlight()  # counted by the limits middleware, made before the lifespan runs
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        started_at = time.time()
-        prices = PriceBook.from_settings(load_price_map(), settings.pricing)
-        ledger = Ledger(
-            from_settings(settings.ledger),
-            prices=prices,
-            flush_interval_s=settings.ledger.flush_interval_s,
-            batch_size=settings.ledger.batch_size,
-            busy_timeout_s=settings.ledger.busy_timeout_s,
-            max_queue=settings.ledger.max_queue,
-            shutdown_timeout_s=settings.ledger.shutdown_timeout_s,
-        )
-        await ledger.start()
-        auth = Authenticator(settings)
-        await auth.start()
-        quotas = Quotas(settings, from_settings(settings.ledger), prices)
-        await quotas.start()
-        stored = ResponsesState(settings, from_settings(settings.ledger))
-        await stored.start()
-        upstream = Upstream(settings.fallback)
-        await upstream.start()
-        owns_engine = engine is None
-        local = engine or LocalEngine(
-            settings.local,
-            relevance=settings.quality.relevance,
-            private_env=(settings.fallback.api_key_env, settings.server.api_keys_env),
-            weights_path=settings.quality.weights_path,
-            weights_optional=settings.quality.auto_calibrate,
-        )
-        router: Router | None = None
-        audit: AuditRunner | None = None
-        calibrator: AutoCalibrator | None = None
-        try:
-            if owns_engine:
-                await local.start()
-            router = Router(settings, local, upstream.enabled)
-            await router.start()
-            audit = AuditRunner(
-                settings,
-                upstream=upstream,
-                ledger=ledger,
-                prices=prices,
-                router=router,
-                database=ledger.database,
-                local_model=str(local.health().get("model") or settings.local.model_path),
-                purse=AuditPurse(quotas, auth.stored_key, upstream.target),  # the key pays
-            )
-            await audit.start()
-            if settings.quality.auto_calibrate:
-                # [quality] auto_calibrate: refit weights_path from the audits in the background;
-                # the worker picks the new file up on its next answer (proxy/engine/weights.py).
-                calibrator = AutoCalibrator(
-                    ledger.database,
-                    local.model_path,
-                    settings.quality.weights_path,
-                    target=settings.quality.target_precision or None,
-                    configured_threshold=settings.quality.threshold,
-                )
-                calibrator.start()
-            services = Services(
-                settings=settings,
-                started_at=started_at,
-                prices=prices,
-                ledger=ledger,
-                auth=auth,
-                upstream=upstream,
-                engine=local,
-                router=router,
-                metrics=metrics_mod.Metrics(
-                    in_flight=in_flight, engine=local, router=router, ledger=ledger
-                ),
-                in_flight=in_flight,
-                audit=audit,
-                quotas=quotas,
-                responses=stored,
-            )
-            app.state.services = services
-            # One handler per endpoint; each route looks its own up on app.state per request.
-            app.state.chat = ChatHandler(services)
-            app.state.completions = CompletionsHandler(services)
-            app.state.embeddings = EmbeddingsHandler(services)
-            app.state.responses = ResponsesHandler(services)
-            # litellm (the ledger's token counter) imported alongside the engine's start; serve
-            # once it is in, so that the import never competes with requests for the GIL.
-            await ledger.counter_ready()
-            if not upstream.enabled:
-                log.warning("local_only", detail=_no_fallback_detail(settings))
-            log.info(
-                "serving",
-                auth=auth.enabled,
-                fallback=upstream.enabled,
-                threshold=settings.quality.threshold,
-                stream_mode=settings.router.stream_mode,
-            )
-            yield
-        finally:
-            if calibrator is not None:
-                await bounded(calibrator.close(), AUX_STOP_S, "calibrator")
-            if audit is not None:
-                # The audits before the quotas: an audit that ends pays its cost from the key's
-                # budget through them (the ledger's flush comes after both, in shutdown).
-                await bounded(audit.close(AUDIT_STOP_S), AUDIT_STOP_S + 0.5, "audit")
-            await bounded(quotas.stop(), AUX_STOP_S, "quotas")
-            await bounded(stored.stop(), AUX_STOP_S, "responses")
-            built = getattr(app.state, "services", None)
-            if built is not None:
-                built.bodies.close()
-            await shutdown(
-                settings,
-                ledger=ledger,
-                auth=auth,
-                upstream=upstream,
-                engine=local if owns_engine else None,
-                router=router,
-            )
-
-    async def completions(request: Request) -> Response:
-        handler: CompletionsHandler = request.app.state.completions
-        return await handler(request)
-
-    async def embeddings(request: Request) -> Response:
-        handler: EmbeddingsHandler = request.app.state.embeddings
-        return await handler(request)
-
-    async def openapi(request: Request) -> Response:
-        return JSONResponse(openapi_spec())
-
-    async def chat_completions(request: Request) -> Response:
-        handler: ChatHandler = request.app.state.chat
-        return await handler(request)
-
-    async def responses(request: Request) -> Response:
-        handler: ResponsesHandler = request.app.state.responses
-        return await handler(request)
-
-    async def models(request: Request) -> Response:
-        services = services_of(request)
-        created = int(services.started_at)
-        data = [{"id": LOCAL_ALIAS, "object": "model", "created": created, "owned_by": "frugal"}]
-        for name in services.upstream.model_ids():
-            data.append({"id": name, "object": "model", "created": created, "owned_by": "api"})
-        return JSONResponse({"object": "list", "data": data})
-
-    async def healthz(request: Request) -> Response:
-        services = services_of(request)
-        upstream = services.upstream
-        engine_health = services.engine.health()
-        fallback = {
-            "configured": upstream.enabled,
-            "api_base": settings.fallback.api_base if upstream.enabled else None,
-            "mode": "cascade" if upstream.enabled else "local_only",
-        }
-        ok = engine_health["state"] == "ready"
-        status = 200 if ok or upstream.enabled else 503
-        if not sees_everything(request.scope):
-            # Open to health checks, which carry no key, and to client keys: the status, not
-            # the server's details (its upstream, its ledger), which an admin key reads.
-            return JSONResponse({"status": "ok" if ok else "degraded"}, status_code=status)
-        body: dict[str, Any] = {
-            "status": "ok" if ok else "degraded",
-            "engine": engine_health,
-            "fallback": fallback,
-            "quality_threshold": settings.quality.threshold,
-            "quality_thresholds_by_model": settings.quality.models,
-            "stream_mode": settings.router.stream_mode,
-            "gate": _gate(services.engine, settings),
-            "routing": services.router.health(),
-            "audit": services.audit.health() if services.audit is not None else None,
-            "threshold_in_force": (
-                services.audit.threshold_in_force() if services.audit is not None else None
-            ),
-            "ledger": {
-                "path": from_settings(settings.ledger).label,
-                **services.ledger.health(),
-            },
-            "budgets": services.quotas.health() if services.quotas is not None else None,
-            "uptime_s": round(time.time() - services.started_at, 1),
-        }
-        degraded = [  # the database is away: rows are held, budgets refuse the API (503)
-            part
-            for part in ("ledger", "budgets")
-            if isinstance(body[part], dict) and body[part].get("state") == "degraded"
-        ]
-        if degraded and body["status"] == "ok":
-            body["status"] = "degraded"
-            body["degraded"] = [f"{part}: {body[part].get('reason')}" for part in degraded]
-        return JSONResponse(body, status_code=status)
-
-    dashboard = Dashboard()  # the page's files, read once (proxy/http/static/)
-    reports = ReportEndpoint(settings)
     app = Starlette(
-        routes=[
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-            Route("/chat/completions", chat_completions, methods=["POST"]),
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/completions", completions, methods=["POST"]),
-            Route("/v1/embeddings", embeddings, methods=["POST"]),
-            Route("/embeddings", embeddings, methods=["POST"]),
-            Route("/v1/responses", responses, methods=["POST"]),
-            Route("/responses", responses, methods=["POST"]),
-            Route("/v1/responses/{response_id}", responses_state.one, methods=["GET", "DELETE"]),
-            Route("/responses/{response_id}", responses_state.one, methods=["GET", "DELETE"]),
-            Route("/v1/responses/{response_id}/input_items", responses_state.list_input_items),
-            Route("/responses/{response_id}/input_items", responses_state.list_input_items),
-            Route("/openapi.json", openapi, methods=["GET"]),
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/models", models, methods=["GET"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/metrics", metrics_mod.endpoint, methods=["GET"]),
-            Route("/v1/frugal/report", reports.get, methods=["GET"]),
-            Route("/dashboard", dashboard.page, methods=["GET"]),
-            Route("/dashboard/{name}", dashboard.asset, methods=["GET"]),
-        ],
+        routes=_routes(settings),
         exception_handlers=exception_handlers(),
-        lifespan=lifespan,
+        lifespan=lifespan(settings, in_flight, engine),
     )
-    # Outermost last: request id (and the 500 for anything unexpected), then auth (a stranger
-    # takes no concurrency slot), then the guard (JSON only; a loopback Host when keyless), then
-    # the key's share and rpm (from the headers: a key at its share takes no slot either), then
-    # limits. Innermost: a client that leaves before its answer is ready cancels the handler
-    # (and so its place in the engine's queue, or its generation).
-    app.add_middleware(
-        CancelOnDisconnect,
-        paths=(
-            "/v1/chat/completions",
-            "/chat/completions",
-            "/v1/completions",
-            "/completions",
-            "/v1/responses",
-            "/responses",
+    _add_middleware(app, settings, in_flight)
+    return app
+
+
+async def _chat_completions(request: Request) -> Response:
+    handler: ChatHandler = request.app.state.chat
+    return await handler(request)
+
+
+async def _completions(request: Request) -> Response:
+    handler: CompletionsHandler = request.app.state.completions
+    return await handler(request)
+
+
+async def _embeddings(request: Request) -> Response:
+    handler: EmbeddingsHandler = request.app.state.embeddings
+    return await handler(request)
+
+
+async def _responses(request: Request) -> Response:
+    handler: ResponsesHandler = request.app.state.responses
+    return await handler(request)
+
+
+async def _openapi(request: Request) -> Response:
+    return JSONResponse(openapi_spec())
+
+
+async def _models(request: Request) -> Response:
+    """``GET /v1/models``: the local alias, then the upstream's models."""
+    services = services_of(request)
+    created = int(services.started_at)
+    data = [{"id": LOCAL_ALIAS, "object": "model", "created": created, "owned_by": "frugal"}]
+    for name in services.upstream.model_ids():
+        data.append({"id": name, "object": "model", "created": created, "owned_by": "api"})
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def _healthz(request: Request) -> Response:
+    """``GET /healthz``: 200 while the engine is ready or the API can answer, else 503; the
+    status alone for a client key or none, the details for an admin key."""
+    services = services_of(request)
+    settings = services.settings
+    upstream = services.upstream
+    engine_health = services.engine.health()
+    fallback = {
+        "configured": upstream.enabled,
+        "api_base": settings.fallback.api_base if upstream.enabled else None,
+        "mode": "cascade" if upstream.enabled else "local_only",
+    }
+    ok = engine_health["state"] == "ready"
+    status = 200 if ok or upstream.enabled else 503
+    if not sees_everything(request.scope):
+        # Open to health checks, which carry no key, and to client keys: the status, not the
+        # server's details (its upstream, its ledger), which an admin key reads.
+        return JSONResponse({"status": "ok" if ok else "degraded"}, status_code=status)
+    body: dict[str, Any] = {
+        "status": "ok" if ok else "degraded",
+        "engine": engine_health,
+        "fallback": fallback,
+        "quality_threshold": settings.quality.threshold,
+        "quality_thresholds_by_model": settings.quality.models,
+        "stream_mode": settings.router.stream_mode,
+        "gate": _gate(services.engine, settings),
+        "routing": services.router.health(),
+        "audit": services.audit.health() if services.audit is not None else None,
+        "threshold_in_force": (
+            services.audit.threshold_in_force() if services.audit is not None else None
         ),
-    )
+        "ledger": {
+            "path": from_settings(settings.ledger).label,
+            **services.ledger.health(),
+        },
+        "budgets": services.quotas.health() if services.quotas is not None else None,
+        "uptime_s": round(time.time() - services.started_at, 1),
+    }
+    degraded = [  # the database is away: rows are held, budgets refuse the API (503)
+        part
+        for part in ("ledger", "budgets")
+        if isinstance(body[part], dict) and body[part].get("state") == "degraded"
+    ]
+    if degraded and body["status"] == "ok":
+        body["status"] = "degraded"
+        body["degraded"] = [f"{part}: {body[part].get('reason')}" for part in degraded]
+    return JSONResponse(body, status_code=status)
+
+
+# The endpoints a client that leaves before its answer is ready cancels (CancelOnDisconnect).
+_CANCELLABLE = (
+    "/v1/chat/completions",
+    "/chat/completions",
+    "/v1/completions",
+    "/completions",
+    "/v1/responses",
+    "/responses",
+)
+
+
+def _routes(settings: Settings) -> list[Route]:
+    """Every path the app serves, each with and without ``/v1`` where OpenAI's clients use
+    both; the dashboard's files are read here, once (proxy/http/static/)."""
+    dashboard = Dashboard()
+    reports = ReportEndpoint(settings)
+    return [
+        Route("/v1/chat/completions", _chat_completions, methods=["POST"]),
+        Route("/chat/completions", _chat_completions, methods=["POST"]),
+        Route("/v1/completions", _completions, methods=["POST"]),
+        Route("/completions", _completions, methods=["POST"]),
+        Route("/v1/embeddings", _embeddings, methods=["POST"]),
+        Route("/embeddings", _embeddings, methods=["POST"]),
+        Route("/v1/responses", _responses, methods=["POST"]),
+        Route("/responses", _responses, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses_state.one, methods=["GET", "DELETE"]),
+        Route("/responses/{response_id}", responses_state.one, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", responses_state.list_input_items),
+        Route("/responses/{response_id}/input_items", responses_state.list_input_items),
+        Route("/openapi.json", _openapi, methods=["GET"]),
+        Route("/v1/models", _models, methods=["GET"]),
+        Route("/models", _models, methods=["GET"]),
+        Route("/healthz", _healthz, methods=["GET"]),
+        Route("/metrics", metrics_mod.endpoint, methods=["GET"]),
+        Route("/v1/frugal/report", reports.get, methods=["GET"]),
+        Route("/dashboard", dashboard.page, methods=["GET"]),
+        Route("/dashboard/{name}", dashboard.asset, methods=["GET"]),
+    ]
+
+
+def _add_middleware(app: Starlette, settings: Settings, in_flight: InFlight) -> None:
+    """The middleware, added innermost first.
+
+    Outermost: the request id (and the 500 for anything unexpected), then auth (a stranger
+    takes no concurrency slot), then the guard (JSON only; a loopback Host when keyless), then
+    the key's share and rpm (from the headers: a key at its share takes no slot either), then
+    limits. Innermost: a client that leaves before its answer is ready cancels the handler (and
+    so its place in the engine's queue, or its generation).
+    """
+    app.add_middleware(CancelOnDisconnect, paths=_CANCELLABLE)
     app.add_middleware(LimitsMiddleware, settings=settings.server, in_flight=in_flight)
     # The JSON-body check applies where a POST is served; elsewhere a POST is the router's 405.
     # The same paths serve models, and count against a key's rpm.
@@ -398,4 +284,3 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
     app.add_middleware(RequestGuard, settings=settings.server, json_paths=json_paths)
     app.add_middleware(AuthMiddleware)
     app.add_middleware(RequestIdMiddleware)
-    return app

@@ -27,7 +27,8 @@ import asyncio
 import contextlib
 import json
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import structlog
 
@@ -41,6 +42,7 @@ from proxy.upstream.failures import maybe_billed
 from proxy.upstream.stream import Generated, UpstreamStream
 
 log = structlog.get_logger("frugal.charges")
+Answer = TypeVar("Answer", UpstreamResponse, UpstreamStream)
 
 COUNT_WAIT_S = 2.0
 """Longest wait for the tokenizer's count of an abandoned stream; past it, the bytes count."""
@@ -113,22 +115,40 @@ def _bound_s(services: Services) -> float:
     return fallback.timeout_s * (fallback.max_retries + 1) + 5.0
 
 
-async def await_abandoned(
-    task: asyncio.Future[UpstreamResponse], ex: Exchange, services: Services
-) -> None:
-    """The client left while ``task`` (a JSON call) ran: its usage on ``ex`` once it ends."""
+async def _outlast(
+    call: asyncio.Future[Answer],
+    ex: Exchange,
+    services: Services,
+    given_up: Callable[[asyncio.Future[Answer]], None] | None = None,
+) -> Answer | None:
+    """``call`` (upstream's answer, or its stream opening) once it ends, within the abandoned
+    call's bound. None when it failed (charged at worst case if it may have been billed) or the
+    bound passed or the server stops (cancelled, charged at worst case, and ``given_up`` called
+    when it ends)."""
     try:
-        reply = await asyncio.wait_for(asyncio.shield(task), _bound_s(services))
+        answer = await asyncio.wait_for(asyncio.shield(call), _bound_s(services))
     except ProxyError as exc:
         ex.upstream_attempts = exc.attempts
         if maybe_billed(exc):
             charge_worst_case(ex)
-        return
-    except (TimeoutError, asyncio.CancelledError):  # its bound passed, or the server stops
-        task.cancel()
+        return None
+    except (TimeoutError, asyncio.CancelledError):
+        call.cancel()
+        if given_up is not None:
+            call.add_done_callback(given_up)
         charge_worst_case(ex)
+        return None
+    ex.upstream_attempts = answer.attempts
+    return answer
+
+
+async def await_abandoned(
+    task: asyncio.Future[UpstreamResponse], ex: Exchange, services: Services
+) -> None:
+    """The client left while ``task`` (a JSON call) ran: its usage on ``ex`` once it ends."""
+    reply = await _outlast(task, ex, services)
+    if reply is None:
         return
-    ex.upstream_attempts = reply.attempts
     usage = reply.body.get("usage")
     if (
         isinstance(usage, dict)
@@ -153,18 +173,8 @@ async def open_abandoned(
 ) -> None:
     """The client left before upstream's stream answered: the stream, once open, is read on
     for its usage (:func:`settle_stream`), and closed."""
-    try:
-        stream = await asyncio.wait_for(asyncio.shield(opening), _bound_s(services))
-    except ProxyError as exc:
-        ex.upstream_attempts = exc.attempts
-        if maybe_billed(exc):
-            charge_worst_case(ex)
+    stream = await _outlast(opening, ex, services, given_up=_close_late)
+    if stream is None:
         return
-    except (TimeoutError, asyncio.CancelledError):
-        opening.cancel()
-        opening.add_done_callback(_close_late)
-        charge_worst_case(ex)
-        return
-    ex.upstream_attempts = stream.attempts
     with contextlib.suppress(Exception):
         await settle_stream(stream, ex, services, body)

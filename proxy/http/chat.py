@@ -80,13 +80,9 @@ class ChatHandler(Handler):
         if plan.route == "local":
             kept = await self.try_local(body, plan, threshold, ex, kind="chat")
             if kept is not None:
-                answer = public_answer(kept, body)
+                answer = self._sent_local(kept, body, ex)
                 ex.keep(answer)
-                self.remember(ex, answer)
                 return send(answer, ex, None)
-        else:
-            assert plan.reason is not None  # a plan for the API says why
-            ex.reason = plan.reason
         kept = await self.reserve_or_local(body, plan, threshold, ex, kind="chat")
         if kept is not None:
             return send(public_answer(kept, body), ex, None)
@@ -114,16 +110,20 @@ class ChatHandler(Handler):
             else:
                 kept = await self.try_local(body, plan, threshold, ex, kind="chat")
                 if kept is not None:
-                    answer = public_answer(kept, body)
-                    self.remember(ex, answer)
+                    answer = self._sent_local(kept, body, ex)
                     return self._replay(answer, ex, include_usage, bool(body.get("logprobs")))
-        else:
-            assert plan.reason is not None  # a plan for the API says why
-            ex.reason = plan.reason
         kept = await self.reserve_or_local(body, plan, threshold, ex, kind="chat")
         if kept is not None:
             return self._replay(public_answer(kept, body), ex, include_usage, False)
         return await self._relay_api(body, ex)
+
+    def _sent_local(
+        self, kept: dict[str, Any], body: dict[str, Any], ex: Exchange
+    ) -> dict[str, Any]:
+        """A local completion the gate kept, as OpenAI sends it, remembered for the cache."""
+        answer = public_answer(kept, body)
+        self.remember(ex, answer)
+        return answer
 
     def _replay(
         self, answer: dict[str, Any], ex: Exchange, include_usage: bool, with_logprobs: bool

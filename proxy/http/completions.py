@@ -55,9 +55,6 @@ class CompletionsHandler(Handler):
             kept = await self.try_local(body, plan, threshold, ex, kind="complete")
             if kept is not None:
                 return self._local(kept, ex, body)
-        else:
-            assert plan.reason is not None  # a plan for the API says why
-            ex.reason = plan.reason
         # The key's budget, before the API call; spent, a local answer the gate accepts is free.
         kept = await self.reserve_or_local(body, plan, threshold, ex, kind="complete")
         if kept is not None:

@@ -218,9 +218,14 @@ class Handler:
     async def reserve_or_local(
         self, body: dict[str, Any], plan: Plan, threshold: float, ex: Exchange, *, kind: str
     ) -> dict[str, Any] | None:
-        """:meth:`reserve`, except that when the budget is spent, a request sent to the API only
-        for speed gets a local attempt instead: its completion when the gate accepts it (reason
-        ``budget_exhausted``), else the 429 stands. None when the API call may go ahead."""
+        """The step before an API call, whichever way the request came to it: a plan for the API
+        has its reason noted (a local plan's is the attempt's), then :meth:`reserve`, except that
+        when the budget is spent, a request sent to the API only for speed gets a local attempt
+        instead: its completion when the gate accepts it (reason ``budget_exhausted``), else the
+        429 stands. None when the API call may go ahead."""
+        if plan.route != "local":
+            assert plan.reason is not None  # a plan for the API says why
+            ex.reason = plan.reason
         try:
             await self.reserve(body, ex)
         except BudgetExhausted:

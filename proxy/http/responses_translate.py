@@ -17,7 +17,8 @@
 The stream is made from the finished answer (as a ``verify`` chat stream is): the cascade judges
 the whole answer first, and with ``[fallback] responses = "translate"`` the API is asked for
 JSON, so a fallback can still happen before the first event (the API's own ``/v1/responses``
-streams its own events, relayed by :mod:`proxy.http.responses`). Storing it is :mod:`proxy.http.responses`'s.
+streams its own events, relayed by :mod:`proxy.http.responses`). Storing it is
+:mod:`proxy.http.responses`'s.
 """
 
 from __future__ import annotations

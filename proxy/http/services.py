@@ -1,6 +1,6 @@
 """The services one running app shares, typed: what handlers and middleware are given.
 
-:class:`Services` is built once, by the lifespan in :mod:`proxy.http.app`, after every part has
+:class:`Services` is built once, by the lifespan in :mod:`proxy.http.lifespan`, after every part has
 started, and kept on ``app.state.services``. It is frozen: a part is never swapped while the app
 serves. Handlers receive it when they are made; middleware are made before the lifespan runs, so
 they look it up per request with :func:`services_in` (``None`` until the lifespan has built it).

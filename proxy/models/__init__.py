@@ -12,15 +12,20 @@
     gate     whether the quality gate's weights were fitted for a model file, or it uses the
              shipped prior (fitted to SmolLM2)
     pull     ``frugal models pull``: pick, fit, download, verify the SHA-256, say what to set
-    cli      the ``frugal models`` subcommands
+
+The ``frugal models`` subcommands themselves are in :mod:`proxy.cli.models`.
 
 May import :mod:`proxy.engine` (the memory guard, the GGUF header), :mod:`quality` (the weights
-file's tag), :mod:`proxy.config` and :mod:`proxy.errors`; ``proxy.http``, ``proxy.check`` and
-``proxy.cli`` import it, never the other way.
+file's tag), :mod:`proxy.config` and :mod:`proxy.errors`; ``proxy.http`` and ``proxy.cli``
+import it, never the other way.
 """
 
 from __future__ import annotations
 
+from proxy.errors import UserError
 
-class ModelsError(Exception):
+
+class ModelsError(UserError):
     """A ``frugal models`` request that cannot be done; its message says why and what to do."""
+
+    label = "frugal models"

@@ -5,6 +5,8 @@
                   quality, ...)
     reasons       the one list of routing reasons (``Reason``), the ``x-frugal-reason`` values
     servable      which requests the local engine can serve at all (``local_blocker``)
+    prerouter     from the request alone, will the local answer be rejected
+                  (``predicted_reject``), learned from the audits' verdicts
     estimator     the predicted finish of a request on a backend, and what it is learned from;
                   the ``predicted_slow`` decision (``Predictor``), as in seed 000
     prefix_memory the share of a prompt a backend has probably cached (``PrefixMemory``)
@@ -12,7 +14,7 @@
     pool          the bundled engine as a backend, and the choice between backends
     remote        other llama.cpp / OpenAI-compatible servers used as local backends: their
                   life cycle, health probes, and one call with its deadline
-    remote_wire   what a remote server is sent, and how its answer is read and scored
+    remote_wire   what a remote server is sent, and how its answer is read
     remote_stream a live stream from a remote server: relayed token by token, put together
     remote_kinds  what each kind of server (llama-server, llama-cpp-python, vLLM, ...) is sent
                   and refuses

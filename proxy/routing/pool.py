@@ -16,6 +16,7 @@ can take it (its own queue then says ``local_busy``, as without other backends).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from proxy.config import Settings
+from proxy.engine.gate import Gate
 from proxy.engine.local_engine import LocalEngine
 from proxy.errors import EngineBusy
 from proxy.routing.base import Backend, BackendDown, Choice, left, rounded
@@ -117,6 +119,24 @@ class EngineBackend(Backend):
         }
 
 
+def engine_gate(engine: LocalEngine) -> Gate:
+    """The gate the engine's worker scores with, loaded again in this process: its relevance
+    model and its weights file, so that a remote backend's answer is scored as the engine's.
+    Weights the worker would refuse (it then does not start) leave the shipped ones here."""
+    try:
+        return Gate.load(
+            relevance=engine.relevance,
+            weights_path=engine.weights_path,
+            model_path=engine.model_path,
+            weights_optional=engine.weights_optional,
+        )
+    except (ValueError, OSError) as exc:
+        log.warning("remote_gate_weights_refused", why=str(exc))
+        return Gate.load(
+            relevance=engine.relevance, weights_path="", model_path="", weights_optional=True
+        )
+
+
 @dataclass
 class FinishTimes:
     """Predicted against actual finish times of one backend's answers that ran to their end
@@ -146,11 +166,19 @@ class BackendPool:
     """Every local backend; the bundled engine is always the first."""
 
     def __init__(
-        self, backends: list[Backend], lengths: AnswerLengths, *, default_max_tokens: int
+        self,
+        backends: list[Backend],
+        lengths: AnswerLengths,
+        *,
+        default_max_tokens: int,
+        gate: Callable[[], Gate] | None = None,
     ) -> None:
         self.backends = backends
         self.lengths = lengths
         self.default_max_tokens = default_max_tokens
+        # Loads the quality gate the remote backends' answers are scored with in this process:
+        # the engine worker's relevance model and weights (proxy.engine.gate).
+        self._load_gate = gate
         self.moves = 0
         self.finishes: dict[str, FinishTimes] = {b.name: FinishTimes() for b in backends}
 
@@ -167,9 +195,20 @@ class BackendPool:
                     prior=lambda: engine.rates,
                 )
             )
-        return cls(backends, lengths, default_max_tokens=local.default_max_tokens)
+        return cls(
+            backends,
+            lengths,
+            default_max_tokens=local.default_max_tokens,
+            gate=lambda: engine_gate(engine),
+        )
 
     async def start(self) -> None:
+        remotes = [b for b in self.backends if isinstance(b, RemoteBackend)]
+        if remotes and self._load_gate is not None:
+            # Before the first probe: no remote answer is scored by another gate.
+            gate = await asyncio.to_thread(self._load_gate)
+            for remote in remotes:
+                remote.gate = gate
         for backend in self.backends:
             await backend.start()
 

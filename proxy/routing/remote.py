@@ -4,14 +4,17 @@
 another ``frugal serve`` (asked for its model ``local``, so that it answers locally and never
 through its own API). Its ``kind`` (:mod:`proxy.routing.remote_kinds`) says how a request is put
 to it and which requests it cannot honour: those are not admitted, and go to the bundled engine
-or the API. Legacy completions stay with the bundled engine.
+or the API. Legacy completions (``kind="complete"``) go to its ``/completions`` when its kind
+takes them, whole (scored, then replayed by the caller as the engine's are). ``n`` above what
+its server answers at once is asked one answer at a time (``Kind.calls``), each answer scored.
 
 A remote backend answers ``max_concurrency`` requests at once; the others wait in its FIFO queue
 (at most ``max_queue``; :mod:`proxy.routing.slots`). Its rates are measured by timing its
 answers (:mod:`proxy.routing.remote_rates`). Where its kind publishes the server's load, the
 requests other clients have there are counted in its predicted finish
-(:mod:`proxy.routing.remote_load`). Its answers are scored with
-``quality.score`` in a thread, with logprobs when the server gives them.
+(:mod:`proxy.routing.remote_load`). Its answers are scored in a thread by the same gate as the
+bundled engine's (:class:`proxy.engine.gate.Gate`: the same quality code, relevance model and
+weights), with logprobs when the server gives them.
 
 Streams: for a ``live`` stream (``on_token``) the server is asked for a stream and its tokens are
 relayed as they come (:class:`~proxy.routing.remote_stream.StreamedAnswer` puts the answer
@@ -39,23 +42,32 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import httpx
 import structlog
 
 from proxy.config import BackendSettings
+from proxy.engine.gate import Gate
 from proxy.engine.rates import PendingWork, Rates, WorkTracker
 from proxy.errors import EngineBusy, EngineCrashed, EngineTimeout
 from proxy.routing.base import Backend, BackendDown, left, rounded
-from proxy.routing.estimator import Prediction, answer_cap, predict
+from proxy.routing.estimator import Prediction, answer_cap, answers_per_request, predict
 from proxy.routing.prefix_memory import PrefixMemory
 from proxy.routing.remote_health import answer_problem, listing_problem
 from proxy.routing.remote_kinds import KINDS
 from proxy.routing.remote_load import SOURCES, Load, LoadWatch, read_load, with_foreign
 from proxy.routing.remote_rates import RemoteRates
 from proxy.routing.remote_stream import Relay, StreamCut
-from proxy.routing.remote_wire import error_of, request_body, score, stop_cause
+from proxy.routing.remote_wire import (
+    completion_body,
+    error_of,
+    merge_answers,
+    request_body,
+    split_n,
+    stop_cause,
+)
 from proxy.routing.slots import Slots
 
 log = structlog.get_logger(__name__)
@@ -89,8 +101,12 @@ class RemoteBackend(Backend):
         default_max_tokens: int,
         prior: Callable[[], Rates],
         transport: httpx.AsyncBaseTransport | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.settings = settings
+        # The quality gate its answers are scored with: the pool gives every backend the one
+        # the engine worker scores with (proxy.engine.gate); alone, the shipped weights.
+        self.gate = gate or Gate()
         self.name = settings.name
         self.server = KINDS[settings.kind]
         self.timeout_s = settings.timeout_s or timeout_s
@@ -152,7 +168,9 @@ class RemoteBackend(Backend):
 
     def admits(self, request: dict[str, Any], kind: str) -> bool:
         room = self._slots.free > 0 or self._slots.waiting < self.settings.max_queue
-        return self.ready() and kind == "chat" and room and self.server.refuses(request) is None
+        if not (self.ready() and room and kind in ("chat", "complete")):
+            return False
+        return self.server.refuses(request, kind) is None
 
     def _probe_url(self) -> str:
         """``GET {api_base}/models``, or a path from the server's root for a kind whose
@@ -329,7 +347,7 @@ class RemoteBackend(Backend):
             raise EngineBusy(f"the queue of backend {self.name} is full")
         cap = answer_cap(request, self.default_max_tokens, kind)
         expected = self.predict(request, cap).own_s
-        ticket = self.work.admit(request, cap)
+        ticket = self.work.admit(request, cap * answers_per_request(request))
         completion: dict[str, Any] | None = None
         try:
             await self._slots.acquire(deadline, f"backend {self.name}")
@@ -338,7 +356,7 @@ class RemoteBackend(Backend):
                     raise BackendDown(f"backend {self.name} is {self.state}")
                 self.work.start(ticket)
                 self.memory.remember(request)
-                completion = await self._answer(request, deadline, expected, cap, on_token)
+                completion = await self._answer(request, deadline, expected, cap, on_token, kind)
                 return completion
             finally:
                 self._slots.release()
@@ -348,7 +366,17 @@ class RemoteBackend(Backend):
         finally:
             self.work.finish(ticket, request, completion)
 
-    def _body(self, request: dict[str, Any], cap: int, stream: bool) -> dict[str, Any]:
+    def _body(
+        self, request: dict[str, Any], cap: int, stream: bool, kind: str = "chat"
+    ) -> dict[str, Any]:
+        if kind == "complete":
+            return completion_body(
+                request,
+                model=self.settings.model,
+                cap=cap,
+                logprobs=self.logprobs,
+                kind=self.server,
+            )
         return request_body(
             request,
             model=self.settings.model,
@@ -365,17 +393,43 @@ class RemoteBackend(Backend):
         expected_s: float,
         cap: int,
         on_token: Callable[[str], None] | None = None,
+        kind: str = "chat",
     ) -> dict[str, Any]:
-        stream = on_token is not None
-        body = self._body(request, cap, stream)
+        """The answer to ``request``: one call, or, for ``n`` above what the server answers
+        at once, one call per answer, one after the other (``Kind.calls``), merged."""
+        calls = self.server.calls(request)
+        if calls == 1:
+            return await self._one_answer(request, deadline, expected_s, cap, on_token, kind)
+        answers = []
+        for part in split_n(request, calls):  # never a live stream: n > 1
+            answers.append(await self._one_answer(part, deadline, expected_s, cap, None, kind))
+        return merge_answers(answers)
+
+    async def _one_answer(
+        self,
+        request: dict[str, Any],
+        deadline: float,
+        expected_s: float,
+        cap: int,
+        on_token: Callable[[str], None] | None = None,
+        kind: str = "chat",
+    ) -> dict[str, Any]:
+        text = kind == "complete"  # a legacy completion: never a live stream
+        stream = on_token is not None and not text
+        path = "completions" if text else "chat/completions"
+        body = self._body(request, cap, stream, kind)
         started = time.perf_counter()
-        relay = Relay(on_token, int(self.work.estimate_prompt_tokens(request)), self.stats)
-        response = await self._call(self._send(body, relay), deadline, expected_s, relay)
+        relay = Relay(
+            on_token if stream else None,
+            int(self.work.estimate_prompt_tokens(request)),
+            self.stats,
+        )
+        response = await self._call(self._send(body, relay, path), deadline, expected_s, relay)
         if response.status_code == 400 and body.get("logprobs") and not request.get("logprobs"):
             # A server that refuses logprobs: ask again without, and stop asking.
             self.logprobs = False
-            body = self._body(request, cap, stream)
-            response = await self._call(self._send(body, relay), deadline, expected_s, relay)
+            body = self._body(request, cap, stream, kind)
+            response = await self._call(self._send(body, relay, path), deadline, expected_s, relay)
         elapsed = time.perf_counter() - started
         if response.status_code >= 500:
             self.stats.failures += 1
@@ -386,10 +440,13 @@ class RemoteBackend(Backend):
             raise EngineCrashed(f"backend {self.name} refused the request: {error_of(response)}")
         try:
             completion = response.json()
-            completion["choices"][0]["message"]  # noqa: B018 - the shape is checked here
+            # the shape is checked here: a chat message, or a legacy completion's text
+            answer = completion["choices"][0]["text" if text else "message"]
+            if not isinstance(answer, str if text else dict):
+                raise TypeError(f"the answer is a {type(answer).__name__}")
             problem = answer_problem(self.server, completion, self.settings.model)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            problem = "its answer is not a chat completion's JSON"
+            problem = f"its answer is not a {'text' if text else 'chat'} completion's JSON"
             cause: Exception | None = exc
         else:
             cause = None
@@ -407,8 +464,11 @@ class RemoteBackend(Backend):
         if relay.answer is not None and relay.answer.usage is None:
             info["usage_source"] = "estimated"  # no usage chunk: counted by StreamedAnswer
         info["stop_cause"] = stop_cause(completion, cap)
+        scored = {**request, "max_tokens": request.get("max_tokens") or cap} if text else request
         try:
-            verdict = await asyncio.to_thread(score, request, {**completion, "frugal": info})
+            verdict = await asyncio.to_thread(
+                partial(self.gate.score_answer, text=text), scored, {**completion, "frugal": info}
+            )
         except Exception as exc:  # noqa: BLE001 - as a failure in the engine worker's gate
             raise EngineCrashed(f"scoring the answer of backend {self.name} failed") from exc
         info["quality"] = verdict
@@ -417,13 +477,16 @@ class RemoteBackend(Backend):
         completion.pop("timings", None)
         return dict(completion)
 
-    async def _send(self, body: dict[str, Any], relay: Relay) -> httpx.Response:
-        """POST ``body``; a stream is read to its end here, its text handed to ``relay`` as it
-        comes, and its answer returned as the JSON a non-streamed call would have had."""
+    async def _send(
+        self, body: dict[str, Any], relay: Relay, path: str = "chat/completions"
+    ) -> httpx.Response:
+        """POST ``body`` to ``path``; a stream is read to its end here, its text handed to
+        ``relay`` as it comes, and its answer returned as the JSON a non-streamed call would
+        have had."""
         assert self._client is not None
         if not body.get("stream"):
-            return await self._client.post("chat/completions", json=body)
-        async with self._client.stream("POST", "chat/completions", json=body) as response:
+            return await self._client.post(path, json=body)
+        async with self._client.stream("POST", path, json=body) as response:
             if response.status_code != 200:
                 await response.aread()
                 return response

@@ -2,8 +2,9 @@
 
     KINDS          kind name -> :class:`Kind`, one per name in ``proxy.config.BACKEND_KINDS``
     Kind.refuses() why a request cannot be honoured there (it then goes to the bundled engine or
-                   the API), or None
-    Kind.adapt()   the request's body in that server's words
+                   the API), or None; ``kind="complete"`` for a legacy ``/v1/completions`` one
+    Kind.adapt()   the request's body in that server's words (``adapt_completion``: a legacy
+                   completion's)
 
 Servers differ in how they take a JSON schema, tools, ``n``, ``max_completion_tokens`` and
 ``logprobs``, and what they silently ignore: a request whose answer would break what the client
@@ -12,14 +13,20 @@ asked for is not sent there at all. The facts about ``llama-cpp-python`` were me
 checks them); the others come from each server's documentation and are listed in
 ``docs/backends.md`` with where each came from.
 
-``openai-compatible`` assumes nothing beyond plain chat: no ``n`` > 1, and a JSON schema and
-tools sent as OpenAI's, as before kinds existed.
+``openai-compatible`` assumes nothing beyond plain chat: no ``n`` > 1 in one request, and a
+JSON schema and tools sent as OpenAI's, as before kinds existed.
+
+``n`` above what a server answers in one request (``Kind.max_n``; llama-cpp-python ignores
+``n``) is made up for by the proxy: ``Kind.calls`` requests of one answer each, each with its
+own seed, each scored (``proxy.routing.remote_wire.split_n`` and ``merge_answers``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from proxy.routing.servable import MAX_LOCAL_N
 
 __all__ = ["KINDS", "Kind"]
 
@@ -60,12 +67,30 @@ class Kind:
     # It answers only for the models it lists, and its answer names the model that answered:
     # a model missing from its list, or another model in an answer, marks it down.
     names_model: bool = False
+    # It answers legacy text completions (POST {api_base}/completions), one string prompt each.
+    completions: bool = True
+    # n above max_n: asked as n requests of one answer each (up to MAX_LOCAL_N), not refused
+    split_n: bool = True
 
-    def refuses(self, request: dict[str, Any]) -> str | None:
-        """Why this kind of server cannot honour ``request``, or None when it can."""
+    def calls(self, request: dict[str, Any]) -> int:
+        """How many requests one request is sent as: 1, or ``n`` when ``n`` is above what this
+        server answers in one request and the proxy makes up for it."""
         n = request.get("n") or 1
-        if n > self.max_n:
-            return f"n = {n} (at most {self.max_n})"
+        return n if n > self.max_n and self.split_n else 1
+
+    def _refuses_n(self, request: dict[str, Any]) -> str | None:
+        n = request.get("n") or 1
+        most = MAX_LOCAL_N if self.split_n else self.max_n
+        return f"n = {n} (at most {most})" if n > most else None
+
+    def refuses(self, request: dict[str, Any], kind: str = "chat") -> str | None:
+        """Why this kind of server cannot honour ``request``, or None when it can; ``kind``:
+        ``chat``, or ``complete`` for a legacy text completion."""
+        if kind == "complete":
+            return self._refuses_completion(request)
+        too_many = self._refuses_n(request)
+        if too_many is not None:
+            return too_many
         fmt = request.get("response_format")
         if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
             if self.json_schema == "none":
@@ -83,6 +108,44 @@ class Kind:
         if request.get("logprobs") and self.logprobs == "none":
             return "logprobs"
         return None
+
+    def _refuses_completion(self, request: dict[str, Any]) -> str | None:
+        """A legacy completion goes to a server with one string prompt and nothing that names
+        the bundled model's tokens; what the engine alone does (``echo``, ``suffix``,
+        ``best_of``) stays with it."""
+        if not self.completions:
+            return "legacy completions"
+        prompt = request.get("prompt")
+        if isinstance(prompt, list):
+            if not all(isinstance(p, str) for p in prompt):
+                return "a token-id prompt (ids of the bundled model's tokenizer)"
+            if len(prompt) != 1:
+                return "several prompts"
+        too_many = self._refuses_n(request)
+        if too_many is not None:
+            return too_many
+        for name in ("echo", "suffix", "logit_bias"):
+            if request.get(name):
+                return name
+        if (request.get("best_of") or 1) > 1:
+            return "best_of > 1"
+        if request.get("logprobs") is not None and self.logprobs == "none":
+            return "logprobs"
+        return None
+
+    def adapt_completion(self, body: dict[str, Any], *, gate_logprobs: bool) -> dict[str, Any]:
+        """A legacy completion's ``body`` in this server's words: one string prompt, and
+        ``logprobs`` (a count there) asked for the gate when the client did not ask."""
+        out = dict(body)
+        prompt = out.get("prompt")
+        if isinstance(prompt, list):
+            out["prompt"] = prompt[0] if prompt else ""
+        out.pop("max_completion_tokens", None)  # not a legacy field: the cap is max_tokens
+        if self.logprobs == "none":
+            out.pop("logprobs", None)
+        elif gate_logprobs and out.get("logprobs") is None:
+            out["logprobs"] = 1
+        return out
 
     def adapt(self, body: dict[str, Any], *, gate_logprobs: bool) -> dict[str, Any]:
         """``body`` (the request as it would go to the API) in this server's words.
@@ -151,6 +214,7 @@ KINDS: dict[str, Kind] = {
             max_completion_tokens=False,
             logprobs="none",
             names_model=True,
+            completions=False,  # its /v1/completions is not relied on here
         ),
         # another frugal serve, asked for its model "local": what the bundled engine honours
         Kind(name="frugal", max_n=8),

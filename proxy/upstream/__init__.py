@@ -1,15 +1,21 @@
 """The paid API: the fallback client, its streams, and the one translation of foreign errors.
 
-    client          ``Upstream``: the direct OpenAI-compatible path (aiohttp) or litellm for
-                    other providers; the allow-list of forwarded parameters
+    client          ``Upstream``: picks the route of a request's model, and does for every
+                    route the allow-list of forwarded parameters, the retries, the attempts
+                    counted and the stream; ``KINDS``, the routes it ships
+    route           ``Route``, what a way to the API is (one attempt of a chat, plain or
+                    streamed), and ``Kinds``, which provider prefix takes which route
+    direct_route    the direct route: an OpenAI-compatible ``api_base`` over aiohttp
     litellm_route   the litellm route: its keywords (allow-listed, none of litellm's own from
                     a client) and one attempt of its call
     retry           ``RetryPolicy`` (tenacity): what is retried, backoff, ``Retry-After``, the
                     time budget; retries live here and nowhere else
     stream          an upstream SSE stream that has started: relayed event by event, usage noted
+    responses_api   the upstream's own ``/v1/responses`` (direct route): the body it is sent
+                    (``store: false``, the whole conversation, none of our ids), its usage
     failures        ``translate``: every aiohttp, litellm or status failure becomes a
                     ``ProxyError`` here, once
 
-May import ``proxy.params``, ``proxy.config`` and ``proxy.errors``. Knows nothing of HTTP
-handlers, routing or the engine.
+May import ``proxy.params``, ``proxy.config``, ``proxy.errors`` and ``proxy.logs``. Knows
+nothing of HTTP handlers, routing or the engine.
 """

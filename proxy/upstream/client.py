@@ -1,17 +1,18 @@
 """The fallback client: send a request to the upstream API and hand its answer back.
 
 Which way a request goes depends on the model it names (``[fallback] models`` maps a requested
-name to a target; an unmapped name is sent unchanged):
+name to a target; an unmapped name is sent unchanged). Each way is a
+:class:`~proxy.upstream.route.Route`, and :data:`KINDS` says which target takes which:
 
-- **direct**, the hot path: a target without a provider prefix, or ``openai/<name>`` (the prefix
-  is dropped), goes to ``[fallback] api_base`` over one pooled ``aiohttp.ClientSession`` made at
-  start-up. The JSON is serialised once and sent as bytes; the answer's bytes are kept
-  (:attr:`UpstreamResponse.raw`) so that they can be relayed without serialising them again.
-  aiohttp, not httpx: on this path httpx's client and connection pool cost 4 to 10 times the CPU
-  per request (``bench/upstream_clients.py``, numbers in ``bench/README.md``). A proxy set in
-  ``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY`` (and ``NO_PROXY``) is read once, at start-up.
-- **litellm**: a mapped target with any other provider prefix (``anthropic/claude-3-5-haiku``),
-  sent by :mod:`proxy.upstream.litellm_route`.
+- **direct**, the hot path (:mod:`proxy.upstream.direct_route`): a target without a provider
+  prefix, or ``openai/<name>`` (the prefix is dropped), goes to ``[fallback] api_base`` over
+  one pooled aiohttp session. The answer's bytes are kept (:attr:`UpstreamResponse.raw`) so
+  that they can be relayed without serialising them again.
+- **litellm** (:mod:`proxy.upstream.litellm_route`): a mapped target with any other provider
+  prefix (``anthropic/claude-3-5-haiku``).
+
+Everything else is done here, once for every route: the allow-list, the retries, the attempts
+counted, the latency, the stream's usage.
 
 Only allow-listed parameters are sent: the body upstream is built from the keys of
 :data:`proxy.params.CHAT_PARAMETERS` (``COMPLETIONS_PARAMETERS``, ``EMBEDDINGS_PARAMETERS`` for
@@ -47,36 +48,32 @@ there.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any
 
-import aiohttp
-from yarl import URL
-
 from proxy.config import FallbackSettings
-from proxy.errors import UpstreamError
 from proxy.params import (
     CHAT_PARAMETERS,
     COMPLETIONS_PARAMETERS,
     EMBEDDINGS_PARAMETERS,
     forwarded,
 )
-from proxy.upstream.failures import status_error
-from proxy.upstream.litellm_route import LitellmRoute, answer_of, sse_of
+from proxy.upstream.direct_route import DirectRoute
+from proxy.upstream.litellm_route import LitellmRoute
 from proxy.upstream.retry import BACKOFF_INITIAL_S, RetryPolicy
+from proxy.upstream.route import DIRECT, Kinds, Route
 from proxy.upstream.stream import UpstreamStream
 
-__all__ = ["Upstream", "UpstreamResponse", "UpstreamStream"]
+__all__ = ["KINDS", "Upstream", "UpstreamResponse", "UpstreamStream"]
 
-MAX_CONNECTIONS = 64
+KINDS = Kinds(
+    routes=MappingProxyType({"litellm": LitellmRoute}),
+    prefixes=MappingProxyType({"openai": DIRECT}),
+)
+"""The routes the proxy ships besides ``direct``, and the prefixes that name them."""
 
-_encode = json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
 # The JSON endpoints of post_json and the parameters each may carry.
 _POST_PARAMETERS: dict[str, frozenset[str]] = {
     "/completions": frozenset(COMPLETIONS_PARAMETERS),
@@ -100,7 +97,8 @@ class UpstreamResponse:
 class Upstream:
     """The client of the fallback API. ``await start()`` before use, ``await aclose()`` after.
 
-    ``backoff_s`` is the first retry's backoff (tests make it small).
+    ``backoff_s`` is the first retry's backoff (tests make it small); ``kinds`` the routes and
+    which targets take them (:data:`KINDS`).
     """
 
     def __init__(
@@ -108,14 +106,16 @@ class Upstream:
         settings: FallbackSettings,
         *,
         backoff_s: float = BACKOFF_INITIAL_S,
+        kinds: Kinds = KINDS,
     ) -> None:
         self._settings = settings
-        self._routes = {name: _route(target) for name, target in settings.models.items()}
-        self._base = settings.api_base.rstrip("/")
-        self._urls: dict[str, URL] = {}
-        self._session: aiohttp.ClientSession | None = None
-        self._proxy: str | None = None
-        self._litellm = LitellmRoute(settings)
+        self._direct = DirectRoute(settings)
+        self._ways: dict[str, Route] = {DIRECT: self._direct}
+        self._ways.update((name, make(settings)) for name, make in kinds.routes.items())
+        self._routes = {name: kinds.resolve(target) for name, target in settings.models.items()}
+        for way, _ in self._routes.values():
+            if way not in self._ways:
+                raise ValueError(f"no route named {way!r} (see proxy.upstream.client.KINDS)")
         self._retry = RetryPolicy(
             max_retries=settings.max_retries, timeout_s=settings.timeout_s, backoff_s=backoff_s
         ).run
@@ -123,30 +123,15 @@ class Upstream:
     # -- life cycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Open the connection pool, and import litellm if the model mapping needs it."""
-        if self._session is not None:
-            return
-        s = self._settings
-        key = s.api_key()
-        self._proxy = _env_proxy(self._base) if self._base else None
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, ttl_dns_cache=300),
-            headers={"authorization": f"Bearer {key}"} if key else None,
-            timeout=aiohttp.ClientTimeout(
-                total=None,
-                connect=s.timeout_s,
-                sock_connect=s.connect_timeout_s,
-                sock_read=s.timeout_s,
-            ),
-            trust_env=False,  # the proxy variables were read once above, not per request
-        )
-        if any(via for _, via in self._routes.values()):
-            await self._litellm.load()
+        """Open the direct route's connection pool, and start the other routes the model
+        mapping uses (litellm is imported only then)."""
+        used = {DIRECT} | {way for way, _ in self._routes.values()}
+        for name in sorted(used):
+            await self._ways[name].start()
 
     async def aclose(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        for way in self._ways.values():
+            await way.aclose()
 
     async def __aenter__(self) -> Upstream:
         await self.start()
@@ -167,14 +152,16 @@ class Upstream:
         return self._settings.enabled
 
     def target(self, requested_model: str) -> str:
-        """The model name sent upstream: the mapped target (without ``openai/``), or unchanged."""
+        """The model name sent upstream: the mapped target (without a dropped prefix such as
+        ``openai/``), or unchanged."""
         route = self._routes.get(requested_model)
-        return route[0] if route is not None else requested_model
+        return route[1] if route is not None else requested_model
 
     def via_litellm(self, requested_model: str) -> bool:
-        """Whether a request for ``requested_model`` goes through litellm (not ``api_base``)."""
+        """Whether a request for ``requested_model`` goes another way than the direct route
+        to ``api_base`` (litellm)."""
         route = self._routes.get(requested_model)
-        return route is not None and route[1]
+        return route is not None and route[0] != DIRECT
 
     def model_ids(self) -> list[str]:
         """The names the mapping knows, for ``GET /v1/models``."""
@@ -182,28 +169,34 @@ class Upstream:
 
     # -- calls ---------------------------------------------------------------------------------
 
+    def _way(self, body: dict[str, Any]) -> tuple[Route, str]:
+        requested = body.get("model", "")
+        name, model = self._routes.get(requested, (DIRECT, requested))
+        way = self._ways[name]
+        way.ready()
+        return way, model
+
     async def chat(self, body: dict[str, Any], *, request_id: str) -> UpstreamResponse:
         """A non-streamed chat completion (a ``stream`` flag in ``body`` is turned off)."""
-        model, via_litellm = self._routes.get(body.get("model", ""), (body.get("model", ""), False))
+        way, model = self._way(body)
         forward = forwarded(body, _CHAT)
         forward["model"] = model
         if forward.get("stream"):
             forward["stream"] = False
             forward.pop("stream_options", None)
-        if via_litellm:
-            started = time.perf_counter()
-            kwargs = self._litellm.kwargs(forward, request_id)
-            result, tries = await self._retry(self._litellm.call, kwargs)
-            latency = time.perf_counter() - started
-            data, raw = answer_of(result)
-            return UpstreamResponse(
-                body=data, status=200, latency_s=latency, attempts=tries, raw=raw
-            )
-        return await self._post(self._url("/chat/completions"), forward, request_id)
+        started = time.perf_counter()
+        (status, data, raw), tries = await self._retry(way.complete, forward, request_id)
+        return UpstreamResponse(
+            body=data,
+            status=status,
+            latency_s=time.perf_counter() - started,
+            attempts=tries,
+            raw=raw,
+        )
 
     async def chat_stream(self, body: dict[str, Any], *, request_id: str) -> UpstreamStream:
         """Open a streamed chat completion; returns once upstream has answered 200."""
-        model, via_litellm = self._routes.get(body.get("model", ""), (body.get("model", ""), False))
+        way, model = self._way(body)
         options = body.get("stream_options")
         strip_usage = not (isinstance(options, dict) and options.get("include_usage"))
         forward = forwarded(body, _CHAT)
@@ -212,26 +205,10 @@ class Upstream:
             extra = options if isinstance(options, dict) else {}
             forward["stream_options"] = {**extra, "include_usage": True}
         started = time.perf_counter()
-        if via_litellm:
-            kwargs = self._litellm.kwargs(forward, request_id)
-            kwargs.update(stream=True, stream_options=forward["stream_options"])
-            result, tries = await self._retry(self._litellm.call, kwargs)
-            stream = UpstreamStream(
-                sse_of(result),
-                result.aclose,
-                strip_usage=strip_usage,
-                latency_s=time.perf_counter() - started,
-                attempts=tries,
-            )
-            return stream
-        session = self._ready()
-        content = _encode(forward).encode()
-        headers = _headers(request_id)
-        url = self._url("/chat/completions")
-        response, tries = await self._retry(_open, session, url, content, headers, self._proxy)
+        opened, tries = await self._retry(way.open_stream, forward, request_id)
         return UpstreamStream(
-            response.content.iter_any(),
-            _closer(response),
+            opened.chunks,
+            opened.close,
             strip_usage=strip_usage,
             latency_s=time.perf_counter() - started,
             attempts=tries,
@@ -252,56 +229,11 @@ class Upstream:
         model = body.get("model")
         if isinstance(model, str):
             route = self._routes.get(model)
-            if route is not None and not route[1]:
-                body = {**body, "model": route[0]}
-        return await self._post(self._url(path), body, request_id)
-
-    async def post_direct(
-        self, path: str, body: dict[str, Any], *, request_id: str
-    ) -> UpstreamResponse:
-        """POST a ``body`` the caller built from its own allow-list to ``api_base + path``
-        (:mod:`proxy.upstream.responses_api`), JSON back, under the retry policy."""
-        return await self._post(self._url(path), body, request_id)
-
-    async def open_direct(
-        self, path: str, body: dict[str, Any], *, request_id: str
-    ) -> UpstreamStream:
-        """Open a streamed POST of such a ``body``; returns once upstream has answered 200."""
+            if route is not None and route[0] == DIRECT:
+                body = {**body, "model": route[1]}
+        self._direct.ready()
         started = time.perf_counter()
-        content = _encode(body).encode()
-        response, tries = await self._retry(
-            _open, self._ready(), self._url(path), content, _headers(request_id), self._proxy
-        )
-        return UpstreamStream(
-            response.content.iter_any(),
-            _closer(response),
-            strip_usage=False,
-            latency_s=time.perf_counter() - started,
-            attempts=tries,
-        )
-
-    # -- the direct route ----------------------------------------------------------------------
-
-    def _ready(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise RuntimeError("Upstream.start() must be awaited before making calls")
-        return self._session
-
-    def _url(self, path: str) -> URL:
-        url = self._urls.get(path)
-        if url is None:
-            if not self._base:
-                raise UpstreamError("no [fallback] api_base is set for this model")
-            url = self._urls[path] = URL(self._base + "/" + path.lstrip("/"))
-        return url
-
-    async def _post(self, url: URL, body: dict[str, Any], request_id: str) -> UpstreamResponse:
-        session = self._ready()
-        content = _encode(body).encode()
-        started = time.perf_counter()
-        (status, data, raw), tries = await self._retry(
-            _post_once, session, url, content, _headers(request_id), self._proxy
-        )
+        (status, data, raw), tries = await self._retry(self._direct.post, path, body, request_id)
         return UpstreamResponse(
             body=data,
             status=status,
@@ -310,79 +242,33 @@ class Upstream:
             raw=raw,
         )
 
+    async def post_direct(
+        self, path: str, body: dict[str, Any], *, request_id: str
+    ) -> UpstreamResponse:
+        """POST a ``body`` the caller built from its own allow-list to ``api_base + path``
+        (:mod:`proxy.upstream.responses_api`), JSON back, under the retry policy."""
+        self._direct.ready()
+        started = time.perf_counter()
+        (status, data, raw), tries = await self._retry(self._direct.post, path, body, request_id)
+        return UpstreamResponse(
+            body=data,
+            status=status,
+            latency_s=time.perf_counter() - started,
+            attempts=tries,
+            raw=raw,
+        )
 
-# -- helpers ---------------------------------------------------------------------------------
-
-
-def _headers(request_id: str) -> dict[str, str]:
-    return {"content-type": "application/json", "x-request-id": request_id}
-
-
-async def _post_once(
-    session: aiohttp.ClientSession,
-    url: URL,
-    content: bytes,
-    headers: dict[str, str],
-    proxy: str | None,
-) -> tuple[int, dict[str, Any], bytes]:
-    async with session.post(
-        url, data=content, headers=headers, proxy=proxy, allow_redirects=False
-    ) as response:
-        raw = await response.read()
-        status = response.status
-        if status >= 300:
-            raise status_error(status, response.headers, raw)
-    data = json.loads(raw)
-    if not isinstance(data, dict):
-        raise UpstreamError("the upstream API answered with JSON that is not an object")
-    return status, data, raw
-
-
-async def _open(
-    session: aiohttp.ClientSession,
-    url: URL,
-    content: bytes,
-    headers: dict[str, str],
-    proxy: str | None,
-) -> aiohttp.ClientResponse:
-    response = await session.post(
-        url, data=content, headers=headers, proxy=proxy, allow_redirects=False
-    )
-    if response.status < 300:
-        return response
-    try:
-        raw = await response.read()
-    finally:
-        response.release()
-    raise status_error(response.status, response.headers, raw)
-
-
-def _closer(response: aiohttp.ClientResponse) -> Callable[[], Awaitable[None]]:
-    """Give the connection back when the body was read to its end; otherwise drop it."""
-
-    async def close() -> None:
-        if response.content.at_eof():
-            response.release()
-        else:
-            response.close()
-
-    return close
-
-
-def _env_proxy(base: str) -> str | None:
-    """The proxy that ``*_PROXY``/``NO_PROXY`` name for ``base`` (read once, like httpx did)."""
-    parts = urllib.parse.urlsplit(base)
-    if parts.hostname and urllib.request.proxy_bypass(parts.hostname):
-        return None
-    proxies = urllib.request.getproxies_environment()
-    return proxies.get(parts.scheme) or proxies.get("all") or None
-
-
-def _route(target: str) -> tuple[str, bool]:
-    """(model name to send, whether litellm sends it) for a mapped target."""
-    provider, slash, name = target.partition("/")
-    if not slash:
-        return target, False
-    if provider == "openai":
-        return name, False
-    return target, True
+    async def open_direct(
+        self, path: str, body: dict[str, Any], *, request_id: str
+    ) -> UpstreamStream:
+        """Open a streamed POST of such a ``body``; returns once upstream has answered 200."""
+        self._direct.ready()
+        started = time.perf_counter()
+        opened, tries = await self._retry(self._direct.open_stream, body, request_id, path)
+        return UpstreamStream(
+            opened.chunks,
+            opened.close,
+            strip_usage=False,
+            latency_s=time.perf_counter() - started,
+            attempts=tries,
+        )

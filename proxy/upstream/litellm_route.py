@@ -12,6 +12,8 @@ this route sets itself (:data:`LITELLM_OWN_KWARGS`), never a client's ``api_base
 ``model_list``, ``mock_response`` or other routing keyword. ``metadata`` is not handed to
 litellm either: there it is litellm's own logging and routing metadata, not OpenAI's. litellm's
 own retries are turned off; the client's :class:`~proxy.upstream.retry.RetryPolicy` retries.
+
+:class:`LitellmRoute` is a :class:`~proxy.upstream.route.Route`: each call is one attempt.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 from proxy import logs
 from proxy.config import FallbackSettings
 from proxy.params import CHAT_PARAMETERS, forwarded
+from proxy.upstream.route import Answer, Opened
 
 __all__ = [
     "LITELLM_OWN_KWARGS",
@@ -63,10 +66,26 @@ class LitellmRoute:
         self._settings = settings
         self._litellm: Any = None
 
-    async def load(self) -> None:
+    async def start(self) -> None:
         """Import litellm (seconds) in a thread, once."""
         if self._litellm is None:
             self._litellm = await asyncio.to_thread(import_litellm)
+
+    async def aclose(self) -> None:
+        """Nothing to let go of: litellm keeps its own clients."""
+
+    def ready(self) -> None:
+        """Always ready: a missing key or base is the provider's answer, an attempt's failure."""
+
+    async def complete(self, forward: dict[str, Any], request_id: str) -> Answer:
+        data, raw = answer_of(await self.call(self.kwargs(forward, request_id)))
+        return 200, data, raw
+
+    async def open_stream(self, forward: dict[str, Any], request_id: str) -> Opened:
+        kwargs = self.kwargs(forward, request_id)
+        kwargs.update(stream=True, stream_options=forward["stream_options"])
+        result = await self.call(kwargs)
+        return Opened(sse_of(result), result.aclose)
 
     def kwargs(self, forward: dict[str, Any], request_id: str) -> dict[str, Any]:
         """litellm's keywords: allow-listed OpenAI parameters, then the call's own settings."""
@@ -85,7 +104,7 @@ class LitellmRoute:
 
     async def call(self, kwargs: dict[str, Any]) -> Any:
         """One attempt: litellm's answer (a model response, or its stream when streamed)."""
-        await self.load()
+        await self.start()
         return await self._litellm.acompletion(**kwargs)
 
 

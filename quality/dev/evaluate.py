@@ -1,13 +1,14 @@
 """Evaluate the gate on the held-out split: ``python -m quality.dev.evaluate``.
 
-By default it regenerates the local model's answers to the held-out prompts with the proxy's own
-engine (greedy), grades them with the dev set's checkers, scores them with the committed weights
-and prints ROC AUC; acceptance, precision and recall at the threshold (default 0.6), overall and
-per task kind; and the thresholds needed for 0.9 and 0.95 precision. It also says how many of the
-regenerated answers differ from the cached ones, and updates the cache.
+It grades the local model's cached answers to the held-out prompts
+(``tests/data/quality_answers_smollm2.jsonl``) with the dev set's checkers, scores them with the
+committed weights and prints ROC AUC; acceptance, precision and recall at the threshold (default
+0.6), overall and per task kind; and the thresholds needed for 0.9 and 0.95 precision.
 
-``--cached`` skips generation and uses ``tests/data/quality_answers_smollm2.jsonl`` as is.
-``--split all`` also generates (and caches) the train split, which calibration reads.
+``python bench/gate_answers.py`` first regenerates the answers with the proxy's own engine
+(greedy), says how many differ from the cached ones, updates the cache, then prints the same
+report; ``--split all`` there also generates (and caches) the train split, which calibration
+reads. Generation lives there because this folder imports nothing from ``proxy``.
 """
 
 from __future__ import annotations
@@ -20,17 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from quality import score
-from quality.dev.devset import DEV_PATH, load
-from quality.dev.local_answers import (
-    ANSWERS_PATH,
-    Graded,
-    generate,
-    grade,
-    load_answers,
-    request_for,
-    same_text,
-    save_answers,
-)
+from quality.dev.devset import DEV_PATH, Prompt, load
+from quality.dev.local_answers import ANSWERS_PATH, Graded, grade, load_answers, request_for
 from quality.dev.roc import AtThreshold, at_threshold, roc_auc, threshold_for_precision
 from quality.relevance import Embedder, RelevanceUnavailable
 
@@ -125,43 +117,41 @@ def report(
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m quality.dev.evaluate", description=__doc__)
-    parser.add_argument("--cached", action="store_true", help="use cached answers, no model")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the report (``bench/gate_answers.py`` takes them too)."""
     parser.add_argument("--split", choices=("heldout", "train", "all"), default="heldout")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
-    parser.add_argument("--model", default=None, help="GGUF path (default: the bundled model)")
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dev", default=str(DEV_PATH))
     parser.add_argument("--answers", default=str(ANSWERS_PATH))
     parser.add_argument(
         "--no-relevance", action="store_true", help="score without the embedding model"
     )
-    args = parser.parse_args(argv)
+
+
+def prompts_of(args: argparse.Namespace) -> list[Prompt]:
+    return [p for p in load(args.dev) if args.split == "all" or p.split == args.split]
+
+
+def print_report(
+    args: argparse.Namespace, prompts: list[Prompt], answers: dict[str, dict[str, Any]]
+) -> None:
     embedder: Embedder | None = None
     if not args.no_relevance:
         try:
             embedder = Embedder.load()
         except RelevanceUnavailable as exc:
             print(f"relevance signal off: {exc}", file=sys.stderr)
-
-    prompts = [p for p in load(args.dev) if args.split == "all" or p.split == args.split]
-    cached = load_answers(args.answers)
-    if args.cached:
-        answers = cached
-        print(f"using cached answers from {args.answers}", file=sys.stderr)
-    else:
-        print(f"generating {len(prompts)} answers with the local engine …", file=sys.stderr)
-        answers = generate(prompts, model_path=args.model, n_threads=args.threads)
-        changed = sum(
-            1 for k, v in answers.items() if k not in cached or not same_text(v, cached[k])
-        )
-        print(f"{changed} of {len(answers)} answers differ from the cache", file=sys.stderr)
-        if args.model is None:
-            save_answers(answers, args.answers)
     graded = grade(prompts, answers)
     print(f"split: {args.split}")
     print("\n".join(report(graded, args.threshold, embedder)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m quality.dev.evaluate", description=__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    print(f"using cached answers from {args.answers}", file=sys.stderr)
+    print_report(args, prompts_of(args), load_answers(args.answers))
     return 0
 
 

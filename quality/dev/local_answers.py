@@ -1,13 +1,17 @@
 """Local answers to the dev set: generated with the proxy's own engine, cached in a JSONL file.
 
+The engine is passed in (:class:`AnswerModel`, which ``proxy.engine.generate.LocalModel`` is):
+this folder imports nothing from ``proxy``. ``python bench/gate_answers.py`` loads the engine
+and (re)generates the cache; the model tests load it themselves.
+
 The gate is calibrated on exactly what the server produces: the same ``LocalModel.chat`` (greedy,
 logprobs from the last position's logits of each sampled token), the same bundled model. The
 engine starts every answer from an empty KV cache: llama.cpp's numbers depend slightly on how a
 prompt was split into batches, so an answer that reused the previous prompt's prefix can differ
 from a cold one, and the cache would then depend on the order of the dev set. The
 cache (``tests/data/quality_answers_smollm2.jsonl``) lets calibration and tests re-run without
-the model; ``python -m quality.dev.evaluate`` regenerates by default and says how many answers
-differ from the cache.
+the model; ``python bench/gate_answers.py`` regenerates them and says how many answers differ
+from the cache.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from quality.dev.devset import Prompt, answer_text, is_correct
 
@@ -26,6 +30,15 @@ ANSWERS_PATH = (
     Path(__file__).resolve().parents[2] / "tests" / "data" / "quality_answers_smollm2.jsonl"
 )
 N_CTX = 2048
+"""The context the answers are generated with (``LocalModel.load(..., n_ctx=N_CTX, seed=0)``)."""
+
+
+class AnswerModel(Protocol):
+    """What answers the dev set: the proxy's ``LocalModel``, loaded by the caller."""
+
+    def chat(self, request: dict[str, Any]) -> dict[str, Any]: ...
+
+    def forget(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -41,17 +54,9 @@ def request_for(prompt: Prompt) -> dict[str, Any]:
 
 
 def generate(
-    prompts: Iterable[Prompt],
-    *,
-    model_path: str | None = None,
-    n_threads: int = 2,
-    verbose: bool = True,
+    prompts: Iterable[Prompt], model: AnswerModel, *, verbose: bool = True
 ) -> dict[str, dict[str, Any]]:
-    """Answer each prompt with the local engine (``proxy.engine.generate.LocalModel``)."""
-    from proxy.engine.generate import LocalModel, bundled_model_path
-
-    path = model_path or bundled_model_path()
-    model = LocalModel.load(path, n_ctx=N_CTX, n_threads=n_threads, seed=0)
+    """Answer each prompt with ``model``, greedy, each from an empty KV cache."""
     answers: dict[str, dict[str, Any]] = {}
     items = list(prompts)
     started = time.perf_counter()
@@ -107,6 +112,6 @@ def grade(prompts: Iterable[Prompt], answers: dict[str, dict[str, Any]]) -> list
     for prompt in prompts:
         completion = answers.get(prompt.id)
         if completion is None:
-            raise KeyError(f"no cached answer for {prompt.id}: run python -m quality.dev.evaluate")
+            raise KeyError(f"no cached answer for {prompt.id}: run python bench/gate_answers.py")
         graded.append(Graded(prompt, completion, is_correct(prompt.check, answer_text(completion))))
     return graded

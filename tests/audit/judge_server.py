@@ -21,14 +21,13 @@ import time
 from typing import Any
 
 import httpx
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy.audit.judge import Transport
-from tests.loopback import ThreadedServer
+from tests.loopback import ThreadedServer, quiet_config
 
 
 class JudgeServer:
@@ -115,17 +114,7 @@ class JudgeServer:
         )
 
     def start(self) -> JudgeServer:
-        config = uvicorn.Config(
-            self.app,
-            loop="asyncio",
-            http="h11",
-            lifespan="off",
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=1,
-        )
-        self._served = ThreadedServer(config, name="judge")
+        self._served = ThreadedServer(quiet_config(self.app, graceful_s=1), name="judge")
         self.port = self._served.start()
         return self
 

@@ -22,7 +22,7 @@ from proxy.ledger.db import access
 from proxy.ledger.db.location import Database, parse
 from proxy.ledger.writing.writer import Ledger
 from tests import pg
-from tests.ledger.test_report import OCTOBER, seed
+from tests.ledger.test_report import october_ledger
 
 
 def at(when: str) -> float:
@@ -61,17 +61,11 @@ AUDITS = [
 
 @pytest.fixture
 def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.delenv("FRUGAL_CONFIG", raising=False)
-    monkeypatch.chdir(tmp_path)
-    db = tmp_path / "ledger.db"
-    seed(db, OCTOBER)
+    db = october_ledger(tmp_path, monkeypatch)
     conn = sqlite3.connect(db)
     with conn:
         insert(conn, AUDITS, log_content=False)
     conn.close()
-    (tmp_path / "frugal.toml").write_text(
-        f'[ledger]\npath = "{db}"\n\n[costs]\nmonthly_fixed_usd = 40\n'
-    )
     return db
 
 

@@ -13,6 +13,7 @@ from proxy.config import LocalSettings
 from proxy.engine.local_engine import ContextOverflow, LocalEngine
 from proxy.engine.model_files import ModelLoadError
 from proxy.errors import EngineBusy
+from tests.engine.conftest import started
 
 QUESTION = {"role": "user", "content": "Name three colors."}
 
@@ -126,9 +127,7 @@ async def test_a_prompt_longer_than_the_context_is_refused_before_generation() -
 
 
 async def test_a_full_queue_refuses_new_work_at_once() -> None:
-    own = LocalEngine(LocalSettings(n_threads=1, max_queue=1, parallel=1))  # one slot
-    await own.start()
-    try:
+    async with started(n_threads=1, max_queue=1, parallel=1) as own:  # one slot
         long = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 200}
         running = asyncio.create_task(own.chat(long, deadline=_deadline()))
         await asyncio.sleep(0.2)
@@ -143,8 +142,6 @@ async def test_a_full_queue_refuses_new_work_at_once() -> None:
         # Cancelled jobs stop their generation; the engine serves the next request.
         done = await own.chat({"messages": [QUESTION], "max_tokens": 4}, deadline=_deadline())
         assert done["usage"]["completion_tokens"] > 0
-    finally:
-        await own.stop()
 
 
 async def test_missing_model_file_is_a_clear_start_error(tmp_path: Path) -> None:

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from proxy.config import LocalSettings
@@ -26,9 +25,10 @@ from proxy.engine.generate import LocalModel
 from proxy.engine.local_engine import LocalEngine
 from proxy.engine.model_files import bundled_model_path
 from proxy.errors import EngineCrashed
-from proxy.http.app import create_app
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
+from tests.in_process import in_process
+from tests.tool_turns import weather_tool
 
 PROMPTS = [
     "Write two sentences about the sea.",
@@ -113,22 +113,7 @@ async def test_a_deadline_ends_one_sequence_and_tools_run_alone(engine: LocalEng
     now = time.monotonic()
     short = engine.chat(_request(PROMPTS[2], 900), deadline=now + 1.5)
     normal = engine.chat(_request(PROMPTS[0]), deadline=now + 300)
-    tool_request = {
-        **_request("What is the weather in Paris?"),
-        "tools": [
-            {
-                "type": "function",
-                "function": {
-                    "name": "get_weather",
-                    "parameters": {
-                        "type": "object",
-                        "properties": {"city": {"type": "string"}},
-                        "required": ["city"],
-                    },
-                },
-            }
-        ],
-    }
+    tool_request = {**_request("What is the weather in Paris?"), "tools": [weather_tool()]}
     tool = engine.chat(tool_request, deadline=now + 300)
     cut, done, called = await asyncio.gather(short, normal, tool)
     assert cut["frugal"]["stop_cause"] == "deadline"
@@ -171,29 +156,24 @@ async def test_a_worker_crash_sends_each_batched_request_to_the_api_with_one_row
     settings = settings_for(
         tmp_path, fake_api, router={"predictive": False}, local={"timeout_s": 120.0}
     )
-    app = create_app(settings, engine=engine)
     ids = [f"batch-crash-{i}" for i in range(4)]
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://localhost", timeout=300
-        ) as client:
+    async with in_process(settings, engine, timeout_s=300) as client:
 
-            def post(request_id: str, prompt: str) -> Any:
-                return client.post(
-                    "/v1/chat/completions",
-                    json={
-                        "model": "gpt-4o-mini",
-                        "messages": [{"role": "user", "content": prompt}],
-                        "max_tokens": 900,
-                    },
-                    headers={"x-request-id": request_id},
-                )
+        def post(request_id: str, prompt: str) -> Any:
+            return client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "gpt-4o-mini",
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": 900,
+                },
+                headers={"x-request-id": request_id},
+            )
 
-            tasks = [asyncio.create_task(post(i, p)) for i, p in zip(ids, PROMPTS, strict=True)]
-            await _wait_all_running(engine, 4)
-            engine.worker.proc.kill()  # what an out-of-memory kill would do
-            responses = await asyncio.gather(*tasks)
+        tasks = [asyncio.create_task(post(i, p)) for i, p in zip(ids, PROMPTS, strict=True)]
+        await _wait_all_running(engine, 4)
+        engine.worker.proc.kill()  # what an out-of-memory kill would do
+        responses = await asyncio.gather(*tasks)
     for response in responses:
         assert response.status_code == 200, response.text
         assert response.headers["x-frugal-route"] == "api"
@@ -217,26 +197,21 @@ async def test_healthz_and_metrics_show_the_batch_and_its_drafts(
     )
     copy = [f"Copy this memo word for word ({i}):\n\n{memo}" for i in range(3)]
     settings = settings_for(tmp_path, fake_api, quality={"threshold": 0.0})
-    app = create_app(settings, engine=engine)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://localhost", timeout=300
-        ) as client:
-            body = {"model": "gpt-4o-mini", "max_tokens": 48, "temperature": 0}
-            answers = await asyncio.gather(
-                *(
-                    client.post(
-                        "/v1/chat/completions",
-                        json={**body, "messages": [{"role": "user", "content": p}]},
-                        headers={"x-frugal-route": "local"},
-                    )
-                    for p in copy
+    async with in_process(settings, engine, timeout_s=300) as client:
+        body = {"model": "gpt-4o-mini", "max_tokens": 48, "temperature": 0}
+        answers = await asyncio.gather(
+            *(
+                client.post(
+                    "/v1/chat/completions",
+                    json={**body, "messages": [{"role": "user", "content": p}]},
+                    headers={"x-frugal-route": "local"},
                 )
+                for p in copy
             )
-            assert all(a.status_code == 200 for a in answers)
-            health = (await client.get("/healthz")).json()["engine"]
-            metrics = (await client.get("/metrics")).text
+        )
+        assert all(a.status_code == 200 for a in answers)
+        health = (await client.get("/healthz")).json()["engine"]
+        metrics = (await client.get("/metrics")).text
     assert health["parallel"] == 4 and health["active_sequences"] == 0
     batch = health["batch"]
     assert batch["max_rows_per_step"] >= 2 and batch["mean_rows_per_step"] > 1

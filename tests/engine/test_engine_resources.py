@@ -17,6 +17,7 @@ from proxy.engine.local_engine import ContextOverflow, LocalEngine
 from proxy.engine.model_files import ModelLoadError, bundled_model_path
 from proxy.engine.prefill_plan import TILE_ROWS
 from proxy.errors import EngineBusy
+from tests.engine.conftest import started
 
 QUESTION = {"role": "user", "content": "Name three colors."}
 MIB = 1024 * 1024
@@ -31,9 +32,7 @@ def _system(text: str) -> dict[str, Any]:
 
 
 async def test_rates_come_from_calibration_then_from_requests() -> None:
-    own = LocalEngine(LocalSettings(n_threads=1, n_ctx=1024))
-    await own.start()
-    try:
+    async with started(n_threads=1, n_ctx=1024) as own:
         rates = own.rates
         assert rates.source == "calibration"
         assert rates.prefill_tok_s and rates.prefill_tok_s > 0
@@ -46,14 +45,10 @@ async def test_rates_come_from_calibration_then_from_requests() -> None:
         )
         assert own.rates.source == "requests"
         assert own.health()["rates_source"] == "requests"
-    finally:
-        await own.stop()
 
 
 async def test_pending_work_counts_the_running_and_the_queued_jobs() -> None:
-    own = LocalEngine(LocalSettings(n_threads=1, n_ctx=1024, max_queue=4, parallel=1))
-    await own.start()
-    try:
+    async with started(n_threads=1, n_ctx=1024, max_queue=4, parallel=1) as own:
         assert own.pending_work().jobs == 0
         story = {"messages": [{"role": "user", "content": "Write a long story."}]}
         running = asyncio.create_task(own.chat({**story, "max_tokens": 300}, deadline=_deadline()))
@@ -71,8 +66,6 @@ async def test_pending_work_counts_the_running_and_the_queued_jobs() -> None:
         queued.cancel()
         await asyncio.gather(running, queued, return_exceptions=True)
         assert own.pending_work().jobs == 0
-    finally:
-        await own.stop()
 
 
 async def test_a_shared_system_prompt_is_restored_after_other_requests_came_between(
@@ -107,9 +100,7 @@ async def test_a_shared_system_prompt_is_restored_after_other_requests_came_betw
 async def test_the_prefix_cache_stays_within_its_budget() -> None:
     # One MiB holds about 45 SmolLM2 tokens: a 150-token prefix is never kept.
     # The single path's prefix cache: one request at a time.
-    own = LocalEngine(LocalSettings(n_threads=1, n_ctx=1024, prefix_cache_mb=1, parallel=1))
-    await own.start()
-    try:
+    async with started(n_threads=1, n_ctx=1024, prefix_cache_mb=1, parallel=1) as own:
         a = _system("Answer as a pirate would, with many arrs and mateys. " * 12)
         b = _system("Answer as a robot would, in capital letters only. " * 12)
         for system in (a, b, a):
@@ -119,14 +110,10 @@ async def test_the_prefix_cache_stays_within_its_budget() -> None:
         assert last["frugal"]["cached_tokens"] < 20
         cache = own.health()["prefix_cache"]
         assert cache["entries"] == 0 and cache["bytes"] == 0
-    finally:
-        await own.stop()
 
 
 async def test_a_prompt_that_cannot_fit_fails_before_it_queues() -> None:
-    own = LocalEngine(LocalSettings(n_threads=1, n_ctx=512, max_queue=1, parallel=1))
-    await own.start()
-    try:
+    async with started(n_threads=1, n_ctx=512, max_queue=1, parallel=1) as own:
         story = {"messages": [{"role": "user", "content": "Write a long story."}]}
         running = asyncio.create_task(own.chat({**story, "max_tokens": 200}, deadline=_deadline()))
         await asyncio.sleep(0.2)
@@ -140,8 +127,6 @@ async def test_a_prompt_that_cannot_fit_fails_before_it_queues() -> None:
         running.cancel()
         waiting.cancel()
         await asyncio.gather(running, waiting, return_exceptions=True)
-    finally:
-        await own.stop()
 
 
 # -- memory guard ---------------------------------------------------------------------------
@@ -247,15 +232,11 @@ async def test_the_engine_steps_n_ctx_down_when_ram_is_short(
     header = read_header(bundled_model_path())
     room = memory.estimate(header, 1024, prefix_cache_mb=0).total + MIB
     monkeypatch.setattr(memory, "available_memory", lambda: (room, "test"))
-    own = LocalEngine(LocalSettings(n_threads=1, n_ctx=4096, prefix_cache_mb=0, parallel=1))
-    await own.start()
-    try:
+    async with started(n_threads=1, n_ctx=4096, prefix_cache_mb=0, parallel=1) as own:
         health = own.health()
         assert own.n_ctx == 1024 and health["n_ctx"] == 1024
         assert health["memory"]["requested_n_ctx"] == 4096
         assert "stepped down" in health["memory"]["notes"][0]
-    finally:
-        await own.stop()
 
 
 async def test_the_engine_refuses_to_start_rather_than_swap(
@@ -270,9 +251,7 @@ async def test_the_engine_refuses_to_start_rather_than_swap(
 
 
 async def test_healthz_shows_the_acceptance_rate_of_speculation() -> None:
-    own = LocalEngine(LocalSettings(n_threads=1, n_ctx=1024, speculative="prompt-lookup"))
-    await own.start()
-    try:
+    async with started(n_threads=1, n_ctx=1024, speculative="prompt-lookup") as own:
         memo = (
             "Movers arrive at 8 am on 28 March. Please pack your desks by 5 pm on 27 March. "
             "IT will reconnect computers on 29 March."
@@ -293,5 +272,3 @@ async def test_healthz_shows_the_acceptance_rate_of_speculation() -> None:
         assert spec["mode"] == "prompt-lookup" and spec["requests"] == 1
         assert spec["drafted"] == out["frugal"]["speculative"]["drafted"] > 0
         assert spec["acceptance_rate"] == pytest.approx(spec["accepted"] / spec["drafted"], 1e-3)
-    finally:
-        await own.stop()

@@ -10,9 +10,8 @@ import time
 
 import pytest
 
-from proxy.config import LocalSettings
-from proxy.engine.local_engine import LocalEngine
 from proxy.errors import EngineCrashed
+from tests.engine.conftest import started
 
 QUESTION = {"role": "user", "content": "Name three colors."}
 
@@ -22,9 +21,7 @@ def _deadline(seconds: float = 30.0) -> float:
 
 
 async def test_a_crashed_worker_fails_its_job_and_is_replaced() -> None:
-    own = LocalEngine(LocalSettings(n_threads=1))
-    await own.start()
-    try:
+    async with started(n_threads=1) as own:
         pid = own.health()["pid"]
         request = {
             "messages": [{"role": "user", "content": "Write a long poem about the sea."}],
@@ -44,5 +41,3 @@ async def test_a_crashed_worker_fails_its_job_and_is_replaced() -> None:
         assert own.stats.crashes == 1 and own.stats.restarts == 1
         again = await own.chat({"messages": [QUESTION], "max_tokens": 4}, deadline=_deadline())
         assert again["usage"]["completion_tokens"] > 0
-    finally:
-        await own.stop()

@@ -468,7 +468,7 @@ async def test_every_request_has_a_request_id(
 
 def test_the_no_fallback_warning_names_what_to_set() -> None:
     from proxy.config import FallbackSettings, Settings
-    from proxy.http.app import _no_fallback_detail
+    from proxy.http.lifespan import _no_fallback_detail
 
     keyless = Settings(
         fallback=FallbackSettings(api_base="http://127.0.0.1:1/v1", api_key_env="K9")

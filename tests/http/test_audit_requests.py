@@ -13,7 +13,7 @@ import asyncio
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +199,21 @@ async def test_a_spent_budget_stops_audits_says_so_once_and_never_fails_a_reques
     assert len(stops) <= 1  # logged once: when the spend crossed it, or at the first skip
 
 
-def seed(path: Path, records: list[AuditRecord]) -> None:
+def seed(path: Path, model: str, graded: list[tuple[float, bool]]) -> None:
+    """Audits of accepted local answers of ``model``, a minute old, in the ledger at ``path``:
+    for each, its score and whether the judge found it right."""
+    now = time.time()
+    records = [
+        AuditRecord(
+            accepted=True,
+            verdict=right,
+            score=score,
+            ts=now - 60,
+            local_model=model,
+            request_id=f"seed-{i}",
+        )
+        for i, (score, right) in enumerate(graded)
+    ]
     db = parse(str(path))
     open_database(db)
     conn = sqlite3.connect(path)
@@ -210,32 +224,27 @@ def seed(path: Path, records: list[AuditRecord]) -> None:
         conn.close()
 
 
-async def test_a_target_precision_puts_the_threshold_the_audits_support_in_force(
-    tmp_path: Path,
-    fake_api: FakeAPI,
-    judge: JudgeServer,
-    make_client: Any,
-    engine: LocalEngine,
-) -> None:
-    import time
-
+@pytest.fixture
+def audited_app(
+    tmp_path: Path, fake_api: FakeAPI, judge: JudgeServer, make_client: Any, engine: LocalEngine
+) -> Callable[[list[tuple[float, bool]]], Any]:
+    """The app with a target precision of 0.9 and no new audits, on a ledger seeded with the
+    given audits of the local model's answers (see :func:`seed`)."""
     model = str(engine.health().get("model") or "")
-    now = time.time()
+
+    def open_(graded: list[tuple[float, bool]]) -> Any:
+        seed(tmp_path / "ledger.db", model, graded)
+        return make_client(audit_settings(tmp_path, fake_api, judge, target=0.9, rate=0.0))
+
+    return open_
+
+
+async def test_a_target_precision_puts_the_threshold_the_audits_support_in_force(
+    audited_app: Callable[[list[tuple[float, bool]]], Any],
+) -> None:
     # Answers scoring 0.5 and up were right, those below were wrong.
-    records = [
-        AuditRecord(
-            accepted=True,
-            verdict=score >= 0.5,
-            score=score,
-            ts=now - 60,
-            local_model=model,
-            request_id=f"seed-{i}",
-        )
-        for i, score in enumerate([0.3 + 0.01 * i for i in range(60)])
-    ]
-    seed(tmp_path / "ledger.db", records)
-    settings = audit_settings(tmp_path, fake_api, judge, target=0.9, rate=0.0)
-    async with make_client(settings) as client:
+    scores = [0.3 + 0.01 * i for i in range(60)]
+    async with audited_app([(score, score >= 0.5) for score in scores]) as client:
         force = (await client.get("/healthz")).json()["threshold_in_force"]
     assert force["source"] == "target"
     assert force["value"] == pytest.approx(0.5)
@@ -243,29 +252,9 @@ async def test_a_target_precision_puts_the_threshold_the_audits_support_in_force
 
 
 async def test_an_unreachable_target_accepts_nothing_and_says_why(
-    tmp_path: Path,
-    fake_api: FakeAPI,
-    judge: JudgeServer,
-    make_client: Any,
-    engine: LocalEngine,
+    audited_app: Callable[[list[tuple[float, bool]]], Any],
 ) -> None:
-    import time
-
-    model = str(engine.health().get("model") or "")
-    records = [
-        AuditRecord(
-            accepted=True,
-            verdict=i % 2 == 0,
-            score=0.5 + 0.004 * i,
-            ts=time.time() - 60,
-            local_model=model,
-            request_id=f"seed-{i}",
-        )
-        for i in range(100)
-    ]
-    seed(tmp_path / "ledger.db", records)
-    settings = audit_settings(tmp_path, fake_api, judge, target=0.9, rate=0.0)
-    async with make_client(settings) as client:
+    async with audited_app([(0.5 + 0.004 * i, i % 2 == 0) for i in range(100)]) as client:
         force = (await client.get("/healthz")).json()["threshold_in_force"]
         response = await client.post("/v1/chat/completions", json=ASK)
     assert force["source"] == "accept_nothing" and force["accepts_nothing"] is True

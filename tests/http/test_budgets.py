@@ -21,19 +21,11 @@ from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.tenants import keys
 from proxy.ledger.tenants.budgets import Budgets, month_of
 from tests import pg
-from tests.conftest import settings_for
+from tests.conftest import AppFactory, ledger_settings
 from tests.fake_api import FakeAPI
-from tests.ledger.conftest import database, pg_server  # noqa: F401 - fixtures
 
 ASK = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hi."}]}
 API = {"x-frugal-route": "api"}
-
-
-def _settings(tmp_path: Path, api: FakeAPI, db: Database, **sections: Any) -> Any:
-    ledger: dict[str, Any] = {"path": str(tmp_path / "ledger.db"), "flush_interval_s": 0.02}
-    if db.is_postgres:
-        ledger["url"] = db.url
-    return settings_for(tmp_path, api, ledger=ledger, **sections)
 
 
 def services_of(client: Any) -> Any:
@@ -51,17 +43,14 @@ def spend(db: Database, name: str) -> tuple[int, int]:
 
 
 async def test_a_budget_is_never_passed_and_its_reservations_are_released(
-    tmp_path: Path,
-    fake_api: FakeAPI,
-    make_client: Any,
-    database: Database,  # noqa: F811
+    open_app: AppFactory, fake_api: FakeAPI, database: Database
 ) -> None:
     # gpt-4o-mini: $0.15 / $0.60 per Mtok; a worst case of ~30 prompt + 20 answer tokens is
     # about $0.000017, so a $0.0001 budget holds a few of these requests, not twenty. All twenty
     # are in flight at once: the key's share of the slots (a quarter by default) must hold them.
     key = keys.create(database, "small", monthly_budget_pusd=100_000_000, max_concurrency=20)
     auth = {"authorization": f"Bearer {key}", **API}
-    async with make_client(_settings(tmp_path, fake_api, database)) as client:
+    async with open_app() as client:
         replies = await asyncio.gather(
             *(
                 client.post("/v1/chat/completions", json={**ASK, "max_tokens": 20}, headers=auth)
@@ -80,15 +69,12 @@ async def test_a_budget_is_never_passed_and_its_reservations_are_released(
 
 
 async def test_a_key_may_use_only_its_models_and_its_rpm(
-    tmp_path: Path,
-    fake_api: FakeAPI,
-    make_client: Any,
-    database: Database,  # noqa: F811
+    open_app: AppFactory, fake_api: FakeAPI, database: Database
 ) -> None:
     # rpm is counted from the headers, before the body names a model: the 403 counts too.
     key = keys.create(database, "narrow", rpm=3, models=("gpt-4o-mini", "local"))
     auth = {"authorization": f"Bearer {key}", **API}
-    async with make_client(_settings(tmp_path, fake_api, database)) as client:
+    async with open_app() as client:
         other = await client.post(
             "/v1/chat/completions", json={**ASK, "model": "gpt-4o"}, headers=auth
         )
@@ -112,7 +98,7 @@ async def test_a_lost_database_fails_the_budget_closed_and_local_answers_go_on(
         key = keys.create(db, "team", monthly_budget_pusd=10**12)
         auth = {"authorization": f"Bearer {key}"}
         admin = {"authorization": "Bearer " + keys.create(db, "ops", admin=True)}
-        async with make_client(_settings(tmp_path, fake_api, db)) as client:
+        async with make_client(ledger_settings(tmp_path, fake_api, db)) as client:
             ok = await client.post("/v1/chat/completions", json=ASK, headers={**auth, **API})
             assert ok.status_code == 200, ok.text
             server.stop()
@@ -148,17 +134,16 @@ EMBED = {"model": "text-embedding-3-small", "input": "word " * 500}
     ids=["completions", "embeddings"],
 )
 async def test_completions_and_embeddings_hold_to_the_budget(
-    tmp_path: Path,
+    open_app: AppFactory,
     fake_api: FakeAPI,
-    make_client: Any,
-    database: Database,  # noqa: F811
+    database: Database,
     path: str,
     body: dict[str, Any],
     budget_pusd: int,
 ) -> None:
     key = keys.create(database, "small", monthly_budget_pusd=budget_pusd, max_concurrency=20)
     auth = {"authorization": f"Bearer {key}", **API}
-    async with make_client(_settings(tmp_path, fake_api, database)) as client:
+    async with open_app() as client:
         replies = await asyncio.gather(
             *(client.post(path, json=body, headers=auth) for _ in range(20))
         )
@@ -175,17 +160,14 @@ async def test_completions_and_embeddings_hold_to_the_budget(
 
 
 async def test_completions_and_embeddings_keep_the_keys_models_and_rpm(
-    tmp_path: Path,
-    fake_api: FakeAPI,
-    make_client: Any,
-    database: Database,  # noqa: F811
+    open_app: AppFactory, fake_api: FakeAPI, database: Database
 ) -> None:
     # Each key's 403 below counts against its rpm (counted before the body names the model).
     text = keys.create(database, "text", rpm=3, models=("gpt-4o-mini",))
     vectors = keys.create(database, "vectors", rpm=2, models=("text-embedding-3-small",))
     as_text = {"authorization": f"Bearer {text}", **API}
     as_vectors = {"authorization": f"Bearer {vectors}", **API}
-    async with make_client(_settings(tmp_path, fake_api, database)) as client:
+    async with open_app() as client:
         no_embed = await client.post("/v1/embeddings", json=EMBED, headers=as_text)
         no_prompt = await client.post("/v1/completions", json=PROMPT, headers=as_vectors)
         completions = [
@@ -207,10 +189,7 @@ async def test_completions_and_embeddings_keep_the_keys_models_and_rpm(
 
 
 async def test_report_by_key_shows_each_budget_and_its_use(
-    tmp_path: Path,
-    fake_api: FakeAPI,
-    make_client: Any,
-    database: Database,  # noqa: F811
+    open_app: AppFactory, fake_api: FakeAPI, database: Database
 ) -> None:
     from decimal import Decimal
 
@@ -220,7 +199,7 @@ async def test_report_by_key_shows_each_budget_and_its_use(
 
     capped = keys.create(database, "capped", monthly_budget_pusd=10**12)  # $1
     free = keys.create(database, "free")
-    async with make_client(_settings(tmp_path, fake_api, database)) as client:
+    async with open_app() as client:
         for key in (capped, capped, free):
             auth = {"authorization": f"Bearer {key}", **API}
             reply = await client.post("/v1/chat/completions", json=ASK, headers=auth)
@@ -303,7 +282,7 @@ async def test_every_billed_field_is_reserved_before_the_api_is_called(
     key = keys.create(db, "tight", monthly_budget_pusd=1_000_000_000, max_concurrency=20)
     auth = {"authorization": f"Bearer {key}", **API}
     path, body = BILLED_FIELDS[field]
-    async with make_client(_settings(tmp_path, fake_api, db)) as client:
+    async with make_client(ledger_settings(tmp_path, fake_api, db)) as client:
         replies = await asyncio.gather(
             *(client.post(path, json=body, headers=auth) for _ in range(20))
         )
@@ -333,7 +312,7 @@ async def test_without_max_tokens_the_models_own_output_limit_is_reserved(
     db = parse(str(tmp_path / "ledger.db"))
     key = keys.create(db, "capped", monthly_budget_pusd=5_000_000_000)
     auth = {"authorization": f"Bearer {key}", **API}
-    async with make_client(_settings(tmp_path, fake_api, db)) as client:
+    async with make_client(ledger_settings(tmp_path, fake_api, db)) as client:
         unbounded = await client.post("/v1/chat/completions", json=ASK, headers=auth)
         bounded = await client.post(
             "/v1/chat/completions", json={**ASK, "max_tokens": 4096}, headers=auth
@@ -377,7 +356,7 @@ async def test_every_choice_the_api_bills_is_in_the_row_and_the_keys_spend(
     db = parse(str(tmp_path / "ledger.db"))
     key = keys.create(db, "many", monthly_budget_pusd=10**12)
     auth = {"authorization": f"Bearer {key}", **API}
-    async with make_client(_settings(tmp_path, fake_api, db)) as client:
+    async with make_client(ledger_settings(tmp_path, fake_api, db)) as client:
         response = await client.post(endpoint, json=body, headers=auth)
         await asyncio.sleep(0.3)  # the settle runs in the background
         assert await services_of(client).ledger.flush(10)

@@ -6,16 +6,14 @@ opts out, and one key never gets another key's entry unless ``[cache] shared``."
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
-from typing import Any
 
 from proxy.ledger.db import access
 from proxy.ledger.db.location import Database
 from proxy.ledger.tenants import keys
-from tests.conftest import settings_for
+from tests.conftest import AppFactory
 from tests.fake_api import FakeAPI
-from tests.ledger.conftest import database, pg_server  # noqa: F401 - fixtures
 
+CHAT = "/v1/chat/completions"
 ASK = {
     "model": "gpt-4o-mini",
     "temperature": 0,
@@ -23,12 +21,7 @@ ASK = {
 }
 
 
-def _settings(tmp_path: Path, api: FakeAPI, db: Database, shared: bool = False) -> Any:
-    ledger: dict[str, Any] = {"path": str(tmp_path / "ledger.db"), "flush_interval_s": 0.02}
-    if db.is_postgres:
-        ledger["url"] = db.url
-    cache = {"enabled": True, "ttl_s": 600.0, "shared": shared}
-    return settings_for(tmp_path, api, ledger=ledger, cache=cache)
+CACHE = {"enabled": True, "ttl_s": 600.0, "shared": False}
 
 
 def _to_api_as(db: Database, *names: str) -> list[dict[str, str]]:
@@ -44,21 +37,17 @@ async def _settled() -> None:
 
 
 async def test_a_deterministic_request_is_answered_from_the_cache(
-    tmp_path: Path,
-    fake_api: FakeAPI,
-    make_client: Any,
-    database: Database,  # noqa: F811
+    open_app: AppFactory, fake_api: FakeAPI, database: Database
 ) -> None:
     alice, bob = _to_api_as(database, "alice", "bob")
-    url = "/v1/chat/completions"
-    async with make_client(_settings(tmp_path, fake_api, database)) as client:
-        first = await client.post(url, json=ASK, headers=alice)
+    async with open_app(cache=CACHE) as client:
+        first = await client.post(CHAT, json=ASK, headers=alice)
         await _settled()
-        hit = await client.post(url, json=ASK, headers=alice)
-        stream = await client.post(url, json={**ASK, "stream": True}, headers=alice)
-        fresh = await client.post(url, json=ASK, headers={**alice, "cache-control": "no-cache"})
-        other_key = await client.post(url, json=ASK, headers=bob)
-        warm = await client.post(url, json={**ASK, "temperature": 0.7}, headers=alice)
+        hit = await client.post(CHAT, json=ASK, headers=alice)
+        stream = await client.post(CHAT, json={**ASK, "stream": True}, headers=alice)
+        fresh = await client.post(CHAT, json=ASK, headers={**alice, "cache-control": "no-cache"})
+        other_key = await client.post(CHAT, json=ASK, headers=bob)
+        warm = await client.post(CHAT, json={**ASK, "temperature": 0.7}, headers=alice)
         await asyncio.sleep(0.2)
     assert first.headers["x-frugal-route"] == "api"
     assert hit.headers["x-frugal-route"] == "cache" and hit.headers["x-frugal-reason"] == "cache"
@@ -79,42 +68,34 @@ async def test_a_deterministic_request_is_answered_from_the_cache(
 
 
 async def test_a_shared_cache_serves_every_key(
-    tmp_path: Path,
-    fake_api: FakeAPI,
-    make_client: Any,
-    database: Database,  # noqa: F811
+    open_app: AppFactory, fake_api: FakeAPI, database: Database
 ) -> None:
     alice, bob = _to_api_as(database, "alice", "bob")
-    url = "/v1/chat/completions"
-    async with make_client(_settings(tmp_path, fake_api, database, shared=True)) as client:
-        await client.post(url, json=ASK, headers=alice)
+    async with open_app(cache={**CACHE, "shared": True}) as client:
+        await client.post(CHAT, json=ASK, headers=alice)
         await _settled()
-        other_key = await client.post(url, json=ASK, headers=bob)
-        no_store = await client.post(url, json=ASK, headers={**bob, "cache-control": "no-store"})
+        other_key = await client.post(CHAT, json=ASK, headers=bob)
+        no_store = await client.post(CHAT, json=ASK, headers={**bob, "cache-control": "no-store"})
     assert other_key.headers["x-frugal-route"] == "cache"
     assert no_store.headers["x-frugal-route"] == "api"
     assert fake_api.count == 2
 
 
 async def test_a_new_key_given_a_revoked_keys_name_never_gets_its_entries(
-    tmp_path: Path,
-    fake_api: FakeAPI,
-    make_client: Any,
-    database: Database,  # noqa: F811
+    open_app: AppFactory, fake_api: FakeAPI, database: Database
 ) -> None:
     (old,) = _to_api_as(database, "alice")
-    url = "/v1/chat/completions"
-    async with make_client(_settings(tmp_path, fake_api, database)) as client:
-        first = await client.post(url, json=ASK, headers=old)
+    async with open_app(cache=CACHE) as client:
+        first = await client.post(CHAT, json=ASK, headers=old)
         await _settled()
-        hit = await client.post(url, json=ASK, headers=old)  # the old key's own entry
+        hit = await client.post(CHAT, json=ASK, headers=old)  # the old key's own entry
         keys.revoke(database, "alice")
         (new,) = _to_api_as(database, "alice")  # the same name, another key
         await client.app.state.services.auth.refresh()  # as the server does every second
-        fresh = await client.post(url, json=ASK, headers=new)
+        fresh = await client.post(CHAT, json=ASK, headers=new)
         await _settled()
-        new_hit = await client.post(url, json=ASK, headers=new)
-        gone = await client.post(url, json=ASK, headers=old)
+        new_hit = await client.post(CHAT, json=ASK, headers=new)
+        gone = await client.post(CHAT, json=ASK, headers=old)
     assert first.headers["x-frugal-route"] == "api"
     assert hit.headers["x-frugal-route"] == "cache"
     assert fresh.status_code == 200 and fresh.headers["x-frugal-route"] == "api"

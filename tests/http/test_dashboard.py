@@ -23,7 +23,6 @@ from proxy.http import dashboard as dashboard_mod
 from proxy.ledger.db.location import Database
 from proxy.ledger.reports import build as report_mod
 from tests.dashboard_support import EMPTY_MONTH, GOOD_MONTH, LOSING_MONTH, seed
-from tests.ledger.conftest import database, pg_server  # noqa: F401 - fixtures
 
 KEYS_ENV = "FRUGAL_TEST_DASHBOARD_KEYS"
 ALICE = "sk-dashboard-alice-0123456789abcdef"
@@ -103,7 +102,7 @@ async def test_the_endpoint_returns_what_the_cli_prints(
 
 async def test_the_endpoint_and_the_cli_agree_on_postgresql(
     make_client: Callable[..., Any],
-    database: Database,  # noqa: F811 - the fixture
+    database: Database,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -26,7 +26,7 @@ from proxy.http import auth
 from proxy.ledger.tenants import keys
 from tests.conftest import FAKE_KEY, settings_for
 from tests.fake_api import FakeAPI
-from tests.http.test_serve import FRUGAL, Served, start_server, stop_server
+from tests.http.test_serve import FRUGAL, Served, serving
 
 GOOD = "edge-key-" + "k" * 16
 BAD_BODY = {"model": "m", "messages": "not a list"}  # a 400 from validation: past the edge
@@ -262,12 +262,19 @@ async def test_stored_keys_unreadable_at_start_lock_the_proxy(
     assert auth.check_bind(settings) is True
 
 
-async def test_a_failed_reload_keeps_the_last_keys_and_a_later_one_recovers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def bobs_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
+    """A ledger (``tmp_path/ledger.db``) that holds one key, bob's, and no keys in the
+    environment: the ledger's path and the key."""
     monkeypatch.delenv("FRUGAL_API_KEYS", raising=False)
     db = tmp_path / "ledger.db"
-    stored = keys.create(str(db), "bob")
+    return db, keys.create(str(db), "bob")
+
+
+async def test_a_failed_reload_keeps_the_last_keys_and_a_later_one_recovers(
+    bobs_key: tuple[Path, str],
+) -> None:
+    db, stored = bobs_key
     authn = auth.Authenticator(config.from_dict({"ledger": {"path": str(db)}}))
     await authn.refresh()
     assert authn.enabled and authn.name_of(stored) == "bob"
@@ -283,11 +290,9 @@ async def test_a_failed_reload_keeps_the_last_keys_and_a_later_one_recovers(
 
 
 async def test_a_first_read_that_fails_locks_until_a_read_succeeds(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bobs_key: tuple[Path, str],
 ) -> None:
-    monkeypatch.delenv("FRUGAL_API_KEYS", raising=False)
-    db = tmp_path / "ledger.db"
-    stored = keys.create(str(db), "bob")
+    db, stored = bobs_key
     page = corrupt_keys_table(db)
     authn = auth.Authenticator(config.from_dict({"ledger": {"path": str(db)}}))
     with capture_logs() as logs:
@@ -366,13 +371,9 @@ def api() -> Iterator[FakeAPI]:
 
 @pytest.fixture(scope="module")
 def keyless(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    server = start_server(
-        tmp_path_factory.mktemp("keyless"),
-        api,
-        env={"OPENAI_API_KEY": OPENAI_SECRET, "LLAMA_DEPLOY_TOKEN": OTHER_SECRET},
-    )
-    yield server
-    stop_server(server)
+    env = {"OPENAI_API_KEY": OPENAI_SECRET, "LLAMA_DEPLOY_TOKEN": OTHER_SECRET}
+    with serving(tmp_path_factory.mktemp("keyless"), api, env=env) as server:
+        yield server
 
 
 @pytest.mark.serve

@@ -28,24 +28,14 @@ import pydantic
 import pytest
 
 from tests.fake_api import FakeAPI
-from tests.http.test_serve import ACCEPT_ANY, REJECT_ALL, Served, start_server, stop_server
+from tests.http.test_serve import ACCEPT_ANY, REJECT_ALL, Served, serving
+from tests.tool_turns import weather_tool
 
 pytestmark = pytest.mark.serve
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 API_REPLY = "The capital of France is Paris."
-WEATHER: Any = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+WEATHER: Any = weather_tool("The current weather in a city")
 JS = Path(__file__).parent / "js"
 
 
@@ -62,9 +52,8 @@ def api() -> Iterator[FakeAPI]:
 
 @pytest.fixture(scope="module")
 def served(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    server = start_server(tmp_path_factory.mktemp("compat"), api)
-    yield server
-    stop_server(server)
+    with serving(tmp_path_factory.mktemp("compat"), api) as server:
+        yield server
 
 
 @pytest.fixture

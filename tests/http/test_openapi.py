@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from tests.fake_api import FakeAPI
-from tests.http.test_serve import Served, start_server, stop_server
+from tests.http.test_serve import Served, serving
 
 pytestmark = pytest.mark.serve
 
@@ -53,14 +53,9 @@ CHECKS = ",".join(
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with FakeAPI() as api:
-        server = start_server(
-            tmp_path_factory.mktemp("openapi"), api, timeout_s=3.0, default_max_tokens=8
-        )
-        try:
-            yield server
-        finally:
-            stop_server(server)
+    tmp = tmp_path_factory.mktemp("openapi")
+    with FakeAPI() as api, serving(tmp, api, timeout_s=3.0, default_max_tokens=8) as server:
+        yield server
 
 
 def schemathesis(served: Served, report_dir: Path, *args: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.fake_api import FakeAPI
-from tests.http.test_serve import Served, start_server, stop_server
+from tests.http.test_serve import Served, serving
 
 pytestmark = pytest.mark.serve
 
@@ -66,12 +66,8 @@ def check_shape(path: str, body: str) -> None:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with FakeAPI() as api:
-        server = start_server(tmp_path_factory.mktemp("readme"), api)
-        try:
-            yield server
-        finally:
-            stop_server(server)
+    with FakeAPI() as api, serving(tmp_path_factory.mktemp("readme"), api) as server:
+        yield server
 
 
 def test_the_readme_has_a_curl_example_for_every_endpoint() -> None:

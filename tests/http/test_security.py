@@ -29,7 +29,14 @@ import structlog
 
 from tests.conftest import FAKE_KEY_ENV, settings_for
 from tests.fake_api import FakeAPI
-from tests.http.test_serve import ACCEPT_ANY, FRUGAL, REJECT_ALL, Served, start_server, stop_server
+from tests.http.test_serve import (
+    ACCEPT_ANY,
+    FRUGAL,
+    REJECT_ALL,
+    Served,
+    serving,
+    stop_server,
+)
 
 ALICE = "alice-" + secrets.token_urlsafe(24)
 CAROL = "carol-" + secrets.token_urlsafe(24)  # a third key: max_concurrency = 2 is a share of 1
@@ -80,19 +87,13 @@ def guarded(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         check=True,
     )
     SECRETS.add("bob's key", made.stdout.strip())
-    server = start_server(
-        tmp,
-        api,
-        server_toml=LIMITS,
-        env={
-            # alice is an admin key (the full /healthz, /metrics); carol a client key.
-            "FRUGAL_TEST_CLIENT_KEYS": f"alice;admin:{ALICE},carol:{CAROL}",
-            FAKE_KEY_ENV: UPSTREAM_KEY,
-        },
-        client_key=ALICE,
-    )
-    yield server
-    stop_server(server)
+    env = {
+        # alice is an admin key (the full /healthz, /metrics); carol a client key.
+        "FRUGAL_TEST_CLIENT_KEYS": f"alice;admin:{ALICE},carol:{CAROL}",
+        FAKE_KEY_ENV: UPSTREAM_KEY,
+    }
+    with serving(tmp, api, server_toml=LIMITS, env=env, client_key=ALICE) as server:
+        yield server
 
 
 def post(served: Served, key: str | None = None, *, header: str = "bearer", **kw: Any) -> Any:

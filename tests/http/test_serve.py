@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import pytest
 
 from tests.conftest import FAKE_KEY, FAKE_KEY_ENV
 from tests.fake_api import FakeAPI
+from tests.loopback import free_port, poll_ready, terminate
 
 pytestmark = pytest.mark.serve
 
@@ -33,12 +35,6 @@ FRUGAL = str(Path(sys.executable).with_name("frugal"))
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 ACCEPT_ANY = {"x-frugal-min-quality": "0"}
 REJECT_ALL = {"x-frugal-min-quality": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -62,6 +58,9 @@ class Served:
     def health(self) -> dict[str, Any]:
         auth = {"authorization": f"Bearer {self.key}"} if self.key else None
         return dict(httpx.get(self.base + "/healthz", headers=auth, timeout=5).json())
+
+    def engine_ready(self) -> bool:
+        return self.health()["engine"]["state"] == "ready"
 
     def chat(self, headers: dict[str, str] | None = None, **kwargs: Any) -> Any:
         """One counted chat request; returns the raw response (headers + parsed body)."""
@@ -141,33 +140,20 @@ monthly_fixed_usd = 40
             text=True,
         )
     served = Served(proc, f"http://127.0.0.1:{port}", config, db, log, key=client_key)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"frugal serve exited early:\n{log.read_text()}")
-        try:
-            if served.health()["engine"]["state"] == "ready":
-                return served
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"frugal serve did not become ready:\n{log.read_text()}")
+    problem = poll_ready(proc, served.engine_ready, 60)
+    if problem:
+        raise AssertionError(f"frugal serve {problem}:\n{log.read_text()}")
+    return served
 
 
 def stop_server(served: Served) -> int:
     if served._client is not None:
         served._client.close()
         served._client = None
-    if served.proc.poll() is None:
-        served.proc.send_signal(signal.SIGTERM)
-        try:
-            return served.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            served.proc.kill()
-            served.proc.wait()
-            raise
-    return int(served.proc.returncode)
+    code = terminate(served.proc, timeout_s=30)
+    if code is None:
+        raise AssertionError(f"frugal serve did not exit within 30 s of SIGTERM:\n{served.log}")
+    return code
 
 
 @pytest.fixture(scope="module")
@@ -176,13 +162,22 @@ def api() -> Iterator[FakeAPI]:
         yield fake
 
 
+@contextmanager
+def serving(tmp: Path, api: FakeAPI, **options: Any) -> Iterator[Served]:
+    """:func:`start_server`'s server for the block, stopped when it ends, however it ends."""
+    served = start_server(tmp, api, **options)
+    try:
+        yield served
+    finally:
+        stop_server(served)
+
+
 @pytest.fixture(scope="module")
 def served(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     # The naive cascade: the crash test's long answer must be tried locally, not predicted too
     # slow for the deadline and sent to the API at once (tests/routing/test_routing.py tests that).
-    server = start_server(tmp_path_factory.mktemp("serve"), api, router_toml="predictive = false")
-    yield server
-    stop_server(server)
+    with serving(tmp_path_factory.mktemp("serve"), api, router_toml="predictive = false") as server:
+        yield server
 
 
 def test_plain_request_is_answered_locally(served: Served) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,24 @@ def _settings(tmp_path: Path, api: FakeAPI, **server: Any) -> Any:
     )
 
 
+@pytest.fixture
+def keyed_app(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Any]:
+    """``async with keyed_app(env_keys, **server) as client``: the app, as a :class:`Client`,
+    with ``server`` in its [server] section and ``env_keys`` (if given) as its keys from the
+    environment, besides those in the ledger."""
+
+    @asynccontextmanager
+    async def open_(env_keys: str | None = None, **server: Any) -> AsyncIterator[Client]:
+        if env_keys is not None:
+            monkeypatch.setenv(ENV, env_keys)
+        async with make_client(_settings(tmp_path, fake_api, **server)) as http:
+            yield Client(http)
+
+    return open_
+
+
 def _assert_share_429(response: httpx.Response, body: StalledBody, name: str) -> None:
     assert response.status_code == 429, response.text
     error = response.json()["error"]
@@ -107,11 +126,10 @@ def _assert_share_429(response: httpx.Response, body: StalledBody, name: str) ->
 
 
 async def test_a_key_holds_at_most_its_share_and_its_next_request_is_refused_before_its_body(
-    tmp_path: Path, fake_api: FakeAPI, make_client: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake_api: FakeAPI, keyed_app: Callable[..., Any]
 ) -> None:
-    monkeypatch.setenv(ENV, f"hog:{HOG},other:{OTHER}")
-    async with make_client(_settings(tmp_path, fake_api, max_concurrency=8)) as http:
-        client = Client(http)
+    async with keyed_app(f"hog:{HOG},other:{OTHER}", max_concurrency=8) as client:
+        http = client.http
         for _ in range(2):  # the default share: a quarter of 8
             client.stall(HOG)
         await client.held(2)
@@ -130,13 +148,14 @@ async def test_a_key_holds_at_most_its_share_and_its_next_request_is_refused_bef
 
 
 async def test_a_key_never_holds_every_slot_whatever_share_it_was_given(
-    tmp_path: Path, fake_api: FakeAPI, make_client: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake_api: FakeAPI, keyed_app: Callable[..., Any]
 ) -> None:
     db = tmp_path / "ledger.db"
     big = keys.create(str(db), "big", max_concurrency=100)
-    monkeypatch.setenv(ENV, f"carol;max_concurrency=1:{CAROL},other:{OTHER}")
-    async with make_client(_settings(tmp_path, fake_api, max_concurrency=4)) as http:
-        client = Client(http)
+    async with keyed_app(
+        f"carol;max_concurrency=1:{CAROL},other:{OTHER}", max_concurrency=4
+    ) as client:
+        http = client.http
         for _ in range(3):  # 100 asked for, held to max_concurrency - 1
             client.stall(big)
         await client.held(3)
@@ -157,11 +176,10 @@ async def test_a_key_never_holds_every_slot_whatever_share_it_was_given(
 
 
 async def test_a_request_without_a_good_key_is_refused_without_taking_a_slot(
-    tmp_path: Path, fake_api: FakeAPI, make_client: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake_api: FakeAPI, keyed_app: Callable[..., Any]
 ) -> None:
-    monkeypatch.setenv(ENV, f"hog:{HOG},other:{OTHER}")
-    async with make_client(_settings(tmp_path, fake_api, max_concurrency=2)) as http:
-        client = Client(http)
+    async with keyed_app(f"hog:{HOG},other:{OTHER}", max_concurrency=2) as client:
+        http = client.http
         client.stall(HOG)  # a share of 1: one slot of 2 held
         await client.held(1)
         strangers = [await client.refused("wrong-" + "w" * 24) for _ in range(5)]
@@ -187,12 +205,12 @@ async def test_a_request_without_a_good_key_is_refused_without_taking_a_slot(
 
 
 async def test_the_keys_rpm_is_counted_before_its_body_is_read(
-    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+    tmp_path: Path, fake_api: FakeAPI, keyed_app: Callable[..., Any]
 ) -> None:
     db = tmp_path / "ledger.db"
     limited = keys.create(str(db), "limited", rpm=1)
-    async with make_client(_settings(tmp_path, fake_api)) as http:
-        client = Client(http)
+    async with keyed_app() as client:
+        http = client.http
         first = await http.post(URL, json=ASK, headers=_headers(limited))
         second, body = await client.refused(limited)
         in_flight = client.services.in_flight.count

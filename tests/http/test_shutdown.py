@@ -22,7 +22,7 @@ from proxy import config
 from proxy.http.shutdown import shutdown_budget_s
 from proxy.ledger.writing.writer import SPILL_SUFFIX
 from tests.fake_api import FakeAPI
-from tests.http.test_serve import start_server, stop_server
+from tests.http.test_serve import serving
 from tests.test_deploy import EXAMPLE, UNIT, unit_settings
 
 STORY = [{"role": "user", "content": "Write a very long story about the sea."}]
@@ -46,12 +46,8 @@ def test_the_worst_stop_fits_the_units_timeout_with_a_margin() -> None:
 def test_sigterm_drains_requests_in_flight_then_flushes_the_ledger_and_exits_0(
     tmp_path: Path,
 ) -> None:
-    with FakeAPI(reply=REPLY, per_token_s=0.4) as api:
-        served = start_server(tmp_path, api)
-        try:
-            _drain(served)
-        finally:
-            stop_server(served)
+    with FakeAPI(reply=REPLY, per_token_s=0.4) as api, serving(tmp_path, api) as served:
+        _drain(served)
 
 
 def _drain(served: Any) -> None:
@@ -59,16 +55,7 @@ def _drain(served: Any) -> None:
     first_chunk = threading.Event()
 
     def local_answer() -> None:
-        results["local"] = httpx.post(
-            served.base + "/v1/chat/completions",
-            json={"model": "gpt-4o-mini", "messages": STORY, "max_tokens": 40},
-            headers={
-                "x-frugal-route": "local",
-                "x-frugal-min-quality": "0",
-                "x-request-id": "in-flight-local",
-            },
-            timeout=120,
-        )
+        results["local"] = _ask_locally(served, max_tokens=40)
         results["local_done"] = time.monotonic()
 
     def api_stream() -> None:
@@ -140,12 +127,8 @@ def _drain(served: Any) -> None:
 def test_sigterm_with_the_database_locked_and_the_engine_busy_loses_no_row(
     tmp_path: Path,
 ) -> None:
-    with FakeAPI(reply=REPLY) as api:
-        served = start_server(tmp_path, api)
-        try:
-            _locked_stop(served)
-        finally:
-            stop_server(served)
+    with FakeAPI(reply=REPLY) as api, serving(tmp_path, api) as served:
+        _locked_stop(served)
 
 
 def _locked_stop(served: Any) -> None:
@@ -204,10 +187,11 @@ def _locked_stop(served: Any) -> None:
     assert '"ledger_rows_lost": 0' in log
 
 
-def _local_answer(served: Any, sent: list[str]) -> None:
-    r = httpx.post(
+def _ask_locally(served: Any, max_tokens: int) -> httpx.Response:
+    """The story asked of the local model (any answer accepted), as request ``in-flight-local``."""
+    return httpx.post(
         served.base + "/v1/chat/completions",
-        json={"model": "gpt-4o-mini", "messages": STORY, "max_tokens": 24},
+        json={"model": "gpt-4o-mini", "messages": STORY, "max_tokens": max_tokens},
         headers={
             "x-frugal-route": "local",
             "x-frugal-min-quality": "0",
@@ -215,5 +199,9 @@ def _local_answer(served: Any, sent: list[str]) -> None:
         },
         timeout=120,
     )
+
+
+def _local_answer(served: Any, sent: list[str]) -> None:
+    r = _ask_locally(served, max_tokens=24)
     if r.status_code == 200:
         sent.append("in-flight-local")

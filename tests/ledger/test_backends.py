@@ -23,6 +23,7 @@ from proxy.ledger.reports.build import Period, build
 from proxy.ledger.tenants import keys
 from proxy.ledger.writing.writer import Ledger, LedgerRow
 from tests import pg
+from tests.loopback import free_port
 
 NAMES = [name for name, _ in migrate.migration_files()]
 OCT = Period.month("2026-10")
@@ -258,7 +259,7 @@ def test_postgres_down_at_start_is_a_clear_error_without_the_password(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     monkeypatch.setenv("FRUGAL_TEST_DB_PASSWORD", "s3cr3t-pw-0042")
-    port = pg._free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     config = tmp_path / "frugal.toml"
     config.write_text(
         f'[ledger]\npath = "{tmp_path / "x.db"}"\n'

@@ -99,8 +99,9 @@ def seed(db: Path, rows: list[dict[str, Any]], *, upto: str | None = None) -> No
     conn.close()
 
 
-@pytest.fixture
-def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def october_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``tmp_path/ledger.db`` seeded with :data:`OCTOBER`, in the working folder with a
+    ``frugal.toml`` that names it (and $40 a month of fixed costs)."""
     monkeypatch.delenv("FRUGAL_CONFIG", raising=False)
     monkeypatch.chdir(tmp_path)
     db = tmp_path / "ledger.db"
@@ -109,6 +110,11 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         f'[ledger]\npath = "{db}"\n\n[costs]\nmonthly_fixed_usd = 40\n'
     )
     return db
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return october_ledger(tmp_path, monkeypatch)
 
 
 def report(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

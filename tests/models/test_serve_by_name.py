@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from proxy import config
-from proxy.check import check
 from proxy.cli import main
+from proxy.cli.check import check
 from proxy.errors import ConfigError
 from proxy.http.app import create_app
 from quality.combiner import MODEL_TAG, WEIGHTS_PATH

@@ -40,6 +40,8 @@ JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "city", "schema": 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 CHATS = "POST /v1/chat/completions"
+COMPLETIONS = "POST /v1/completions"
+PROMPT = {"model": "gpt-4o-mini", "prompt": "The capital of France is", "max_tokens": 8}
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +53,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServer]
         started.stop()
 
 
-def chats(server: LlamaCppServer) -> int:
-    """How many chat requests the server has been sent (its uvicorn access log)."""
-    return server.log.read_text(errors="replace").count(CHATS)
+def chats(server: LlamaCppServer, path: str = CHATS) -> int:
+    """How many chat requests (or ``path`` ones) the server has been sent (its uvicorn access
+    log)."""
+    return server.log.read_text(errors="replace").count(path)
 
 
 def direct(server: LlamaCppServer, **body: Any) -> httpx.Response:
@@ -132,6 +135,22 @@ def test_its_streams_have_no_usage_and_a_request_during_one_cuts_it(
     assert finish_of(whole) == "length"
 
 
+def test_its_legacy_completions_take_one_prompt_and_ignore_n(server: LlamaCppServer) -> None:
+    ask = {"model": "x", "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+    url = server.api_base + "/completions"
+    plain = httpx.post(url, json=ask, timeout=120).json()
+    [choice] = plain["choices"]
+    assert plain["object"] == "text_completion" and choice["text"].strip()
+    assert choice["logprobs"] is None and plain["usage"]["completion_tokens"] == 4
+    # n is ignored here too: one choice
+    two = httpx.post(url, json={**ask, "n": 2, "temperature": 0.8}, timeout=120).json()
+    assert len(two["choices"]) == 1
+    # logprobs (a count) come back in the legacy layout, offsets counted from the prompt's end
+    lp = httpx.post(url, json={**ask, "logprobs": 1}, timeout=120).json()["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == 4
+    assert lp["text_offset"][0] == len(ask["prompt"])
+
+
 # -- the proxy in front of it ---------------------------------------------------------------------
 
 
@@ -184,7 +203,8 @@ async def test_each_request_is_answered_there_when_its_kind_honours_it_and_else_
         ("named tool", {"tools": TOOLS, "tool_choice": NAMED}, "srv"),
         ("max_completion_tokens", {"max_tokens": None, "max_completion_tokens": 4}, "srv"),
         ("auto tools", {"tools": TOOLS}, "engine"),  # ignored there
-        ("n = 2", {"n": 2, "temperature": 0.8}, "engine"),  # one choice there
+        # n is ignored there: the proxy asks twice, one answer each, and scores both
+        ("n = 2", {"n": 2, "temperature": 0.8}, "srv"),
     ]
     answers: dict[str, dict[str, Any]] = {}
     async with make_client(s) as client:
@@ -195,7 +215,8 @@ async def test_each_request_is_answered_there_when_its_kind_honours_it_and_else_
             r = await client.post("/v1/chat/completions", json=body, headers=ACCEPT_ANY)
             assert r.status_code == 200, (label, r.text)
             assert r.headers["x-frugal-route"] == "local", label
-            assert chats(server) - before == (1 if where == "srv" else 0), label
+            calls = (extra.get("n") or 1) if where == "srv" else 0
+            assert chats(server) - before == calls, label
             answers[label] = r.json()
     assert [row[2] for row in ledger(tmp_path)] == [where for _, _, where in cases]
     assert all(row[0] == "local" for row in ledger(tmp_path))
@@ -206,7 +227,10 @@ async def test_each_request_is_answered_there_when_its_kind_honours_it_and_else_
         call["function"]["arguments"]
     )
     assert answers["max_completion_tokens"]["usage"]["completion_tokens"] <= 4
-    assert len(answers["n = 2"]["choices"]) == 2  # the bundled engine gave both
+    two = answers["n = 2"]
+    assert [c["index"] for c in two["choices"]] == [0, 1]
+    assert all(c["message"]["content"] for c in two["choices"])
+    assert 2 <= two["usage"]["completion_tokens"] <= 2 * 24  # both answers counted
 
 
 @pytest.mark.parametrize("mode", ["verify", "live"])
@@ -319,3 +343,54 @@ async def test_a_server_killed_before_a_stream_leaves_it_to_the_engine_with_one_
     assert "error" not in r.text
     [(route, _, where, error)] = ledger(tmp_path)
     assert (route, where, error) == ("local", "engine", None)  # moved before its first byte
+
+
+async def test_legacy_completions_are_answered_there_plain_and_streamed_and_else_by_the_engine(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Callable[..., Any], server: LlamaCppServer
+) -> None:
+    s = settings_for(tmp_path, fake_api, local={"backends": [backend_entry(server)]})
+    cases: list[tuple[str, dict[str, Any], str]] = [
+        ("plain", {"temperature": 0}, "srv"),
+        ("streamed", {"temperature": 0, "stream": True}, "srv"),
+        ("logprobs", {"temperature": 0, "logprobs": 2}, "srv"),
+        ("n = 2", {"n": 2, "temperature": 0.8}, "srv"),  # ignored there: asked twice
+        ("echo", {"echo": True, "temperature": 0}, "engine"),  # the engine's own
+    ]
+    answers: dict[str, httpx.Response] = {}
+    async with make_client(s) as client:
+        await wait_up(client)
+        for label, extra, where in cases:
+            before = chats(server, COMPLETIONS)
+            r = await client.post("/v1/completions", json={**PROMPT, **extra}, headers=ACCEPT_ANY)
+            assert r.status_code == 200, (label, r.text)
+            assert r.headers["x-frugal-route"] == "local", label
+            calls = (extra.get("n") or 1) if where == "srv" else 0
+            assert chats(server, COMPLETIONS) - before == calls, label
+            answers[label] = r
+    conn = sqlite3.connect(tmp_path / "ledger.db")
+    try:
+        rows = conn.execute(
+            "SELECT route, reason, backend, endpoint, quality FROM requests ORDER BY id"
+        ).fetchall()
+    finally:
+        conn.close()
+    assert [(r[0], r[2], r[3]) for r in rows] == [
+        ("local", where, "completions") for _, _, where in cases
+    ]
+    assert all(r[4] is not None for r in rows)  # scored by the gate, each
+    plain = answers["plain"].json()
+    [choice] = plain["choices"]
+    assert plain["object"] == "text_completion" and "paris" in choice["text"].lower()
+    assert choice["logprobs"] is None  # not asked for, none given
+    assert 0 < plain["usage"]["completion_tokens"] <= 8
+    # streamed: the whole answer scored, then replayed as text_completion chunks
+    events = sse(answers["streamed"].text)
+    assert answers["streamed"].text.rstrip().endswith("data: [DONE]")
+    assert all(e["object"] == "text_completion" for e in events)
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]).strip()
+    assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    lp = answers["logprobs"].json()["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) > 0
+    two = answers["n = 2"].json()
+    assert [c["index"] for c in two["choices"]] == [0, 1]  # one a call, both scored
+    assert all(c["text"] for c in two["choices"])

@@ -24,7 +24,6 @@ from proxy import config
 from proxy.config import FallbackSettings
 from proxy.engine.local_engine import LocalEngine
 from proxy.errors import BadRequest
-from proxy.http.app import create_app
 from proxy.http.validate import chat_request, completions_request, embeddings_request
 from proxy.params import (
     CHAT_PARAMETERS,
@@ -43,6 +42,7 @@ from proxy.upstream.litellm_route import (
 )
 from tests.conftest import FAKE_KEY_ENV, settings_for
 from tests.fake_api import FakeAPI
+from tests.in_process import in_process
 from tests.loopback import Listener
 from tests.upstream.test_upstream import settings as upstream_settings
 
@@ -292,11 +292,8 @@ async def test_the_direct_route_forwards_allow_listed_keys_only(fake_api: FakeAP
 async def app_client(settings: config.Settings) -> AsyncIterator[httpx.AsyncClient]:
     """The real app, with an engine that is never started: these requests never reach it."""
     engine = LocalEngine(config.LocalSettings(n_threads=1))
-    app = create_app(settings, engine=engine)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-            yield client
+    async with in_process(settings, engine) as client:
+        yield client
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from proxy.errors import ConfigError
+from proxy.errors import ConfigError, UserError
 from proxy.ledger.audits.table import read_rows, spend_pusd
 from proxy.ledger.db import access
 from proxy.ledger.db.location import Database, as_database
@@ -78,12 +78,13 @@ FORMATS = ("table", "json", "csv", "markdown")
 _DAY = timedelta(days=1)
 
 
-class ReportError(Exception):
+class ReportError(UserError):
     """A report that cannot be produced; carries the CLI exit code."""
 
+    label = "frugal report"
+
     def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+        super().__init__(message, exit_code)
 
 
 @dataclass(frozen=True, slots=True)

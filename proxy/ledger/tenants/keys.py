@@ -1,10 +1,7 @@
-"""Client keys: where they come from, how they are stored, and ``frugal keys``.
+"""Client keys: where they come from and how they are stored.
 
-    frugal keys create NAME   [--config PATH | --db PATH|URL]   prints a new key, once
-                              [--monthly-budget-usd X] [--rpm N] [--models a,b]
-                              [--max-concurrency N] [--admin]
-    frugal keys list          [--config PATH | --db PATH|URL] [--format table|json]
-    frugal keys revoke NAME   [--config PATH | --db PATH|URL]
+``frugal keys create | list | revoke`` (:mod:`proxy.cli.ledger`) is a thin command over
+:func:`create`, :func:`listing` and :func:`revoke`.
 
 Two sources, one namespace of names:
 
@@ -40,23 +37,20 @@ any other control character is refused, so two keys can never show as the same n
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import os
 import re
 import secrets
 import sqlite3
-import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from proxy.errors import ConfigError
+from proxy.errors import ConfigError, UserError
 from proxy.ledger.db import access
-from proxy.ledger.db.location import Database, as_database, from_argument, from_settings
+from proxy.ledger.db.location import Database, as_database
 from proxy.ledger.db.migrate import open_database
 from proxy.ledger.pricing import PUSD_PER_USD
 
@@ -369,129 +363,7 @@ def _iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-# -- the command ----------------------------------------------------------------------------------
-
-
-class KeyCommandError(Exception):
+class KeyCommandError(UserError):
     """A ``frugal keys`` request that cannot be done; printed as one line, exit status 1."""
 
-
-def add_parser(sub: Any) -> None:
-    keys = sub.add_parser("keys", help="create, list and revoke client keys")
-    actions = keys.add_subparsers(dest="action", required=True)
-    for action, help_text in (
-        ("create", "make a key and print it (once)"),
-        ("list", "show the stored keys (never the keys themselves)"),
-        ("revoke", "stop accepting a key"),
-    ):
-        cmd = actions.add_parser(action, help=help_text)
-        if action != "list":
-            cmd.add_argument("name", help="the key's name, as the ledger and report show it")
-        if action == "create":
-            cmd.add_argument(
-                "--monthly-budget-usd",
-                type=float,
-                help="API spend allowed per UTC month, across every replica (default: none)",
-            )
-            cmd.add_argument("--rpm", type=int, help="requests per minute (default: no limit)")
-            cmd.add_argument(
-                "--models", help="the only models the key may ask for, e.g. gpt-4o-mini,local"
-            )
-            cmd.add_argument(
-                "--max-concurrency",
-                type=int,
-                help="its requests in flight at most, on each server (default: [server] "
-                "max_concurrency_per_key, a quarter of max_concurrency)",
-            )
-            cmd.add_argument(
-                "--admin",
-                action="store_true",
-                help="an admin key: it reads every key's figures in the report and the "
-                "dashboard, /metrics and the full /healthz (default: a client key, which reads "
-                "only its own figures)",
-            )
-        else:
-            cmd.add_argument("--format", choices=("table", "json"), default="table")
-        source = cmd.add_mutually_exclusive_group()
-        source.add_argument("--config", help="TOML config whose [ledger] holds the keys")
-        source.add_argument(
-            "--db",
-            help="ledger database that holds the keys: a file, sqlite:///PATH or "
-            "postgresql://USER@HOST/DB (password from $FRUGAL_DB_PASSWORD or $PGPASSWORD)",
-        )
-
-
-def run(args: argparse.Namespace) -> int:
-    from proxy import config as config_mod
-
-    settings = None if args.db else config_mod.load(args.config)
-    db = from_argument(args.db) if settings is None else from_settings(settings.ledger)
-    try:
-        if args.action == "create":
-            key = create(
-                db,
-                args.name,
-                monthly_budget_pusd=None
-                if args.monthly_budget_usd is None
-                else budget_pusd(args.monthly_budget_usd),
-                rpm=args.rpm,
-                models=None if args.models is None else parse_models(args.models),
-                max_concurrency=args.max_concurrency,
-                admin=args.admin,
-            )
-            print(key)
-            scope = "an admin key" if args.admin else "a client key"
-            print(
-                f"Created {scope} {args.name!r}. This is the only time it is shown: store it now. "
-                f"Clients send it as 'Authorization: Bearer KEY'.",
-                file=sys.stderr,
-            )
-        elif args.action == "revoke":
-            revoke(db, args.name)
-            print(f"Revoked key {args.name!r}.", file=sys.stderr)
-        else:
-            rows = listing(db)
-            if args.format == "json":
-                print(json.dumps(rows, indent=2))
-            elif rows:
-                print(_table(rows, None if settings is None else settings.server.key_concurrency()))
-            else:
-                print("No keys stored; create one with `frugal keys create NAME`.", file=sys.stderr)
-    except KeyCommandError as exc:
-        print(f"frugal keys: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _table(rows: list[dict[str, Any]], default_share: int | None = None) -> str:
-    """The listing; ``default_share``: what a key without ``--max-concurrency`` may hold (known
-    when the config was read, not with ``--db``)."""
-    default = "default" if default_share is None else f"{default_share} (default)"
-    header = (
-        "NAME",
-        "KEY",
-        "CREATED (UTC)",
-        "STATUS",
-        "REQUESTS",
-        "LAST USED (UTC)",
-        "CONCURRENCY",
-        "SCOPE",
-    )
-    lines = [
-        (
-            r["name"],
-            r["hint"],
-            r["created"],
-            f"revoked {r['revoked']}" if r["revoked"] else "active",
-            str(r["requests"]),
-            r["last_used"] or "-",
-            default if r["max_concurrency"] is None else str(r["max_concurrency"]),
-            r["scope"],
-        )
-        for r in rows
-    ]
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *lines, strict=True)]
-    return "\n".join(
-        "  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-        for line in (header, *lines)
-    )
+    label = "frugal keys"

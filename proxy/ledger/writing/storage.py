@@ -29,21 +29,19 @@ from proxy.ledger.db.location import Database
 from proxy.ledger.writing.ledger_row import COLUMNS
 from proxy.ledger.writing.rows import COUNT_UPDATE
 
+Batch = list[tuple[Any, ...]]  # rows (or count updates) as the values of their SQL statement
+
 
 class Store:
     """One writer's connection to the ledger database."""
 
     columns: tuple[str, ...] = COLUMNS
+    _deadline: float | None = None
 
     def open(self) -> None:
         raise NotImplementedError
 
-    def write(
-        self,
-        ready: list[tuple[Any, ...]],
-        estimated: list[tuple[Any, ...]],
-        changes: list[tuple[Any, ...]],
-    ) -> list[int]:
+    def write(self, ready: Batch, estimated: Batch, changes: Batch) -> list[int]:
         """Write in one transaction; returns the ids of the ``estimated`` rows."""
         raise NotImplementedError
 
@@ -56,6 +54,7 @@ class Store:
 
     def bound_wait(self, deadline: float | None) -> None:
         """No wait (for a lock, a connection) goes past ``deadline`` (``time.monotonic()``)."""
+        self._deadline = deadline
 
     def write_audits(self, rows: list[dict[str, Any]]) -> None:
         """Insert rows of the ``audits`` table in one transaction, or raise."""
@@ -76,7 +75,6 @@ class SqliteStore(Store):
         self.path = path
         self.busy_timeout_s = busy_timeout_s
         self._busy_ms = -1
-        self._deadline: float | None = None
         self._conn: sqlite3.Connection | None = None
         self._insert = ""
 
@@ -94,15 +92,7 @@ class SqliteStore(Store):
         """Locked, busy, full, I/O: the database failed, not the row."""
         return isinstance(exc, sqlite3.OperationalError)
 
-    def bound_wait(self, deadline: float | None) -> None:
-        self._deadline = deadline
-
-    def write(
-        self,
-        ready: list[tuple[Any, ...]],
-        estimated: list[tuple[Any, ...]],
-        changes: list[tuple[Any, ...]],
-    ) -> list[int]:
+    def write(self, ready: Batch, estimated: Batch, changes: Batch) -> list[int]:
         with self._immediate() as conn:
             if ready:
                 conn.executemany(self._insert, ready)
@@ -155,7 +145,6 @@ class PostgresStore(Store):
     def __init__(self, db: Database) -> None:
         self.db = db
         self._conn: Any = None
-        self._deadline: float | None = None
         self._inserts: dict[int, str] = {}
 
     def open(self) -> None:
@@ -176,9 +165,6 @@ class PostgresStore(Store):
     def reason(self, exc: BaseException) -> str:
         return postgres.reason(self.db, exc)
 
-    def bound_wait(self, deadline: float | None) -> None:
-        self._deadline = deadline
-
     def _insert(self, rows: int) -> str:
         if rows not in self._inserts:
             group = "(" + ", ".join("%s" for _ in self.columns) + ")"
@@ -188,12 +174,7 @@ class PostgresStore(Store):
             )
         return self._inserts[rows]
 
-    def write(
-        self,
-        ready: list[tuple[Any, ...]],
-        estimated: list[tuple[Any, ...]],
-        changes: list[tuple[Any, ...]],
-    ) -> list[int]:
+    def write(self, ready: Batch, estimated: Batch, changes: Batch) -> list[int]:
         with self._transaction() as conn:
             if ready:
                 # COPY: no SQL to parse and no parameters to bind per row; one statement,

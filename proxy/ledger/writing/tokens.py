@@ -81,20 +81,19 @@ class TokenCounter:
         return self.ready
 
     def submit(self, job: CountJob) -> Future[tuple[int, int]]:
-        future: Future[tuple[int, int]] = Future()
-        if self._thread is None:
-            future.set_exception(RuntimeError("TokenCounter.start() was not called"))
-            return future
-        self._call(lambda: self.count(job), future)
-        return future
+        return self._offer(lambda: self.count(job))
 
     def submit_estimate(self, job: CountJob) -> Future[tuple[int, int]]:
         """Like :meth:`submit`, for :meth:`estimate`."""
+        return self._offer(lambda: self.estimate(job))
+
+    def _offer(self, work: Callable[[], tuple[int, int]]) -> Future[tuple[int, int]]:
+        """``work`` on the counter's thread; its result (or error) in the future returned."""
         future: Future[tuple[int, int]] = Future()
         if self._thread is None:
             future.set_exception(RuntimeError("TokenCounter.start() was not called"))
             return future
-        self._call(lambda: self.estimate(job), future)
+        self._call(work, future)
         return future
 
     def close(self) -> None:

@@ -1,13 +1,17 @@
-"""``frugal models pull | list | rm``.
+"""The model files' commands: ``frugal models pull | list | rm``, ``quantize``, ``calibrate``.
 
     frugal models pull REPO[:QUANT] [--force] [--config PATH]
     frugal models list [--format table|json] [--config PATH]
     frugal models rm REPO[:QUANT] [--force] [--config PATH]
+    frugal quantize IN.gguf OUT.gguf [--type Q4_K_M] [--force]
+    frugal calibrate [--config PATH] [--db PATH|URL] [--out PATH]
 
 The config is read for ``[local]`` (the fit: ``n_ctx``, ``parallel``, ...; the model in use) and
 ``[quality] weights_path`` (calibrated or not). Exit 0 on success, 1 when the request cannot be
 done (no such repository or quantization, a model that does not fit, a corrupt download, ...),
-2 for a bad name or config (``proxy/cli.py``).
+2 for a bad name or config. ``frugal quantize`` (:mod:`proxy.engine.quantize`) exits 1 when the
+file cannot be written; ``frugal calibrate`` (:mod:`proxy.audit.refit`) refits the quality
+gate on the model's audits and exits 1 when there are too few of them.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ import sys
 from typing import Any
 
 from proxy import config as config_mod
+from proxy.cli.ledger import DB_HELP
 from proxy.config.model_name import DEFAULT_QUANT, ModelName
+from proxy.errors import ConfigError
 from proxy.models import ModelsError, cache, gate, hub, pull
+from proxy.models.cache import resolve as resolve_model
 
 NAME_HELP = (
     f"a Hugging Face GGUF repository and its quantization (default {DEFAULT_QUANT}), e.g. "
@@ -28,7 +35,31 @@ NAME_HELP = (
 )
 
 
-def add_parser(sub: Any) -> None:
+def add_parsers(sub: Any) -> None:
+    _add_models(sub)
+    quantize = sub.add_parser(
+        "quantize", help="requantize a GGUF with llama.cpp (Q4_K_M is recommended on a CPU)"
+    )
+    quantize.add_argument("source", metavar="IN.gguf")
+    quantize.add_argument("target", metavar="OUT.gguf")
+    quantize.add_argument("--type", default="Q4_K_M", help="target format (default Q4_K_M)")
+    quantize.add_argument("--force", action="store_true", help="overwrite OUT.gguf")
+    quantize.set_defaults(run=_quantize)
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="refit the quality gate on the audits of the configured model; write a weights "
+        "file for [quality] weights_path",
+    )
+    calibrate.add_argument("--config", help="TOML config: its model, [ledger] and [quality]")
+    calibrate.add_argument("--db", help=DB_HELP + " (default: the config's [ledger])")
+    calibrate.add_argument(
+        "--out",
+        help="weights file to write (default: [quality] weights_path, else frugal-weights.json)",
+    )
+    calibrate.set_defaults(run=_calibrate)
+
+
+def _add_models(sub: Any) -> None:
     models = sub.add_parser(
         "models", help="pull GGUF models from Hugging Face, list and remove them"
     )
@@ -51,26 +82,53 @@ def add_parser(sub: Any) -> None:
     )
     for cmd in (pulling, listing, removing):
         cmd.add_argument("--config", help="TOML config (default: $FRUGAL_CONFIG, ./frugal.toml)")
+        cmd.set_defaults(run=_models)
 
 
-def run(args: argparse.Namespace) -> int:
+def _quantize(args: argparse.Namespace) -> int:
+    from proxy.engine import quantize
+
+    return quantize.run(args.source, args.target, args.type, args.force)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from proxy.audit.refit import run_once, write_weights
+    from proxy.engine.generate import bundled_model_path
+    from proxy.ledger.db.location import from_argument, from_settings
+
+    settings = resolve_model(config_mod.load(args.config))
+    db = from_argument(args.db) if args.db else from_settings(settings.ledger)
+    model_path = settings.local.model_path or bundled_model_path()
+    if not os.path.isfile(model_path):
+        raise ConfigError(f"[local] model_path = {model_path!r}: no such file")
+    out = args.out or settings.quality.weights_path or "frugal-weights.json"
+    target = getattr(settings.quality, "target_precision", 0.0) or None
+    result = run_once(
+        db, model_path, target=target, configured_threshold=settings.quality.threshold
+    )
+    write_weights(out, result.weights)
+    print("\n".join(result.report()))
+    print(
+        f"frugal calibrate: wrote {out} (for {os.path.basename(model_path)}); set [quality] "
+        "weights_path to it",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
     settings = config_mod.load(args.config)
-    try:
-        if args.action == "pull":
-            return _pull(args, settings)
-        if args.action == "rm":
-            return _rm(args, settings)
-        return _list(args, settings)
-    except ModelsError as exc:
-        print(f"frugal models: {exc}", file=sys.stderr)
-        return 1
-    except _BadName as exc:
-        print(f"frugal models: {exc}", file=sys.stderr)
-        return 2
+    if args.action == "pull":
+        return _pull(args, settings)
+    if args.action == "rm":
+        return _rm(args, settings)
+    return _list(args, settings)
 
 
-class _BadName(Exception):
+class _BadName(ModelsError):
     """A name on the command line that is not ``REPO[:QUANT]``: a usage error (exit 2)."""
+
+    exit_code = 2
 
 
 def _name(text: str) -> ModelName:

@@ -70,11 +70,12 @@ class Report:
         print(f"\n{verdict}: {failures} failed, {warnings} warnings", file=out)
 
 
-def add_parser(sub: Any) -> None:
-    check = sub.add_parser(
+def add_parsers(sub: Any) -> None:
+    command = sub.add_parser(
         "check", help="check the config, model, memory, upstream and ledger before serving"
     )
-    check.add_argument("--config", help="TOML config (default: $FRUGAL_CONFIG, ./frugal.toml)")
+    command.add_argument("--config", help="TOML config (default: $FRUGAL_CONFIG, ./frugal.toml)")
+    command.set_defaults(run=run)
 
 
 def _model(report: Report, what: str, key: str, path: str) -> GGUFHeader | None:

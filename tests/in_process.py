@@ -1,0 +1,29 @@
+"""The app in process: ``create_app`` with its lifespan running, and an httpx client on it through
+``httpx.ASGITransport``, no socket between them. The ``make_client`` fixture, the tests that bring
+their own engine, and the benchmarks that time the app without HTTP all open it here."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+
+from proxy.http.app import create_app
+
+
+@asynccontextmanager
+async def in_process(
+    settings: Any, engine: Any = None, *, timeout_s: float = 60.0
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client on ``create_app(settings, engine=engine)`` for the block (no ``engine``: the app
+    starts its own); ``client.app`` is the app."""
+    app = create_app(settings, engine=engine)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://localhost", timeout=timeout_s
+        ) as client:
+            client.app = app  # type: ignore[attr-defined]
+            yield client
