@@ -152,7 +152,7 @@ async def await_abandoned(
     usage = reply.body.get("usage")
     if (
         isinstance(usage, dict)
-        and (usage.get("prompt_tokens") or usage.get("input_tokens")) is not None
+        and usage.get("prompt_tokens", usage.get("input_tokens")) is not None
     ):
         ex.take_usage(usage)
     else:
