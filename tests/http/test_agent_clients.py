@@ -237,8 +237,8 @@ def test_pydantic_ai_gets_a_local_answer_through_the_responses_model(
 # -- LangChain -----------------------------------------------------------------------------------
 
 
-def test_langchain_responses_api_tool_loop_on_the_api_route(served: Served, api: FakeAPI) -> None:
-    from langchain_core.messages import HumanMessage, ToolMessage
+def langchain_with_tool(served: Served, headers: dict[str, str], **bind: Any) -> tuple[Any, Any]:
+    """The ``get_weather`` tool, and LangChain's ChatOpenAI on the Responses API with it bound."""
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
@@ -253,9 +253,16 @@ def test_langchain_responses_api_tool_loop_on_the_api_route(served: Served, api:
         base_url=str(sync.base_url),
         api_key=sync.api_key,
         use_responses_api=True,
-        default_headers=REJECT_ALL,
+        default_headers=headers,
         max_retries=0,
-    ).bind_tools([get_weather])
+    )
+    return get_weather, chat.bind_tools([get_weather], **bind)
+
+
+def test_langchain_responses_api_tool_loop_on_the_api_route(served: Served, api: FakeAPI) -> None:
+    from langchain_core.messages import HumanMessage, ToolMessage
+
+    get_weather, chat = langchain_with_tool(served, REJECT_ALL)
     before = len(responses_rows(served))
     messages: list[Any] = [HumanMessage("What is the weather in Paris?")]
     first = chat.invoke(messages)
@@ -273,23 +280,7 @@ def test_langchain_responses_api_tool_loop_on_the_api_route(served: Served, api:
 def test_langchain_responses_api_gets_a_named_tool_call_from_the_local_model(
     served: Served, api: FakeAPI
 ) -> None:
-    from langchain_core.tools import tool
-    from langchain_openai import ChatOpenAI
-
-    @tool
-    def get_weather(city: str) -> str:
-        """The current weather in a city."""
-        return weather(city)
-
-    sync = served.client()
-    chat = ChatOpenAI(
-        model="gpt-4o-mini",
-        base_url=str(sync.base_url),
-        api_key=sync.api_key,
-        use_responses_api=True,
-        default_headers=ACCEPT_ANY,
-        max_retries=0,
-    ).bind_tools([get_weather], tool_choice="get_weather")
+    _, chat = langchain_with_tool(served, ACCEPT_ANY, tool_choice="get_weather")
     before = len(responses_rows(served))
     message = chat.invoke("What is the weather in Paris?")
     assert [c["name"] for c in message.tool_calls] == ["get_weather"]
