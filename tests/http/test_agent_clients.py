@@ -44,7 +44,8 @@ def api() -> Iterator[FakeAPI]:
 
 @pytest.fixture(scope="module")
 def served(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    server = start_server(tmp_path_factory.mktemp("agents"), api)
+    # a generous local deadline: on a loaded machine a local turn must not fall to the API
+    server = start_server(tmp_path_factory.mktemp("agents"), api, timeout_s=120)
     yield server
     stop_server(server)
 
