@@ -397,7 +397,8 @@ RESPONSES: tuple[Param, ...] = (
     Param(
         name="tools",
         handling=HONOURED,
-        doc="Function tools, in the Responses' flat shape; built-in tools are a 400 (not yet).",
+        doc="Function tools, in the Responses' flat shape; a built-in tool sends the request to "
+        "the API's own /v1/responses (a 400 with [fallback] responses = translate).",
         type="array",
         shape="responses_tools",
     ),
@@ -468,9 +469,10 @@ RESPONSES_NOT_YET: dict[str, str] = {
     "conversation": "conversations are not served: use previous_response_id, or send the whole "
     "conversation in 'input'",
     "background": "background responses need stored responses",
-    "reasoning": "the local model does not reason, and the fallback is Chat Completions",
+    "reasoning": "the local model does not reason, and the fallback is Chat Completions "
+    '([fallback] responses = "translate")',
     "prompt": "stored prompt templates are OpenAI's own",
-    "max_tool_calls": "built-in tools are not served yet",
+    "max_tool_calls": "built-in tools are not served by Chat Completions",
     "top_logprobs": "logprobs are not in Responses answers yet",
     "access_programs": "it is OpenAI's own",
     "background_options": "background responses need stored responses",

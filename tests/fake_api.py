@@ -35,6 +35,15 @@ forgets the recorded requests):
   ends with the user's message gets that call (``finish_reason: "tool_calls"``); once a tool's
   result follows, the ``reply`` text, as a model that used one tool
 
+``POST /v1/responses`` answers as OpenAI's Responses API does (:meth:`FakeAPI._responses`): a
+``response`` object with the ``reply`` as one message item (cut by ``max_output_tokens``:
+``incomplete``), usage in the Responses' shape (``input_tokens``: the words of every input
+text; ``usage`` merged over it), or with ``stream: true`` its typed events, each with its
+``sequence_number``. ``tool_call`` works as on chat (a ``function_call`` item when the input
+ends with the user's message); a built-in tool (``web_search``...) adds its ``*_call`` item
+before the message, and ``reasoning`` a ``reasoning`` item, as a model that used them. The
+fault knobs of ``_enter`` apply, and ``cut_stream_after``.
+
 Every request is recorded (unless ``FakeAPI(record=False)``, as the script runs it): ``requests``
 holds ``(path, headers, body)`` tuples (headers with lower-case names, the parsed JSON body or
 None), ``request_times`` the ``time.monotonic()`` of each arrival, and ``count`` how many there
@@ -260,6 +269,7 @@ class FakeAPI:
                 Route("/v1/completions", self._completions, methods=["POST"]),
                 Route("/v1/embeddings", self._embeddings, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/responses", self._responses, methods=["POST"]),
             ]
         )
 
@@ -510,6 +520,139 @@ class FakeAPI:
             return early
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in self.models]
         return JSONResponse({"object": "list", "data": data})
+
+    # -- the Responses API ---------------------------------------------------------------------
+
+    @staticmethod
+    def _input_texts(body: dict[str, Any]) -> list[str]:
+        given = body.get("input")
+        if isinstance(given, str):
+            return [given]
+        texts = [str(body.get("instructions") or "")]
+        for item in given if isinstance(given, list) else []:
+            if not isinstance(item, dict):
+                continue
+            if "content" in item:
+                texts.append(_text_of(item["content"]))
+            elif item.get("type") == "function_call_output":
+                texts.append(_text_of(item.get("output")))
+        return texts
+
+    def _responses_output(
+        self, body: dict[str, Any], pieces: list[str], status: str
+    ) -> list[dict[str, Any]]:
+        output: list[dict[str, Any]] = []
+        tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
+        if isinstance(body.get("reasoning"), dict):
+            output.append({"id": self._next_id("rs"), "type": "reasoning", "summary": []})
+        for tool in tools:
+            if tool.get("type") not in ("function", None):
+                kind = str(tool["type"]).removesuffix("_preview")
+                call = {"id": self._next_id(kind), "type": f"{kind}_call", "status": "completed"}
+                output.append(call)
+        given = body.get("input")
+        last = given[-1] if isinstance(given, list) and given else {"role": "user"}
+        functions = [t for t in tools if t.get("type") == "function"]
+        if self.tool_call is not None and functions and last.get("role") == "user":
+            arguments = json.dumps(self.tool_call["arguments"])
+            output.append(
+                {
+                    "id": self._next_id("fc"),
+                    "type": "function_call",
+                    "status": "completed",
+                    "call_id": self._next_id("call"),
+                    "name": self.tool_call["name"],
+                    "arguments": arguments,
+                }
+            )
+            return output
+        text = {"type": "output_text", "text": "".join(pieces), "annotations": []}
+        message = {"id": self._next_id("msg"), "type": "message", "role": "assistant"}
+        output.append({**message, "status": status, "content": [text]})
+        return output
+
+    async def _responses(self, request: Request) -> Response:
+        body, early = await self._enter(request)
+        if early is not None:
+            return early
+        pieces = words(self.reply)
+        limit = body.get("max_output_tokens")
+        cut = isinstance(limit, int) and 0 < limit < len(pieces)
+        if cut:
+            pieces = pieces[:limit]
+        status = "incomplete" if cut else "completed"
+        output = self._responses_output(body, pieces, status)
+        said = sum(len(words(str(i.get("arguments", "")))) for i in output) + len(pieces)
+        prompt = sum(len(words(t)) for t in self._input_texts(body))
+        if self.bill_prompt_bytes:
+            prompt = body_tokens(body)
+        usage: dict[str, Any] = {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": said,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + said,
+            **(self.usage or {}),
+        }
+        response = {
+            "id": self._next_id("resp"),
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": status,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+            "instructions": body.get("instructions"),
+            "model": body.get("model", ""),
+            "output": output,
+            "store": body.get("store", True),
+            "tools": body.get("tools") or [],
+            "usage": usage,
+        }
+        if not body.get("stream"):
+            return JSONResponse(response)
+        events = list(_response_events(response, pieces))
+        return _SSE(events, per_token_s=self.per_token_s, cut_after=self.cut_stream_after, api=self)
+
+
+def _response_events(response: dict[str, Any], pieces: list[str]) -> Iterator[bytes]:
+    """A response's typed events as OpenAI streams them, numbered from 0."""
+    sequence = 0
+
+    def event(name: str, **payload: Any) -> bytes:
+        nonlocal sequence
+        data = json.dumps({"type": name, "sequence_number": sequence, **payload})
+        sequence += 1
+        return f"event: {name}\ndata: {data}\n\n".encode()
+
+    started = {**response, "status": "in_progress", "output": [], "usage": None}
+    yield event("response.created", response=started)
+    yield event("response.in_progress", response=started)
+    for index, item in enumerate(response["output"]):
+        at = {"output_index": index, "item_id": item["id"]}
+        if item["type"] == "message":
+            yield event(
+                "response.output_item.added", output_index=index, item={**item, "content": []}
+            )
+            part = {"type": "output_text", "text": "", "annotations": []}
+            yield event("response.content_part.added", **at, content_index=0, part=part)
+            for piece in pieces:
+                yield event("response.output_text.delta", **at, content_index=0, delta=piece)
+            text = item["content"][0]["text"]
+            yield event("response.output_text.done", **at, content_index=0, text=text)
+            yield event(
+                "response.content_part.done", **at, content_index=0, part=item["content"][0]
+            )
+        elif item["type"] == "function_call":
+            yield event(
+                "response.output_item.added", output_index=index, item={**item, "arguments": ""}
+            )
+            yield event("response.function_call_arguments.delta", **at, delta=item["arguments"])
+            yield event("response.function_call_arguments.done", **at, arguments=item["arguments"])
+        else:
+            yield event("response.output_item.added", output_index=index, item=item)
+        yield event("response.output_item.done", output_index=index, item=item)
+    last = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+    yield event(last, response=response)
 
 
 class DevSetOracle:

@@ -18,6 +18,7 @@ from proxy.config.sections import (
     BACKEND_KINDS,
     MEMORY_GUARDS,
     OBJECTIVES,
+    RESPONSES_FALLBACKS,
     SPECULATIVE_MODES,
     STREAM_MODES,
     BackendSettings,
@@ -92,6 +93,10 @@ def validate(settings: Settings) -> Settings:
     if s.fallback.api_base and not s.fallback.api_base.startswith(("http://", "https://")):
         raise ConfigError(
             f"[fallback] api_base = {s.fallback.api_base!r}: expected an http:// or https:// URL"
+        )
+    if s.fallback.responses not in RESPONSES_FALLBACKS:
+        raise ConfigError(
+            f'[fallback] responses = {s.fallback.responses!r}: expected "responses" or "translate"'
         )
     if s.router.stream_mode not in STREAM_MODES:
         raise ConfigError(

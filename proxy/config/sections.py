@@ -24,6 +24,7 @@ from proxy.config.audit_settings import AuditSettings
 SPECULATIVE_MODES = ("off", "prompt-lookup", "draft")
 MEMORY_GUARDS = ("shrink", "refuse", "off")
 STREAM_MODES = ("verify", "live")
+RESPONSES_FALLBACKS = ("responses", "translate")
 OBJECTIVES = ("cost", "latency")
 # [[local.backends]] kind: what each does with a request is proxy.routing.remote_kinds's
 BACKEND_KINDS = (
@@ -127,6 +128,7 @@ class FallbackSettings:
     max_retries: int = 2
     models: dict[str, str] = field(default_factory=dict)
     usage_wait_s: float = 5.0  # how long a stream whose client left is read on, for its usage
+    responses: str = "responses"  # /v1/responses falls back to the API's own, or "translate"
 
     def api_key(self) -> str | None:
         """The upstream key, read from the environment; None when it is not set."""

@@ -150,7 +150,10 @@ async def await_abandoned(
     if reply is None:
         return
     usage = reply.body.get("usage")
-    if isinstance(usage, dict) and usage.get("prompt_tokens") is not None:
+    if (
+        isinstance(usage, dict)
+        and usage.get("prompt_tokens", usage.get("input_tokens")) is not None
+    ):
         ex.take_usage(usage)
     else:
         charge_worst_case(ex)

@@ -28,6 +28,7 @@ from proxy.audit.sampler import Ticket
 from proxy.routing.estimator import Prediction
 from proxy.routing.reasons import Reason
 from proxy.routing.router import LocalAttempt, Plan
+from proxy.upstream.responses_api import chat_usage
 
 
 @dataclass
@@ -113,6 +114,8 @@ class Exchange:
             self.local_completion_tokens = usage.get("completion_tokens")
 
     def take_usage(self, usage: dict[str, Any] | None) -> None:
+        if usage and "prompt_tokens" not in usage and "input_tokens" in usage:
+            usage = chat_usage(usage)  # the Responses' shape (the API's own /v1/responses)
         if usage:
             self.prompt_tokens = usage.get("prompt_tokens")
             self.completion_tokens = usage.get("completion_tokens")

@@ -1,35 +1,69 @@
-"""``POST /v1/responses``: OpenAI's Responses API, answered by the chat cascade.
+"""``POST /v1/responses``: OpenAI's Responses API, local first, the API's own as the fallback.
 
-The request is checked (:func:`proxy.http.validate.responses_request`), translated to a chat
-request (:func:`proxy.http.responses_translate.chat_of`) and answered as chat answers it: local
-first, the gate, budgets (the worst case of the whole translated body), the response cache, the
-API's Chat Completions as the fallback, the ``x-frugal-*`` headers. The finished completion is
-sent as a ``response`` object, or, with ``stream: true``, replayed as the Responses' typed events
-(built from the finished answer: the API is asked for JSON, as a ``verify`` chat stream would
-judge a local answer before its first byte).
+The request is checked (:func:`proxy.http.validate.responses_request`) and translated to a chat
+request (:func:`proxy.http.responses_translate.chat_of`), which the cascade plans, budgets (the
+worst case of the whole translated body) and, on the local route, answers as chat answers it:
+the gate, the response cache, the ``x-frugal-*`` headers. A local answer is sent as a
+``response`` object, or, with ``stream: true``, replayed as the Responses' typed events (built
+from the finished answer, judged before its first byte as a ``verify`` chat stream is).
+
+The fallback, ``[fallback] responses``:
+
+- ``"responses"`` (the default): the upstream's own ``/v1/responses``
+  (:mod:`proxy.upstream.responses_api`), sent ``store: false``, the whole conversation as input
+  items and none of our ids. Its answer goes back with our response id: as JSON, or as its own
+  typed events relayed as they come (renumbered, ``sequence_number`` from 0), into the store
+  and the ledger (usage priced as chat's). What only that API can do (built-in tools,
+  ``reasoning``, ``max_tool_calls``, ``top_logprobs``, image, file and audio parts) goes there
+  at once with reason ``unsupported``.
+- ``"translate"``: the upstream's Chat Completions, as the local route is asked; what cannot
+  be mapped is a 400 that says so. A model routed through litellm always translates.
 
 State (:mod:`proxy.http.responses_state`): with ``previous_response_id`` the stored conversation
 it ended (every earlier turn's input and output items, whichever route answered each) comes
-before this turn's input, so the chat request, local or sent upstream, carries the whole
+before this turn's input, so the request, local or sent upstream, carries the whole
 conversation and never one of our ids. With ``store`` (the default) the finished response and
-its input items are kept, before the first byte is sent, so that the next turn can name it.
+its input items are kept, before the answer (or a stream's last event) is sent, so that the next
+turn can name it.
 
 The ledger row's ``endpoint`` is ``responses``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from proxy.errors import BadRequest, ProxyError
+from proxy.http import charges
+from proxy.http.answers import public_answer
 from proxy.http.chat import ChatHandler
 from proxy.http.exchange import Exchange
 from proxy.http.handler import aiter_of
 from proxy.http.responses_state import ResponsesState, input_items
-from proxy.http.responses_translate import chat_of, events, response_of
+from proxy.http.responses_translate import (
+    chat_of,
+    completion_of,
+    events,
+    response_of,
+    stand_in,
+)
 from proxy.http.validate import responses_request
+from proxy.routing.reasons import Reason
+from proxy.routing.router import Plan
+from proxy.upstream import responses_api
+from proxy.upstream.responses_api import API_ONLY, chat_usage
+from proxy.upstream.stream import UpstreamStream
+
+_LAST = frozenset({"response.completed", "response.incomplete", "response.failed"})
+Keep = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class ResponsesHandler(ChatHandler):
@@ -37,16 +71,34 @@ class ResponsesHandler(ChatHandler):
     prompt_param = "input"
     prompt_noun = "the input"
 
+    def _api_own(self, model: Any) -> bool:
+        """Whether the fallback of a request for ``model`` is the upstream's /v1/responses."""
+        if self.services.settings.fallback.responses != "responses" or not isinstance(model, str):
+            return False
+        return not self.services.upstream.via_litellm(model)
+
+    def _checked(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The checks of :func:`responses_request`; with the API's own as the fallback, what
+        only it can do is let through (its own checks are the API's)."""
+        if isinstance(body, dict) and self._api_own(body.get("model")):
+            stand, taken = stand_in(body, API_ONLY)
+            if taken and "a 'item_reference' item" not in taken:  # names an upstream-stored item
+                responses_request(stand)
+                return body
+        return responses_request(body)
+
     async def handle(self, request: Request, ex: Exchange) -> Response:
-        asked = await self.services.bodies.read(request, responses_request)
+        asked = await self.services.bodies.read(request, self._checked)
         state = self._state()
         previous = asked.get("previous_response_id")
         items = input_items(asked["input"])
-        if previous is not None:
-            earlier = await state.history(request, previous)
-            body = chat_of({**asked, "input": [*earlier, *items]})
-        else:
-            body = chat_of(asked)
+        earlier = await state.history(request, previous) if previous is not None else []
+        conversation = [*earlier, *items]
+        api_own = self._api_own(asked["model"])
+        # Without an earlier turn, the input as it was sent (a string stays one message).
+        given = conversation if earlier else asked["input"]
+        stand, taken = stand_in({**asked, "input": given}, API_ONLY)
+        body = chat_of(stand)
         if self.services.settings.server.log_content:
             ex.content_out = []
             ex.content_in = body["messages"]
@@ -54,6 +106,49 @@ class ResponsesHandler(ChatHandler):
         plan, threshold = self.begin(request, body, ex)
         ex.stream = bool(asked.get("stream"))  # the chat request itself is asked for JSON
         await self.admit(request, body, ex)  # the key's models; the cache entry
+
+        async def keep(response: dict[str, Any]) -> None:
+            response["previous_response_id"] = previous
+            if asked.get("store") is not False:
+                response["store"] = await state.keep(request, response, items, ex.route)
+
+        only_api = [t for t in taken if "item" not in t]  # earlier built-in calls: said already
+        if api_own and only_api:
+            if plan.local_only or not self.router.fallback_enabled:
+                raise BadRequest(
+                    "the local model cannot serve this request (" + ", ".join(only_api) + ")",
+                    param="model",
+                    code="unsupported_locally",
+                )
+            ex.cache_key, ex.cache_read = None, False  # the stand-in is not what was asked
+            ex.route, ex.reason = "api", Reason.UNSUPPORTED
+            await self.reserve(body, ex)
+            return await self._api(asked, conversation, body, ex, keep)
+        if not api_own:
+            return await self._translated(asked, body, plan, threshold, ex, keep)
+        answer = await self._local(body, plan, threshold, ex)
+        if answer is None:
+            ex.cache_key = None  # the API's own answer is not a chat completion to cache
+            return await self._api(asked, conversation, body, ex, keep)
+        response = response_of(answer, asked)
+        await keep(response)
+        return self._send(response, ex)
+
+    def _send(self, response: dict[str, Any], ex: Exchange) -> Response:
+        if ex.stream:
+            return self.stream(aiter_of(events(response)), ex)
+        return JSONResponse(response, headers=ex.headers())
+
+    async def _translated(
+        self,
+        asked: dict[str, Any],
+        body: dict[str, Any],
+        plan: Plan,
+        threshold: float,
+        ex: Exchange,
+        keep: Keep,
+    ) -> Response:
+        """The whole chat cascade, the API's Chat Completions as its fallback."""
         answers: list[dict[str, Any]] = []
 
         def take(answer: dict[str, Any], _ex: Exchange, _raw: bytes | None) -> Response:
@@ -62,15 +157,170 @@ class ResponsesHandler(ChatHandler):
 
         await self._json(body, plan, threshold, ex, take)
         response = response_of(answers[0], asked)
-        response["previous_response_id"] = previous
-        if asked.get("store") is not False:
-            response["store"] = await state.keep(request, response, items, ex.route)
+        await keep(response)
+        return self._send(response, ex)
+
+    async def _local(
+        self, body: dict[str, Any], plan: Plan, threshold: float, ex: Exchange
+    ) -> dict[str, Any] | None:
+        """The cascade up to its API call: a cached or a local answer, or None (the budget
+        reserved) to ask the API."""
+        hit = await self.cached(ex)
+        if hit is not None:
+            ex.keep(hit)
+            return hit
+        if plan.route == "local":
+            kept = await self.try_local(body, plan, threshold, ex, kind="chat")
+            if kept is not None:
+                answer = public_answer(kept, body)
+                ex.keep(answer)
+                self.remember(ex, answer)
+                return answer
+        else:
+            assert plan.reason is not None  # a plan for the API says why
+            ex.reason = plan.reason
+        kept = await self.reserve_or_local(body, plan, threshold, ex, kind="chat")
+        return None if kept is None else public_answer(kept, body)
+
+    # -- the API's own /v1/responses ------------------------------------------------------------
+
+    async def _api(
+        self,
+        asked: dict[str, Any],
+        conversation: list[dict[str, Any]],
+        body: dict[str, Any],
+        ex: Exchange,
+        keep: Keep,
+    ) -> Response:
+        upstream = self.services.upstream
+        sent = responses_api.upstream_body(asked, conversation, upstream.target(asked["model"]))
         if ex.stream:
-            return self.stream(aiter_of(events(response)), ex)
+            return await self._relay(asked, sent, body, ex, keep)
+        reply = await self.from_api(
+            responses_api.create(upstream, sent, request_id=ex.request_id), ex
+        )
+        ex.take_usage(chat_usage(reply.body.get("usage")))
+        if ex.audit is not None:
+            ex.audit_reference = completion_of(reply.body)
+        response = _ours(reply.body, asked)
+        ex.keep(completion_of(response))
+        await keep(response)
         return JSONResponse(response, headers=ex.headers())
+
+    async def _relay(
+        self,
+        asked: dict[str, Any],
+        sent: dict[str, Any],
+        body: dict[str, Any],
+        ex: Exchange,
+        keep: Keep,
+    ) -> Response:
+        """The API's typed events, relayed as they come (see :func:`_relayed`)."""
+        ex.route = "api"
+        started = time.perf_counter()
+        opening = asyncio.ensure_future(
+            responses_api.open_stream(self.services.upstream, sent, request_id=ex.request_id)
+        )
+        try:
+            upstream_stream = await asyncio.shield(opening)
+        except ProxyError as exc:
+            ex.api_ms = (time.perf_counter() - started) * 1000
+            ex.upstream_attempts = exc.attempts
+            raise
+        except asyncio.CancelledError:
+            await charges.open_abandoned(opening, ex, self.services, body)
+            ex.api_ms = (time.perf_counter() - started) * 1000
+            raise
+        ex.upstream_attempts = upstream_stream.attempts
+        closed = False
+
+        async def close() -> None:
+            nonlocal closed
+            if closed:
+                return
+            closed = True
+            try:
+                await charges.settle_stream(upstream_stream, ex, self.services, body)
+            finally:
+                ex.api_ms = (time.perf_counter() - started) * 1000
+
+        relayed = _relayed(upstream_stream, ex, close, keep, asked)
+        return self.stream(relayed, ex, cleanups=(close,))
 
     def _state(self) -> ResponsesState:
         state = self.services.responses
         if state is None:
             raise RuntimeError("the app was built without stored responses")
         return state
+
+
+def _ours(
+    response: dict[str, Any], asked: dict[str, Any], our_id: str | None = None
+) -> dict[str, Any]:
+    """The API's ``response`` as ours: our id, the request's metadata, not yet stored."""
+    return {
+        **response,
+        "id": our_id or f"resp_{uuid.uuid4().hex}",
+        "metadata": asked.get("metadata") or {},
+        "previous_response_id": asked.get("previous_response_id"),
+        "store": False,  # True once stored
+    }
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    data = json.dumps(payload, separators=(",", ":"))
+    return f"event: {payload.get('type')}\ndata: {data}\n\n".encode()
+
+
+async def _relayed(
+    stream: UpstreamStream,
+    ex: Exchange,
+    close: Callable[[], Awaitable[None]],
+    keep: Keep,
+    asked: dict[str, Any],
+) -> AsyncGenerator[bytes, None]:
+    """The upstream's events as they come, each with our response id and its place in our
+    numbering; the finished response stored before its last event is sent. A stream that
+    breaks off ends with an ``error`` event."""
+    our_id = f"resp_{uuid.uuid4().hex}"
+    sequence = 0
+
+    def numbered(payload: dict[str, Any]) -> bytes:
+        nonlocal sequence
+        payload["sequence_number"] = sequence
+        sequence += 1
+        return _event(payload)
+
+    try:
+        async for chunk in stream:
+            out: list[bytes] = []
+            for raw in chunk.split(b"\n\n"):
+                data = b"".join(
+                    line[5:].strip() for line in raw.split(b"\n") if line.startswith(b"data:")
+                )
+                if not data.startswith(b"{"):
+                    continue  # a comment, or a [DONE] some servers add
+                try:
+                    payload = json.loads(data)
+                except ValueError:
+                    out.append(raw + b"\n\n")  # not ours to mend: relayed as it came
+                    continue
+                if not isinstance(payload, dict):
+                    continue
+                response = payload.get("response")
+                if isinstance(response, dict):
+                    payload["response"] = response = _ours(response, asked, our_id)
+                    if payload.get("type") in _LAST:
+                        usage = chat_usage(response.get("usage"))
+                        stream.usage = usage
+                        ex.take_usage(usage)
+                        ex.keep(completion_of(response))
+                        await keep(response)
+                out.append(numbered(payload))
+            if out:
+                yield b"".join(out)
+    except ProxyError as err:  # translated by the stream itself (proxy.upstream.failures)
+        ex.error = err.code or "stream_cut"
+        yield numbered({"type": "error", "code": err.code, "message": str(err), "param": None})
+    finally:
+        await close()

@@ -6,9 +6,11 @@ The rows of :data:`proxy.params.RESPONSES` name these shapes, as the chat rows n
 into the validator (:mod:`proxy.http.validate`). Every failure is a :class:`BadRequest` whose
 ``param`` names the field in OpenAI's style (``input[2].content[0].text``).
 
-What this slice does not serve yet (image and file parts, built-in tools, reasoning items,
-item references) is a 400 with code ``unsupported_parameter`` that says so, never an unknown
-field: the fallback is the upstream's Chat Completions, which has no place for them.
+What the local model and Chat Completions cannot do (image and file parts, built-in tools,
+reasoning items, item references) is a 400 with code ``unsupported_parameter`` that says so,
+never an unknown field. With ``[fallback] responses = "responses"`` (the default) the handler
+(:mod:`proxy.http.responses`) takes those out before these checks and sends the request to the
+upstream's own ``/v1/responses`` instead (item references stay a 400).
 """
 
 from __future__ import annotations
@@ -128,8 +130,8 @@ SHAPES: dict[str, Schema] = {
                 "items": {"anyOf": [_MESSAGE, _FUNCTION_CALL, _FUNCTION_OUTPUT]},
             },
         ],
-        "description": "Image, file and audio parts, and items other than these, are a 400 "
-        "(not supported yet).",
+        "description": "Image, file and audio parts, and built-in tool or reasoning items, go "
+        "to the API's own /v1/responses (a 400 with [fallback] responses = translate).",
     },
     "responses_tools": {
         "type": "array",

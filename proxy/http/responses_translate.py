@@ -7,10 +7,18 @@
                                    ``response`` object, usage in the Responses' shape
     events(response)               that response as the typed events of a Responses stream,
                                    each with its ``sequence_number``
+    stand_in(body)                 the body without what only OpenAI's own /v1/responses can
+                                   do (built-in tools, ``reasoning``, image and file parts),
+                                   and what was taken out: the chat the cascade plans, budgets
+                                   and (when nothing was) answers
+    completion_of(response)        a Responses answer (the API's own) as a chat completion, for
+                                   an audit's reference
 
 The stream is made from the finished answer (as a ``verify`` chat stream is): the cascade judges
-the whole answer first, and the API is asked for JSON, so a fallback can still happen before the
-first event. Storing it is :mod:`proxy.http.responses`'s.
+the whole answer first, and with ``[fallback] responses = "translate"`` the API is asked for
+JSON, so a fallback can still happen before the first event (the API's own ``/v1/responses``
+streams its own events, relayed by :mod:`proxy.http.responses`). Storing it is
+:mod:`proxy.http.responses`'s.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from proxy.errors import BadRequest
+from proxy.http.responses_shapes import LATER_ITEMS, LATER_PARTS, LATER_TOOLS, TEXT_PARTS
 from proxy.http.validate import chat_request
 
 # Responses' names of what chat calls otherwise, for a chat check's error.
@@ -72,12 +81,16 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             output = item["output"]
             said = output if isinstance(output, str) else _text_of(output)
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": said})
+        elif item_type != "message":
+            continue  # an earlier turn's built-in tool call or reasoning: said in its message
         else:
             content: Any = item["content"]
             if item["role"] == "assistant":
                 content = content if isinstance(content, str) else _text_of(content)
             elif not isinstance(content, str):
-                content = [{"type": "text", "text": p["text"]} for p in content]
+                content = [
+                    {"type": "text", "text": p["text"]} for p in content if _typed(p, TEXT_PARTS)
+                ]
             messages.append({"role": item["role"], "content": content})
     return messages
 
@@ -149,6 +162,79 @@ def chat_of(body: dict[str, Any]) -> dict[str, Any]:
         if exc.param and param != exc.param:
             message = message.replace(exc.param, param or "")
         raise BadRequest(message, param=param, code=exc.code) from None
+
+
+def _typed(value: Any, names: frozenset[str]) -> bool:
+    """Whether ``value`` (an unchecked item, part or tool) has a ``type`` among ``names``."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    return isinstance(kind, str) and kind in names
+
+
+def _taken_parts(content: Any) -> tuple[Any, list[str]]:
+    if not isinstance(content, list):
+        return content, []
+    kept = [p for p in content if not _typed(p, LATER_PARTS)]
+    taken = [f"a '{p['type']}' part" for p in content if p not in kept]
+    return kept, taken
+
+
+def stand_in(body: dict[str, Any], api_only: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+    """``body`` without what only OpenAI's own ``/v1/responses`` can do (the parameters
+    ``api_only``, built-in tools and a tool_choice naming one, image, file and audio parts,
+    built-in tool and reasoning items), and what was taken out, said for an error or a log."""
+    taken = [f"'{name}'" for name in api_only if body.get(name) is not None]
+    out = {k: v for k, v in body.items() if k not in api_only}
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        later = [t for t in tools if _typed(t, LATER_TOOLS)]
+        taken += [f"the built-in tool '{t['type']}'" for t in later]
+        out["tools"] = [t for t in tools if t not in later] or None
+    choice = body.get("tool_choice")
+    if _typed(choice, LATER_TOOLS):
+        out["tool_choice"] = None
+    given = body.get("input")
+    if isinstance(given, list):
+        items: list[Any] = []
+        for item in given:
+            if not isinstance(item, dict):
+                items.append(item)
+            elif _typed(item, LATER_ITEMS):
+                taken.append(f"a '{item['type']}' item")
+            elif "content" in item:
+                content, parts = _taken_parts(item["content"])
+                taken += parts
+                items.append({**item, "content": content})
+            else:
+                items.append(item)
+        out["input"] = items or ""
+    return out, taken
+
+
+def completion_of(response: dict[str, Any]) -> dict[str, Any]:
+    """A ``response`` object (the API's own) as the chat completion it stands for."""
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for item in response.get("output") or []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "message":
+            texts.append(_text_of([p for p in item.get("content") or [] if isinstance(p, dict)]))
+        elif item.get("type") == "function_call":
+            function = {"name": item.get("name"), "arguments": item.get("arguments")}
+            calls.append({"id": item.get("call_id"), "type": "function", "function": function})
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+    if calls:
+        message["tool_calls"] = calls
+    finish = "tool_calls" if calls else "stop"
+    if response.get("status") == "incomplete":
+        finish = "length"
+    return {
+        "id": response.get("id"),
+        "object": "chat.completion",
+        "created": response.get("created_at"),
+        "model": response.get("model"),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
 
 
 # -- the answer --------------------------------------------------------------------------------

@@ -11,6 +11,8 @@
     retry           ``RetryPolicy`` (tenacity): what is retried, backoff, ``Retry-After``, the
                     time budget; retries live here and nowhere else
     stream          an upstream SSE stream that has started: relayed event by event, usage noted
+    responses_api   the upstream's own ``/v1/responses`` (direct route): the body it is sent
+                    (``store: false``, the whole conversation, none of our ids), its usage
     failures        ``translate``: every aiohttp, litellm or status failure becomes a
                     ``ProxyError`` here, once
 

@@ -157,6 +157,12 @@ class Upstream:
         route = self._routes.get(requested_model)
         return route[1] if route is not None else requested_model
 
+    def via_litellm(self, requested_model: str) -> bool:
+        """Whether a request for ``requested_model`` goes another way than the direct route
+        to ``api_base`` (litellm)."""
+        route = self._routes.get(requested_model)
+        return route is not None and route[0] != DIRECT
+
     def model_ids(self) -> list[str]:
         """The names the mapping knows, for ``GET /v1/models``."""
         return list(self._settings.models)
@@ -234,4 +240,35 @@ class Upstream:
             latency_s=time.perf_counter() - started,
             attempts=tries,
             raw=raw,
+        )
+
+    async def post_direct(
+        self, path: str, body: dict[str, Any], *, request_id: str
+    ) -> UpstreamResponse:
+        """POST a ``body`` the caller built from its own allow-list to ``api_base + path``
+        (:mod:`proxy.upstream.responses_api`), JSON back, under the retry policy."""
+        self._direct.ready()
+        started = time.perf_counter()
+        (status, data, raw), tries = await self._retry(self._direct.post, path, body, request_id)
+        return UpstreamResponse(
+            body=data,
+            status=status,
+            latency_s=time.perf_counter() - started,
+            attempts=tries,
+            raw=raw,
+        )
+
+    async def open_direct(
+        self, path: str, body: dict[str, Any], *, request_id: str
+    ) -> UpstreamStream:
+        """Open a streamed POST of such a ``body``; returns once upstream has answered 200."""
+        self._direct.ready()
+        started = time.perf_counter()
+        opened, tries = await self._retry(self._direct.open_stream, body, request_id, path)
+        return UpstreamStream(
+            opened.chunks,
+            opened.close,
+            strip_usage=False,
+            latency_s=time.perf_counter() - started,
+            attempts=tries,
         )

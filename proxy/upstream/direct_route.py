@@ -98,8 +98,11 @@ class DirectRoute:
             raise UpstreamError("the upstream API answered with JSON that is not an object")
         return status, data, raw
 
-    async def open_stream(self, forward: dict[str, Any], request_id: str) -> Opened:
-        session, url = self._ready(), self._url("/chat/completions")
+    async def open_stream(
+        self, forward: dict[str, Any], request_id: str, path: str = "/chat/completions"
+    ) -> Opened:
+        """A streamed POST to ``api_base + path`` (chat, or the Responses API's own)."""
+        session, url = self._ready(), self._url(path)
         content = _encode(forward).encode()
         response = await session.post(
             url,

@@ -29,6 +29,14 @@ KEPT_BYTES = 4 * 1024 * 1024
 counted, and the text kept stands for the rest in proportion."""
 _USAGE_OBJECT = (b'"usage":{', b'"usage": {')
 _USAGE_NULL = b'"usage":null'
+# The typed events of a Responses stream (the API's own /v1/responses) that carry generated text.
+_RESPONSES_DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.refusal.delta",
+        "response.function_call_arguments.delta",
+    }
+)
 
 
 class UpstreamStream:
@@ -151,6 +159,10 @@ class UpstreamStream:
                     self.usage = parsed["usage"]
                     if self._strip and parsed.get("choices") == []:
                         continue
+                elif isinstance(parsed, dict) and isinstance(parsed.get("response"), dict):
+                    usage = parsed["response"].get("usage")  # a Responses stream's last event
+                    if isinstance(usage, dict):
+                        self.usage = usage
             kept.append(event)
         return b"\n\n".join(kept) if len(kept) != len(events) else data
 
@@ -219,6 +231,10 @@ class Generated:
         self._calls: dict[int, dict[int, list[str]]] = {}
 
     def add(self, chunk: dict[str, Any]) -> None:
+        kind, delta_text = chunk.get("type"), chunk.get("delta")
+        if kind in _RESPONSES_DELTAS and isinstance(delta_text, str):  # a Responses stream's
+            self._texts.setdefault(0, []).append(delta_text)
+            return
         choices = chunk.get("choices")
         for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict):

@@ -21,6 +21,7 @@ from proxy.errors import ConfigError
         ("local", {"speculative": "draft"}, "needs [local] draft_model_path"),
         ("quality", {"threshold": 1.5}, "[quality] threshold = 1.5"),
         ("fallback", {"api_base": "ftp://x"}, "[fallback] api_base = 'ftp://x'"),
+        ("fallback", {"responses": "chat"}, "[fallback] responses = 'chat'"),
         (
             "quality",
             {"models": {"gpt-4o": 1.5}},

@@ -44,7 +44,8 @@ def api() -> Iterator[FakeAPI]:
 
 @pytest.fixture(scope="module")
 def served(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    server = start_server(tmp_path_factory.mktemp("agents"), api)
+    # a generous local deadline: on a loaded machine a local turn must not fall to the API
+    server = start_server(tmp_path_factory.mktemp("agents"), api, timeout_s=120)
     yield server
     stop_server(server)
 
@@ -104,7 +105,23 @@ def wait_for_rows(served: Served, count: int) -> list[dict[str, Any]]:
 
 def assert_tool_round_trip(api: FakeAPI) -> None:
     """The API was asked twice: first with the tool offered, then with the call and the tool's
-    result in the conversation (translated to chat: an assistant tool call, a tool message)."""
+    result in the conversation: on the upstream's own /v1/responses (the default fallback) as a
+    ``function_call`` and a ``function_call_output`` item, translated to chat (``[fallback]
+    responses = "translate"``) as an assistant tool call and a tool message."""
+    paths = {r.path for r in api.requests}
+    if paths == {"/v1/responses"}:
+        first, second = [r.body for r in api.requests]
+        assert [t["name"] for t in first["tools"]] == ["get_weather"]
+        assert first["input"][-1]["role"] == "user"
+        assert first["store"] is False and second["store"] is False
+        call = next(i for i in second["input"] if i.get("type") == "function_call")
+        assert call["name"] == "get_weather"
+        assert json.loads(call["arguments"]) == {"city": "Paris"}
+        output = second["input"][-1]
+        assert output["type"] == "function_call_output"
+        assert output["call_id"] == call["call_id"]
+        assert "sunny, 21 C" in str(output["output"])
+        return
     chats = [r.body for r in api.requests if r.path.endswith("/chat/completions")]
     assert len(chats) == 2, [r.path for r in api.requests]
     first, second = chats

@@ -325,7 +325,8 @@ def node_openai(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    shutil.copy(JS / "chat.mjs", root / "chat.mjs")
+    for script in ("chat.mjs", "responses.mjs"):
+        shutil.copy(JS / script, root / script)
     return root
 
 
@@ -346,6 +347,38 @@ def test_official_node_client_plain_and_streamed(served: Served, node_openai: Pa
     assert seen["streamed"].strip()
     assert seen["stream_usage"]["completion_tokens"] > 0
     assert seen["error"] == {"name": "BadRequestError", "status": 400, "param": "temperature"}
+
+
+def test_official_node_client_on_the_responses_api(
+    served: Served, node_openai: Path, api: FakeAPI
+) -> None:
+    """responses.create on the local route, then on the API route continuing it (the upstream's
+    own /v1/responses is sent the earlier turn), responses.stream on the API route (the final
+    text the joined deltas, ordered sequence numbers), and a retrieve of the stored answer."""
+    sent_before = api.count
+    reply = api.reply  # what the API answers now (another test may have reset it)
+    out = subprocess.run(
+        ["node", "responses.mjs", served.base + "/v1"],
+        cwd=node_openai,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["route"] == "local", seen
+    assert seen["text"] and seen["usage"]["output_tokens"] > 0
+    assert seen["followed_text"] == reply and seen["followed_previous"] == seen["local_id"]
+    assert seen["deltas"] == seen["final_text"] == reply
+    assert seen["sequence"] == list(range(len(seen["sequence"])))
+    assert (seen["first"], seen["last"]) == ("response.created", "response.completed")
+    assert seen["fetched_id"] == seen["final_id"] and seen["fetched_text"] == reply
+    followed, streamed = [r.body for r in api.requests[sent_before:]]
+    assert followed["store"] is False and streamed["store"] is False and streamed["stream"]
+    assert [item["role"] for item in followed["input"]] == ["user", "assistant", "user"]
+    assert followed["input"][1]["content"][0]["text"] == seen["text"]
 
 
 def test_langchain_chat_openai_invoke_and_stream(served: Served) -> None:

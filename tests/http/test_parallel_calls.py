@@ -98,11 +98,14 @@ async def test_chat_answers_two_calls_in_one_turn_in_json_and_in_a_stream(
 
 @pytest.fixture
 def sdk(tmp_path: Path, fake_api: FakeAPI, make_client: Any) -> Callable[[], Any]:
-    """``async with sdk() as client``: an ``AsyncOpenAI`` on the in-process app."""
+    """``async with sdk() as client``: an ``AsyncOpenAI`` on the in-process app, whose
+    ``/v1/responses`` falls back to Chat Completions (``[fallback] responses = "translate"``):
+    the chat request says how parallel calls were translated."""
 
     @asynccontextmanager
     async def factory() -> AsyncIterator[openai.AsyncOpenAI]:
-        async with make_client(settings_for(tmp_path, fake_api)) as http:
+        translate = {"responses": "translate"}
+        async with make_client(settings_for(tmp_path, fake_api, fallback=translate)) as http:
             yield openai.AsyncOpenAI(
                 api_key="sk-unused", base_url="http://localhost/v1", http_client=http, max_retries=0
             )

@@ -1,6 +1,7 @@
 """``POST /v1/responses`` with the official ``openai`` SDK against the in-process app: on the
 local route (the real SmolLM2, let through the gate) and on the API route (the fake API, which
-is asked for a chat completion)."""
+is asked for a chat completion: ``[fallback] responses = "translate"``; the default, the API's
+own ``/v1/responses``, is ``tests/http/test_responses_fallback.py``'s)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def sdk(tmp_path: Path, fake_api: FakeAPI, make_client: Any) -> Callable[[], Any
 
     @asynccontextmanager
     async def factory() -> AsyncIterator[openai.AsyncOpenAI]:
-        async with make_client(settings_for(tmp_path, fake_api)) as http:
+        translate = {"responses": "translate"}
+        async with make_client(settings_for(tmp_path, fake_api, fallback=translate)) as http:
             yield openai.AsyncOpenAI(
                 api_key="sk-unused", base_url="http://localhost/v1", http_client=http, max_retries=0
             )
@@ -316,7 +318,7 @@ async def _refused(sdk: Any, extra: dict[str, Any]) -> Any:
         ),
     ],
 )
-async def test_what_is_not_supported_yet_is_a_400_that_says_so(
+async def test_what_cannot_be_translated_is_a_400_that_says_so(
     sdk: Any, fake_api: FakeAPI, extra: dict[str, Any], param: str
 ) -> None:
     error = await _refused(sdk, extra)

@@ -116,14 +116,18 @@ def test_a_function_tool_round_trip_with_previous_response_id(
         extra_headers=API,
     )
     assert second.output_text == api.reply and second.previous_response_id == first.id
-    [(_path, _headers, sent)] = api.requests[sent_before:]
-    roles = [m["role"] for m in sent["messages"]]
-    assert roles == ["user", "assistant", "tool"]
-    assert sent["messages"][1]["tool_calls"][0]["id"] == call.call_id
-    assert sent["messages"][2] == {
-        "role": "tool",
-        "tool_call_id": call.call_id,
-        "content": "sunny, 21C",
+    [(path, _headers, sent)] = api.requests[sent_before:]
+    assert path == "/v1/responses" and sent["store"] is False
+    assert [item["type"] for item in sent["input"]] == [
+        "message",
+        "function_call",
+        "function_call_output",
+    ]
+    assert sent["input"][1]["call_id"] == call.call_id
+    assert sent["input"][2] == {
+        "type": "function_call_output",
+        "call_id": call.call_id,
+        "output": "sunny, 21C",
     }
 
 
@@ -147,11 +151,13 @@ def test_a_chain_local_then_api_sends_the_earlier_turns(
         extra_headers=API,
     )
     assert second.output_text == api.reply
-    [(_path, _headers, sent)] = api.requests[sent_before:]
-    assert sent["messages"] == [
-        {"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]},
-        {"role": "assistant", "content": local.output_text},
-        {"role": "user", "content": [{"type": "text", "text": "And of Italy?"}]},
+    [(path, _headers, sent)] = api.requests[sent_before:]
+    assert path == "/v1/responses" and sent["store"] is False
+    assert "previous_response_id" not in sent
+    assert [(item["role"], item["content"][0]["text"]) for item in sent["input"]] == [
+        ("user", "What is the capital of France?"),
+        ("assistant", local.output_text),
+        ("user", "And of Italy?"),
     ]
     assert local.id not in json.dumps(sent)
 

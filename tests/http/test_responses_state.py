@@ -38,7 +38,10 @@ def sdk(
     tmp_path: Path, fake_api: FakeAPI, make_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> Callable[..., Any]:
     """``async with sdk(key=None, **sections) as (client, http)``: an ``AsyncOpenAI`` on the
-    in-process app; with ``keys=True`` the app wants one of ALICE (admin), BOB, CAROL."""
+    in-process app; with ``keys=True`` the app wants one of ALICE (admin), BOB, CAROL. Its API
+    fallback is Chat Completions (``[fallback] responses = "translate"``), whose requests say
+    what each turn was sent; ``tests/http/test_responses_fallback.py`` has the upstream's own
+    ``/v1/responses``."""
     monkeypatch.setenv(KEYS_ENV, f"alice;admin:{ALICE},bob:{BOB},carol:{CAROL}")
 
     @asynccontextmanager
@@ -47,6 +50,7 @@ def sdk(
     ) -> AsyncIterator[Callable[[str | None], openai.AsyncOpenAI]]:
         if keys:
             sections.setdefault("server", {})["api_keys_env"] = KEYS_ENV
+        sections.setdefault("fallback", {}).setdefault("responses", "translate")
         async with make_client(settings_for(tmp_path, fake_api, **sections)) as http:
 
             def client(key: str | None = None) -> openai.AsyncOpenAI:
@@ -351,7 +355,8 @@ async def test_stored_keys_chain_on_either_ledger_backend(
         with pytest.raises(openai.NotFoundError):
             await client(erin).responses.retrieve(second.id)
         assert (await client(dave).responses.retrieve(second.id)).output_text == fake_api.reply
-    assert [len(body["messages"]) for _p, _h, body in fake_api.requests] == [1, 3]
+    # the upstream's own /v1/responses (the default fallback) is sent the whole conversation
+    assert [len(body["input"]) for _p, _h, body in fake_api.requests] == [1, 3]
     with access.connect(database) as conn:
         stored = conn.query("SELECT id, key_name, previous_id, route FROM responses ORDER BY id")
     assert sorted(stored) == sorted(

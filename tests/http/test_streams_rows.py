@@ -363,6 +363,24 @@ def test_api_stream_left_mid_stream_closes_upstream(verify: Served, api: FakeAPI
     assert (row["route"], row["reason"], row["upstream_attempts"]) == ("api", "forced", 1)
 
 
+def test_a_responses_stream_of_the_apis_own_left_mid_stream_is_charged_what_came(
+    verify: Served, api: FakeAPI
+) -> None:
+    """``/v1/responses`` relays the upstream's own typed events: a client that leaves closes
+    the upstream connection, and the row counts the text that came (or the usage, if the
+    upstream's last event came while it was read on)."""
+    api.set(reply=LONG_REPLY, per_token_s=0.2)
+    body = {"model": "gpt-4o-mini", "input": LONG[0]["content"], "stream": True}
+    sock, request_id = send(verify, body, path="/v1/responses", **{"x-frugal-route": "api"})
+    with sock:
+        read_until(sock, b"word1")  # some of the answer has come through
+    wait_for(lambda: api.disconnects == 1, "the upstream connection to close")
+    row = verify.one_row(request_id)
+    assert_left(row)
+    assert (row["endpoint"], row["route"], row["upstream_attempts"]) == ("responses", "api", 1)
+    assert row["completion_tokens"] >= 2 and row["prompt_tokens"] > 0
+
+
 def test_api_stream_row_counts_the_attempts_it_took(verify: Served, api: FakeAPI) -> None:
     api.set(fail_status=429, fail_times=1, retry_after=0)
     sock, request_id = send(verify, api_stream(), connection="close", **{"x-frugal-route": "api"})

@@ -1,0 +1,91 @@
+"""The upstream's own ``POST /v1/responses``: the fallback of ``/v1/responses`` by default.
+
+    upstream_body(asked, conversation, model)
+                    the body sent: the request's OpenAI fields (allow-listed), ``input`` the
+                    WHOLE conversation (earlier turns from the proxy's store, then this turn's
+                    items), ``store: false``, and none of the proxy's ids: no
+                    ``previous_response_id``, no item ``id``
+    create(upstream, body, request_id)
+                    one JSON call (an :class:`UpstreamResponse` whose body is a ``response``)
+    open_stream(upstream, body, request_id)
+                    a streamed call (an :class:`UpstreamStream` of typed events)
+    chat_usage(usage)
+                    the Responses' usage (``input_tokens``...) as the chat usage the ledger
+                    prices (``prompt_tokens``...)
+
+Only the direct route (``api_base``) has this endpoint: a model routed through litellm is
+translated to Chat Completions instead (:mod:`proxy.http.responses`). Retries, timeouts and the
+translation of failures are the client's (:meth:`Upstream.post_direct`,
+:meth:`Upstream.open_direct`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.params import RESPONSES_PARAMETERS
+from proxy.upstream.client import Upstream, UpstreamResponse
+from proxy.upstream.stream import UpstreamStream
+
+__all__ = ["API_ONLY", "chat_usage", "create", "open_stream", "upstream_body"]
+
+PATH = "/responses"
+API_ONLY = ("reasoning", "max_tool_calls", "top_logprobs")
+"""Parameters that only the API's own ``/v1/responses`` can honour: forwarded there (reason
+``unsupported``), a 400 when the fallback is Chat Completions."""
+# The proxy's own: the conversation is sent whole and never stored upstream.
+_OURS = frozenset({"previous_response_id", "store", "input", "model"})
+_FORWARDED = tuple(name for name in (*RESPONSES_PARAMETERS, *API_ONLY) if name not in _OURS)
+
+
+def _sendable(item: dict[str, Any]) -> dict[str, Any] | None:
+    """An input item as the upstream gets it: without its id (ours, or one the upstream did
+    not store); a reasoning item only with its encrypted content (the only form a store-less
+    upstream can read back)."""
+    if item.get("type") == "reasoning" and not item.get("encrypted_content"):
+        return None
+    return {k: v for k, v in item.items() if k != "id"}
+
+
+def upstream_body(
+    asked: dict[str, Any], conversation: list[dict[str, Any]], model: str
+) -> dict[str, Any]:
+    """The body of the upstream call for the checked request ``asked`` whose whole
+    conversation is ``conversation`` (input items), asking for ``model``."""
+    body: dict[str, Any] = {k: asked[k] for k in _FORWARDED if asked.get(k) is not None}
+    body["model"] = model
+    body["input"] = [sent for item in conversation if (sent := _sendable(item)) is not None]
+    body["store"] = False
+    if not body.get("stream"):
+        body.pop("stream", None)
+        body.pop("stream_options", None)
+    return body
+
+
+async def create(upstream: Upstream, body: dict[str, Any], *, request_id: str) -> UpstreamResponse:
+    """The upstream's ``response`` object to ``body`` (not streamed)."""
+    return await upstream.post_direct(PATH, {**body, "stream": False}, request_id=request_id)
+
+
+async def open_stream(
+    upstream: Upstream, body: dict[str, Any], *, request_id: str
+) -> UpstreamStream:
+    """The upstream's typed events for ``body``; returns once it has answered 200."""
+    return await upstream.open_direct(PATH, {**body, "stream": True}, request_id=request_id)
+
+
+def chat_usage(usage: Any) -> dict[str, Any] | None:
+    """A Responses ``usage`` as chat's (None when there is none)."""
+    if not isinstance(usage, dict) or usage.get("input_tokens") is None:
+        return None
+    prompt = int(usage.get("input_tokens") or 0)
+    completion = int(usage.get("output_tokens") or 0)
+    cached = (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0
+    reasoning = (usage.get("output_tokens_details") or {}).get("reasoning_tokens") or 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": int(usage.get("total_tokens") or prompt + completion),
+        "prompt_tokens_details": {"cached_tokens": int(cached)},
+        "completion_tokens_details": {"reasoning_tokens": int(reasoning)},
+    }
