@@ -85,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated: chat (POST /v1/chat/completions), responses (POST /v1/responses)",
     )
     parser.add_argument(
+        "--responses-fallback",
+        choices=("responses", "translate"),
+        help="the proxies' [fallback] responses (default: not set, the proxy's own default): "
+        "the upstream's /v1/responses, or translated to its Chat Completions",
+    )
+    parser.add_argument(
         "--no-store",
         action="store_true",
         help='Responses bodies carry "store": false (default: store left to its default, true)',
@@ -118,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not endpoints:
         raise SystemExit(f"--endpoints: expected some of {', '.join(ENDPOINTS)}, got {unknown}")
     store = not args.no_store
+    mode = args.responses_fallback or ""
     multi = len(os.sched_getaffinity(0)) >= 2 and not args.no_pin
     proxy_cpus, load_cpus = ("0", "1") if multi else (None, None)
     tmp = Path(tempfile.mkdtemp(prefix="frugal-overhead-"))
@@ -130,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "endpoints": list(endpoints),
         "responses_store": store,
+        "responses_fallback": args.responses_fallback or "(proxy default)",
         "loadavg_start": os.getloadavg(),
         "python": sys.version.split()[0],
     }
@@ -141,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                 "direct": Target("direct", direct_url, {"authorization": f"Bearer {UPSTREAM_KEY}"})
             }
             if "frugal" in names:
-                url, server, db = stack.enter_context(frugal("frugal", base, proxy_cpus, tmp, {}))
+                url, server, db = stack.enter_context(
+                    frugal("frugal", base, proxy_cpus, tmp, {}, responses_fallback=mode)
+                )
                 targets["frugal"] = Target(
                     "frugal", url, {"x-frugal-route": "api"}, server, db, url + "/healthz"
                 )
@@ -151,7 +161,15 @@ def main(argv: list[str] | None = None) -> int:
                 if name not in names or not path:
                     raise SystemExit(f"--tree {spec}: expected NAME=PATH, and {name} in --targets")
                 url, server, db = stack.enter_context(
-                    frugal(name, base, proxy_cpus, tmp, {}, tree=runnable_tree(Path(path)))
+                    frugal(
+                        name,
+                        base,
+                        proxy_cpus,
+                        tmp,
+                        {},
+                        tree=runnable_tree(Path(path)),
+                        responses_fallback=mode,
+                    )
                 )
                 targets[name] = Target(
                     name, url, {"x-frugal-route": "api"}, server, db, url + "/healthz"
@@ -166,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit("frugal-pg needs PostgreSQL: apt-get install -y postgresql")
                 pg_url = server_pg.database()
                 url, server, db = stack.enter_context(
-                    frugal("frugal-pg", base, proxy_cpus, tmp, {}, pg_url)
+                    frugal("frugal-pg", base, proxy_cpus, tmp, {}, pg_url, responses_fallback=mode)
                 )
                 targets["frugal-pg"] = Target(
                     "frugal-pg", url, {"x-frugal-route": "api"}, server, db, url + "/healthz"
@@ -175,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
             if "frugal-litellm" in names:
                 mapping = {MODEL: f"hosted_vllm/{MODEL}"}
                 url, server, db = stack.enter_context(
-                    frugal("frugal-litellm", base, proxy_cpus, tmp, mapping)
+                    frugal(
+                        "frugal-litellm", base, proxy_cpus, tmp, mapping, responses_fallback=mode
+                    )
                 )
                 targets["frugal-litellm"] = Target(
                     "frugal-litellm", url, {"x-frugal-route": "api"}, server, db, url + "/healthz"
