@@ -27,7 +27,9 @@ What runs (all on loopback, started and stopped by this script):
 upstream's own ``/v1/responses``, the proxies are sent ``x-frugal-route: api`` as on chat, and the
 report adds each proxy's added latency (minus ``direct``) for both endpoints side by side, per
 connection count, with their ratio. ``store`` is left to its default (true: the proxy stores each
-response in its ledger database); ``--no-store`` sends ``"store": false`` instead. LiteLLM proxy
+response in its ledger database); ``--no-store`` sends ``"store": false`` instead.
+``--responses-fallback responses|translate`` sets the proxies' ``[fallback] responses``; the
+conditions count the upstream requests they sent per upstream endpoint. LiteLLM proxy
 (``litellm``) is measured on chat only.
 
 Every cell (target x endpoint x connections) is one wrk run of ``--window`` seconds. The wrk
