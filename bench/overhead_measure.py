@@ -1,6 +1,10 @@
 """The measuring half of ``bench/overhead.py``: one wrk run per cell (a Lua script that stops
 issuing requests at the end of the window and lets those in flight finish), the CPU the server
-used over it, the ledger rows it wrote, and the report's table and lines.
+used over it, the ledger rows it wrote for that endpoint, and the report's tables and lines.
+
+An endpoint is ``chat`` (``POST /v1/chat/completions``) or ``responses`` (``POST /v1/responses``,
+``input`` a short string and ``max_output_tokens``; ``store`` left to its default, true, unless
+``--no-store``): the same question either way.
 """
 
 from __future__ import annotations
@@ -18,14 +22,29 @@ from typing import Any
 import httpx
 from overhead_servers import MODEL, Server, pinned, proc_tree_cpu_s
 
-BODY = json.dumps(
-    {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "What is the capital of France?"}],
-        "max_tokens": 16,
-    },
-    separators=(",", ":"),
-)
+QUESTION = "What is the capital of France?"
+# endpoint -> (the path wrk posts to, the ledger's ``endpoint`` for its rows)
+ENDPOINTS = {
+    "chat": ("/v1/chat/completions", "chat.completions"),
+    "responses": ("/v1/responses", "responses"),
+}
+
+
+def body(endpoint: str, store: bool = True) -> str:
+    """The request body wrk posts to ``endpoint``; ``store`` only applies to Responses."""
+    payload: dict[str, Any]
+    if endpoint == "chat":
+        payload = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": QUESTION}],
+            "max_tokens": 16,
+        }
+    else:
+        payload = {"model": MODEL, "input": QUESTION, "max_output_tokens": 16}
+        if not store:
+            payload["store"] = False
+    return json.dumps(payload, separators=(",", ":"))
+
 
 LUA = r"""
 wrk.method = "POST"
@@ -90,6 +109,7 @@ class Cell:
     cpu_ms_per_request: float | None = None
     ledger_rows: int | None = None
     ledger_failed_rows: int | None = None
+    endpoint: str = "chat"
 
 
 @dataclass
@@ -98,21 +118,28 @@ class Run:
     conditions: dict[str, Any] = field(default_factory=dict)
 
 
-def lua_script(tmp: Path, target: Target, window: float) -> Path:
+def lua_script(tmp: Path, target: Target, window: float, request_body: str, endpoint: str) -> Path:
     headers = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in target.headers.items())
-    text = LUA.replace("BODY", BODY).replace("HEADERS", headers).replace("WINDOW", str(window))
-    path = tmp / f"{target.name}.lua"
+    text = LUA.replace("BODY", request_body).replace("HEADERS", headers)
+    text = text.replace("WINDOW", str(window))
+    path = tmp / f"{target.name}-{endpoint}.lua"
     path.write_text(text)
     return path
 
 
 def wrk(
-    target: Target, connections: int, window: float, cpus: str | None, tmp: Path
+    target: Target,
+    connections: int,
+    window: float,
+    cpus: str | None,
+    tmp: Path,
+    endpoint: str = "chat",
+    store: bool = True,
 ) -> dict[str, Any]:
-    script = lua_script(tmp, target, window)
+    script = lua_script(tmp, target, window, body(endpoint, store), endpoint)
     duration = int(window + 3)
     argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--timeout", "10s"]
-    argv += ["-s", str(script), target.url + "/v1/chat/completions"]
+    argv += ["-s", str(script), target.url + ENDPOINTS[endpoint][0]]
     out = subprocess.run(pinned(cpus, argv), capture_output=True, text=True, check=False)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -121,8 +148,10 @@ def wrk(
     raise SystemExit(f"wrk gave no result for {target.name}:\n{out.stdout}\n{out.stderr}")
 
 
-def ledger_rows(target: Target) -> tuple[int, int]:
-    """(rows, rows with a non-200 status) once the ledger has written all it was handed."""
+def ledger_rows(target: Target, endpoint: str = "chat") -> tuple[int, int]:
+    """(rows, rows with a non-200 status) of ``endpoint`` once the ledger has written all it
+    was handed."""
+    kind = ENDPOINTS[endpoint][1]
     assert target.ledger is not None and target.health is not None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -137,14 +166,16 @@ def ledger_rows(target: Target) -> tuple[int, int]:
         with psycopg.connect(target.ledger_url) as pg:
             found = pg.execute(
                 "SELECT count(*), coalesce(sum(CASE WHEN status != 200 THEN 1 ELSE 0 END), 0)"
-                " FROM requests"
+                " FROM requests WHERE endpoint = %s",
+                (kind,),
             ).fetchone()
         assert found is not None
         return int(found[0]), int(found[1])
     conn = sqlite3.connect(f"file:{target.ledger}?mode=ro", uri=True)
     try:
         rows, failed = conn.execute(
-            "SELECT count(*), coalesce(sum(status != 200), 0) FROM requests"
+            "SELECT count(*), coalesce(sum(status != 200), 0) FROM requests WHERE endpoint = ?",
+            (kind,),
         ).fetchone()
     finally:
         conn.close()
@@ -158,10 +189,12 @@ def measure(
     round_: int,
     cpus: str | None,
     tmp: Path,
+    endpoint: str = "chat",
+    store: bool = True,
 ) -> Cell:
-    before_rows = ledger_rows(target) if target.ledger else None
+    before_rows = ledger_rows(target, endpoint) if target.ledger else None
     cpu_before = proc_tree_cpu_s(target.server.proc.pid) if target.server else None
-    result = wrk(target, connections, window, cpus, tmp)
+    result = wrk(target, connections, window, cpus, tmp, endpoint, store)
     cpu_after = proc_tree_cpu_s(target.server.proc.pid) if target.server else None
     errors = sum(result[k] for k in ("connect", "read", "write", "status", "timeout"))
     cell = Cell(
@@ -173,11 +206,12 @@ def measure(
         p50_ms=result["p50_us"] / 1000,
         p99_ms=result["p99_us"] / 1000,
         rps=result["requests"] / window,
+        endpoint=endpoint,
     )
     if cpu_before is not None and cpu_after is not None and result["requests"]:
         cell.cpu_ms_per_request = (cpu_after - cpu_before) * 1000 / result["requests"]
     if before_rows is not None:
-        after_rows = ledger_rows(target)
+        after_rows = ledger_rows(target, endpoint)
         cell.ledger_rows = after_rows[0] - before_rows[0]
         cell.ledger_failed_rows = after_rows[1] - before_rows[1]
     return cell
@@ -193,74 +227,125 @@ def spread(values: list[float], fmt: str) -> str:
     return f"{format(mid, fmt)} ({format(min(values), fmt)}–{format(max(values), fmt)})"
 
 
-def report(run: Run, names: list[str], connections: list[int]) -> str:
+def report(
+    run: Run, names: list[str], connections: list[int], endpoints: tuple[str, ...] = ("chat",)
+) -> str:
     cells = run.cells
     rounds = sorted({c.round for c in cells})
+    both = len(endpoints) > 1
 
-    def pick(name: str, conns: int) -> list[Cell]:
-        return [c for c in cells if c.target == name and c.connections == conns]
+    def pick(name: str, conns: int, endpoint: str = "chat") -> list[Cell]:
+        return [
+            c
+            for c in cells
+            if c.target == name and c.connections == conns and c.endpoint == endpoint
+        ]
 
     lines = [
-        "| path | conns | median ms | p99 ms | req/s | errors | CPU ms/req | ledger rows"
-        " / requests |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        f"| path |{' endpoint |' if both else ''} conns | median ms | p99 ms | req/s | errors"
+        " | CPU ms/req | ledger rows / requests |",
+        f"|---|{'---|' if both else ''}---:|---:|---:|---:|---:|---:|---|",
     ]
     for conns in connections:
-        for name in names:
-            got = pick(name, conns)
-            if not got:
-                continue
-            cpu = [c.cpu_ms_per_request for c in got if c.cpu_ms_per_request is not None]
-            rows = (
-                f"{sum(c.ledger_rows or 0 for c in got)} / {sum(c.requests for c in got)}"
-                if got[0].ledger_rows is not None
-                else "–"
-            )
-            lines.append(
-                f"| {name} | {conns} | {spread([c.p50_ms for c in got], '.3f')} "
-                f"| {spread([c.p99_ms for c in got], '.2f')} "
-                f"| {spread([c.rps for c in got], ',.0f')} | {sum(c.errors for c in got)} "
-                f"| {spread(cpu, '.3f') if cpu else '–'} | {rows} |"
-            )
+        for endpoint in endpoints:
+            for name in names:
+                got = pick(name, conns, endpoint)
+                if not got:
+                    continue
+                cpu = [c.cpu_ms_per_request for c in got if c.cpu_ms_per_request is not None]
+                rows = (
+                    f"{sum(c.ledger_rows or 0 for c in got)} / {sum(c.requests for c in got)}"
+                    if got[0].ledger_rows is not None
+                    else "–"
+                )
+                lines.append(
+                    f"| {name} |{f' {endpoint} |' if both else ''} {conns} "
+                    f"| {spread([c.p50_ms for c in got], '.3f')} "
+                    f"| {spread([c.p99_ms for c in got], '.2f')} "
+                    f"| {spread([c.rps for c in got], ',.0f')} | {sum(c.errors for c in got)} "
+                    f"| {spread(cpu, '.3f') if cpu else '–'} | {rows} |"
+                )
     lines.append("")
 
     def per_round(f: Callable[[int], float | None]) -> list[float]:
         return [v for r in rounds if (v := f(r)) is not None]
 
-    def one(name: str, conns: int, r: int) -> Cell | None:
-        return next((c for c in pick(name, conns) if c.round == r), None)
+    def one(name: str, conns: int, r: int, endpoint: str = "chat") -> Cell | None:
+        return next((c for c in pick(name, conns, endpoint) if c.round == r), None)
 
-    def added(name: str, r: int) -> float | None:
-        a, d = one(name, 1, r), one("direct", 1, r)
+    def added(name: str, r: int, conns: int = 1, endpoint: str = "chat") -> float | None:
+        a, d = one(name, conns, r, endpoint), one("direct", conns, r, endpoint)
         return a.p50_ms - d.p50_ms if a and d else None
 
     def ratio(name: str, r: int) -> float | None:
         a, b = one(name, 16, r), one("litellm", 16, r)
         return a.rps / b.rps if a and b and b.rps else None
 
+    if both and "chat" in endpoints and "responses" in endpoints:
+        lines += side_by_side(names, connections, per_round, added)
     for name in names:
         if name == "direct":
             continue
+        label = f"{name} (chat)" if both else name
         if 1 in connections and (values := per_round(lambda r, n=name: added(n, r))):
             lines.append(
-                f"- {name}: added median latency at 1 connection: {spread(values, '.3f')} ms"
+                f"- {label}: added median latency at 1 connection: {spread(values, '.3f')} ms"
             )
         if name != "litellm" and 16 in connections:
             values = per_round(lambda r, n=name: ratio(n, r))
             if values:
                 lines.append(
-                    f"- {name}: req/s at 16 connections ÷ LiteLLM proxy's: {spread(values, '.1f')}×"
+                    f"- {label}: req/s at 16 connections ÷ LiteLLM proxy's: "
+                    f"{spread(values, '.1f')}×"
                 )
     bad = [c for c in cells if c.errors or (c.ledger_rows not in (None, c.requests))]
     bad += [c for c in cells if c.ledger_failed_rows]
     lines.append(
-        "- every run: no errors, one ledger row per request"
+        "- every run: no errors, one ledger row per request (of its endpoint)"
         if not bad
         else f"- PROBLEMS in {len(bad)} runs: "
         + "; ".join(
-            f"{c.target}/c{c.connections}/r{c.round}: errors={c.errors} "
+            f"{c.target}/{c.endpoint}/c{c.connections}/r{c.round}: errors={c.errors} "
             f"rows={c.ledger_rows} requests={c.requests} failed_rows={c.ledger_failed_rows}"
             for c in bad
         )
     )
     return "\n".join(lines)
+
+
+def side_by_side(
+    names: list[str],
+    connections: list[int],
+    per_round: Callable[[Callable[[int], float | None]], list[float]],
+    added: Callable[[str, int, int, str], float | None],
+) -> list[str]:
+    """Per proxy and connection count: the added median latency (proxy minus direct, same
+    endpoint, same round) of chat and of Responses, and Responses' ÷ chat's, median over rounds
+    (range)."""
+    lines = [
+        "| path | conns | added ms, chat | added ms, responses | responses ÷ chat |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        if name == "direct":
+            continue
+        for conns in connections:
+
+            def of_chat(r: int, n: str = name, c: int = conns) -> float | None:
+                return added(n, r, c, "chat")
+
+            def of_responses(r: int, n: str = name, c: int = conns) -> float | None:
+                return added(n, r, c, "responses")
+
+            def quotient(r: int) -> float | None:
+                a, b = of_responses(r), of_chat(r)
+                return a / b if a is not None and b else None
+
+            chat, resp, ratios = per_round(of_chat), per_round(of_responses), per_round(quotient)
+            if not chat or not resp:
+                continue
+            lines.append(
+                f"| {name} | {conns} | {spread(chat, '.3f')} | {spread(resp, '.3f')} "
+                f"| {spread(ratios, '.2f') + '×' if ratios else '–'} |"
+            )
+    return [*lines, ""] if len(lines) > 2 else []

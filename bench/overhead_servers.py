@@ -116,10 +116,18 @@ def upstream(kind: str, cpus: str | None, tmp: Path) -> Iterator[str]:
 
 
 def frugal_config(
-    tmp: Path, name: str, base: str, port: int, models: dict[str, str], ledger_url: str = ""
+    tmp: Path,
+    name: str,
+    base: str,
+    port: int,
+    models: dict[str, str],
+    ledger_url: str = "",
+    responses_fallback: str = "",
 ) -> Path:
     mapping = "".join(f'"{k}" = "{v}"\n' for k, v in models.items())
     url_line = f'url = "{ledger_url}"' if ledger_url else ""
+    # left out unless asked for: a commit from before ``[fallback] responses`` would reject it
+    mode_line = f'responses = "{responses_fallback}"' if responses_fallback else ""
     config = tmp / f"{name}.toml"
     config.write_text(
         f"""
@@ -135,6 +143,7 @@ api_base = "{base}"
 api_key_env = "BENCH_UPSTREAM_KEY"
 max_retries = 1
 timeout_s = 30
+{mode_line}
 
 [fallback.models]
 {mapping}
@@ -155,11 +164,12 @@ def frugal(
     models: dict[str, str],
     ledger_url: str = "",
     tree: Path | None = None,
+    responses_fallback: str = "",
 ) -> Iterator[tuple[str, Server, Path]]:
     """A ``frugal serve``; with ``tree``, the ``proxy/`` of that checkout (another commit's, in
     a ``git worktree``) on ``PYTHONPATH`` instead of this one's, run with this venv."""
     port = free_port()
-    config = frugal_config(tmp, name, base, port, models, ledger_url)
+    config = frugal_config(tmp, name, base, port, models, ledger_url, responses_fallback)
     env = {
         **os.environ,
         "BENCH_UPSTREAM_KEY": UPSTREAM_KEY,

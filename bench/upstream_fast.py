@@ -5,13 +5,18 @@ has fault knobs, and it costs about as much CPU per request as a small proxy doe
 proxy's overhead against it mostly measures the fake. This server does the least an HTTP/1.1
 server can: it reads a request head and a ``Content-Length`` body from a keep-alive connection
 and writes back a canned ``chat.completion`` (or, when the body asks for ``"stream":true``, the
-same answer as a few SSE events with a usage chunk). It is meant for loopback load tests only.
+same answer as a few SSE events with a usage chunk). ``POST /v1/responses`` gets a canned
+``response`` object, usage in the Responses shape (or, streamed, its typed events from
+``response.created`` to ``response.completed``, each with its ``sequence_number``). It is meant
+for loopback load tests only.
 
     python bench/upstream_fast.py --port 9999
     curl -s localhost:9999/v1/chat/completions -d '{"model":"gpt-4o-mini","messages":[]}'
+    curl -s localhost:9999/v1/responses -d '{"model":"gpt-4o-mini","input":"hi"}'
 
-It counts the chat requests it answered; ``GET /count`` returns that number as text, so a
-benchmark can check how many requests a proxy actually sent upstream.
+It counts the chat and Responses requests it answered; ``GET /count`` returns their sum as
+text (``GET /count/chat`` and ``GET /count/responses`` each one), so a benchmark can check how many
+requests a proxy actually sent upstream, and to which endpoint.
 """
 
 from __future__ import annotations
@@ -24,6 +29,13 @@ import time
 
 REPLY = "Paris is the capital of France."
 USAGE = {"prompt_tokens": 14, "completion_tokens": 7, "total_tokens": 21}
+RESPONSES_USAGE = {
+    "input_tokens": 14,
+    "input_tokens_details": {"cached_tokens": 0},
+    "output_tokens": 7,
+    "output_tokens_details": {"reasoning_tokens": 0},
+    "total_tokens": 21,
+}
 
 
 def _completion(model: str) -> bytes:
@@ -65,6 +77,71 @@ def _events(model: str) -> bytes:
     return b"".join(out)
 
 
+def _output_item(status: str, text: str) -> dict[str, object]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {
+        "id": "msg_fast",
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": [part] if text or status == "completed" else [],
+    }
+
+
+def _response_object(model: str, status: str = "completed") -> dict[str, object]:
+    done = status == "completed"
+    return {
+        "id": "resp_fast",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "background": False,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "max_output_tokens": None,
+        "metadata": {},
+        "model": model,
+        "output": [_output_item("completed", REPLY)] if done else [],
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "reasoning": {"effort": None, "summary": None},
+        "store": False,
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}, "verbosity": "medium"},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": RESPONSES_USAGE if done else None,
+        "user": None,
+    }
+
+
+def _responses_events(model: str) -> bytes:
+    """The typed events of one streamed Response, in OpenAI's order."""
+    out: list[bytes] = []
+
+    def event(kind: str, **payload: object) -> None:
+        data = {"type": kind, "sequence_number": len(out), **payload}
+        line = json.dumps(data, separators=(",", ":")).encode()
+        out.append(b"event: " + kind.encode() + b"\ndata: " + line + b"\n\n")
+
+    where = {"item_id": "msg_fast", "output_index": 0, "content_index": 0}
+    empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    event("response.created", response=_response_object(model, "in_progress"))
+    event("response.in_progress", response=_response_object(model, "in_progress"))
+    event("response.output_item.added", output_index=0, item=_output_item("in_progress", ""))
+    event("response.content_part.added", **where, part=empty)
+    for word in re.findall(r"\s*\S+", REPLY):
+        event("response.output_text.delta", **where, delta=word, logprobs=[])
+    event("response.output_text.done", **where, text=REPLY, logprobs=[])
+    event("response.content_part.done", **where, part={**empty, "text": REPLY})
+    event("response.output_item.done", output_index=0, item=_output_item("completed", REPLY))
+    event("response.completed", response=_response_object(model))
+    return b"".join(out)
+
+
 def _response(status: str, content_type: str, body: bytes) -> bytes:
     head = (
         f"HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\n"
@@ -79,8 +156,15 @@ class Canned:
     def __init__(self, model: str) -> None:
         self.json = _response("200 OK", "application/json", _completion(model))
         self.sse = _response("200 OK", "text/event-stream", _events(model))
+        self.response = _response(
+            "200 OK",
+            "application/json",
+            json.dumps(_response_object(model), separators=(",", ":")).encode(),
+        )
+        self.response_sse = _response("200 OK", "text/event-stream", _responses_events(model))
         self.not_found = _response("404 Not Found", "application/json", b'{"error":"not found"}')
-        self.count = 0
+        self.chat = 0
+        self.responses = 0
 
 
 class Connection(asyncio.Protocol):
@@ -116,12 +200,18 @@ class Connection(asyncio.Protocol):
         assert self.transport is not None
         canned = self.canned
         path = request_line[1] if len(request_line) > 1 else b""
+        stream = b'"stream":true' in body or b'"stream": true' in body
         if path.endswith(b"/chat/completions"):
-            canned.count += 1
-            stream = b'"stream":true' in body or b'"stream": true' in body
+            canned.chat += 1
             self.transport.write(canned.sse if stream else canned.json)
-        elif path == b"/count":
-            self.transport.write(_response("200 OK", "text/plain", str(canned.count).encode()))
+        elif path.endswith(b"/v1/responses"):
+            canned.responses += 1
+            self.transport.write(canned.response_sse if stream else canned.response)
+        elif path.startswith(b"/count"):
+            count = {b"/count/chat": canned.chat, b"/count/responses": canned.responses}.get(
+                path, canned.chat + canned.responses
+            )
+            self.transport.write(_response("200 OK", "text/plain", str(count).encode()))
         else:
             self.transport.write(canned.not_found)
 
