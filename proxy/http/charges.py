@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import math
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -163,6 +164,31 @@ def _close_late(opening: asyncio.Future[UpstreamStream]) -> None:
     """A stream that opened after its wait was given up: closed, not left holding a socket."""
     if not opening.cancelled() and opening.exception() is None:
         asyncio.ensure_future(opening.result().aclose())
+
+
+async def open_stream(
+    opening: asyncio.Future[UpstreamStream],
+    ex: Exchange,
+    services: Services,
+    body: dict[str, Any],
+    started: float,
+) -> UpstreamStream:
+    """The upstream stream that ``opening`` opens (shielded, so that a client who leaves first
+    does not cancel a call the API may already bill), with its attempts on ``ex``. A client
+    that leaves before it opens gets :func:`open_abandoned`; ``api_ms`` counts from ``started``
+    (a ``time.perf_counter()``) when the stream does not open."""
+    try:
+        stream = await asyncio.shield(opening)
+    except ProxyError as exc:
+        ex.api_ms = (time.perf_counter() - started) * 1000
+        ex.upstream_attempts = exc.attempts
+        raise
+    except asyncio.CancelledError:
+        await open_abandoned(opening, ex, services, body)
+        ex.api_ms = (time.perf_counter() - started) * 1000
+        raise
+    ex.upstream_attempts = stream.attempts
+    return stream
 
 
 async def open_abandoned(

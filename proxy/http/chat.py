@@ -140,18 +140,8 @@ class ChatHandler(Handler):
         opening = asyncio.ensure_future(
             self.services.upstream.chat_stream(body, request_id=ex.request_id)
         )
-        try:
-            upstream_stream = await asyncio.shield(opening)
-        except ProxyError as exc:
-            ex.api_ms = (time.perf_counter() - started) * 1000
-            ex.upstream_attempts = exc.attempts
-            raise
-        except asyncio.CancelledError:
-            # The client left before upstream's headers: the API may be generating already.
-            await charges.open_abandoned(opening, ex, self.services, body)
-            ex.api_ms = (time.perf_counter() - started) * 1000
-            raise
-        ex.upstream_attempts = upstream_stream.attempts
+        # A client that leaves before upstream's headers: the API may be generating already.
+        upstream_stream = await charges.open_stream(opening, ex, self.services, body, started)
         closed = False
 
         async def close() -> None:

@@ -221,17 +221,7 @@ class ResponsesHandler(ChatHandler):
         opening = asyncio.ensure_future(
             responses_api.open_stream(self.services.upstream, sent, request_id=ex.request_id)
         )
-        try:
-            upstream_stream = await asyncio.shield(opening)
-        except ProxyError as exc:
-            ex.api_ms = (time.perf_counter() - started) * 1000
-            ex.upstream_attempts = exc.attempts
-            raise
-        except asyncio.CancelledError:
-            await charges.open_abandoned(opening, ex, self.services, body)
-            ex.api_ms = (time.perf_counter() - started) * 1000
-            raise
-        ex.upstream_attempts = upstream_stream.attempts
+        upstream_stream = await charges.open_stream(opening, ex, self.services, body, started)
         closed = False
 
         async def close() -> None:
