@@ -231,16 +231,7 @@ class Upstream:
             route = self._routes.get(model)
             if route is not None and route[0] == DIRECT:
                 body = {**body, "model": route[1]}
-        self._direct.ready()
-        started = time.perf_counter()
-        (status, data, raw), tries = await self._retry(self._direct.post, path, body, request_id)
-        return UpstreamResponse(
-            body=data,
-            status=status,
-            latency_s=time.perf_counter() - started,
-            attempts=tries,
-            raw=raw,
-        )
+        return await self.post_direct(path, body, request_id=request_id)
 
     async def post_direct(
         self, path: str, body: dict[str, Any], *, request_id: str
