@@ -17,21 +17,14 @@ import pytest
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows, sse_events
+from tests.tool_turns import DESCRIPTION, weather_function, weather_tool
 
 LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}
 API = {"x-frugal-route": "api"}
 TWO_CITIES = (
     "Get the weather in Paris and the weather in Rome: call get_weather twice, once for each city."
 )
-PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": PARAMETERS,
-    },
-}
+WEATHER = weather_tool(DESCRIPTION)
 CHAT = {
     "model": "gpt-4o-mini",
     "messages": [{"role": "user", "content": TWO_CITIES}],
@@ -113,7 +106,7 @@ def sdk(tmp_path: Path, fake_api: FakeAPI, make_client: Any) -> Callable[[], Any
     return factory
 
 
-FLAT: Any = {"type": "function", "name": "get_weather", "parameters": PARAMETERS}
+FLAT: Any = weather_function()
 
 
 async def test_responses_answers_one_function_call_item_per_call(

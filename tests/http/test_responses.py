@@ -23,22 +23,12 @@ from proxy.params import RESPONSES_PARAMETERS
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows
+from tests.tool_turns import DESCRIPTION, weather_function
 
 LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}
 API = {"x-frugal-route": "api"}
 QUESTION = "What is the capital of France?"
-WEATHER: Any = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The current weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
+WEATHER: Any = weather_function(DESCRIPTION, strict=True)
 
 
 class Capital(pydantic.BaseModel):
