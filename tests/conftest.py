@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import structlog
 
@@ -91,6 +92,23 @@ def make_client(tmp_path: Path, engine: LocalEngine) -> Callable[..., Any]:
     ) -> AsyncIterator[httpx.AsyncClient]:
         async with in_process(settings, None if own_engine else engine) as client:
             yield client
+
+    return factory
+
+
+@pytest.fixture
+def translate_sdk(tmp_path: Path, fake_api: FakeAPI, make_client: AppFactory) -> Callable[[], Any]:
+    """``async with translate_sdk() as client``: the official SDK's ``AsyncOpenAI`` on an
+    in-process app whose ``/v1/responses`` API route is sent to the fake API's Chat Completions
+    (``[fallback] responses = "translate"``)."""
+
+    @asynccontextmanager
+    async def factory() -> AsyncIterator[openai.AsyncOpenAI]:
+        translate = {"responses": "translate"}
+        async with make_client(settings_for(tmp_path, fake_api, fallback=translate)) as http:
+            yield openai.AsyncOpenAI(
+                api_key="sk-unused", base_url="http://localhost/v1", http_client=http, max_retries=0
+            )
 
     return factory
 

@@ -28,7 +28,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import structlog
@@ -68,6 +68,27 @@ async def settle_stream(
             ex.take_usage(stream.usage)
     if stream.usage is None and not stream.ended:
         await estimate_stream(stream.generated(), ex, services, body)
+
+
+def stream_closer(
+    stream: UpstreamStream, ex: Exchange, services: Services, body: dict[str, Any], started: float
+) -> Callable[[], Awaitable[None]]:
+    """``close()`` for an API stream opened at ``started`` (``time.perf_counter()``), run once
+    however often it is called: the stream settled (:func:`settle_stream`: closed, its usage,
+    or what it was read on for, or an estimate, noted) and ``ex.api_ms`` its time."""
+    closed = False
+
+    async def close() -> None:
+        nonlocal closed
+        if closed:
+            return
+        closed = True
+        try:
+            await settle_stream(stream, ex, services, body)
+        finally:
+            ex.api_ms = (time.perf_counter() - started) * 1000
+
+    return close
 
 
 async def estimate_stream(

@@ -142,19 +142,7 @@ class ChatHandler(Handler):
         )
         # A client that leaves before upstream's headers: the API may be generating already.
         upstream_stream = await charges.open_stream(opening, ex, self.services, body, started)
-        closed = False
-
-        async def close() -> None:
-            """Once: the upstream connection closed, its time and usage (or, when it did not
-            run to its end, what it was read on for, or an estimate) noted."""
-            nonlocal closed
-            if closed:
-                return
-            closed = True
-            try:
-                await charges.settle_stream(upstream_stream, ex, self.services, body)
-            finally:
-                ex.api_ms = (time.perf_counter() - started) * 1000
+        close = charges.stream_closer(upstream_stream, ex, self.services, body, started)
 
         return self.stream(_relay(upstream_stream, ex, close), ex, cleanups=(close,))
 

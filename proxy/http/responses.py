@@ -222,17 +222,7 @@ class ResponsesHandler(ChatHandler):
             responses_api.open_stream(self.services.upstream, sent, request_id=ex.request_id)
         )
         upstream_stream = await charges.open_stream(opening, ex, self.services, body, started)
-        closed = False
-
-        async def close() -> None:
-            nonlocal closed
-            if closed:
-                return
-            closed = True
-            try:
-                await charges.settle_stream(upstream_stream, ex, self.services, body)
-            finally:
-                ex.api_ms = (time.perf_counter() - started) * 1000
+        close = charges.stream_closer(upstream_stream, ex, self.services, body, started)
 
         relayed = _relayed(upstream_stream, ex, close, keep, asked)
         return self.stream(relayed, ex, cleanups=(close,))

@@ -77,6 +77,17 @@ STOP_GRACE_S = 1.0  # how long a cancelled call or watch may take to end
 WRONG_ANSWER_PAUSE_S = 2.0  # a backend that answered wrongly is probed again after this
 
 
+@dataclass(frozen=True)
+class _Asked:
+    """What one request's answer is held to: its ``deadline``, the seconds it is
+    ``expected_s`` to take, its token ``cap``, and its ``kind`` ("chat" or "complete")."""
+
+    deadline: float
+    expected_s: float
+    cap: int
+    kind: str
+
+
 @dataclass
 class RemoteStats:
     completed: int = 0
@@ -356,7 +367,8 @@ class RemoteBackend(Backend):
                     raise BackendDown(f"backend {self.name} is {self.state}")
                 self.work.start(ticket)
                 self.memory.remember(request)
-                completion = await self._answer(request, deadline, expected, cap, on_token, kind)
+                asked = _Asked(deadline, expected, cap, kind)
+                completion = await self._answer(request, asked, on_token)
                 return completion
             finally:
                 self._slots.release()
@@ -387,33 +399,22 @@ class RemoteBackend(Backend):
         )
 
     async def _answer(
-        self,
-        request: dict[str, Any],
-        deadline: float,
-        expected_s: float,
-        cap: int,
-        on_token: Callable[[str], None] | None = None,
-        kind: str = "chat",
+        self, request: dict[str, Any], asked: _Asked, on_token: Callable[[str], None] | None
     ) -> dict[str, Any]:
         """The answer to ``request``: one call, or, for ``n`` above what the server answers
         at once, one call per answer, one after the other (``Kind.calls``), merged."""
         calls = self.server.calls(request)
         if calls == 1:
-            return await self._one_answer(request, deadline, expected_s, cap, on_token, kind)
+            return await self._one_answer(request, asked, on_token)
         answers = []
         for part in split_n(request, calls):  # never a live stream: n > 1
-            answers.append(await self._one_answer(part, deadline, expected_s, cap, None, kind))
+            answers.append(await self._one_answer(part, asked, None))
         return merge_answers(answers)
 
     async def _one_answer(
-        self,
-        request: dict[str, Any],
-        deadline: float,
-        expected_s: float,
-        cap: int,
-        on_token: Callable[[str], None] | None = None,
-        kind: str = "chat",
+        self, request: dict[str, Any], asked: _Asked, on_token: Callable[[str], None] | None
     ) -> dict[str, Any]:
+        deadline, expected_s, cap, kind = asked.deadline, asked.expected_s, asked.cap, asked.kind
         text = kind == "complete"  # a legacy completion: never a live stream
         stream = on_token is not None and not text
         path = "completions" if text else "chat/completions"

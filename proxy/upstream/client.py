@@ -49,6 +49,7 @@ there.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any
@@ -63,7 +64,7 @@ from proxy.params import (
 from proxy.upstream.direct_route import DirectRoute
 from proxy.upstream.litellm_route import LitellmRoute
 from proxy.upstream.retry import BACKOFF_INITIAL_S, RetryPolicy
-from proxy.upstream.route import DIRECT, Kinds, Route
+from proxy.upstream.route import DIRECT, Answer, Kinds, Opened, Route
 from proxy.upstream.stream import UpstreamStream
 
 __all__ = ["KINDS", "Upstream", "UpstreamResponse", "UpstreamStream"]
@@ -184,15 +185,7 @@ class Upstream:
         if forward.get("stream"):
             forward["stream"] = False
             forward.pop("stream_options", None)
-        started = time.perf_counter()
-        (status, data, raw), tries = await self._retry(way.complete, forward, request_id)
-        return UpstreamResponse(
-            body=data,
-            status=status,
-            latency_s=time.perf_counter() - started,
-            attempts=tries,
-            raw=raw,
-        )
+        return await self._answered(way.complete, forward, request_id)
 
     async def chat_stream(self, body: dict[str, Any], *, request_id: str) -> UpstreamStream:
         """Open a streamed chat completion; returns once upstream has answered 200."""
@@ -204,15 +197,7 @@ class Upstream:
         if strip_usage:
             extra = options if isinstance(options, dict) else {}
             forward["stream_options"] = {**extra, "include_usage": True}
-        started = time.perf_counter()
-        opened, tries = await self._retry(way.open_stream, forward, request_id)
-        return UpstreamStream(
-            opened.chunks,
-            opened.close,
-            strip_usage=strip_usage,
-            latency_s=time.perf_counter() - started,
-            attempts=tries,
-        )
+        return await self._opened(strip_usage, way.open_stream, forward, request_id)
 
     async def post_json(
         self, path: str, body: dict[str, Any], *, request_id: str
@@ -239,8 +224,21 @@ class Upstream:
         """POST a ``body`` the caller built from its own allow-list to ``api_base + path``
         (:mod:`proxy.upstream.responses_api`), JSON back, under the retry policy."""
         self._direct.ready()
+        return await self._answered(self._direct.post, path, body, request_id)
+
+    async def open_direct(
+        self, path: str, body: dict[str, Any], *, request_id: str
+    ) -> UpstreamStream:
+        """Open a streamed POST of such a ``body``; returns once upstream has answered 200."""
+        self._direct.ready()
+        return await self._opened(False, self._direct.open_stream, body, request_id, path)
+
+    async def _answered(
+        self, attempt: Callable[..., Awaitable[Answer]], *args: Any
+    ) -> UpstreamResponse:
+        """``attempt(*args)`` under the retry policy, its answer with its time and attempts."""
         started = time.perf_counter()
-        (status, data, raw), tries = await self._retry(self._direct.post, path, body, request_id)
+        (status, data, raw), tries = await self._retry(attempt, *args)
         return UpstreamResponse(
             body=data,
             status=status,
@@ -249,17 +247,17 @@ class Upstream:
             raw=raw,
         )
 
-    async def open_direct(
-        self, path: str, body: dict[str, Any], *, request_id: str
+    async def _opened(
+        self, strip_usage: bool, attempt: Callable[..., Awaitable[Opened]], *args: Any
     ) -> UpstreamStream:
-        """Open a streamed POST of such a ``body``; returns once upstream has answered 200."""
-        self._direct.ready()
+        """The stream ``attempt(*args)`` opens under the retry policy, with its time and
+        attempts (``strip_usage``: the usage chunk asked for the ledger is not relayed)."""
         started = time.perf_counter()
-        opened, tries = await self._retry(self._direct.open_stream, body, request_id, path)
+        opened, tries = await self._retry(attempt, *args)
         return UpstreamStream(
             opened.chunks,
             opened.close,
-            strip_usage=False,
+            strip_usage=strip_usage,
             latency_s=time.perf_counter() - started,
             attempts=tries,
         )

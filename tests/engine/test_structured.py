@@ -17,22 +17,11 @@ from proxy.routing.servable import local_blocker
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows, sse_events
-from tests.tool_turns import weather_turns
+from tests.tool_turns import DESCRIPTION, weather_tool, weather_turns
 
 ACCEPT = {"x-frugal-min-quality": "0"}
 REJECT = {"x-frugal-min-quality": "1"}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
-            "required": ["city"],
-        },
-    },
-}
+WEATHER = weather_tool(DESCRIPTION, unit=True)
 REPLY_JSON = (
     'Reply with a JSON object with one key, "answer", whose value is the capital of France.'
 )

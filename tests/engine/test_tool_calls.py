@@ -16,19 +16,9 @@ import pytest
 import quality
 from proxy.engine import grammar, tasks, tools
 from proxy.engine.generate import LocalModel
+from tests.tool_turns import DESCRIPTION, weather_tool
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+WEATHER = weather_tool(DESCRIPTION)
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
 TWO_CITIES = (
     "Get the weather in Paris and the weather in Rome: call get_weather twice, once for each city."

@@ -330,9 +330,10 @@ def node_openai(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_official_node_client_plain_and_streamed(served: Served, node_openai: Path) -> None:
+def run_script(node_openai: Path, script: str, served: Served) -> Any:
+    """Run one of our scripts with Node against ``served``; what it saw: its last line's JSON."""
     out = subprocess.run(
-        ["node", "chat.mjs", served.base + "/v1"],
+        ["node", script, served.base + "/v1"],
         cwd=node_openai,
         capture_output=True,
         text=True,
@@ -341,7 +342,11 @@ def test_official_node_client_plain_and_streamed(served: Served, node_openai: Pa
         env={**os.environ, "NO_COLOR": "1"},
     )
     assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_official_node_client_plain_and_streamed(served: Served, node_openai: Path) -> None:
+    seen = run_script(node_openai, "chat.mjs", served)
     assert seen["route"] == "local", seen
     assert seen["content"] and seen["usage"]["completion_tokens"] > 0
     assert seen["streamed"].strip()
@@ -357,17 +362,7 @@ def test_official_node_client_on_the_responses_api(
     text the joined deltas, ordered sequence numbers), and a retrieve of the stored answer."""
     sent_before = api.count
     reply = api.reply  # what the API answers now (another test may have reset it)
-    out = subprocess.run(
-        ["node", "responses.mjs", served.base + "/v1"],
-        cwd=node_openai,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
-    assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    seen = run_script(node_openai, "responses.mjs", served)
     assert seen["route"] == "local", seen
     assert seen["text"] and seen["usage"]["output_tokens"] > 0
     assert seen["followed_text"] == reply and seen["followed_previous"] == seen["local_id"]

@@ -6,32 +6,20 @@ run: tests/engine/test_tool_calls.py pins it at the engine)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
-
-import openai
-import pytest
 
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows, sse_events
+from tests.tool_turns import DESCRIPTION, weather_function, weather_tool
 
 LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}
 API = {"x-frugal-route": "api"}
 TWO_CITIES = (
     "Get the weather in Paris and the weather in Rome: call get_weather twice, once for each city."
 )
-PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": PARAMETERS,
-    },
-}
+WEATHER = weather_tool(DESCRIPTION)
 CHAT = {
     "model": "gpt-4o-mini",
     "messages": [{"role": "user", "content": TWO_CITIES}],
@@ -96,38 +84,23 @@ async def test_chat_answers_two_calls_in_one_turn_in_json_and_in_a_stream(
         assert row["completion_tokens"] > 0
 
 
-@pytest.fixture
-def sdk(tmp_path: Path, fake_api: FakeAPI, make_client: Any) -> Callable[[], Any]:
-    """``async with sdk() as client``: an ``AsyncOpenAI`` on the in-process app, whose
-    ``/v1/responses`` falls back to Chat Completions (``[fallback] responses = "translate"``):
-    the chat request says how parallel calls were translated."""
-
-    @asynccontextmanager
-    async def factory() -> AsyncIterator[openai.AsyncOpenAI]:
-        translate = {"responses": "translate"}
-        async with make_client(settings_for(tmp_path, fake_api, fallback=translate)) as http:
-            yield openai.AsyncOpenAI(
-                api_key="sk-unused", base_url="http://localhost/v1", http_client=http, max_retries=0
-            )
-
-    return factory
-
-
-FLAT: Any = {"type": "function", "name": "get_weather", "parameters": PARAMETERS}
+FLAT: Any = weather_function()
+# The SDK's arguments for a local answer that must call get_weather for the two cities.
+ASK_TWO: Any = {
+    "model": "gpt-4o-mini",
+    "input": TWO_CITIES,
+    "tools": [FLAT],
+    "tool_choice": "required",
+    "max_output_tokens": 80,
+    "extra_headers": LOCAL,
+}
 
 
 async def test_responses_answers_one_function_call_item_per_call(
-    sdk: Any, fake_api: FakeAPI
+    translate_sdk: Any, fake_api: FakeAPI
 ) -> None:
-    async with sdk() as client:
-        raw = await client.responses.with_raw_response.create(
-            model="gpt-4o-mini",
-            input=TWO_CITIES,
-            tools=[FLAT],
-            tool_choice="required",
-            max_output_tokens=80,
-            extra_headers=LOCAL,
-        )
+    async with translate_sdk() as client:
+        raw = await client.responses.with_raw_response.create(**ASK_TWO)
         response = raw.parse()
         calls = [item for item in response.output if item.type == "function_call"]
         # The calls' results go back as the next turn's input (here to the API): the two
@@ -157,16 +130,11 @@ async def test_responses_answers_one_function_call_item_per_call(
     assert [m["tool_call_id"] for m in messages[2:]] == [c.call_id for c in calls]
 
 
-async def test_responses_streams_the_events_of_each_call_item(sdk: Any, tmp_path: Path) -> None:
-    async with sdk() as client:
-        async with client.responses.stream(
-            model="gpt-4o-mini",
-            input=TWO_CITIES,
-            tools=[FLAT],
-            tool_choice="required",
-            max_output_tokens=80,
-            extra_headers=LOCAL,
-        ) as stream:
+async def test_responses_streams_the_events_of_each_call_item(
+    translate_sdk: Any, tmp_path: Path
+) -> None:
+    async with translate_sdk() as client:
+        async with client.responses.stream(**ASK_TWO) as stream:
             events = [event async for event in stream]
             final = await stream.get_final_response()
     assert [e.sequence_number for e in events] == list(range(len(events)))

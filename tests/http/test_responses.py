@@ -6,8 +6,6 @@ own ``/v1/responses``, is ``tests/http/test_responses_fallback.py``'s)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +21,12 @@ from proxy.params import RESPONSES_PARAMETERS
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows
+from tests.tool_turns import DESCRIPTION, weather_function
 
 LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}
 API = {"x-frugal-route": "api"}
 QUESTION = "What is the capital of France?"
-WEATHER: Any = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The current weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
+WEATHER: Any = weather_function(DESCRIPTION, strict=True)
 
 
 class Capital(pydantic.BaseModel):
@@ -46,25 +34,10 @@ class Capital(pydantic.BaseModel):
     capital: str
 
 
-@pytest.fixture
-def sdk(tmp_path: Path, fake_api: FakeAPI, make_client: Any) -> Callable[[], Any]:
-    """``async with sdk() as client``: an ``AsyncOpenAI`` on the in-process app."""
-
-    @asynccontextmanager
-    async def factory() -> AsyncIterator[openai.AsyncOpenAI]:
-        translate = {"responses": "translate"}
-        async with make_client(settings_for(tmp_path, fake_api, fallback=translate)) as http:
-            yield openai.AsyncOpenAI(
-                api_key="sk-unused", base_url="http://localhost/v1", http_client=http, max_retries=0
-            )
-
-    return factory
-
-
 async def test_create_on_the_local_route_is_a_response_the_sdk_parses(
-    sdk: Any, tmp_path: Path, fake_api: FakeAPI
+    translate_sdk: Any, tmp_path: Path, fake_api: FakeAPI
 ) -> None:
-    async with sdk() as client:
+    async with translate_sdk() as client:
         raw = await client.responses.with_raw_response.create(
             model="gpt-4o-mini", input=QUESTION, max_output_tokens=24, extra_headers=LOCAL
         )
@@ -87,9 +60,9 @@ async def test_create_on_the_local_route_is_a_response_the_sdk_parses(
 
 
 async def test_create_on_the_api_route_sends_the_translated_chat_request(
-    sdk: Any, tmp_path: Path, fake_api: FakeAPI
+    translate_sdk: Any, tmp_path: Path, fake_api: FakeAPI
 ) -> None:
-    async with sdk() as client:
+    async with translate_sdk() as client:
         response = await client.responses.create(
             model="gpt-4o-mini",
             instructions="Answer briefly.",
@@ -121,9 +94,9 @@ async def test_create_on_the_api_route_sends_the_translated_chat_request(
 
 
 async def test_an_answer_cut_by_max_output_tokens_is_incomplete(
-    sdk: Any, fake_api: FakeAPI
+    translate_sdk: Any, fake_api: FakeAPI
 ) -> None:
-    async with sdk() as client:
+    async with translate_sdk() as client:
         response = await client.responses.create(
             model="gpt-4o-mini", input=QUESTION, max_output_tokens=2, extra_headers=API
         )
@@ -136,9 +109,9 @@ async def test_an_answer_cut_by_max_output_tokens_is_incomplete(
 
 @pytest.mark.parametrize("headers", [LOCAL, API], ids=["local", "api"])
 async def test_stream_sends_the_typed_events_in_order_and_the_deltas_make_the_text(
-    sdk: Any, tmp_path: Path, headers: dict[str, str]
+    translate_sdk: Any, tmp_path: Path, headers: dict[str, str]
 ) -> None:
-    async with sdk() as client:
+    async with translate_sdk() as client:
         async with client.responses.stream(
             model="gpt-4o-mini", input=QUESTION, max_output_tokens=24, extra_headers=headers
         ) as stream:
@@ -174,9 +147,9 @@ async def test_stream_sends_the_typed_events_in_order_and_the_deltas_make_the_te
 
 
 async def test_create_with_stream_true_yields_the_sdks_event_types(
-    sdk: Any, fake_api: FakeAPI
+    translate_sdk: Any, fake_api: FakeAPI
 ) -> None:
-    async with sdk() as client:
+    async with translate_sdk() as client:
         stream = await client.responses.create(
             model="gpt-4o-mini", input=QUESTION, stream=True, extra_headers=API
         )
@@ -190,8 +163,8 @@ async def test_create_with_stream_true_yields_the_sdks_event_types(
     assert fake_api.requests[0][2].get("stream") is not True  # the API is asked for JSON
 
 
-async def test_json_schema_format_constrains_the_local_answer(sdk: Any) -> None:
-    async with sdk() as client:
+async def test_json_schema_format_constrains_the_local_answer(translate_sdk: Any) -> None:
+    async with translate_sdk() as client:
         parsed = await client.responses.parse(
             model="gpt-4o-mini",
             input="Which country has Paris as its capital? Answer in JSON.",
@@ -204,10 +177,10 @@ async def test_json_schema_format_constrains_the_local_answer(sdk: Any) -> None:
 
 
 async def test_json_schema_format_reaches_the_api_as_response_format(
-    sdk: Any, fake_api: FakeAPI
+    translate_sdk: Any, fake_api: FakeAPI
 ) -> None:
     fake_api.set(reply='{"country": "France", "capital": "Paris"}')
-    async with sdk() as client:
+    async with translate_sdk() as client:
         parsed = await client.responses.parse(
             model="gpt-4o-mini", input=QUESTION, text_format=Capital, extra_headers=API
         )
@@ -219,10 +192,10 @@ async def test_json_schema_format_reaches_the_api_as_response_format(
 
 
 async def test_a_local_function_call_and_its_output_sent_back_in_input(
-    sdk: Any, fake_api: FakeAPI
+    translate_sdk: Any, fake_api: FakeAPI
 ) -> None:
     question = {"role": "user", "content": "What is the weather in Paris?"}
-    async with sdk() as client:
+    async with translate_sdk() as client:
         first = await client.responses.create(
             model="gpt-4o-mini",
             input=[question],
@@ -259,8 +232,8 @@ async def test_a_local_function_call_and_its_output_sent_back_in_input(
     assert fake_api.requests[0][2]["tools"][0]["function"]["name"] == "get_weather"
 
 
-async def test_a_function_call_streams_its_arguments(sdk: Any) -> None:
-    async with sdk() as client:
+async def test_a_function_call_streams_its_arguments(translate_sdk: Any) -> None:
+    async with translate_sdk() as client:
         async with client.responses.stream(
             model="gpt-4o-mini",
             input="What is the weather in Paris?",
@@ -277,8 +250,8 @@ async def test_a_function_call_streams_its_arguments(sdk: Any) -> None:
     assert deltas == done.arguments == call.arguments
 
 
-async def test_unknown_field_is_a_400_naming_it(sdk: Any, tmp_path: Path) -> None:
-    async with sdk() as client:
+async def test_unknown_field_is_a_400_naming_it(translate_sdk: Any, tmp_path: Path) -> None:
+    async with translate_sdk() as client:
         with pytest.raises(openai.BadRequestError) as caught:
             await client.responses.create(
                 model="gpt-4o-mini", input="hi", extra_body={"top_k": 3}, extra_headers=API
@@ -289,10 +262,10 @@ async def test_unknown_field_is_a_400_naming_it(sdk: Any, tmp_path: Path) -> Non
     assert (row["endpoint"], row["status"], row["reason"]) == ("responses", 400, "bad_request")
 
 
-async def _refused(sdk: Any, extra: dict[str, Any]) -> Any:
+async def _refused(translate_sdk: Any, extra: dict[str, Any]) -> Any:
     """The 400's error body for a Responses request of ``extra`` fields."""
     body = {"model": "gpt-4o-mini", "input": "hi", **extra}
-    async with sdk() as client:
+    async with translate_sdk() as client:
         with pytest.raises(openai.BadRequestError) as caught:
             await client.post("/responses", body=body, cast_to=dict)
     return caught.value.body
@@ -319,9 +292,9 @@ async def _refused(sdk: Any, extra: dict[str, Any]) -> Any:
     ],
 )
 async def test_what_cannot_be_translated_is_a_400_that_says_so(
-    sdk: Any, fake_api: FakeAPI, extra: dict[str, Any], param: str
+    translate_sdk: Any, fake_api: FakeAPI, extra: dict[str, Any], param: str
 ) -> None:
-    error = await _refused(sdk, extra)
+    error = await _refused(translate_sdk, extra)
     assert error["param"] == param
     assert error["code"] == "unsupported_parameter"
     assert "not supported yet" in error["message"]
@@ -343,9 +316,9 @@ async def test_what_cannot_be_translated_is_a_400_that_says_so(
     ],
 )
 async def test_a_bad_value_is_a_400_naming_the_responses_field(
-    sdk: Any, fake_api: FakeAPI, extra: dict[str, Any], param: str
+    translate_sdk: Any, fake_api: FakeAPI, extra: dict[str, Any], param: str
 ) -> None:
-    error = await _refused(sdk, extra)
+    error = await _refused(translate_sdk, extra)
     assert error["param"] == param
     assert param in error["message"]
     assert fake_api.count == 0

@@ -17,19 +17,12 @@ import pytest
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows
+from tests.tool_turns import weather_function
 
 LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}
 API = {"x-frugal-route": "api"}
 QUESTION = "What is the capital of France?"
-WEATHER: Any = {
-    "type": "function",
-    "name": "get_weather",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
+WEATHER: Any = weather_function()
 
 
 @pytest.fixture

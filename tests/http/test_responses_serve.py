@@ -14,6 +14,7 @@ import pytest
 
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import Served, start_server, stop_server
+from tests.tool_turns import DESCRIPTION, weather_function
 
 pytestmark = pytest.mark.serve
 
@@ -21,18 +22,7 @@ ADMIN, BOB, CAROL = "sk-serve-admin-0001", "sk-serve-bob-00002", "sk-serve-carol
 LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}
 API = {"x-frugal-route": "api"}
 SECRET = "Zanzibar-marmalade-4471"  # a word of content that must never reach the log
-WEATHER: dict[str, object] = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The current weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
+WEATHER: dict[str, object] = weather_function(DESCRIPTION, strict=True)
 
 
 @pytest.fixture(scope="module")

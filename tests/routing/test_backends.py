@@ -63,24 +63,30 @@ def settings(**values: Any) -> config.BackendSettings:
 
 
 @contextlib.asynccontextmanager
-async def remote(handler: Handler, **values: Any) -> AsyncIterator[RemoteBackend]:
-    """A started RemoteBackend whose network is ``handler``; waits for its first probe."""
+async def started(
+    settings: config.BackendSettings, transport: httpx.AsyncBaseTransport | None = None
+) -> AsyncIterator[RemoteBackend]:
+    """A started RemoteBackend on ``settings`` (its network ``transport``, if one is given),
+    once its first probe has answered or failed; closed afterwards."""
     backend = RemoteBackend(
-        settings(**values),
-        timeout_s=30.0,
-        default_max_tokens=512,
-        prior=lambda: PRIOR,
-        transport=httpx.MockTransport(handler),
+        settings, timeout_s=30.0, default_max_tokens=512, prior=lambda: PRIOR, transport=transport
     )
     await backend.start()
     try:
-        for _ in range(200):
+        for _ in range(400):
             if backend.state != "probing":
                 break
             await asyncio.sleep(0.01)
         yield backend
     finally:
         await backend.close()
+
+
+@contextlib.asynccontextmanager
+async def remote(handler: Handler, **values: Any) -> AsyncIterator[RemoteBackend]:
+    """A started RemoteBackend whose network is ``handler``; waits for its first probe."""
+    async with started(settings(**values), httpx.MockTransport(handler)) as backend:
+        yield backend
 
 
 def models_or(chat: Handler) -> Handler:

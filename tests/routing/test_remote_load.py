@@ -18,19 +18,17 @@ from typing import Any
 import pytest
 
 from proxy import config
-from proxy.engine.rates import Rates
 from proxy.routing.base import BackendDown
 from proxy.routing.remote import RemoteBackend
 from proxy.routing.remote_load import BadLoad, Load, LoadWatch, parse_prometheus
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
-from tests.routing.test_backends import StubBackend, pool, wait_for_state
+from tests.routing.test_backends import StubBackend, pool, started, wait_for_state
 from tests.stand_in_servers import StandIn
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 REQUEST = {"model": "gpt-4o-mini", "messages": QUESTION, "max_tokens": 8}
 ACCEPT_ANY = {"x-frugal-min-quality": "0"}
-PRIOR = Rates(prefill_tok_s=100.0, decode_tok_s=10.0, source="requests")
 
 
 @contextlib.asynccontextmanager
@@ -43,21 +41,8 @@ async def remote(server: StandIn, **values: Any) -> AsyncIterator[RemoteBackend]
         "prefill_tok_s": 1000.0,
         "decode_tok_s": 100.0,
     }
-    backend = RemoteBackend(
-        config.BackendSettings(**{**base, **values}),
-        timeout_s=30.0,
-        default_max_tokens=512,
-        prior=lambda: PRIOR,
-    )
-    await backend.start()
-    try:
-        for _ in range(400):
-            if backend.state != "probing":
-                break
-            await asyncio.sleep(0.01)
+    async with started(config.BackendSettings(**{**base, **values})) as backend:
         yield backend
-    finally:
-        await backend.close()
 
 
 async def reading(backend: RemoteBackend, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
