@@ -74,6 +74,9 @@ log = structlog.get_logger(__name__)
 
 PROBE_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 STOP_GRACE_S = 1.0  # how long a cancelled call or watch may take to end
+# An idle connection is not reused after this: llama-server and uvicorn close theirs after 5 s
+# (the race is told at proxy.upstream.direct_route.KEEPALIVE_S)
+_KEEPALIVE_S = 4.0
 WRONG_ANSWER_PAUSE_S = 2.0  # a backend that answered wrongly is probed again after this
 
 
@@ -154,7 +157,7 @@ class RemoteBackend(Backend):
             base_url=self.settings.api_base.rstrip("/") + "/",
             headers=headers,
             timeout=httpx.Timeout(None, connect=self.settings.probe_timeout_s),
-            limits=httpx.Limits(max_connections=self.slots + 4),
+            limits=httpx.Limits(max_connections=self.slots + 4, keepalive_expiry=_KEEPALIVE_S),
             transport=self._transport,
             trust_env=False,
         )

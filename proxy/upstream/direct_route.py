@@ -30,6 +30,11 @@ from proxy.upstream.failures import status_error
 from proxy.upstream.route import Answer, Opened
 
 MAX_CONNECTIONS = 64
+KEEPALIVE_S = 4.0
+"""How long an idle pooled connection is kept for reuse: under the 5 s after which uvicorn (the
+servers of vLLM, llama-cpp-python, our fake API) and llama-server close an idle connection. Kept
+longer, a request can be written into a connection just as the server closes it; it is then reset
+and, being possibly billed, not retried: a 502 for nothing."""
 
 _encode = json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
 
@@ -53,7 +58,9 @@ class DirectRoute:
         key = s.api_key()
         self._proxy = _env_proxy(self._base) if self._base else None
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, ttl_dns_cache=300),
+            connector=aiohttp.TCPConnector(
+                limit=MAX_CONNECTIONS, ttl_dns_cache=300, keepalive_timeout=KEEPALIVE_S
+            ),
             headers={"authorization": f"Bearer {key}"} if key else None,
             timeout=aiohttp.ClientTimeout(
                 total=None,

@@ -5,10 +5,12 @@ Retries are only those that cannot bill twice: connections refused, 408, 429, 50
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import socket
 import struct
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -21,6 +23,7 @@ import pytest
 from proxy.config import FallbackSettings
 from proxy.errors import UpstreamError, UpstreamRateLimited, UpstreamStatus, UpstreamTimeout
 from proxy.upstream.client import Upstream, UpstreamStream
+from proxy.upstream.direct_route import KEEPALIVE_S
 from proxy.upstream.failures import parse_retry_after, translate
 from tests.fake_api import FakeAPI
 from tests.loopback import Listener
@@ -437,6 +440,86 @@ async def test_a_connection_lost_after_the_request_was_sent_is_not_retried(
         assert error.status == 502
         assert error.attempts == 1
         assert KEY not in error.message and PROMPT not in error.message
+
+
+class ClosesIdleConnections(Listener):
+    """A keep-alive server that answers every request on a connection, except one that arrives
+    after the connection was idle for ``idle_close_s``: that one it resets, as a server does when
+    its idle timeout closes the connection just as the client writes into it."""
+
+    ANSWER = json.dumps(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "gpt-4o-mini",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "Paris."},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9},
+        }
+    ).encode()
+
+    def __init__(self, idle_close_s: float) -> None:
+        super().__init__()
+        self.idle_close_s = idle_close_s
+        self.answered = 0
+        self.reset = 0
+
+    def handle(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._keep_alive, args=(conn,), daemon=True).start()
+
+    def _keep_alive(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(30)
+            idle_since: float | None = None
+            data = b""
+            while True:
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                head, _, data = data.partition(b"\r\n\r\n")
+                match = re.search(rb"(?i)content-length: *(\d+)", head)
+                length = int(match.group(1)) if match else 0
+                while len(data) < length:
+                    data += conn.recv(65536)
+                data = data[length:]
+                if idle_since is not None and time.monotonic() - idle_since >= self.idle_close_s:
+                    self.reset += 1
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    return
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    + f"content-length: {len(self.ANSWER)}\r\n\r\n".encode()
+                    + self.ANSWER
+                )
+                self.answered += 1
+                idle_since = time.monotonic()
+
+
+async def test_an_idle_connection_is_not_reused_once_the_server_may_have_closed_it(
+    api: FakeAPI,
+) -> None:
+    # uvicorn and llama-server close a connection idle for 5 s. A pooled connection reused
+    # later than the client's keep-alive (under 5 s) can meet that close: the request is reset,
+    # and since the API might have read it, it is not retried. The CI's schemathesis run once
+    # got exactly this 502 from the fake API.
+    with ClosesIdleConnections(idle_close_s=KEEPALIVE_S + 0.3) as server:
+        async with upstream(api, api_base=server.url) as client:
+            first = await client.chat(CHAT, request_id="r1")
+            quick = await client.chat(CHAT, request_id="r2")  # reused: not idle for long
+            await asyncio.sleep(KEEPALIVE_S + 0.5)
+            late = await client.chat(CHAT, request_id="r3")  # a fresh connection
+    assert [r.status for r in (first, quick, late)] == [200, 200, 200]
+    assert late.attempts == 1
+    assert server.answered == 3 and server.reset == 0
+    assert server.connections == 2
 
 
 async def test_hung_upstream_gives_504_within_the_timeout(api: FakeAPI) -> None:
