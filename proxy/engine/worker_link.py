@@ -286,13 +286,13 @@ class WorkerLink:
     def grace_s(self) -> float:
         """How long past its deadline a job may take to stop by itself.
 
-        Alone, a job checks its deadline at every token. In a batch it is checked before each
-        step, and one step may be another sequence's prompt chunk of ``n_batch`` (512) tokens:
-        killing the worker then would fail every sequence in the batch, so the grace covers the
-        longest such step at the measured prefill rate.
+        A job checks its deadline between steps: each token, and each prompt chunk of up to
+        ``n_batch`` (512) tokens, alone (``generate.py`` reads a prompt chunk by chunk) as in a
+        batch (where the step may be another sequence's chunk). Killing the worker in such a
+        step would throw its model away (and, in a batch, fail every sequence), so the grace
+        covers the longest step twice over at the measured prefill rate: a loaded machine can
+        stretch a step well past its usual time.
         """
-        if self.parallel == 1:
-            return KILL_GRACE_S
         rate = self.stats.prefill_tok_s
         chunk_s = CHUNK / rate if rate else 10.0
         return KILL_GRACE_S + 2.0 * chunk_s
