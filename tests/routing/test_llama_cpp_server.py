@@ -394,3 +394,67 @@ async def test_legacy_completions_are_answered_there_plain_and_streamed_and_else
     two = answers["n = 2"].json()
     assert [c["index"] for c in two["choices"]] == [0, 1]  # one a call, both scored
     assert all(c["text"] for c in two["choices"])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "live stream"])
+async def test_a_responses_request_is_answered_there_and_stored(
+    tmp_path: Path,
+    fake_api: FakeAPI,
+    make_client: Callable[..., Any],
+    server: LlamaCppServer,
+    stream: bool,
+) -> None:
+    # /v1/responses runs the chat cascade locally: the backend gets a chat request, the client
+    # a Responses object (or its typed events), and the proxy keeps it for previous_response_id
+    s = settings_for(
+        tmp_path,
+        fake_api,
+        local={"backends": [backend_entry(server)]},
+        router={"stream_mode": "live"},
+    )
+    body: dict[str, Any] = {
+        "model": "gpt-4o-mini",
+        "input": "What is the capital of France?",
+        "max_output_tokens": 24,
+        "temperature": 0,
+        "stream": stream,
+    }
+    async with make_client(s) as client:
+        await wait_up(client)
+        before = chats(server)
+        r = await client.post("/v1/responses", json=body, headers=ACCEPT_ANY)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-frugal-route"] == "local"
+        assert chats(server) - before == 1
+        if stream:
+            events = sse(r.text)
+            kinds = [e["type"] for e in events]
+            assert kinds[0] == "response.created"
+            assert kinds[-1] == f"response.{events[-1]['response']['status']}"
+            assert [e["sequence_number"] for e in events] == list(range(len(events)))
+            deltas = "".join(
+                e["delta"] for e in events if e["type"] == "response.output_text.delta"
+            )
+            response = events[-1]["response"]
+        else:
+            response = r.json()
+            deltas = None
+        [message] = response["output"]
+        text = message["content"][0]["text"]
+        assert text.strip() and (deltas is None or deltas == text)
+        tokens = response["usage"]["output_tokens"]
+        assert 0 < tokens <= 24
+        if response["status"] == "incomplete":  # SmolLM2 talks on: cut at max_output_tokens
+            assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+            assert tokens == 24
+        else:
+            assert response["status"] == "completed"
+        stored = await client.get(f"/v1/responses/{response['id']}")
+        assert stored.status_code == 200
+        assert stored.json()["output"][0]["content"][0]["text"] == text
+    conn = sqlite3.connect(tmp_path / "ledger.db")
+    try:
+        rows = conn.execute("SELECT endpoint, route, backend, error FROM requests").fetchall()
+    finally:
+        conn.close()
+    assert rows == [("responses", "local", "srv", None)]
