@@ -1,11 +1,19 @@
 """``POST /v1/responses``: OpenAI's Responses API, local first, the API's own as the fallback.
 
 The request is checked (:func:`proxy.http.validate.responses_request`) and translated to a chat
-request (:func:`proxy.http.responses_translate.chat_of`), which the cascade plans, budgets (the
-worst case of the whole translated body) and, on the local route, answers as chat answers it:
-the gate, the response cache, the ``x-frugal-*`` headers. A local answer is sent as a
-``response`` object, or, with ``stream: true``, replayed as the Responses' typed events (built
-from the finished answer, judged before its first byte as a ``verify`` chat stream is).
+request (:func:`proxy.http.responses_translate.chat_of`), which the cascade plans and, on the
+local route, answers as chat answers it: the gate, the ``x-frugal-*`` headers. A local answer is
+sent as a ``response`` object, or, with ``stream: true``, replayed as the Responses' typed
+events (built from the finished answer, judged before its first byte as a ``verify`` chat
+stream is).
+
+The budget reserves the worst case of what the API is sent (:meth:`Handler.reserve`): the
+upstream's own body, the whole conversation in it, with a stated bound for images, files and
+built-in tools (:func:`proxy.http.quotas.unmeasured_tokens`); with ``"translate"``, the chat
+request. The response cache is chat's, with chat's rules, but keyed on what was asked: the
+whole conversation (``previous_response_id`` expanded, item ids left out) and every field
+(:func:`_cache_body`); it keeps the ``response`` object sent, local or the API's, and a hit is
+sent as a new response, with ids of its own (:func:`_renewed`), stored for the key that asked.
 
 The fallback, ``[fallback] responses``:
 

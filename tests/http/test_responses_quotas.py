@@ -270,3 +270,19 @@ async def test_a_local_answer_is_cached_for_the_next_identical_request(
     assert hit.json()["output"][0]["content"] == first.json()["output"][0]["content"]
     assert hit.json()["id"] != first.json()["id"]
     assert fake_api.count == 0
+
+
+async def test_with_translate_the_api_chat_answer_is_cached_as_a_response(
+    open_app: AppFactory, fake_api: FakeAPI, database: Database
+) -> None:
+    alice = {**_auth(database, "alice"), **API}
+    ask = {**ASK, "temperature": 0}
+    async with open_app(cache=CACHE, fallback={"responses": "translate"}) as client:
+        first = await client.post(RESPONSES, json=ask, headers=alice)
+        await _settled()
+        hit = await client.post(RESPONSES, json=ask, headers=alice)
+    assert first.headers["x-frugal-route"] == "api", first.text
+    assert hit.headers["x-frugal-route"] == "cache"
+    assert hit.json()["output"][0]["content"] == first.json()["output"][0]["content"]
+    assert hit.json()["id"] != first.json()["id"]
+    assert [path for path, _h, _b in fake_api.requests] == ["/v1/chat/completions"]
