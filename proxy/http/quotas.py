@@ -14,7 +14,8 @@ sends a body. The handlers call it at four points (:mod:`proxy.http.handler`,
   a revoked key hands on.
 - ``reserve`` before an API call: the worst-case cost (the whole serialized body as prompt
   tokens, plus ``max_tokens``, or else the model's own output limit, for each of ``n`` or
-  ``best_of`` choices, at the API model's price: :func:`worst_case_tokens`) is reserved in
+  ``best_of`` choices, at the API model's price, plus a stated bound for images, files and
+  built-in tools: :func:`worst_case_tokens`, :func:`unmeasured_tokens`) is reserved in
   the database (:mod:`proxy.ledger.tenants.budgets`).
   :class:`BudgetExhausted` (429, ``insufficient_quota``) when it would pass the budget;
   :class:`BudgetUnavailable` (503) when the database cannot be reached: budgets fail closed.
