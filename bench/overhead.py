@@ -30,7 +30,9 @@ connection count, with their ratio. ``store`` is left to its default (true: the 
 response in its ledger database); ``--no-store`` sends ``"store": false`` instead.
 ``--responses-fallback responses|translate`` sets the proxies' ``[fallback] responses``; the
 conditions count the upstream requests they sent per upstream endpoint. LiteLLM proxy
-(``litellm``) is measured on chat only.
+(``litellm``) is measured on chat only. ``chat-stream`` and ``responses-stream`` are the same
+requests streamed (``"stream": true``), each timed to its last event, with their own side-by-side
+table when both are asked for: ``--endpoints chat,responses,chat-stream,responses-stream``.
 
 Every cell (target x endpoint x connections) is one wrk run of ``--window`` seconds. The wrk
 script stops issuing requests at the end of the window and lets the ones in flight finish, so that
@@ -59,7 +61,15 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
-from overhead_measure import ENDPOINTS, Run, Target, measure, report
+from overhead_measure import (
+    ENDPOINTS,
+    UPSTREAM_KINDS,
+    Run,
+    Target,
+    measure,
+    report,
+    upstream_kind,
+)
 from overhead_servers import (
     LITELLM_VENV,
     MODEL,
@@ -84,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--endpoints",
         default="chat",
-        help="comma-separated: chat (POST /v1/chat/completions), responses (POST /v1/responses)",
+        help="comma-separated: chat (POST /v1/chat/completions), responses (POST /v1/responses), "
+        "chat-stream, responses-stream (the same, streamed)",
     )
     parser.add_argument(
         "--responses-fallback",
@@ -212,9 +223,9 @@ def main(argv: list[str] | None = None) -> int:
             order = [n for n in names if n in targets]
 
             def serves(name: str, endpoint: str) -> bool:
-                return endpoint == "chat" or name != "litellm"
+                return upstream_kind(endpoint) == "chat" or name != "litellm"
 
-            direct_sent = dict.fromkeys(ENDPOINTS, 0)  # what wrk sent the upstream itself
+            direct_sent = dict.fromkeys(UPSTREAM_KINDS, 0)  # what wrk sent the upstream itself
             for endpoint in endpoints:  # warm-up: connection pools, caches, lazy imports
                 for name in order:
                     if not serves(name, endpoint):
@@ -223,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                         targets[name], 16, args.warmup, 0, load_cpus, tmp, endpoint, store
                     )
                     if name == "direct":
-                        direct_sent[endpoint] += cell.requests
+                        direct_sent[upstream_kind(endpoint)] += cell.requests
                     print(
                         f"warm-up {name} {endpoint}: {cell.requests} requests, "
                         f"{cell.errors} errors",
@@ -250,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         run.cells.append(cell)
                         if name == "direct":
-                            direct_sent[endpoint] += cell.requests
+                            direct_sent[upstream_kind(endpoint)] += cell.requests
                         print(
                             f"round {round_} {name:>14} {endpoint:>9} c={conns:<2} "
                             f"p50={cell.p50_ms:.3f}ms "
@@ -267,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                     kind: int(httpx.get(f"{direct_url}/count/{kind}", timeout=5).text)
                     - direct_sent[kind]
                     - (kind == "chat")
-                    for kind in ENDPOINTS
+                    for kind in UPSTREAM_KINDS
                 }
         run.conditions["loadavg_end"] = os.getloadavg()
         print(report(run, order, connections, endpoints))

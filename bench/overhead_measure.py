@@ -4,7 +4,8 @@ used over it, the ledger rows it wrote for that endpoint, and the report's table
 
 An endpoint is ``chat`` (``POST /v1/chat/completions``) or ``responses`` (``POST /v1/responses``,
 ``input`` a short string and ``max_output_tokens``; ``store`` left to its default, true, unless
-``--no-store``): the same question either way.
+``--no-store``): the same question either way. ``chat-stream`` and ``responses-stream`` are the
+same bodies with ``"stream": true`` (wrk times each until its last event).
 """
 
 from __future__ import annotations
@@ -27,13 +28,21 @@ QUESTION = "What is the capital of France?"
 ENDPOINTS = {
     "chat": ("/v1/chat/completions", "chat.completions"),
     "responses": ("/v1/responses", "responses"),
+    "chat-stream": ("/v1/chat/completions", "chat.completions"),
+    "responses-stream": ("/v1/responses", "responses"),
 }
+UPSTREAM_KINDS = ("chat", "responses")
+
+
+def upstream_kind(endpoint: str) -> str:
+    """``chat`` or ``responses``: the upstream endpoint that ``direct`` posts to."""
+    return endpoint.removesuffix("-stream")
 
 
 def body(endpoint: str, store: bool = True) -> str:
     """The request body wrk posts to ``endpoint``; ``store`` only applies to Responses."""
     payload: dict[str, Any]
-    if endpoint == "chat":
+    if upstream_kind(endpoint) == "chat":
         payload = {
             "model": MODEL,
             "messages": [{"role": "user", "content": QUESTION}],
@@ -43,6 +52,8 @@ def body(endpoint: str, store: bool = True) -> str:
         payload = {"model": MODEL, "input": QUESTION, "max_output_tokens": 16}
         if not store:
             payload["store"] = False
+    if endpoint.endswith("-stream"):
+        payload["stream"] = True
     return json.dumps(payload, separators=(",", ":"))
 
 
@@ -281,8 +292,9 @@ def report(
         a, b = one(name, 16, r), one("litellm", 16, r)
         return a.rps / b.rps if a and b and b.rps else None
 
-    if both and "chat" in endpoints and "responses" in endpoints:
-        lines += side_by_side(names, connections, per_round, added)
+    for pair in (("chat", "responses"), ("chat-stream", "responses-stream")):
+        if pair[0] in endpoints and pair[1] in endpoints:
+            lines += side_by_side(names, connections, per_round, added, pair)
     for name in names:
         if name == "direct":
             continue
@@ -318,12 +330,14 @@ def side_by_side(
     connections: list[int],
     per_round: Callable[[Callable[[int], float | None]], list[float]],
     added: Callable[[str, int, int, str], float | None],
+    pair: tuple[str, str] = ("chat", "responses"),
 ) -> list[str]:
     """Per proxy and connection count: the added median latency (proxy minus direct, same
-    endpoint, same round) of chat and of Responses, and Responses' ÷ chat's, median over rounds
-    (range)."""
+    endpoint, same round) of chat and of Responses (``pair``: streamed or not), and Responses'
+    ÷ chat's, median over rounds (range)."""
+    first, second = pair
     lines = [
-        "| path | conns | added ms, chat | added ms, responses | responses ÷ chat |",
+        f"| path | conns | added ms, {first} | added ms, {second} | {second} ÷ {first} |",
         "|---|---:|---:|---:|---:|",
     ]
     for name in names:
@@ -332,10 +346,10 @@ def side_by_side(
         for conns in connections:
 
             def of_chat(r: int, n: str = name, c: int = conns) -> float | None:
-                return added(n, r, c, "chat")
+                return added(n, r, c, first)
 
             def of_responses(r: int, n: str = name, c: int = conns) -> float | None:
-                return added(n, r, c, "responses")
+                return added(n, r, c, second)
 
             def quotient(r: int) -> float | None:
                 a, b = of_responses(r), of_chat(r)

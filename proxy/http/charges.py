@@ -125,7 +125,7 @@ def charge_worst_case(ex: Exchange) -> None:
     if ex.worst_body is None:
         return
     ex.prompt_tokens, ex.completion_tokens = worst_case_tokens(
-        ex.worst_body, ex.local_prompt_tokens, ex.worst_max_output
+        ex.worst_body, ex.local_prompt_tokens, ex.worst_max_output, ex.worst_window
     )
     ex.cached_tokens = 0
     ex.token_source = WORST_CASE

@@ -69,6 +69,7 @@ class Exchange:
     token_source: str | None = None
     worst_body: dict[str, Any] | None = None  # what the worst case was (or would be) reserved for
     worst_max_output: int | None = None  # the API model's output limit, for that worst case
+    worst_window: int | None = None  # and its input window
     recorded: bool = False  # its ledger row is written (once, whatever happens after)
     # The key's budget reservation, settled by finish; the response cache's entry (quotas).
     reservation: Any = None

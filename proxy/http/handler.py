@@ -195,13 +195,19 @@ class Handler:
         if self.services.quotas is not None and ex.cache_key is not None:
             self.services.quotas.remember(ex.cache_key, answer)
 
-    async def reserve(self, body: dict[str, Any], ex: Exchange) -> None:
+    async def reserve(
+        self, body: dict[str, Any], ex: Exchange, *, sent: dict[str, Any] | None = None
+    ) -> None:
         """Before an API call: the key's worst case reserved against its budget (raises
         ``BudgetExhausted`` 429 or ``BudgetUnavailable`` 503 when it cannot be, the reason
-        noted on ``ex``)."""
+        noted on ``ex``). ``sent``: what the API is sent, when it is not ``body`` (the
+        upstream's own ``/v1/responses``); its worst case is the one reserved."""
+        body_model = body["model"]
+        body = body if sent is None else sent
         ex.worst_body = body  # charged when the call's real cost can never be known
-        api_model = self.services.upstream.target(body["model"])
+        api_model = self.services.upstream.target(body_model)
         ex.worst_max_output = self.services.prices.max_output_tokens(api_model)
+        ex.worst_window = self.services.prices.max_input_tokens(api_model)
         quotas = self.services.quotas
         key = self.services.auth.stored_key(ex.key_name)
         if quotas is None or key is None or key.monthly_budget_pusd is None:
@@ -216,18 +222,25 @@ class Handler:
             raise
 
     async def reserve_or_local(
-        self, body: dict[str, Any], plan: Plan, threshold: float, ex: Exchange, *, kind: str
+        self,
+        body: dict[str, Any],
+        plan: Plan,
+        threshold: float,
+        ex: Exchange,
+        *,
+        kind: str,
+        sent: dict[str, Any] | None = None,
     ) -> dict[str, Any] | None:
         """The step before an API call, whichever way the request came to it: a plan for the API
         has its reason noted (a local plan's is the attempt's), then :meth:`reserve`, except that
         when the budget is spent, a request sent to the API only for speed gets a local attempt
         instead: its completion when the gate accepts it (reason ``budget_exhausted``), else the
-        429 stands. None when the API call may go ahead."""
+        429 stands. None when the API call may go ahead. ``sent``: as for :meth:`reserve`."""
         if plan.route != "local":
             assert plan.reason is not None  # a plan for the API says why
             ex.reason = plan.reason
         try:
-            await self.reserve(body, ex)
+            await self.reserve(body, ex, sent=sent)
         except BudgetExhausted:
             if plan.route == "api" and plan.reason == Reason.PREDICTED_SLOW:
                 kept = await self.try_local(body, plan, threshold, ex, kind=kind)

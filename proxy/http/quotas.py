@@ -14,7 +14,8 @@ sends a body. The handlers call it at four points (:mod:`proxy.http.handler`,
   a revoked key hands on.
 - ``reserve`` before an API call: the worst-case cost (the whole serialized body as prompt
   tokens, plus ``max_tokens``, or else the model's own output limit, for each of ``n`` or
-  ``best_of`` choices, at the API model's price: :func:`worst_case_tokens`) is reserved in
+  ``best_of`` choices, at the API model's price, plus a stated bound for images, files and
+  built-in tools: :func:`worst_case_tokens`, :func:`unmeasured_tokens`) is reserved in
   the database (:mod:`proxy.ledger.tenants.budgets`).
   :class:`BudgetExhausted` (429, ``insufficient_quota``) when it would pass the budget;
   :class:`BudgetUnavailable` (503) when the database cannot be reached: budgets fail closed.
@@ -32,7 +33,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import structlog
@@ -59,35 +60,110 @@ say how long the API model's answers can be (:meth:`PriceBook.max_output_tokens`
 
 
 # What the local tokenizer's count covers, when there is one: the rest of the body is counted
-# by its bytes.
-LOCALLY_COUNTED = frozenset({"messages", "prompt"})
+# by its bytes. Of a Responses ``input``, only the items the local model was sent (see
+# :func:`_seen_locally`); the others are counted by their bytes as well.
+LOCALLY_COUNTED = frozenset({"messages", "prompt", "input"})
+
+IMAGE_TOKENS = 48_169
+"""What one image part (``input_image``, chat's ``image_url``) is reserved, whatever its bytes:
+the most OpenAI's published image pricing bills for one image, gpt-4o-mini's 2,833 + 8 tiles of
+5,667 tokens (an image of 2048 × 768 at ``detail: high``); other models bill fewer tokens."""
+DEFAULT_WINDOW = 128_000
+"""The input window assumed when the price map does not say a model's (``max_input_tokens``)."""
+_IMAGE_PARTS = frozenset({"input_image", "image_url"})
+_WINDOW_PARTS = frozenset({"input_file", "file", "input_audio"})  # as long as the window allows
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
+_LOCAL_ITEMS = frozenset({"message", "function_call", "function_call_output"})
+_CALLED_BY_CLIENT = frozenset({"function", "custom"})  # every other tool runs on the API's side
+
+
+def _parts(body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The content parts of a chat or Responses body: messages' ``content``, and a tool
+    output's (a ``function_call_output`` may hold images and files)."""
+    for field in ("messages", "input"):
+        items = body.get(field)
+        if not isinstance(items, list):
+            continue
+        for item in items:
+            if not isinstance(item, dict):
+                continue
+            for name in ("content", "output"):
+                parts = item.get(name)
+                if isinstance(parts, list):
+                    yield from (p for p in parts if isinstance(p, dict))
+
+
+def _seen_locally(item: Any) -> bool:
+    """Whether a Responses input item is all in the local model's prompt: a message, function
+    call or function output, of text only (what :mod:`proxy.http.responses_translate` sends)."""
+    if not isinstance(item, dict) or item.get("type", "message") not in _LOCAL_ITEMS:
+        return False
+    content = item.get("output") if item.get("type") == "function_call_output" else None
+    content = item.get("content", content)
+    if isinstance(content, list):
+        return all(isinstance(p, dict) and p.get("type") in _TEXT_PARTS for p in content)
+    return True
+
+
+def unmeasured_tokens(body: dict[str, Any], window: int | None) -> int:
+    """Prompt tokens that no count of the body's bytes can bound, each charged a stated
+    conservative bound: :data:`IMAGE_TOKENS` per image part; the API model's whole input
+    ``window`` (:data:`DEFAULT_WINDOW` when unknown) per file or audio part, and per call of a
+    built-in tool (``web_search``, ``file_search``, ``mcp``...: what it brings in is read by
+    the model), ``max_tool_calls`` calls when the request sets it, else one per such tool."""
+    window = window or DEFAULT_WINDOW
+    total = 0
+    for part in _parts(body):
+        kind = part.get("type")
+        if kind in _IMAGE_PARTS:
+            total += IMAGE_TOKENS
+        elif kind in _WINDOW_PARTS:
+            total += window
+    tools = body.get("tools")
+    built_in = [
+        t
+        for t in (tools if isinstance(tools, list) else [])
+        if isinstance(t, dict) and t.get("type") not in _CALLED_BY_CLIENT
+    ]
+    if built_in:
+        calls = body.get("max_tool_calls")
+        total += (calls if isinstance(calls, int) and calls > 0 else len(built_in)) * window
+    return total
 
 
 def worst_case_tokens(
     body: dict[str, Any],
     local_prompt_tokens: int | None,
     max_output: int | None = None,
+    window: int | None = None,
 ) -> tuple[int, int]:
-    """(prompt, completion) tokens an API call for ``body`` can cost at most, as far as can be
-    told before it is made.
+    """(prompt, completion) tokens an API call for ``body`` (chat, completions, or the
+    upstream's own ``/v1/responses``) can cost at most, as far as can be told before it is made.
 
     The prompt side is the whole serialized body, not a list of fields, so a field a provider
-    bills (``functions``, ``response_format``, ``tools``, one a new endpoint adds) cannot be
-    left out: its UTF-8 bytes / 2 (providers bill about 4 bytes a token), plus, when the local
-    tokenizer counted the messages or prompt, that count with a 25% margin (another tokenizer)
-    in place of their bytes. The output side is ``max_tokens`` for each of ``n`` or ``best_of``
-    choices, whichever is more. Without ``max_tokens`` it is ``max_output``, the API model's own
-    limit (an answer cannot run past it), or 4,096 when that is not known: a model that can
+    bills (``functions``, ``response_format``, ``tools``, ``instructions``, one a new endpoint
+    adds) cannot be left out: its UTF-8 bytes / 2 (providers bill about 4 bytes a token), plus,
+    when the local tokenizer counted the messages, prompt or input, that count with a 25% margin
+    (another tokenizer) in place of their bytes (of a Responses ``input``, the items the local
+    model was sent; the rest by their bytes). What bytes do not measure (images, files, built-in
+    tools) adds :func:`unmeasured_tokens`, with the API model's input ``window``. The output
+    side is ``max_tokens`` (``max_completion_tokens``, ``max_output_tokens``) for each of ``n``
+    or ``best_of`` choices, whichever is more. Without it, it is ``max_output``, the API model's
+    own limit (an answer cannot run past it), or 4,096 when that is not known: a model that can
     write 16,384 tokens would otherwise cost four times what was reserved for it."""
     counted = LOCALLY_COUNTED if local_prompt_tokens else frozenset()
     rest = {k: v for k, v in body.items() if k not in counted}
+    given = body.get("input")
+    if local_prompt_tokens and isinstance(given, list):
+        rest["input"] = [item for item in given if not _seen_locally(item)]
     raw = json.dumps(rest, ensure_ascii=False, separators=(",", ":"), default=str)
-    prompt = len(raw.encode("utf-8")) // 2 + 16
+    prompt = len(raw.encode("utf-8")) // 2 + 16 + unmeasured_tokens(body, window)
     if local_prompt_tokens:
         prompt += math.ceil(local_prompt_tokens * 1.25)
     cap = (
         body.get("max_completion_tokens")
         or body.get("max_tokens")
+        or body.get("max_output_tokens")
         or max_output
         or DEFAULT_MAX_OUTPUT
     )
@@ -199,7 +275,8 @@ class Quotas:
         if key is None or key.monthly_budget_pusd is None:
             return None
         limit = self.prices.max_output_tokens(api_model)
-        prompt, completion = worst_case_tokens(body, local_tokens, limit)
+        window = self.prices.max_input_tokens(api_model)
+        prompt, completion = worst_case_tokens(body, local_tokens, limit, window)
         amount = self.prices.cost(api_model, prompt, completion)
         if amount is None:
             raise BudgetExhausted(

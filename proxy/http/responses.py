@@ -1,11 +1,19 @@
 """``POST /v1/responses``: OpenAI's Responses API, local first, the API's own as the fallback.
 
 The request is checked (:func:`proxy.http.validate.responses_request`) and translated to a chat
-request (:func:`proxy.http.responses_translate.chat_of`), which the cascade plans, budgets (the
-worst case of the whole translated body) and, on the local route, answers as chat answers it:
-the gate, the response cache, the ``x-frugal-*`` headers. A local answer is sent as a
-``response`` object, or, with ``stream: true``, replayed as the Responses' typed events (built
-from the finished answer, judged before its first byte as a ``verify`` chat stream is).
+request (:func:`proxy.http.responses_translate.chat_of`), which the cascade plans and, on the
+local route, answers as chat answers it: the gate, the ``x-frugal-*`` headers. A local answer is
+sent as a ``response`` object, or, with ``stream: true``, replayed as the Responses' typed
+events (built from the finished answer, judged before its first byte as a ``verify`` chat
+stream is).
+
+The budget reserves the worst case of what the API is sent (:meth:`Handler.reserve`): the
+upstream's own body, the whole conversation in it, with a stated bound for images, files and
+built-in tools (:func:`proxy.http.quotas.unmeasured_tokens`); with ``"translate"``, the chat
+request. The response cache is chat's, with chat's rules, but keyed on what was asked: the
+whole conversation (``previous_response_id`` expanded, item ids left out) and every field
+(:func:`_cache_body`); it keeps the ``response`` object sent, local or the API's, and a hit is
+sent as a new response, with ids of its own (:func:`_renewed`), stored for the key that asked.
 
 The fallback, ``[fallback] responses``:
 
@@ -105,31 +113,48 @@ class ResponsesHandler(ChatHandler):
         ex.body = body
         plan, threshold = self.begin(request, body, ex)
         ex.stream = bool(asked.get("stream"))  # the chat request itself is asked for JSON
-        await self.admit(request, body, ex)  # the key's models; the cache entry
+        # The key's models; the cache entry, keyed on what was asked: the whole conversation.
+        await self.admit(request, _cache_body(asked, conversation), ex)
+        hit = await self.cached(ex)
+        cache_key = ex.cache_key  # None after a hit, or when this request is not cached
+        ex.cache_key, ex.cache_read = None, False  # chat's steps below cache nothing of their own
 
         async def keep(response: dict[str, Any]) -> None:
             response["previous_response_id"] = previous
+            if (
+                cache_key is not None
+                and self.services.quotas is not None
+                and _cacheable(response, ex)
+            ):
+                self.services.quotas.remember(cache_key, {**response, "store": False})
             if asked.get("store") is not False:
                 response["store"] = await state.keep(request, response, items, ex.route)
 
+        if hit is not None:
+            ex.keep(completion_of(hit))
+            response = _renewed(hit, asked)
+            await keep(response)
+            return self._send(response, ex)
+        sent = None
+        if api_own:
+            target = self.services.upstream.target(asked["model"])
+            sent = responses_api.upstream_body(asked, conversation, target)
         only_api = [t for t in taken if "item" not in t]  # earlier built-in calls: said already
-        if api_own and only_api:
+        if sent is not None and only_api:
             if plan.local_only or not self.router.fallback_enabled:
                 raise BadRequest(
                     "the local model cannot serve this request (" + ", ".join(only_api) + ")",
                     param="model",
                     code="unsupported_locally",
                 )
-            ex.cache_key, ex.cache_read = None, False  # the stand-in is not what was asked
             ex.route, ex.reason = "api", Reason.UNSUPPORTED
-            await self.reserve(body, ex)
-            return await self._api(asked, conversation, body, ex, keep)
-        if not api_own:
+            await self.reserve(body, ex, sent=sent)
+            return await self._api(asked, sent, body, ex, keep)
+        if sent is None:
             return await self._translated(asked, body, plan, threshold, ex, keep)
-        answer = await self._local(body, plan, threshold, ex)
+        answer = await self._local(body, plan, threshold, ex, sent)
         if answer is None:
-            ex.cache_key = None  # the API's own answer is not a chat completion to cache
-            return await self._api(asked, conversation, body, ex, keep)
+            return await self._api(asked, sent, body, ex, keep)
         response = response_of(answer, asked)
         await keep(response)
         return self._send(response, ex)
@@ -161,25 +186,22 @@ class ResponsesHandler(ChatHandler):
         return self._send(response, ex)
 
     async def _local(
-        self, body: dict[str, Any], plan: Plan, threshold: float, ex: Exchange
+        self,
+        body: dict[str, Any],
+        plan: Plan,
+        threshold: float,
+        ex: Exchange,
+        sent: dict[str, Any],
     ) -> dict[str, Any] | None:
-        """The cascade up to its API call: a cached or a local answer, or None (the budget
-        reserved) to ask the API."""
-        hit = await self.cached(ex)
-        if hit is not None:
-            ex.keep(hit)
-            return hit
+        """The cascade up to its API call: a local answer, or None (the worst case of ``sent``,
+        the upstream's body, reserved) to ask the API."""
         if plan.route == "local":
             kept = await self.try_local(body, plan, threshold, ex, kind="chat")
             if kept is not None:
                 answer = public_answer(kept, body)
                 ex.keep(answer)
-                self.remember(ex, answer)
                 return answer
-        else:
-            assert plan.reason is not None  # a plan for the API says why
-            ex.reason = plan.reason
-        kept = await self.reserve_or_local(body, plan, threshold, ex, kind="chat")
+        kept = await self.reserve_or_local(body, plan, threshold, ex, kind="chat", sent=sent)
         return None if kept is None else public_answer(kept, body)
 
     # -- the API's own /v1/responses ------------------------------------------------------------
@@ -187,13 +209,12 @@ class ResponsesHandler(ChatHandler):
     async def _api(
         self,
         asked: dict[str, Any],
-        conversation: list[dict[str, Any]],
+        sent: dict[str, Any],
         body: dict[str, Any],
         ex: Exchange,
         keep: Keep,
     ) -> Response:
         upstream = self.services.upstream
-        sent = responses_api.upstream_body(asked, conversation, upstream.target(asked["model"]))
         if ex.stream:
             return await self._relay(asked, sent, body, ex, keep)
         reply = await self.from_api(
@@ -232,6 +253,36 @@ class ResponsesHandler(ChatHandler):
         if state is None:
             raise RuntimeError("the app was built without stored responses")
         return state
+
+
+def _cache_body(asked: dict[str, Any], conversation: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the cache keys a request on: every field asked (the cache leaves out those that
+    do not change the answer, :data:`proxy.ledger.response_cache.IGNORED`), with the whole
+    conversation in place of ``input`` and ``previous_response_id`` (the earlier turns
+    themselves, not the id that named them), its items without their ids."""
+    fields = {k: v for k, v in asked.items() if k != "previous_response_id"}
+    fields["input"] = [{k: v for k, v in item.items() if k != "id"} for item in conversation]
+    return fields
+
+
+def _cacheable(response: dict[str, Any], ex: Exchange) -> bool:
+    """Whether a finished answer goes into the cache, as chat's would: not a failed one, nor
+    a local answer sent only because the budget was spent."""
+    return response.get("status") != "failed" and ex.reason is not Reason.BUDGET_EXHAUSTED
+
+
+def _renewed(cached: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
+    """A cached ``response`` as a new one to ``asked``: its own response id and output item
+    ids (never those of the answer it was cached from, which may be another key's), made now,
+    with this request's ``metadata`` and ``user``."""
+    output = []
+    for item in cached.get("output") or []:
+        if isinstance(item, dict) and isinstance(item.get("id"), str):
+            prefix = item["id"].split("_", 1)[0] if "_" in item["id"] else "item"
+            item = {**item, "id": f"{prefix}_{uuid.uuid4().hex}"}
+        output.append(item)
+    fresh = {**cached, "output": output, "created_at": int(time.time())}
+    return {**_ours(fresh, asked), "user": asked.get("user")}
 
 
 def _ours(

@@ -343,6 +343,10 @@ def _sse(name: str, payload: dict[str, Any]) -> bytes:
 
 def _item_events(item: dict[str, Any], index: int) -> Iterator[tuple[str, dict[str, Any]]]:
     at = {"output_index": index, "item_id": item["id"]}
+    if item["type"] not in ("message", "function_call"):  # a cached API answer's own items
+        yield "response.output_item.added", {"output_index": index, "item": item}
+        yield "response.output_item.done", {"output_index": index, "item": item}
+        return
     if item["type"] == "function_call":
         yield (
             "response.output_item.added",

@@ -106,6 +106,7 @@ class PriceBook:
         self._cache: dict[str, Price | None] = {}
         # The output limits looked up, kept as the prices are (the reservation asks each time).
         self._limits: dict[str, int | None] = {}
+        self._windows: dict[str, int | None] = {}
         self._lock = threading.Lock()  # the request path and the ledger's writer both ask
 
     @classmethod
@@ -153,15 +154,28 @@ class PriceBook:
             return self._limits[model]
         with self._lock:
             if model not in self._limits:
-                _remember(self._limits, model, self._lookup_limit(model))
+                _remember(self._limits, model, self._lookup_limit(model, "max_output_tokens"))
             return self._limits[model]
 
-    def _lookup_limit(self, model: str) -> int | None:
+    def max_input_tokens(self, model: str) -> int | None:
+        """The most tokens ``model`` reads in one call (its context window), from the map's
+        ``max_input_tokens``; None when the map does not say.
+
+        A budget reserves it for what a request's bytes cannot measure (a file, a built-in
+        tool's results): none of it can pass the window."""
+        if model in self._windows:
+            return self._windows[model]
+        with self._lock:
+            if model not in self._windows:
+                _remember(self._windows, model, self._lookup_limit(model, "max_input_tokens"))
+            return self._windows[model]
+
+    def _lookup_limit(self, model: str, field: str) -> int | None:
         for name in _candidates(model):
             entry = self._map.get(name)
             if name == "sample_spec" or not isinstance(entry, dict):
                 continue
-            limit = entry.get("max_output_tokens")
+            limit = entry.get(field)
             # bool is an int too; a limit must be a positive whole number to be believed
             if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
                 return limit

@@ -349,7 +349,7 @@ async def test_the_answer_fits_the_openapi_documents_response_schema(
 async def test_a_spent_budget_refuses_the_api_call_before_it_is_made(
     tmp_path: Path, fake_api: FakeAPI, make_client: Any
 ) -> None:
-    """The key's budget is reserved for the whole translated body, as on chat."""
+    """The key's budget is reserved for the whole body the API is sent, as on chat."""
     db = parse(str(tmp_path / "ledger.db"))
     key = keys.create(db, "tiny", monthly_budget_pusd=1)  # a millionth of a micro-dollar
     headers = {"authorization": f"Bearer {key}", **API}

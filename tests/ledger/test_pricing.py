@@ -135,6 +135,20 @@ def test_a_models_output_limit_comes_from_the_map_and_is_none_where_it_is_not_kn
     assert len(book._limits) == MAX_CACHED_PRICES
 
 
+def test_a_models_input_window_comes_from_the_map_and_is_none_where_it_is_not_known(
+    price_map: dict[str, Any],
+) -> None:
+    book = PriceBook(price_map)
+    assert book.max_input_tokens("gpt-4o-mini") == price_map["gpt-4o-mini"]["max_input_tokens"]
+    assert book.max_input_tokens("openai/gpt-4o-mini") == book.max_input_tokens("gpt-4o-mini")
+    assert book.max_input_tokens("client-chosen") is None
+    odd = PriceBook({"a": {"max_input_tokens": True}, "b": {"max_input_tokens": 0}})
+    assert odd.max_input_tokens("a") is None and odd.max_input_tokens("b") is None
+    for i in range(MAX_CACHED_PRICES * 2):  # bounded, as the prices are
+        book.max_input_tokens(f"client-chosen-{i}")
+    assert len(book._windows) == MAX_CACHED_PRICES
+
+
 @pytest.mark.parametrize(
     ("pricing", "needle"),
     [
