@@ -50,6 +50,7 @@ import structlog
 
 from proxy.config import BackendSettings
 from proxy.engine.gate import Gate
+from proxy.engine.local_engine import Ask
 from proxy.engine.rates import PendingWork, Rates, WorkTracker
 from proxy.errors import EngineBusy, EngineCrashed, EngineTimeout
 from proxy.routing.base import Backend, BackendDown, left, rounded
@@ -342,16 +343,10 @@ class RemoteBackend(Backend):
 
     # -- one request -------------------------------------------------------------------------
 
-    async def chat(
-        self,
-        request: dict[str, Any],
-        *,
-        deadline: float,
-        on_token: Callable[[str], None] | None = None,
-        kind: str = "chat",
-    ) -> dict[str, Any]:
-        """Answer through the remote server before ``deadline``; with ``on_token``, as a stream
-        whose text is handed to ``on_token`` as it comes."""
+    async def answer(self, request: dict[str, Any], ask: Ask) -> dict[str, Any]:
+        """Answer through the remote server before ``ask.deadline``; with ``ask.on_token``, as
+        a stream whose text is handed to ``on_token`` as it comes."""
+        deadline, on_token, kind = ask.deadline, ask.on_token, ask.kind
         if self.state != "up":
             raise BackendDown(f"backend {self.name} is {self.state}")
         if self._slots.free <= 0 and self._slots.waiting >= self.settings.max_queue:
