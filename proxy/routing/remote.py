@@ -62,6 +62,7 @@ from proxy.routing.remote_load import SOURCES, Load, LoadWatch, read_load, with_
 from proxy.routing.remote_rates import RemoteRates
 from proxy.routing.remote_stream import Relay, StreamCut
 from proxy.routing.remote_wire import (
+    Wire,
     completion_body,
     error_of,
     merge_answers,
@@ -376,22 +377,10 @@ class RemoteBackend(Backend):
     def _body(
         self, request: dict[str, Any], cap: int, stream: bool, kind: str = "chat"
     ) -> dict[str, Any]:
+        wire = Wire(model=self.settings.model, cap=cap, logprobs=self.logprobs, kind=self.server)
         if kind == "complete":
-            return completion_body(
-                request,
-                model=self.settings.model,
-                cap=cap,
-                logprobs=self.logprobs,
-                kind=self.server,
-            )
-        return request_body(
-            request,
-            model=self.settings.model,
-            cap=cap,
-            logprobs=self.logprobs,
-            kind=self.server,
-            stream=stream,
-        )
+            return completion_body(request, wire)
+        return request_body(request, wire, stream=stream)
 
     async def _answer(
         self, request: dict[str, Any], asked: _Asked, on_token: Callable[[str], None] | None
