@@ -59,7 +59,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
-from overhead_measure import ENDPOINTS, Run, Target, measure, report
+from overhead_measure import ENDPOINTS, Load, Run, Target, measure, report
 from overhead_servers import (
     LITELLM_VENV,
     MODEL,
@@ -219,9 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name in order:
                     if not serves(name, endpoint):
                         continue
-                    cell = measure(
-                        targets[name], 16, args.warmup, 0, load_cpus, tmp, endpoint, store
-                    )
+                    warm_up = Load(16, args.warmup, load_cpus, tmp, endpoint, store)
+                    cell = measure(targets[name], warm_up, 0)
                     if name == "direct":
                         direct_sent[endpoint] += cell.requests
                     print(
@@ -244,10 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                             continue
                         for server in (t.server for t in targets.values() if t.server):
                             server.check_alive()
-                        cell = measure(
-                            targets[name],
-                            *(conns, args.window, round_, load_cpus, tmp, endpoint, store),
-                        )
+                        load = Load(conns, args.window, load_cpus, tmp, endpoint, store)
+                        cell = measure(targets[name], load, round_)
                         run.cells.append(cell)
                         if name == "direct":
                             direct_sent[endpoint] += cell.requests
