@@ -301,15 +301,20 @@ def test_upgrading_to_the_key_rollup_sums_the_rows_of_every_key(tmp_path: Path) 
 # -- bad database files --------------------------------------------------------------------------
 
 
+def not_usable(db: Path) -> str:
+    """The whole error a corrupt ledger file gets, naming the key, the file and the fix."""
+    return (
+        f"[ledger] path = {str(db)!r}: not a usable SQLite database (file is not a database); "
+        "move the file aside or point [ledger] path elsewhere"
+    )
+
+
 def test_a_corrupt_file_is_a_clear_error(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     db.write_bytes(b"this is not a database, it is a shopping list\n" * 100)
     with pytest.raises(ConfigError) as info:
         open_database(str(db))
-    assert str(info.value) == (
-        f"[ledger] path = {str(db)!r}: not a usable SQLite database (file is not a database); "
-        "move the file aside or point [ledger] path elsewhere"
-    )
+    assert str(info.value) == not_usable(db)
 
 
 def test_a_locked_database_is_a_clear_error(tmp_path: Path) -> None:
@@ -344,10 +349,7 @@ def test_serve_refuses_to_start_on_a_corrupt_ledger(tmp_path: Path) -> None:
     db.write_bytes(b"\x00garbage" * 1000)
     out = serve_once(tmp_path, db)
     assert out.returncode == 2
-    assert out.stderr.strip() == (
-        f"frugal: config error: [ledger] path = {str(db)!r}: not a usable SQLite database "
-        "(file is not a database); move the file aside or point [ledger] path elsewhere"
-    )
+    assert out.stderr.strip() == "frugal: config error: " + not_usable(db)
 
 
 def test_serve_refuses_to_start_on_a_locked_ledger(tmp_path: Path) -> None:
