@@ -168,6 +168,8 @@ def settings_for(
             "router": {"predictive": predictive},
             "quality": {"threshold": 0.0},
             "ledger": {"path": str(db), "flush_interval_s": 0.05},
+            # litellm's price, stated: the GPU check's machine runs without litellm
+            "pricing": {MODEL: {"input_per_mtok": 0.15, "output_per_mtok": 0.6}},
         },
         source="<bench>",
     )

@@ -2,7 +2,9 @@
 # Device call 1 of 2 (bench/gpu/README.md): unpack what .gpu1/ carries into $GPU_DIR (/tmp/gpu)
 # and build, from the llama.cpp source that our llama-cpp-python vendors, side by side:
 #
-#   (a) llama-server, CUDA (sm_90, the H200), only that target, static: $GPU_DIR/bin/llama-server
+#   (a) llama-server, CUDA (sm_90, the H200), only that target, static: $GPU_DIR/bin/llama-server;
+#       FlashAttention's CUDA kernels are left out (-DGGML_CUDA_FA=OFF; CUDA_FA=1 builds them):
+#       their ~80 template instances would double the build, which must fit the device's minutes
 #   (b) the CPU libllama.so and its ggml libraries, with ./dev's flags (portable AVX2, no AMX),
 #       which llama-cpp-python's Python files load through LLAMA_CPP_LIB_PATH: $GPU_DIR/lib
 #
@@ -11,7 +13,7 @@
 #   bash bench/gpu/call1.sh                  # on the device (16 cores)
 #   GPU=0 GPU_DIR=/tmp/gpu-test bash bench/gpu/call1.sh    # a CPU-only llama-server, to test here
 #
-# The builds stop themselves after BUDGET_S seconds (default 500), leaving the build folders in
+# The builds stop themselves after BUDGET_S seconds (default 420), leaving the build folders in
 # place: running this script again while the machine is still warm resumes them (ninja). A
 # progress line is printed every 20 s; the timings at the end.
 set -euo pipefail
@@ -19,7 +21,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 GPU=${GPU:-1}
 DIR=${GPU_DIR:-/tmp/gpu}
 JOBS=${JOBS:-$(nproc)}
-BUDGET_S=${BUDGET_S:-500}
+BUDGET_S=${BUDGET_S:-420}
+CUDA_FA=${CUDA_FA:-0}
 PY=${PYTHON3:-python3}  # the device: Python 3.12.3, the one with PyTorch
 START=$(date +%s)
 now() { echo $(($(date +%s) - START)); }
@@ -63,6 +66,7 @@ LIB_FLAGS=$(sed -n 's/^LLAMA_CMAKE_ARGS=\${FRUGAL_LLAMA_CMAKE_ARGS:-"\(.*\)"}$/\
 SERVER_FLAGS=(-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON)
 if [ "$GPU" = 1 ]; then
     SERVER_FLAGS+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=ON)
+    [ "$CUDA_FA" = 1 ] || SERVER_FLAGS+=(-DGGML_CUDA_FA=OFF)
 fi
 
 configure() { # name, flags...

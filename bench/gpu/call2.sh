@@ -40,6 +40,9 @@ cat "$DIR/model.part1" .gpu2/model.part2 >"$MODELDIR/SmolLM2-135M-Instruct.Q4_1.
 MODEL=$MODELDIR/SmolLM2-135M-Instruct.Q4_1.gguf
 log "model joined and checked"
 
+# The app reads its SQL migrations as the package proxy.migrations, which an installed frugal
+# maps to migrations/ (pyproject.toml). This copy of the tree is not installed: a link does it.
+[ -e proxy/migrations ] || ln -s ../migrations proxy/migrations
 export PYTHONPATH=$DIR/site LLAMA_CPP_LIB_PATH=$DIR/lib PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH=$DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
