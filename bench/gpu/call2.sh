@@ -23,6 +23,7 @@ SLOTS=${SLOTS:-4}
 REQUESTS=${REQUESTS:-16}
 ROUNDS=${ROUNDS:-3}
 PORT=${PORT:-18091}
+BENCH_ARGS=${BENCH_ARGS:-}  # more bench/routing_backends.py options, e.g. "--max-tokens 32"
 RESULTS=${OUT:-$DIR/out}
 START=$(date +%s)
 log() { printf '[%4ss] %s\n' "$(($(date +%s) - START))" "$*"; }
@@ -75,13 +76,13 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,util
     echo "seed 000's burst, bundled engine (CPU, $THREADS threads) alone vs + llama-server backend"
     echo "device: $(nproc) CPUs; $(command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name --format=csv,noheader || echo 'no GPU')"
     echo "llama-server: $("$DIR/bin/llama-server" --version 2>&1 | grep -m1 -i version || true); -ngl ${NGL[1]:-0} --parallel $SLOTS -c $((SLOTS * 2048)) -t $THREADS"
-    echo "command: bench/routing_backends.py --backend-url http://127.0.0.1:$PORT/v1 --backend-kind llama-server --backend-concurrency $SLOTS --threads $THREADS --requests $REQUESTS --rounds $ROUNDS"
+    echo "command: bench/routing_backends.py --backend-url http://127.0.0.1:$PORT/v1 --backend-kind llama-server --backend-concurrency $SLOTS --threads $THREADS --requests $REQUESTS --rounds $ROUNDS $BENCH_ARGS"
     echo
 } >"$RESULTS/gpu_burst.txt"
 set -o pipefail
 "$PY" bench/routing_backends.py --backend-url "http://127.0.0.1:$PORT/v1" \
     --backend-kind llama-server --backend-concurrency "$SLOTS" --threads "$THREADS" \
-    --requests "$REQUESTS" --rounds "$ROUNDS" --json "$RESULTS/gpu_burst.json" 2>&1 |
+    --requests "$REQUESTS" --rounds "$ROUNDS" --json "$RESULTS/gpu_burst.json" $BENCH_ARGS 2>&1 |
     tee -a "$RESULTS/gpu_burst.txt"
 log "bench done"
 tail -5 "$DIR/llama-server.log" >"$RESULTS/llama_server_tail.txt" || true
