@@ -63,9 +63,12 @@ COMMON=(
 # shellcheck disable=SC2016  # the $ is ./dev's, matched literally
 LIB_FLAGS=$(sed -n 's/^LLAMA_CMAKE_ARGS=\${FRUGAL_LLAMA_CMAKE_ARGS:-"\(.*\)"}$/\1/p' dev)
 [ -n "$LIB_FLAGS" ] || { echo "call1.sh: LLAMA_CMAKE_ARGS not found in ./dev" >&2; exit 2; }
-SERVER_FLAGS=(-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON)
+# The server's CPU side too: a native build (-march=native) compiles llama.cpp's AMX kernels
+# where the CPU has AMX, and they crash on some virtual machines (./dev); they did here.
+# shellcheck disable=SC2206  # LIB_FLAGS is a list of -D flags
+SERVER_FLAGS=(-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON $LIB_FLAGS)
 if [ "$GPU" = 1 ]; then
-    SERVER_FLAGS+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=ON)
+    SERVER_FLAGS+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF)
     [ "$CUDA_FA" = 1 ] || SERVER_FLAGS+=(-DGGML_CUDA_FA=OFF)
 fi
 

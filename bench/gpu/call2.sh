@@ -82,7 +82,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,util
 set -o pipefail
 "$PY" bench/routing_backends.py --backend-url "http://127.0.0.1:$PORT/v1" \
     --backend-kind llama-server --backend-concurrency "$SLOTS" --threads "$THREADS" \
-    --requests "$REQUESTS" --rounds "$ROUNDS" --json "$RESULTS/gpu_burst.json" $BENCH_ARGS 2>&1 |
+    --requests "$REQUESTS" --rounds "$ROUNDS" --json "$RESULTS/gpu_burst.json" ${BENCH_ARGS:+$BENCH_ARGS} 2>&1 |
     tee -a "$RESULTS/gpu_burst.txt"
 log "bench done"
 tail -5 "$DIR/llama-server.log" >"$RESULTS/llama_server_tail.txt" || true
