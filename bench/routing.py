@@ -331,6 +331,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             for engine in engines.values():
                 await engine.stop()
+    for p, engine in engines.items():
+        batch = engine.stats.batch or {}
+        widths = {
+            w: (c.get("ms"), c.get("tokens_per_sequence"), c.get("steps"))
+            for w, c in (batch.get("step_ms_by_width") or {}).items()
+        }
+        if widths:  # what the forecast played the answers with: ms a step, tokens, steps
+            print(f"parallel {p}: decode steps by width (ms, tokens a sequence, steps): {widths}")
     print()
     print_table(runs)
     print()
