@@ -30,7 +30,9 @@ ledger, priced as gpt-4o-mini), the median absolute percentage error of the pred
 the local answers (predicted time vs the time the answer took), and ``l_tmo``: the requests
 admitted locally that were still cut at the local deadline (``local_timeout``; with
 ``predictive`` a right prediction never lets that happen, with ``naive`` every request is
-admitted), with what was predicted for them.
+admitted), with what was predicted for them. At the end, each engine's decode steps by width
+(sequences in a step: milliseconds a step, answer tokens a sequence, steps), which the batch's
+forecast plays the answers with.
 """
 
 from __future__ import annotations
