@@ -26,8 +26,13 @@ request); by default only the ``predictive`` variant runs then.
 
 Printed per variant: the burst's completion time (first request sent to last answer received),
 mean / p50 / p95 latency, the local share, dollars saved (counterfactual − paid, from the
-ledger, priced as gpt-4o-mini) and the median absolute percentage error of the predictions of
-the local answers (predicted time vs the time the answer took).
+ledger, priced as gpt-4o-mini), the median absolute percentage error of the predictions of
+the local answers (predicted time vs the time the answer took), and ``l_tmo``: the requests
+admitted locally that were still cut at the local deadline (``local_timeout``; with
+``predictive`` a right prediction never lets that happen, with ``naive`` every request is
+admitted), with what was predicted for them. At the end, each engine's decode steps by width
+(sequences in a step: milliseconds a step, answer tokens a sequence, steps), which the batch's
+forecast plays the answers with.
 """
 
 from __future__ import annotations
@@ -97,6 +102,12 @@ class Run:
     def local_share(self) -> float:
         return sum(r.route == "local" for r in self.results) / len(self.results)
 
+    @property
+    def admitted_timeouts(self) -> list[tuple[Any, ...]]:
+        """The ledger rows of requests that were given a local attempt (admitted: predicted in
+        time, or, naive, every one) and were cut at the local deadline (``local_timeout``)."""
+        return [row for row in self.rows if row[1] == "local_timeout"]
+
     def summary(self) -> dict[str, Any]:
         lat = sorted(self.latencies())
         reasons: dict[str, int] = {}
@@ -112,6 +123,11 @@ class Run:
             "saved_usd": round(self.saved_usd, 6),
             "mdape": round(statistics.median(self.errors), 4) if self.errors else None,
             "predicted_local": len(self.errors),
+            "admitted_local_timeout": len(self.admitted_timeouts),
+            "local_timeout_predicted_s": [
+                None if row[3] is None else round(row[3] / 1000, 2)
+                for row in self.admitted_timeouts
+            ],
             "reasons": reasons,
         }
 
@@ -279,7 +295,7 @@ async def warm_up(
 def print_table(runs: list[Run]) -> None:
     header = (
         f"{'variant':<11} {'burst s':>8} {'mean s':>7} {'p50 s':>7} {'p95 s':>7} "
-        f"{'local':>6} {'saved $':>9} {'MdAPE':>6}"
+        f"{'local':>6} {'saved $':>9} {'MdAPE':>6} {'l_tmo':>5}"
     )
     print(header)
     print("-" * len(header))
@@ -289,7 +305,7 @@ def print_table(runs: list[Run]) -> None:
         print(
             f"{s['variant']:<11} {s['burst_s']:>8.2f} {s['mean_s']:>7.2f} {s['p50_s']:>7.2f} "
             f"{s['p95_s']:>7.2f} {s['local_share'] * 100:>5.1f}% {s['saved_usd']:>9.5f} "
-            f"{mdape:>6}"
+            f"{mdape:>6} {s['admitted_local_timeout']:>5}"
         )
 
 
@@ -342,6 +358,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             for engine in engines.values():
                 await engine.stop()
+    for p, engine in engines.items():
+        batch = engine.stats.batch or {}
+        widths = {
+            w: (c.get("ms"), c.get("tokens_per_sequence"), c.get("steps"))
+            for w, c in (batch.get("step_ms_by_width") or {}).items()
+        }
+        if widths:  # what the forecast played the answers with: ms a step, tokens, steps
+            print(f"parallel {p}: decode steps by width (ms, tokens a sequence, steps): {widths}")
     print()
     print_table(runs)
     print()
@@ -354,7 +378,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         print(
             f"{label}: mean latency {mean:.2f} s, "
             f"local share {statistics.fmean(r.local_share for r in mine) * 100:.1f}%, "
-            f"MdAPE {mdape} over {len(errors)} local answers"
+            f"MdAPE {mdape} over {len(errors)} local answers, "
+            f"admitted locally but local_timeout: {sum(len(r.admitted_timeouts) for r in mine)}"
         )
     result: dict[str, Any] = {
         "alone_s": alone,

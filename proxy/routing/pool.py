@@ -83,7 +83,9 @@ class EngineBackend(Backend):
                     pending=engine.pending_work(),
                     prompt_tokens=prompt,
                     completion_tokens=completion_tokens,
-                    rates_source="batch" if batch.get("step_ms_by_rows") else engine.rates.source,
+                    rates_source="batch"
+                    if batch.get("step_ms_by_width") or batch.get("step_ms_by_rows")
+                    else engine.rates.source,
                 )
         return predict(
             self.name,

@@ -13,9 +13,10 @@ COSTS = BatchCosts(prefill_tok_s=100.0, step_s={1: 0.02, 2: 0.03, 4: 0.05})
 def test_step_cost_is_measured_else_interpolated_else_extended() -> None:
     assert COSTS.step(2) == pytest.approx(0.03)
     assert COSTS.step(3) == pytest.approx(0.04)  # between 2 and 4
-    assert COSTS.step(6) == pytest.approx(0.07)  # along the 2 -> 4 slope
+    # beyond the widest: a one-row step per extra row, the 2 -> 4 slope being shallower
+    assert COSTS.step(6) == pytest.approx(0.05 + 2 * 0.02)
     lone = BatchCosts(prefill_tok_s=100.0, step_s={1: 0.03})
-    assert lone.step(4) == pytest.approx(0.03 + 3 * 0.01)  # a third of a step per row
+    assert lone.step(4) == pytest.approx(4 * 0.03)  # no batching gain until one is measured
 
 
 def test_a_lone_request_takes_its_prefill_then_a_step_a_token() -> None:

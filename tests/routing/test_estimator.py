@@ -165,7 +165,8 @@ def test_ewma_starts_at_the_first_value() -> None:
 
 def test_too_slow_past_the_deadline_only_when_predictive() -> None:
     on = Predictor(RouterSettings())
-    assert on.too_slow(31.0, 30.0) and not on.too_slow(29.0, 30.0)
+    assert on.too_slow(31.0, 30.0) and not on.too_slow(27.0, 30.0)
+    assert on.too_slow(29.0, 30.0)  # under the deadline, but not by the margin
     assert not on.too_slow(None, 30.0)
     off = Predictor(RouterSettings(predictive=False))
     assert not off.too_slow(1000.0, 30.0)

@@ -244,6 +244,7 @@ class BatchEngine:
         if not rows:
             stats.prefilled_step(n, elapsed)
         if rows:
+            stats.decoded_step(len(rows), elapsed, produced)
             stats.decode_steps += 1
             stats.decode_rows += n
             stats.max_rows = max(stats.max_rows, n)

@@ -23,6 +23,8 @@ from proxy.engine.rates import ewma
 from proxy.engine.sampling import SamplingParams, held_back, logprob_entry
 from proxy.engine.speculative import PromptLookup
 
+WIDTH_ALPHA = 0.15  # weight of the newest decode step in the costs by width
+
 __all__ = ["BatchStats", "Sequence"]
 
 
@@ -175,11 +177,31 @@ class BatchStats:
     copies: int = 0  # prefixes copied from another sequence's stream
     followed: int = 0  # sequences that waited for another to prefill their prefix
     prefill_rate: float | None = None  # prompt tokens per second of prefill steps (EWMA)
+    # Decode steps by width (sequences in the step, drafted rows not counted): [seconds a
+    # step, answer tokens a sequence gets from it, steps seen], seconds and tokens as moving
+    # averages. What the forecast plays the answers forward with (batch/forecast.py).
+    by_width: dict[int, list[float]] = field(default_factory=dict)
 
     def prefilled_step(self, tokens: int, seconds: float) -> None:
         """One prefill step: its rate, as a moving average (the machine's speed drifts)."""
         if tokens >= 16 and seconds > 0:
             self.prefill_rate = ewma(self.prefill_rate, tokens / seconds)
+
+    def decoded_step(self, width: int, seconds: float, tokens: int) -> None:
+        """One decode step of ``width`` sequences that took ``seconds`` and gave ``tokens``
+        answer tokens in all. A step more than twice the average (the shared machine preempted
+        it) counts as twice the average once the width has a few steps."""
+        if width < 1 or seconds <= 0:
+            return
+        seen = self.by_width.get(width)
+        per_sequence = tokens / width
+        if seen is None:
+            self.by_width[width] = [seconds, per_sequence, 1.0]
+            return
+        sample = min(seconds, 2.0 * seen[0]) if seen[2] >= 3 else seconds
+        seen[0] = ewma(seen[0], sample, WIDTH_ALPHA)
+        seen[1] = ewma(seen[1], per_sequence, WIDTH_ALPHA)
+        seen[2] += 1
 
     def as_dict(self) -> dict[str, Any]:
         prefill_steps = self.steps - self.decode_steps
@@ -199,6 +221,14 @@ class BatchStats:
             if self.decode_s
             else None,
             "prefill_tok_s": None if self.prefill_rate is None else round(self.prefill_rate, 1),
+            "step_ms_by_width": {
+                str(width): {
+                    "ms": round(seconds * 1000, 2),
+                    "tokens_per_sequence": round(tokens, 3),
+                    "steps": int(steps),
+                }
+                for width, (seconds, tokens, steps) in sorted(self.by_width.items())
+            },
             "busy_s": round(self.busy_s, 3),
             "prefix": {
                 "sequences": self.reused,
