@@ -21,6 +21,8 @@ from proxy.engine.generate import bundled_model_path
 from proxy.models import ModelsError, pull
 from quality.relevance import gguf_path
 from tests.models.conftest import (
+    GATED,
+    GATED_TOKEN,
     HUGE,
     MINI,
     MINI_FILE,
@@ -222,6 +224,34 @@ def test_no_such_repository_and_the_token_stays_secret(
     assert "no repository test-org/Nothing-GGUF on " in err and "set HF_TOKEN" in err
     assert secret not in out + err
     assert hub.requests[0].authorization == f"Bearer {secret}"  # it was sent, to the hub only
+
+
+def test_a_gated_repository_needs_hf_token_and_is_pulled_with_it(
+    hub: StandInHub,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["models", "pull", f"{GATED}:Q8_0"]) == 1  # no token
+    err = capsys.readouterr().err
+    assert f"frugal models: {GATED} on {hub.url} is gated: accept its terms on the hub, " in err
+    assert "then set HF_TOKEN to a token that may read it" in err
+    assert hub.served == {}
+
+    monkeypatch.setenv("HF_TOKEN", "hf_aTokenThatMayNotReadIt000000")
+    assert main(["models", "pull", f"{GATED}:Q8_0"]) == 1
+    out, err = capsys.readouterr()
+    assert "is gated: accept its terms" in err and "hf_aTokenThatMayNot" not in out + err
+
+    monkeypatch.setenv("HF_TOKEN", GATED_TOKEN)
+    hub.requests.clear()
+    assert main(["models", "pull", f"{GATED}:Q8_0"]) == 0
+    out, err = capsys.readouterr()
+    assert GATED_TOKEN not in out + err
+    files = [r for r in hub.requests if "/resolve/" in r.path]
+    assert files and all(r.authorization == f"Bearer {GATED_TOKEN}" for r in files)
+    blob = _cache(tmp_path, GATED) / "blobs" / hub.repos[GATED][MINI_FILE].sha256
+    assert blob.read_bytes() == gguf_path().read_bytes()
 
 
 def test_pull_refuses_offline_mode(
