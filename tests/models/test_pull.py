@@ -8,8 +8,15 @@ connection, an outage, a flipped byte, a 40 GB listing) are the server's.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
 from pathlib import Path
 
 import pytest
@@ -107,6 +114,39 @@ def test_a_split_gguf_is_pulled_in_full(
     (row,) = _listed(capsys)
     assert row["files"] == 2 and row["size_bytes"] == len(joined)
     assert row["path"] == str(snapshot / SPLIT_FILES[0])  # llama.cpp opens the first part
+
+
+def test_the_pull_shows_a_progress_bar_in_a_terminal(hub: StandInHub, tmp_path: Path) -> None:
+    """The real ``frugal models pull`` in a pseudo-terminal, as a user at a shell runs it: the hub
+    client's bar counts the file's bytes up to 100% (it draws none into a pipe or a log)."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 100 columns
+    with subprocess.Popen(
+        [sys.executable, "-m", "proxy", "models", "pull", f"{MINI}:Q8_0"],
+        stdin=subprocess.DEVNULL,
+        stdout=follower,
+        stderr=follower,
+        env=env,
+        cwd=tmp_path,
+    ) as proc:
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:  # EIO: the command exited and the terminal closed
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(leader)
+        assert proc.wait() == 0, shown.decode(errors="replace")
+    text = shown.decode(errors="replace")
+    size = hub.repos[MINI][MINI_FILE].size
+    assert f"{MINI_FILE}: 100%|" in text
+    assert f"{size / 1e6:.1f}M/{size / 1e6:.1f}M" in text  # every byte counted
+    assert hub.served[MINI_FILE] == size
 
 
 def test_a_cut_download_is_resumed_by_the_next_pull(
