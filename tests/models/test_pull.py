@@ -17,12 +17,13 @@ import struct
 import subprocess
 import sys
 import termios
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from proxy.cli import main
-from proxy.config import LocalSettings
+from proxy.config import LocalSettings, from_dict
 from proxy.config.model_name import ModelName
 from proxy.engine.generate import bundled_model_path
 from proxy.models import ModelsError, pull
@@ -61,8 +62,10 @@ def test_pull_list_and_rm_a_real_gguf(
     size = Path(bundled_model_path()).stat().st_size
     assert f"{SMOL}:Q4_1: {SMOL_FILE} ({size / 1e9:.2f} GB)" in err
     assert "memory: fits: about " in err and "n_ctx=4096, parallel 4" in err
-    assert f'model = "{SMOL}:Q4_1"' in out  # the config line that serves it
-    assert "auto_calibrate = true" in out and "[audit]" in out
+    printed = from_dict(tomllib.loads(out), source="the pull's output")  # pasteable
+    assert printed.local.model == f"{SMOL}:Q4_1"  # the line that serves it
+    assert printed.audit.rate > 0 and printed.quality.auto_calibrate  # those that calibrate it
+    assert printed.quality.weights_path == "frugal-weights.json"
     pulled = _cache(tmp_path, SMOL) / "snapshots" / COMMIT / SMOL_FILE
     assert pulled.read_bytes() == Path(bundled_model_path()).read_bytes()
     assert hub.served[SMOL_FILE] == size  # once, whole
