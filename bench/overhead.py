@@ -64,6 +64,7 @@ import httpx
 from overhead_measure import (
     ENDPOINTS,
     UPSTREAM_KINDS,
+    Load,
     Run,
     Target,
     measure,
@@ -230,9 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name in order:
                     if not serves(name, endpoint):
                         continue
-                    cell = measure(
-                        targets[name], 16, args.warmup, 0, load_cpus, tmp, endpoint, store
-                    )
+                    warm_up = Load(16, args.warmup, load_cpus, tmp, endpoint, store)
+                    cell = measure(targets[name], warm_up, 0)
                     if name == "direct":
                         direct_sent[upstream_kind(endpoint)] += cell.requests
                     print(
@@ -255,10 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                             continue
                         for server in (t.server for t in targets.values() if t.server):
                             server.check_alive()
-                        cell = measure(
-                            targets[name],
-                            *(conns, args.window, round_, load_cpus, tmp, endpoint, store),
-                        )
+                        load = Load(conns, args.window, load_cpus, tmp, endpoint, store)
+                        cell = measure(targets[name], load, round_)
                         run.cells.append(cell)
                         if name == "direct":
                             direct_sent[upstream_kind(endpoint)] += cell.requests

@@ -123,6 +123,19 @@ class Cell:
     endpoint: str = "chat"
 
 
+@dataclass(frozen=True)
+class Load:
+    """One cell's load: ``connections`` kept busy for ``window`` seconds by wrk (pinned to
+    ``cpus``, its script in ``tmp``), on ``endpoint``, with ``store`` for the Responses API."""
+
+    connections: int
+    window: float
+    cpus: str | None
+    tmp: Path
+    endpoint: str = "chat"
+    store: bool = True
+
+
 @dataclass
 class Run:
     cells: list[Cell] = field(default_factory=list)
@@ -138,20 +151,13 @@ def lua_script(tmp: Path, target: Target, window: float, request_body: str, endp
     return path
 
 
-def wrk(
-    target: Target,
-    connections: int,
-    window: float,
-    cpus: str | None,
-    tmp: Path,
-    endpoint: str = "chat",
-    store: bool = True,
-) -> dict[str, Any]:
-    script = lua_script(tmp, target, window, body(endpoint, store), endpoint)
-    duration = int(window + 3)
-    argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--timeout", "10s"]
+def wrk(target: Target, load: Load) -> dict[str, Any]:
+    endpoint = load.endpoint
+    script = lua_script(load.tmp, target, load.window, body(endpoint, load.store), endpoint)
+    duration = int(load.window + 3)
+    argv = ["wrk", "-t1", f"-c{load.connections}", f"-d{duration}s", "--timeout", "10s"]
     argv += ["-s", str(script), target.url + ENDPOINTS[endpoint][0]]
-    out = subprocess.run(pinned(cpus, argv), capture_output=True, text=True, check=False)
+    out = subprocess.run(pinned(load.cpus, argv), capture_output=True, text=True, check=False)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             result: dict[str, Any] = json.loads(line[len("RESULT ") :])
@@ -193,30 +199,22 @@ def ledger_rows(target: Target, endpoint: str = "chat") -> tuple[int, int]:
     return int(rows), int(failed)
 
 
-def measure(
-    target: Target,
-    connections: int,
-    window: float,
-    round_: int,
-    cpus: str | None,
-    tmp: Path,
-    endpoint: str = "chat",
-    store: bool = True,
-) -> Cell:
+def measure(target: Target, load: Load, round_: int) -> Cell:
+    endpoint = load.endpoint
     before_rows = ledger_rows(target, endpoint) if target.ledger else None
     cpu_before = proc_tree_cpu_s(target.server.proc.pid) if target.server else None
-    result = wrk(target, connections, window, cpus, tmp, endpoint, store)
+    result = wrk(target, load)
     cpu_after = proc_tree_cpu_s(target.server.proc.pid) if target.server else None
     errors = sum(result[k] for k in ("connect", "read", "write", "status", "timeout"))
     cell = Cell(
         target=target.name,
-        connections=connections,
+        connections=load.connections,
         round=round_,
         requests=result["requests"],
         errors=errors,
         p50_ms=result["p50_us"] / 1000,
         p99_ms=result["p99_us"] / 1000,
-        rps=result["requests"] / window,
+        rps=result["requests"] / load.window,
         endpoint=endpoint,
     )
     if cpu_before is not None and cpu_after is not None and result["requests"]:

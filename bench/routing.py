@@ -86,6 +86,9 @@ class Run:
     saved_usd: float = 0.0
     errors: list[float] = field(default_factory=list)  # |predicted - actual| / actual, local
     rows: list[tuple[Any, ...]] = field(default_factory=list)
+    # the local answers per backend ("engine" or a [[local.backends]] name), and their errors
+    local_by_backend: dict[str, int] = field(default_factory=dict)
+    errors_by_backend: dict[str, list[float]] = field(default_factory=dict)
 
     def latencies(self) -> list[float]:
         return [r.latency_s for r in self.results]
@@ -140,12 +143,22 @@ def make_prompts(count: int, tokens: int, seed: int) -> list[str]:
 
 
 def settings_for(
-    db: Path, api: FakeAPI, *, predictive: bool, timeout_s: float, threads: int
+    db: Path,
+    api: FakeAPI,
+    *,
+    predictive: bool,
+    timeout_s: float,
+    threads: int,
+    backends: tuple[dict[str, Any], ...] = (),
 ) -> config.Settings:
+    """The bench's settings; ``backends`` are ``[[local.backends]]`` tables."""
+    local: dict[str, Any] = {"timeout_s": timeout_s, "n_threads": threads, "max_queue": 64}
+    if backends:
+        local["backends"] = list(backends)
     return config.from_dict(
         {
             "server": {"api_keys_env": "", "max_concurrency": 256},
-            "local": {"timeout_s": timeout_s, "n_threads": threads, "max_queue": 64},
+            "local": local,
             "fallback": {
                 "api_base": api.url,
                 "api_key_env": KEY_ENV,
@@ -155,6 +168,8 @@ def settings_for(
             "router": {"predictive": predictive},
             "quality": {"threshold": 0.0},
             "ledger": {"path": str(db), "flush_interval_s": 0.05},
+            # litellm's price, stated: the GPU check's machine runs without litellm
+            "pricing": {MODEL: {"input_per_mtok": 0.15, "output_per_mtok": 0.6}},
         },
         source="<bench>",
     )
@@ -185,10 +200,19 @@ async def run_burst(
     args: argparse.Namespace,
     timeout_s: float,
     workdir: Path,
+    *,
+    predictive: bool | None = None,
+    backends: tuple[dict[str, Any], ...] = (),
 ) -> Run:
-    db = workdir / f"{variant}-{time.monotonic_ns()}.db"
+    """One burst; ``predictive`` defaults to ``variant == "predictive"``."""
+    db = workdir / f"{variant.replace(' ', '_')}-{time.monotonic_ns()}.db"
     settings = settings_for(
-        db, api, predictive=variant == "predictive", timeout_s=timeout_s, threads=args.threads
+        db,
+        api,
+        predictive=variant == "predictive" if predictive is None else predictive,
+        timeout_s=timeout_s,
+        threads=args.threads,
+        backends=backends,
     )
     run = Run(variant)
     async with in_process(settings, engine, timeout_s=600) as client:
@@ -220,14 +244,15 @@ async def run_burst(
             "SELECT route, reason, local_ms, predicted_local_ms, actual_local_ms, "
             "local_completion_tokens FROM requests ORDER BY ts"
         ).fetchall()
-        run.errors = [
-            abs(p - a) / a
-            for p, a in conn.execute(
-                "SELECT predicted_local_ms, actual_local_ms FROM requests "
-                "WHERE route = 'local' AND predicted_local_ms IS NOT NULL "
-                "AND actual_local_ms > 0"
-            )
-        ]
+        for (backend,) in conn.execute("SELECT backend FROM requests WHERE route = 'local'"):
+            name = backend or "engine"
+            run.local_by_backend[name] = run.local_by_backend.get(name, 0) + 1
+        for backend, p, a in conn.execute(
+            "SELECT backend, predicted_local_ms, actual_local_ms FROM requests "
+            "WHERE route = 'local' AND predicted_local_ms IS NOT NULL AND actual_local_ms > 0"
+        ):
+            run.errors.append(abs(p - a) / a)
+            run.errors_by_backend.setdefault(backend or "engine", []).append(abs(p - a) / a)
     finally:
         conn.close()
     return run

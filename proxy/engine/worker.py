@@ -161,13 +161,8 @@ def _run_job(
         # n answers, grammars and tools (see tasks.py); each answer is scored there, which
         # keeps the gate's CPU off the proxy's event loop.
         run = tasks.complete if kind == "complete" else tasks.chat
-        completion = run(
-            model,
-            request,
-            on_token=on_token if stream else None,
-            should_stop=should_stop,
-            score=_score,
-        )
+        hooks = tasks.Hooks(on_token if stream else None, should_stop, _score)
+        completion = run(model, request, hooks)
     except PromptTooLong as exc:
         conn.send(("error", job_id, "context_overflow", str(exc)))
     except (grammar_mod.GrammarError, tasks.BadGrammar) as exc:

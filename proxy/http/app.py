@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -27,8 +28,6 @@ from proxy.errors import ProxyError
 from proxy.http import metrics as metrics_mod
 from proxy.http import responses_state
 from proxy.http.auth import AuthMiddleware, RequestGuard, sees_everything
-from proxy.http.chat import ChatHandler
-from proxy.http.completions import CompletionsHandler, EmbeddingsHandler
 from proxy.http.dashboard import Dashboard
 from proxy.http.disconnect import CancelOnDisconnect
 from proxy.http.lifespan import lifespan
@@ -36,7 +35,6 @@ from proxy.http.limits import InFlight, LimitsMiddleware
 from proxy.http.openapi import openapi_spec
 from proxy.http.render import exception_handlers, render, unexpected
 from proxy.http.report import ReportEndpoint
-from proxy.http.responses import ResponsesHandler
 from proxy.http.services import services_of
 from proxy.http.shares import KeyShareMiddleware, KeyShares
 from proxy.ledger.db.location import from_settings
@@ -139,24 +137,19 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
     return app
 
 
-async def _chat_completions(request: Request) -> Response:
-    handler: ChatHandler = request.app.state.chat
-    return await handler(request)
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-async def _completions(request: Request) -> Response:
-    handler: CompletionsHandler = request.app.state.completions
-    return await handler(request)
+def _handed_to(name: str) -> Endpoint:
+    """The endpoint that hands each request to the handler the lifespan keeps as
+    ``app.state.<name>`` (``chat``: a ChatHandler, ``completions``, ``embeddings``,
+    ``responses``), looked up per request, once the app has started."""
 
+    async def endpoint(request: Request) -> Response:
+        handler: Endpoint = getattr(request.app.state, name)
+        return await handler(request)
 
-async def _embeddings(request: Request) -> Response:
-    handler: EmbeddingsHandler = request.app.state.embeddings
-    return await handler(request)
-
-
-async def _responses(request: Request) -> Response:
-    handler: ResponsesHandler = request.app.state.responses
-    return await handler(request)
+    return endpoint
 
 
 async def _openapi(request: Request) -> Response:
@@ -238,15 +231,17 @@ def _routes(settings: Settings) -> list[Route]:
     both; the dashboard's files are read here, once (proxy/http/static/)."""
     dashboard = Dashboard()
     reports = ReportEndpoint(settings)
+    chat, completions = _handed_to("chat"), _handed_to("completions")
+    embeddings, responses = _handed_to("embeddings"), _handed_to("responses")
     return [
-        Route("/v1/chat/completions", _chat_completions, methods=["POST"]),
-        Route("/chat/completions", _chat_completions, methods=["POST"]),
-        Route("/v1/completions", _completions, methods=["POST"]),
-        Route("/completions", _completions, methods=["POST"]),
-        Route("/v1/embeddings", _embeddings, methods=["POST"]),
-        Route("/embeddings", _embeddings, methods=["POST"]),
-        Route("/v1/responses", _responses, methods=["POST"]),
-        Route("/responses", _responses, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/embeddings", embeddings, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/responses", responses, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses_state.one, methods=["GET", "DELETE"]),
         Route("/responses/{response_id}", responses_state.one, methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/input_items", responses_state.list_input_items),

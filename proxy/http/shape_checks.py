@@ -264,22 +264,28 @@ def _texts_or_token_ids(value: Any, *, empty_strings: bool) -> bool:
     )
 
 
-def _prompt(prompt: Any, _body: dict[str, Any]) -> None:
-    if not _texts_or_token_ids(prompt, empty_strings=True):
-        raise BadRequest(
-            "'prompt' must be a string, a list of strings, a list of token ids or a list of "
-            "lists of token ids (none of them empty)",
-            param="prompt",
-        )
+def _texts_check(param: str, *, empty_strings: bool, must: str) -> Check:
+    """The check of a parameter that is text or token ids (a completion's ``prompt``, the
+    embeddings' ``input``): anything else is a 400 saying what it ``must`` be."""
+
+    def check(value: Any, _body: dict[str, Any]) -> None:
+        if not _texts_or_token_ids(value, empty_strings=empty_strings):
+            raise BadRequest(f"'{param}' must be {must}", param=param)
+
+    return check
 
 
-def _input(data: Any, _body: dict[str, Any]) -> None:
-    if not _texts_or_token_ids(data, empty_strings=False):
-        raise BadRequest(
-            "'input' must be a non-empty string, a list of them, a list of token ids or a list "
-            "of lists of token ids",
-            param="input",
-        )
+_prompt = _texts_check(
+    "prompt",
+    empty_strings=True,
+    must="a string, a list of strings, a list of token ids or a list of lists of token ids "
+    "(none of them empty)",
+)
+_input = _texts_check(
+    "input",
+    empty_strings=False,
+    must="a non-empty string, a list of them, a list of token ids or a list of lists of token ids",
+)
 
 
 CHECKS: dict[str, Check] = {

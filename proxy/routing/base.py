@@ -11,10 +11,10 @@ The bundled engine and the remote servers implement it in ``proxy.routing.pool``
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.engine.local_engine import Answering
 from proxy.errors import EngineCrashed
 from proxy.routing.estimator import Prediction
 
@@ -32,8 +32,9 @@ class Choice:
     timeout_s: float
 
 
-class Backend:
-    """The interface of one local backend: the bundled engine, or a remote server."""
+class Backend(Answering):
+    """The interface of one local backend: the bundled engine, or a remote server; each
+    answers in :meth:`answer` what is asked of it by ``chat``."""
 
     name: str = ""
     kind: str = ""
@@ -56,16 +57,6 @@ class Backend:
         return None
 
     def predict(self, request: dict[str, Any], completion_tokens: float) -> Prediction:
-        raise NotImplementedError
-
-    async def chat(
-        self,
-        request: dict[str, Any],
-        *,
-        deadline: float,
-        on_token: Callable[[str], None] | None = None,
-        kind: str = "chat",
-    ) -> dict[str, Any]:
         raise NotImplementedError
 
     def health(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamil
 
 from proxy.config import Settings
 from proxy.engine.gate import Gate
-from proxy.engine.local_engine import LocalEngine
+from proxy.engine.local_engine import Ask, LocalEngine
 from proxy.errors import EngineBusy
 from proxy.routing.base import Backend, BackendDown, Choice, left, rounded
 from proxy.routing.estimator import (
@@ -93,16 +93,9 @@ class EngineBackend(Backend):
             completion_tokens=completion_tokens,
         )
 
-    async def chat(
-        self,
-        request: dict[str, Any],
-        *,
-        deadline: float,
-        on_token: Callable[[str], None] | None = None,
-        kind: str = "chat",
-    ) -> dict[str, Any]:
+    async def answer(self, request: dict[str, Any], ask: Ask) -> dict[str, Any]:
         self.memory.remember(request)
-        return await self.engine.chat(request, deadline=deadline, on_token=on_token, kind=kind)
+        return await self.engine.answer(request, ask)
 
     def health(self) -> dict[str, Any]:
         rates = self.engine.rates

@@ -50,6 +50,7 @@ import structlog
 
 from proxy.config import BackendSettings
 from proxy.engine.gate import Gate
+from proxy.engine.local_engine import Ask
 from proxy.engine.rates import PendingWork, Rates, WorkTracker
 from proxy.errors import EngineBusy, EngineCrashed, EngineTimeout
 from proxy.routing.base import Backend, BackendDown, left, rounded
@@ -61,6 +62,7 @@ from proxy.routing.remote_load import SOURCES, Load, LoadWatch, read_load, with_
 from proxy.routing.remote_rates import RemoteRates
 from proxy.routing.remote_stream import Relay, StreamCut
 from proxy.routing.remote_wire import (
+    Wire,
     completion_body,
     error_of,
     merge_answers,
@@ -345,16 +347,10 @@ class RemoteBackend(Backend):
 
     # -- one request -------------------------------------------------------------------------
 
-    async def chat(
-        self,
-        request: dict[str, Any],
-        *,
-        deadline: float,
-        on_token: Callable[[str], None] | None = None,
-        kind: str = "chat",
-    ) -> dict[str, Any]:
-        """Answer through the remote server before ``deadline``; with ``on_token``, as a stream
-        whose text is handed to ``on_token`` as it comes."""
+    async def answer(self, request: dict[str, Any], ask: Ask) -> dict[str, Any]:
+        """Answer through the remote server before ``ask.deadline``; with ``ask.on_token``, as
+        a stream whose text is handed to ``on_token`` as it comes."""
+        deadline, on_token, kind = ask.deadline, ask.on_token, ask.kind
         if self.state != "up":
             raise BackendDown(f"backend {self.name} is {self.state}")
         if self._slots.free <= 0 and self._slots.waiting >= self.settings.max_queue:
@@ -384,22 +380,10 @@ class RemoteBackend(Backend):
     def _body(
         self, request: dict[str, Any], cap: int, stream: bool, kind: str = "chat"
     ) -> dict[str, Any]:
+        wire = Wire(model=self.settings.model, cap=cap, logprobs=self.logprobs, kind=self.server)
         if kind == "complete":
-            return completion_body(
-                request,
-                model=self.settings.model,
-                cap=cap,
-                logprobs=self.logprobs,
-                kind=self.server,
-            )
-        return request_body(
-            request,
-            model=self.settings.model,
-            cap=cap,
-            logprobs=self.logprobs,
-            kind=self.server,
-            stream=stream,
-        )
+            return completion_body(request, wire)
+        return request_body(request, wire, stream=stream)
 
     async def _answer(
         self, request: dict[str, Any], asked: _Asked, on_token: Callable[[str], None] | None

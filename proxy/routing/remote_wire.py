@@ -12,6 +12,7 @@ in the engine's words (:func:`stop_cause`); the answer is scored by the engine's
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -20,6 +21,7 @@ from proxy.routing.remote_kinds import KINDS, Kind
 
 __all__ = [
     "NOT_FORWARDED",
+    "Wire",
     "completion_body",
     "error_of",
     "merge_answers",
@@ -32,24 +34,29 @@ __all__ = [
 NOT_FORWARDED = ("stream", "stream_options", "user", "metadata", "store", "service_tier")
 
 
-def request_body(
-    request: dict[str, Any],
-    *,
-    model: str,
-    cap: int,
-    logprobs: bool,
-    kind: Kind = KINDS["openai-compatible"],
-    stream: bool = False,
-) -> dict[str, Any]:
-    """The JSON body sent to the server for ``request``, answering at most ``cap`` tokens, in
-    the words of its ``kind``; ``stream``: asked as a stream (a ``live`` one)."""
+@dataclass(frozen=True, kw_only=True)
+class Wire:
+    """What shapes every body a server is sent: the ``model`` it is asked for, the token
+    ``cap`` when the client set none, whether ``logprobs`` are asked for the gate, and the
+    server's ``kind``."""
+
+    model: str
+    cap: int
+    logprobs: bool
+    kind: Kind = KINDS["openai-compatible"]
+
+
+def request_body(request: dict[str, Any], wire: Wire, *, stream: bool = False) -> dict[str, Any]:
+    """The JSON body sent to the server for ``request``, answering at most ``wire.cap`` tokens,
+    in the words of its kind; ``stream``: asked as a stream (a ``live`` one)."""
     body = {k: v for k, v in request.items() if k not in NOT_FORWARDED}
-    body["model"] = model
+    body["model"] = wire.model
     if not (body.get("max_tokens") or body.get("max_completion_tokens")):
-        body["max_tokens"] = cap  # [local] default_max_tokens, as the engine would
-    if logprobs and not request.get("logprobs"):
+        body["max_tokens"] = wire.cap  # [local] default_max_tokens, as the engine would
+    if wire.logprobs and not request.get("logprobs"):
         body.pop("top_logprobs", None)
-    body = kind.adapt(body, gate_logprobs=logprobs)
+    kind = wire.kind
+    body = kind.adapt(body, gate_logprobs=wire.logprobs)
     if stream:
         body["stream"] = True
         if kind.stream_usage:
@@ -57,22 +64,15 @@ def request_body(
     return body
 
 
-def completion_body(
-    request: dict[str, Any],
-    *,
-    model: str,
-    cap: int,
-    logprobs: bool,
-    kind: Kind = KINDS["openai-compatible"],
-) -> dict[str, Any]:
+def completion_body(request: dict[str, Any], wire: Wire) -> dict[str, Any]:
     """The JSON body sent to the server's ``/completions`` for a legacy completion ``request``
     (never streamed: it is scored whole, then replayed, as the engine's), answering at most
-    ``cap`` tokens, in the words of its ``kind``."""
+    ``wire.cap`` tokens, in the words of its kind."""
     body = {k: v for k, v in request.items() if k not in NOT_FORWARDED}
-    body["model"] = model
+    body["model"] = wire.model
     if not body.get("max_tokens"):
-        body["max_tokens"] = cap  # OpenAI's legacy default (16), as the engine would
-    return kind.adapt_completion(body, gate_logprobs=logprobs)
+        body["max_tokens"] = wire.cap  # OpenAI's legacy default (16), as the engine would
+    return wire.kind.adapt_completion(body, gate_logprobs=wire.logprobs)
 
 
 def split_n(request: dict[str, Any], calls: int) -> list[dict[str, Any]]:

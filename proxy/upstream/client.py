@@ -51,7 +51,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Any
 
 from proxy.config import FallbackSettings
@@ -65,7 +65,7 @@ from proxy.upstream.direct_route import DirectRoute
 from proxy.upstream.litellm_route import LitellmRoute
 from proxy.upstream.retry import BACKOFF_INITIAL_S, RetryPolicy
 from proxy.upstream.route import DIRECT, Answer, Kinds, Opened, Route
-from proxy.upstream.stream import UpstreamStream
+from proxy.upstream.stream import Closing, UpstreamStream
 
 __all__ = ["KINDS", "Upstream", "UpstreamResponse", "UpstreamStream"]
 
@@ -95,7 +95,7 @@ class UpstreamResponse:
     """``body`` as bytes: what upstream sent (decompressed), or ``body`` serialised once."""
 
 
-class Upstream:
+class Upstream(Closing):
     """The client of the fallback API. ``await start()`` before use, ``await aclose()`` after.
 
     ``backoff_s`` is the first retry's backoff (tests make it small); ``kinds`` the routes and
@@ -137,14 +137,6 @@ class Upstream:
     async def __aenter__(self) -> Upstream:
         await self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -- what can be asked for -----------------------------------------------------------------
 

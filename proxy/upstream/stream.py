@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import anyio
 
@@ -39,7 +39,27 @@ _RESPONSES_DELTAS = frozenset(
 )
 
 
-class UpstreamStream:
+class Closing:
+    """Something ``aclose()`` ends, which ``async with`` ends as well: the upstream client
+    (:class:`proxy.upstream.client.Upstream`, whose ``async with`` also starts it) and the
+    stream below."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class UpstreamStream(Closing):
     """An open upstream SSE stream: iterate it for ``bytes`` made of whole SSE events.
 
     It exists only once upstream has answered 200. Iterating relays events as they arrive; an
@@ -207,17 +227,6 @@ class UpstreamStream:
                 await close_source()
         finally:
             await self._close()
-
-    async def __aenter__(self) -> UpstreamStream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 class Generated:

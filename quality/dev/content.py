@@ -44,7 +44,6 @@ word." This module grades the same prompts under that notion (``correctness = "c
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -146,19 +145,6 @@ def _found(pattern: str, flags: int, answer: str) -> bool:
 # -- JSON --------------------------------------------------------------------------------------
 
 
-def _json_values(answer: str) -> Iterator[Any]:
-    """Every JSON object or array written in the answer: bare, fenced or inside prose."""
-    decoder = json.JSONDecoder()
-    for i, ch in enumerate(answer):
-        if ch in "[{":
-            try:
-                value, _ = decoder.raw_decode(answer, i)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(value, dict | list):
-                yield value
-
-
 def _leaves(value: Any) -> Iterator[Any]:
     if isinstance(value, dict):
         for v in value.values():
@@ -185,7 +171,7 @@ def _named(answer: str, value: Any) -> bool:
 def _json_content(answer: str, spec: dict[str, Any]) -> bool:
     want = spec.get("values")
     schema = spec.get("schema")
-    for value in _json_values(answer):
+    for value in schema_mod.json_values(answer):
         if schema is not None and schema_mod.validate(value, schema) is not True:
             continue
         if want is None or devset._same(value, want):

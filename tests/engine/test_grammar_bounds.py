@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 from proxy.engine import grammar, grammar_size
 from proxy.routing.servable import local_blocker
+from tests.conftest import fresh_python
 
 MSG = [{"role": "user", "content": "Answer in JSON."}]
 BOMB_PATTERNS = [
@@ -76,15 +75,7 @@ print(json.dumps({"reasons": reasons, "grew_mb": grew}))
 
 
 def run_fresh(requests: list[dict[str, Any]]) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE],
-        input=json.dumps(requests),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    result: dict[str, Any] = json.loads(done.stdout)
+    result: dict[str, Any] = json.loads(fresh_python(_PROBE, requests))
     return result
 
 

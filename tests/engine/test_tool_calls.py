@@ -190,7 +190,7 @@ def gate(request: dict[str, Any], completion: dict[str, Any]) -> dict[str, Any]:
 
 
 def answer(model: LocalModel, request: dict[str, Any]) -> dict[str, Any]:
-    return tasks.chat(model, request, on_token=None, should_stop=None, score=gate)
+    return tasks.chat(model, request, tasks.Hooks(on_token=None, should_stop=None, score=gate))
 
 
 def test_the_model_calls_get_weather_for_two_cities_in_one_answer(model: LocalModel) -> None:

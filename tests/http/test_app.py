@@ -12,10 +12,11 @@ import tiktoken
 from structlog.testing import capture_logs
 
 from proxy.engine.local_engine import LocalEngine
-from proxy.errors import InternalError, MethodNotAllowed, NotFound
+from proxy.errors import InternalError
 from proxy.http import sse
 from tests.conftest import FAKE_KEY, settings_for
 from tests.fake_api import FakeAPI
+from tests.test_errors import assert_404_and_405
 
 FACT = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 
@@ -395,16 +396,7 @@ async def test_unknown_path_and_wrong_method_are_openai_shaped(
     tmp_path: Path, fake_api: FakeAPI, make_client: Any
 ) -> None:
     async with make_client(settings_for(tmp_path, fake_api)) as client:
-        missing = await client.get("/v1/nothing-here", headers={"x-request-id": "req-404"})
-        wrong = await client.get("/v1/chat/completions", headers={"x-request-id": "req-405"})
-    assert missing.status_code == 404
-    assert missing.json() == NotFound("no such endpoint: GET /v1/nothing-here").body()
-    assert missing.headers["x-request-id"] == "req-404"
-    assert wrong.status_code == 405
-    message = "method GET is not allowed on /v1/chat/completions"
-    assert wrong.json() == MethodNotAllowed(message).body()
-    assert wrong.headers["allow"] == "POST"
-    assert wrong.headers["x-request-id"] == "req-405"
+        await assert_404_and_405(client, "/v1/nothing-here", "/v1/chat/completions")
 
 
 @pytest.mark.parametrize(

@@ -170,25 +170,22 @@ def test_ledger_write_failures_and_drops_come_from_the_ledgers_own_counters() ->
 
 def test_money_is_summed_exactly_in_picodollars() -> None:
     metrics = Metrics()
-    for _ in range(10):
+
+    def answered(route: str, reason: Reason, paid: int, counterfactual: int) -> None:
         metrics.observe(
             endpoint="chat.completions",
-            route="local",
-            reason=Reason.ACCEPTED,
+            route=route,
+            reason=reason,
             status=200,
             latency_s=0.1,
-            api_cost_pusd=0,
-            counterfactual_pusd=100_000,  # 1e-7 USD: 0.1 is not exact in binary
+            api_cost_pusd=paid,
+            counterfactual_pusd=counterfactual,
         )
-    metrics.observe(
-        endpoint="chat.completions",
-        route="api",
-        reason=Reason.LOW_QUALITY,
-        status=200,
-        latency_s=0.1,
-        api_cost_pusd=300_000,  # mapped to a pricier model: nothing saved, nothing subtracted
-        counterfactual_pusd=200_000,
-    )
+
+    for _ in range(10):
+        answered("local", Reason.ACCEPTED, 0, 100_000)  # 1e-7 USD: 0.1 is not exact in binary
+    # mapped to a pricier model: nothing saved, nothing subtracted
+    answered("api", Reason.LOW_QUALITY, 300_000, 200_000)
     samples = parse(metrics.render().decode())
     assert metrics.counterfactual_pusd == 1_200_000 and metrics.saved_pusd == 1_000_000
     assert value(samples, "frugal_saved_usd_total") == 1e-6

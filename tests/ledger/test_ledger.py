@@ -195,16 +195,6 @@ def test_a_migration_missed_out_of_order_is_applied_later(tmp_path: Path, missin
     conn.close()
 
 
-ROLLUP_FROM_ROWS = """
-SELECT CAST(ts / 86400 AS INTEGER), COALESCE(requested_model, ''), COALESCE(key_name, ''),
-       reason, route, status >= 400,
-       COUNT(*), COALESCE(SUM(api_cost_pusd), 0), COALESCE(SUM(counterfactual_cost_pusd), 0),
-       SUM(status < 400 AND counterfactual_cost_pusd IS NULL),
-       SUM(status < 400 AND counterfactual_cost_pusd IS NULL
-           AND counterfactual_prompt_tokens IS NULL),
-       TOTAL(latency_tax_ms), SUM(latency_tax_ms > 0)
-FROM requests GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 2, 3, 4, 5, 6
-"""
 KEYS = ["alice", "bob", "ci", None, ""]  # None: the proxy ran without keys
 
 
@@ -236,10 +226,34 @@ def insert_random_rows(conn: sqlite3.Connection, rng: random.Random, n: int, day
     conn.execute("COMMIT")
 
 
+def rollup_of_the_rows(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+    """The daily rollup summed here, in Python, from the rows themselves (not by the SQL the
+    migrations and triggers use): one tuple per (day, model, key, reason, route, failed), in
+    that order, with the rollup table's columns."""
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for ts, model, key, reason, route, status, paid, counterfactual, tokens, tax in conn.execute(
+        "SELECT ts, requested_model, key_name, reason, route, status, api_cost_pusd, "
+        "counterfactual_cost_pusd, counterfactual_prompt_tokens, latency_tax_ms FROM requests"
+    ):
+        day = int(ts // 86400)
+        sums = groups.setdefault(
+            (day, model or "", key or "", reason, route, int(status >= 400)), [0] * 7
+        )
+        uncosted = status < 400 and counterfactual is None
+        sums[0] += 1
+        sums[1] += paid or 0
+        sums[2] += counterfactual or 0
+        sums[3] += int(uncosted)
+        sums[4] += int(uncosted and tokens is None)
+        sums[5] += tax or 0.0
+        sums[6] += int((tax or 0.0) > 0)
+    return [(*group, *sums) for group, sums in sorted(groups.items())]
+
+
 def assert_rollup_is_the_sum_of_the_rows(conn: sqlite3.Connection) -> int:
     """Every rollup row equals a GROUP BY over the rows; returns how many there are."""
     rollup = conn.execute("SELECT * FROM requests_daily ORDER BY 1, 2, 3, 4, 5, 6").fetchall()
-    expected = conn.execute(ROLLUP_FROM_ROWS).fetchall()
+    expected = rollup_of_the_rows(conn)
     assert len(rollup) == len(expected)
     for got, want in zip(rollup, expected, strict=True):
         assert (got[:11], got[12]) == (want[:11], want[12])
@@ -287,15 +301,20 @@ def test_upgrading_to_the_key_rollup_sums_the_rows_of_every_key(tmp_path: Path) 
 # -- bad database files --------------------------------------------------------------------------
 
 
+def not_usable(db: Path) -> str:
+    """The whole error a corrupt ledger file gets, naming the key, the file and the fix."""
+    return (
+        f"[ledger] path = {str(db)!r}: not a usable SQLite database (file is not a database); "
+        "move the file aside or point [ledger] path elsewhere"
+    )
+
+
 def test_a_corrupt_file_is_a_clear_error(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     db.write_bytes(b"this is not a database, it is a shopping list\n" * 100)
     with pytest.raises(ConfigError) as info:
         open_database(str(db))
-    assert str(info.value) == (
-        f"[ledger] path = {str(db)!r}: not a usable SQLite database (file is not a database); "
-        "move the file aside or point [ledger] path elsewhere"
-    )
+    assert str(info.value) == not_usable(db)
 
 
 def test_a_locked_database_is_a_clear_error(tmp_path: Path) -> None:
@@ -330,10 +349,7 @@ def test_serve_refuses_to_start_on_a_corrupt_ledger(tmp_path: Path) -> None:
     db.write_bytes(b"\x00garbage" * 1000)
     out = serve_once(tmp_path, db)
     assert out.returncode == 2
-    assert out.stderr.strip() == (
-        f"frugal: config error: [ledger] path = {str(db)!r}: not a usable SQLite database "
-        "(file is not a database); move the file aside or point [ledger] path elsewhere"
-    )
+    assert out.stderr.strip() == "frugal: config error: " + not_usable(db)
 
 
 def test_serve_refuses_to_start_on_a_locked_ledger(tmp_path: Path) -> None:

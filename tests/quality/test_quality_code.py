@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import ast
-import json
-import subprocess
-import sys
 
 import pytest
 
 from quality import score
 from quality._view import view_of
 from quality.code_check import asked_expression, code_check, never_returns
+from tests.conftest import fresh_python
 from tests.quality.test_quality_code_eval import BOMBS
 from tests.quality.test_quality_signals import completion, request
 
@@ -133,12 +131,4 @@ for source in json.loads(sys.stdin.read()):
     score(request(prompt), completion("It prints a very long string."))
 print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
 """
-    done = subprocess.run(
-        [sys.executable, "-c", probe],
-        input=json.dumps(BOMBS),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert float(done.stdout.strip().splitlines()[-1]) < 50
+    assert float(fresh_python(probe, BOMBS).strip().splitlines()[-1]) < 50

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from proxy import config
-from proxy.engine.local_engine import LocalEngine
+from proxy.engine.local_engine import Ask, LocalEngine
 from proxy.engine.rates import Rates
 from proxy.errors import ConfigError, EngineTimeout
 from proxy.routing.base import Backend, BackendDown
@@ -374,14 +374,7 @@ class StubBackend(Backend):
             rates_source="stub",
         )
 
-    async def chat(
-        self,
-        request: dict[str, Any],
-        *,
-        deadline: float,
-        on_token: Callable[[str], None] | None = None,
-        kind: str = "chat",
-    ) -> dict[str, Any]:
+    async def answer(self, request: dict[str, Any], ask: Ask) -> dict[str, Any]:
         self.calls += 1
         if self.fail is not None:
             raise self.fail

@@ -14,7 +14,7 @@ import pytest
 
 from proxy.routing.base import BackendDown
 from proxy.routing.remote_kinds import KINDS
-from proxy.routing.remote_wire import completion_body
+from proxy.routing.remote_wire import Wire, completion_body
 from tests.routing.test_backends import remote
 
 PROMPT = {"model": "gpt-4o-mini", "prompt": "The capital of France is", "max_tokens": 8}
@@ -101,19 +101,18 @@ def test_a_kind_takes_a_legacy_completion_with_one_string_prompt(
 def test_a_legacy_completion_is_sent_in_the_kinds_words() -> None:
     body = completion_body(
         {**PROMPT, "prompt": ["one"], "stream": True, "user": "u"},
-        model="local",
-        cap=8,
-        logprobs=True,
-        kind=KINDS["vllm"],
+        Wire(model="local", cap=8, logprobs=True, kind=KINDS["vllm"]),
     )
     # one string prompt; never streamed (scored whole); logprobs (a count) asked for the gate
     assert body == {"model": "local", "prompt": "one", "max_tokens": 8, "logprobs": 1}
     # llama-cpp-python computes logprobs in Python: not asked for the gate; the client's kept
     slow = KINDS["llama-cpp-python"]
     plain = {k: v for k, v in PROMPT.items() if k != "max_tokens"}
-    body = completion_body(plain, model="local", cap=16, logprobs=False, kind=slow)
+    body = completion_body(plain, Wire(model="local", cap=16, logprobs=False, kind=slow))
     assert body == {"model": "local", "prompt": PROMPT["prompt"], "max_tokens": 16}
-    asked = completion_body({**PROMPT, "logprobs": 0}, model="m", cap=8, logprobs=False, kind=slow)
+    asked = completion_body(
+        {**PROMPT, "logprobs": 0}, Wire(model="m", cap=8, logprobs=False, kind=slow)
+    )
     assert asked["logprobs"] == 0
 
 

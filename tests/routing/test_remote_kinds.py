@@ -21,7 +21,7 @@ from proxy.errors import ConfigError, EngineCrashed
 from proxy.routing.base import BackendDown
 from proxy.routing.remote_kinds import KINDS
 from proxy.routing.remote_stream import StreamCut, StreamedAnswer
-from proxy.routing.remote_wire import request_body
+from proxy.routing.remote_wire import Wire, request_body
 from tests.conftest import settings_for
 from tests.routing.test_backends import QUESTION, REQUEST, remote
 
@@ -94,7 +94,8 @@ def test_llama_cpp_python_is_asked_in_its_own_words() -> None:
         "stream_options": {"include_usage": True},
     }
     del request["max_tokens"]
-    body = request_body(request, model="local", cap=512, logprobs=True, kind=kind, stream=True)
+    wire = Wire(model="local", cap=512, logprobs=True, kind=kind)
+    body = request_body(request, wire, stream=True)
     # json_schema gets an HTTP 500 there; its own json_object form takes the schema
     assert body["response_format"] == {"type": "json_object", "schema": SCHEMA}
     # max_completion_tokens is ignored there: the cap goes as max_tokens
@@ -104,15 +105,15 @@ def test_llama_cpp_python_is_asked_in_its_own_words() -> None:
     # no usage chunk comes, so none is asked for
     assert body["stream"] is True and "stream_options" not in body
     tools = request_body(
-        {**REQUEST, "tools": TOOLS, "tool_choice": "none"}, model="m", cap=8, logprobs=False,
-        kind=kind,
-    )  # fmt: skip
+        {**REQUEST, "tools": TOOLS, "tool_choice": "none"},
+        Wire(model="m", cap=8, logprobs=False, kind=kind),
+    )
     assert "tools" not in tools and "tool_choice" not in tools
 
 
 def test_an_openai_compatible_server_is_sent_the_request_as_it_came() -> None:
     request = {**REQUEST, "response_format": JSON_SCHEMA, "max_completion_tokens": 5}
-    body = request_body(request, model="local", cap=512, logprobs=True, stream=True)
+    body = request_body(request, Wire(model="local", cap=512, logprobs=True), stream=True)
     assert body["response_format"] == JSON_SCHEMA and body["max_completion_tokens"] == 5
     assert body["logprobs"] is True and "top_logprobs" not in body
     assert body["stream_options"] == {"include_usage": True}
