@@ -117,6 +117,9 @@ def test_a_split_gguf_is_pulled_in_full(
     (row,) = _listed(capsys)
     assert row["files"] == 2 and row["size_bytes"] == len(joined)
     assert row["path"] == str(snapshot / SPLIT_FILES[0])  # llama.cpp opens the first part
+    assert main(["models", "rm", f"{SPLIT}:Q8_0"]) == 0  # every part, and their blobs
+    assert not _cache(tmp_path, SPLIT).exists()
+    assert _listed(capsys) == []
 
 
 def test_the_pull_shows_a_progress_bar_in_a_terminal(hub: StandInHub, tmp_path: Path) -> None:
