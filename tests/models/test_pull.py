@@ -26,7 +26,7 @@ from proxy.cli import main
 from proxy.config import LocalSettings, from_dict
 from proxy.config.model_name import ModelName
 from proxy.engine.generate import bundled_model_path
-from proxy.models import ModelsError, pull
+from proxy.models import ModelsError, fit, pull
 from quality.relevance import gguf_path
 from tests.models.conftest import (
     GATED,
@@ -244,6 +244,16 @@ def test_the_fit_line_counts_the_kv_cache_of_every_sequence(hub: StandInHub) -> 
     sink = _Sink()
     pull.pull(ModelName.parse(f"{MINI}:Q8_0"), LocalSettings(parallel=2), out=sink)
     assert "parallel 2" in sink.text and "batch_kv_cache" in sink.text
+
+
+def test_the_fit_line_says_the_headroom_the_guard_s_estimate_leaves(hub: StandInHub) -> None:
+    local = LocalSettings()
+    needed = fit.plan(hub.repos[MINI][MINI_FILE].size, local, available=(1 << 40, "t")).estimate
+    room = needed.total + 300 * (1 << 20)  # the estimate, and 300 MiB more
+    sink = _Sink()
+    pull.pull(ModelName.parse(f"{MINI}:Q8_0"), local, available=(room, "a test box"), out=sink)
+    assert f"memory: fits: about {needed.total / (1 << 20):.0f} MiB at n_ctx=4096, " in sink.text
+    assert "available " in sink.text and "; headroom about 300 MiB" in sink.text
 
 
 @pytest.mark.parametrize(
