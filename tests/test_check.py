@@ -49,6 +49,7 @@ def test_a_ready_machine_passes_every_check(
     assert code == 0
     assert "ok   config: " + str(tmp_path / "frugal.toml") in out
     assert "ok   model: " + bundled_model_path() in out and "Q4_1" in out
+    assert "ok   chat template: the model's own (tokenizer.chat_template, " in out
     assert "ok   memory: about " in out and "kv_cache" in out and "n_ctx=4096" in out
     assert "ok   relevance: " in out and "all-MiniLM-L6-v2.Q8_0.gguf (25 MB)" in out
     assert f"ok   upstream: GET {fake_api.url}/models answered 200" in out
@@ -131,6 +132,7 @@ def test_a_base_model_without_chat_template_is_reported(tmp_path: Path, check: C
     assert code == 1
     assert f"ok   model: {model} (gemma3, Q4_K_M" in out
     assert "FAIL model: " in out and "has no chat template" in out
+    assert "ok   chat template" not in out
 
 
 def test_quantize_writes_a_q4_k_m_file_that_loads_and_answers(

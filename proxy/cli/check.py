@@ -4,8 +4,8 @@ It checks, without starting the engine:
 
 * the config (parsed and validated as ``frugal serve`` would);
 * the model file (``[local] model_path``, or ``[local] model`` found in the Hugging Face cache)
-  and the draft model: present, a readable GGUF, with a chat template, and a draft sharing the
-  model's vocabulary;
+  and the draft model: present, a readable GGUF, with a chat template (reported, or refused when
+  absent: a base model), and a draft sharing the model's vocabulary;
 * the quality gate: calibrated for the model's SHA-256, or the shipped prior fitted to SmolLM2;
 * the memory estimate (``proxy/engine/memory.py``) against the RAM available;
 * the upstream API: a GET on ``{api_base}/models`` with a 3 s timeout (reported, not fatal: the
@@ -133,10 +133,16 @@ def _models(report: Report, settings: config_mod.Settings) -> None:
     if header is None:
         return
     _gate(report, settings, path, cached.sha256 if cached else None, bundled=path == bundled)
-    if not header.metadata.get("tokenizer.chat_template"):
+    template = header.metadata.get("tokenizer.chat_template")
+    if not template:
         report.fail(
             f"model: {path} has no chat template (tokenizer.chat_template)",
             "use an instruction-tuned (chat) GGUF; base models cannot follow chat requests",
+        )
+    else:
+        report.ok(
+            f"chat template: the model's own (tokenizer.chat_template, {len(str(template))} "
+            "characters), which every chat request is rendered with"
         )
     if local.n_ctx > header.n_ctx_train > 0:
         report.warn(

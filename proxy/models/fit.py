@@ -39,7 +39,11 @@ def plan(
 
 
 def line(p: memory.MemoryPlan) -> str:
-    """``fits: about … MiB at n_ctx=…`` or ``does not fit: …``, with the guard's notes."""
+    """``fits: about … MiB at n_ctx=…``, with the headroom left, or ``does not fit: …``, with
+    the guard's notes."""
     verdict = "fits" if p.fits else "does not fit"
     notes = "".join(f"; {n}" for n in p.notes)
+    if p.fits and p.available is not None:
+        spare = (p.available - p.estimate.total) / (1 << 20)
+        notes = f"; headroom about {spare:.0f} MiB" + notes
     return f"{verdict}: {memory.summary(p)} (estimated from the file size){notes}"

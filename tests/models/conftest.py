@@ -22,6 +22,8 @@ SPLIT = "test-org/MiniLM-split-GGUF"
 SPLIT_FILES = ("MiniLM-Q8_0-00001-of-00002.gguf", "MiniLM-Q8_0-00002-of-00002.gguf")
 HUGE = "test-org/Huge-70B-Instruct-GGUF"
 HUGE_FILE = "Huge-70B-Instruct-Q4_K_M.gguf"
+GATED = "test-org/Gated-MiniLM-GGUF"  # its files need HF_TOKEN = GATED_TOKEN
+GATED_TOKEN = "hf_gatedTOKENthatMayReadIt0123"
 GEMMA = "test-org/gemma-3-270m-GGUF"  # a base model: no chat template
 GEMMA_FILE = "gemma-3-270m-Q4_K_M.gguf"
 GiB = 1 << 30
@@ -41,6 +43,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInHub]:
         hub.add(MINI, MINI_FILE, mini)
         for name in SPLIT_FILES:
             hub.add(SPLIT, name, folder / name)
+        hub.add(GATED, MINI_FILE, mini)
+        hub.gated[GATED] = GATED_TOKEN
         hub.add(HUGE, HUGE_FILE, mini, size=40 * 10**9)  # the listing says 40 GB
         gemma = folder / GEMMA_FILE  # the real Q4_K_M, from its four wheel chunks
         with gemma.open("wb") as out:

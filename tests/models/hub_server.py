@@ -15,8 +15,10 @@ An unknown repository is 404 with ``X-Error-Code: RepoNotFound``, an unknown fil
 Fault knobs: ``cut_at[file] = n`` sends the full ``Content-Length`` and drops the connection after
 ``n`` bytes (once), and ``down_after_cut`` answers every later request 503 until ``down`` is
 cleared, as a network outage would; ``flip_at[file] = i`` serves the file with byte ``i``
-inverted (its listing keeps the true SHA-256). A file may advertise a size of its own
-(``size=``, say 40 GB) and is then never expected to be asked for.
+inverted (its listing keeps the true SHA-256). ``gated[repo] = token`` makes a repository gated
+as the hub does it: its listing is public, and its files answer 401 with ``X-Error-Code:
+GatedRepo`` to a request without ``Authorization: Bearer token``. A file may advertise a size of
+its own (``size=``, say 40 GB) and is then never expected to be asked for.
 
 What it saw: ``requests`` (method, path, Range header, Authorization header) and
 ``served[file]``, the body bytes written for each file.
@@ -60,6 +62,7 @@ class StandInHub:
     repos: dict[str, dict[str, Entry]] = field(default_factory=dict)
     cut_at: dict[str, int] = field(default_factory=dict)
     flip_at: dict[str, int] = field(default_factory=dict)
+    gated: dict[str, str] = field(default_factory=dict)  # repo -> the token that may read it
     down_after_cut: bool = False
     down: bool = False
     requests: list[Request] = field(default_factory=list)
@@ -152,6 +155,10 @@ class StandInHub:
         files = self.repos.get(repo)
         if files is None:
             return _send(h, 404, NO_REPO, head=head, code="RepoNotFound")
+        token = self.gated.get(repo)
+        if token is not None and h.headers.get("Authorization") != f"Bearer {token}":
+            return _send(h, 401, b'{"error": "gated"}', head=head, code="GatedRepo",
+                         message=f"Access to model {repo} is restricted.")  # fmt: skip
         entry = files.get(name)
         if entry is None:
             return _send(h, 404, b'{"error": "Entry not found"}', head=head, code="EntryNotFound")
@@ -196,7 +203,13 @@ class StandInHub:
 
 
 def _send(
-    h: BaseHTTPRequestHandler, status: int, body: bytes, *, head: bool, code: str | None = None
+    h: BaseHTTPRequestHandler,
+    status: int,
+    body: bytes,
+    *,
+    head: bool,
+    code: str | None = None,
+    message: str | None = None,
 ) -> None:
     h.send_response(status)
     h.send_header("Content-Type", "application/json")
@@ -204,6 +217,8 @@ def _send(
     h.send_header("X-Repo-Commit", COMMIT)
     if code:
         h.send_header("X-Error-Code", code)
+    if message:
+        h.send_header("X-Error-Message", message)
     h.end_headers()
     if not head:
         h.wfile.write(body)

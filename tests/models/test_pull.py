@@ -8,19 +8,29 @@ connection, an outage, a flipped byte, a 40 GB listing) are the server's.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from proxy.cli import main
-from proxy.config import LocalSettings
+from proxy.config import LocalSettings, from_dict
 from proxy.config.model_name import ModelName
 from proxy.engine.generate import bundled_model_path
-from proxy.models import ModelsError, pull
+from proxy.models import ModelsError, fit, pull
 from quality.relevance import gguf_path
 from tests.models.conftest import (
+    GATED,
+    GATED_TOKEN,
     HUGE,
     MINI,
     MINI_FILE,
@@ -52,8 +62,10 @@ def test_pull_list_and_rm_a_real_gguf(
     size = Path(bundled_model_path()).stat().st_size
     assert f"{SMOL}:Q4_1: {SMOL_FILE} ({size / 1e9:.2f} GB)" in err
     assert "memory: fits: about " in err and "n_ctx=4096, parallel 4" in err
-    assert f'model = "{SMOL}:Q4_1"' in out  # the config line that serves it
-    assert "auto_calibrate = true" in out and "[audit]" in out
+    printed = from_dict(tomllib.loads(out), source="the pull's output")  # pasteable
+    assert printed.local.model == f"{SMOL}:Q4_1"  # the line that serves it
+    assert printed.audit.rate > 0 and printed.quality.auto_calibrate  # those that calibrate it
+    assert printed.quality.weights_path == "frugal-weights.json"
     pulled = _cache(tmp_path, SMOL) / "snapshots" / COMMIT / SMOL_FILE
     assert pulled.read_bytes() == Path(bundled_model_path()).read_bytes()
     assert hub.served[SMOL_FILE] == size  # once, whole
@@ -105,6 +117,42 @@ def test_a_split_gguf_is_pulled_in_full(
     (row,) = _listed(capsys)
     assert row["files"] == 2 and row["size_bytes"] == len(joined)
     assert row["path"] == str(snapshot / SPLIT_FILES[0])  # llama.cpp opens the first part
+    assert main(["models", "rm", f"{SPLIT}:Q8_0"]) == 0  # every part, and their blobs
+    assert not _cache(tmp_path, SPLIT).exists()
+    assert _listed(capsys) == []
+
+
+def test_the_pull_shows_a_progress_bar_in_a_terminal(hub: StandInHub, tmp_path: Path) -> None:
+    """The real ``frugal models pull`` in a pseudo-terminal, as a user at a shell runs it: the hub
+    client's bar counts the file's bytes up to 100% (it draws none into a pipe or a log)."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 100 columns
+    with subprocess.Popen(
+        [sys.executable, "-m", "proxy", "models", "pull", f"{MINI}:Q8_0"],
+        stdin=subprocess.DEVNULL,
+        stdout=follower,
+        stderr=follower,
+        env=env,
+        cwd=tmp_path,
+    ) as proc:
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:  # EIO: the command exited and the terminal closed
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(leader)
+        assert proc.wait() == 0, shown.decode(errors="replace")
+    text = shown.decode(errors="replace")
+    size = hub.repos[MINI][MINI_FILE].size
+    assert f"{MINI_FILE}: 100%|" in text
+    assert f"{size / 1e6:.1f}M/{size / 1e6:.1f}M" in text  # every byte counted
+    assert hub.served[MINI_FILE] == size
 
 
 def test_a_cut_download_is_resumed_by_the_next_pull(
@@ -198,6 +246,16 @@ def test_the_fit_line_counts_the_kv_cache_of_every_sequence(hub: StandInHub) -> 
     assert "parallel 2" in sink.text and "batch_kv_cache" in sink.text
 
 
+def test_the_fit_line_says_the_headroom_the_guard_s_estimate_leaves(hub: StandInHub) -> None:
+    local = LocalSettings()
+    needed = fit.plan(hub.repos[MINI][MINI_FILE].size, local, available=(1 << 40, "t")).estimate
+    room = needed.total + 300 * (1 << 20)  # the estimate, and 300 MiB more
+    sink = _Sink()
+    pull.pull(ModelName.parse(f"{MINI}:Q8_0"), local, available=(room, "a test box"), out=sink)
+    assert f"memory: fits: about {needed.total / (1 << 20):.0f} MiB at n_ctx=4096, " in sink.text
+    assert "available " in sink.text and "; headroom about 300 MiB" in sink.text
+
+
 @pytest.mark.parametrize(
     "name",
     ["../etc/passwd", "owner/name/extra", "owner/..", "owner/na..me", "owner/name;rm -rf ~",
@@ -222,6 +280,34 @@ def test_no_such_repository_and_the_token_stays_secret(
     assert "no repository test-org/Nothing-GGUF on " in err and "set HF_TOKEN" in err
     assert secret not in out + err
     assert hub.requests[0].authorization == f"Bearer {secret}"  # it was sent, to the hub only
+
+
+def test_a_gated_repository_needs_hf_token_and_is_pulled_with_it(
+    hub: StandInHub,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["models", "pull", f"{GATED}:Q8_0"]) == 1  # no token
+    err = capsys.readouterr().err
+    assert f"frugal models: {GATED} on {hub.url} is gated: accept its terms on the hub, " in err
+    assert "then set HF_TOKEN to a token that may read it" in err
+    assert hub.served == {}
+
+    monkeypatch.setenv("HF_TOKEN", "hf_aTokenThatMayNotReadIt000000")
+    assert main(["models", "pull", f"{GATED}:Q8_0"]) == 1
+    out, err = capsys.readouterr()
+    assert "is gated: accept its terms" in err and "hf_aTokenThatMayNot" not in out + err
+
+    monkeypatch.setenv("HF_TOKEN", GATED_TOKEN)
+    hub.requests.clear()
+    assert main(["models", "pull", f"{GATED}:Q8_0"]) == 0
+    out, err = capsys.readouterr()
+    assert GATED_TOKEN not in out + err
+    files = [r for r in hub.requests if "/resolve/" in r.path]
+    assert files and all(r.authorization == f"Bearer {GATED_TOKEN}" for r in files)
+    blob = _cache(tmp_path, GATED) / "blobs" / hub.repos[GATED][MINI_FILE].sha256
+    assert blob.read_bytes() == gguf_path().read_bytes()
 
 
 def test_pull_refuses_offline_mode(

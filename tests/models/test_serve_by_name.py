@@ -114,6 +114,7 @@ def test_frugal_check_reports_the_cached_model_its_fit_and_its_gate(
     assert check(str(cfg)) == 0
     out = capsys.readouterr().out
     assert f"ok   model: {tmp_path / 'hf-cache'}" in out and "(llama, Q4_1" in out
+    assert "ok   chat template: the model's own (tokenizer.chat_template, " in out
     assert "ok   memory: about " in out and "parallel 4" in out
     assert (
         "warn gate: the gate uses the shipped prior, fitted to SmolLM2 (not calibrated for this "
@@ -197,3 +198,4 @@ def test_frugal_check_refuses_a_pulled_base_model_without_a_chat_template(
     out = capsys.readouterr().out
     assert "(gemma3, Q4_K_M" in out
     assert "FAIL model: " in out and "has no chat template" in out
+    assert "ok   chat template" not in out
