@@ -21,7 +21,7 @@ PY=${PYTHON3:-python3}
 THREADS=${THREADS:-3}
 SLOTS=${SLOTS:-4}
 REQUESTS=${REQUESTS:-16}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-2}
 PORT=${PORT:-18091}
 BENCH_ARGS=${BENCH_ARGS:-}  # more bench/routing_backends.py options, e.g. "--max-tokens 32"
 RESULTS=${OUT:-$DIR/out}
@@ -44,8 +44,26 @@ log "model joined and checked"
 # The app reads its SQL migrations as the package proxy.migrations, which an installed frugal
 # maps to migrations/ (pyproject.toml). This copy of the tree is not installed: a link does it.
 [ -e proxy/migrations ] || ln -s ../migrations proxy/migrations
-export PYTHONPATH=$DIR/site LLAMA_CPP_LIB_PATH=$DIR/lib PYTHONUNBUFFERED=1
-export LD_LIBRARY_PATH=$DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# The bundled engine's CPU library: the device's own build (call 1), else the one our wheel ships
+# (.gpu2/lib-here.tar.xz), whichever first loads the model in a child process.
+mkdir -p "$DIR/lib-here"
+[ -f .gpu2/lib-here.tar.xz ] && tar -xJf .gpu2/lib-here.tar.xz -C "$DIR/lib-here"
+LIB=
+for candidate in "$DIR/lib" "$DIR/lib-here"; do
+    [ -e "$candidate/libllama.so" ] || continue
+    if PYTHONPATH=$DIR/site LLAMA_CPP_LIB_PATH=$candidate LD_LIBRARY_PATH=$candidate \
+        "$PY" -c "from llama_cpp import Llama; Llama(model_path='$MODEL', n_threads=$THREADS, verbose=True)" \
+        >"$DIR/load-test.log" 2>&1; then
+        LIB=$candidate
+        log "the bundled engine's library: $candidate (it loads the model)"
+        break
+    fi
+    log "the library in $candidate does not load the model (status $?); its log ends:"
+    tail -6 "$DIR/load-test.log"
+done
+[ -n "$LIB" ] || { echo "call2.sh: no CPU library loads the model" >&2; exit 1; }
+export PYTHONPATH=$DIR/site LLAMA_CPP_LIB_PATH=$LIB PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 NGL=()
 [ "$GPU" = 1 ] && NGL=(-ngl 99)

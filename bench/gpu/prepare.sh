@@ -73,10 +73,18 @@ done
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${platforms[@]}" -d .gpu1/whl "${WHEELS[@]}"
 
-# 4. The bundled model, cut so that the two folders weigh the same, and its SHA-256.
+# 4. The CPU libraries our own llama-cpp-python wheel ships (./dev's build on this machine), a
+# second candidate for the bundled engine there: call2.sh uses the first of the device's build
+# and these that loads the model in a child process (the device's build once crashed in it).
+LIBS=$("$PY" -c 'import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).parent / "lib")')
+tar -cJf .gpu2/lib-here.tar.xz -C "$LIBS" --dereference \
+    libllama.so libllama.so.0 libggml.so libggml.so.0 libggml-base.so libggml-base.so.0 \
+    libggml-cpu.so libggml-cpu.so.0
+
+# 5. The bundled model, cut so that the two folders weigh the same, and its SHA-256.
 MODEL=$("$PY" -c 'from proxy.engine.model_files import bundled_model_path; print(bundled_model_path())')
 SIZE=$(stat -c %s "$MODEL")
-EXTRA=$(du -sb --apparent-size .gpu1 | cut -f1)
+EXTRA=$(($(du -sb --apparent-size .gpu1 | cut -f1) - $(du -sb --apparent-size .gpu2 | cut -f1)))
 FIRST=$(((SIZE - EXTRA) / 2))
 [ "$FIRST" -gt 0 ] || FIRST=1
 head -c "$FIRST" "$MODEL" >.gpu1/model.part1
