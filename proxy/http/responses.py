@@ -388,6 +388,8 @@ async def _relayed(
                 response = payload.get("response")
                 if isinstance(response, dict):
                     payload["response"] = response = _ours(response, asked, our_id)
+                    if payload.get("type") == "response.failed":  # the API's own failure
+                        ex.error = str((response.get("error") or {}).get("code") or "failed")
                     if payload.get("type") in _LAST:
                         usage = chat_usage(response.get("usage"))
                         stream.usage = usage
