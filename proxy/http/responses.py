@@ -124,6 +124,10 @@ class ResponsesHandler(ChatHandler):
 
         async def keep(response: dict[str, Any]) -> None:
             response["previous_response_id"] = previous
+            usage = response.get("usage")
+            if ex.route == "local" and isinstance(usage, dict):
+                # The prefix the engine reused (chat's public usage leaves its details out).
+                usage["input_tokens_details"] = {"cached_tokens": ex.cached_tokens}
             if (
                 cache_key is not None
                 and self.services.quotas is not None
