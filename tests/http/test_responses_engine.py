@@ -1,15 +1,17 @@
 """The local engine's own work for ``/v1/responses`` as for chat: a chain continued with
 ``previous_response_id`` is prefilled from the earlier turn's reused prefix, and says so in the
-Responses' usage (``input_tokens_details.cached_tokens``) and on the ledger row. The real
-SmolLM2 and the official ``openai`` SDK against the in-process app."""
+Responses' usage (``input_tokens_details.cached_tokens``) and on the ledger row. And its batch:
+two ``/v1/responses`` requests decoded together. The real SmolLM2 and the in-process app."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import openai
 
+from proxy.engine.local_engine import LocalEngine
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows
@@ -55,3 +57,33 @@ async def test_a_local_chain_reuses_the_earlier_turns_prefix(
     assert sorted(row["cached_tokens"] for row in by_id.values()) == sorted(
         [first.usage.input_tokens_details.cached_tokens, reused]
     )
+
+
+async def test_responses_share_the_engines_batch_with_each_other(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """``[local] parallel = 2``: a second ``/v1/responses`` request joins the first one's decode
+    steps instead of waiting for it."""
+    settings = settings_for(tmp_path, fake_api, local={"n_ctx": 1024, "parallel": 2})
+    long = {
+        "model": "gpt-4o-mini",
+        "input": "Write a very long story about a lighthouse keeper.",
+        "max_output_tokens": 160,
+    }
+    short = {"model": "gpt-4o-mini", "input": "What is 2 + 2?", "max_output_tokens": 16}
+    async with make_client(settings, own_engine=True) as http:
+        engine: LocalEngine = http.app.state.services.engine
+        running = asyncio.create_task(http.post("/v1/responses", json=long, headers=LOCAL))
+        for _ in range(500):  # until the long one is being decoded
+            if engine.active == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert engine.active == 1
+        second = await http.post("/v1/responses", json=short, headers=LOCAL)
+        first = await running
+        health = engine.health()
+    assert (first.status_code, second.status_code) == (200, 200)
+    assert first.headers["x-frugal-route"] == second.headers["x-frugal-route"] == "local"
+    assert health["parallel"] == 2
+    assert health["batch"]["max_rows_per_step"] >= 2  # they did share decode steps
+    assert fake_api.count == 0
