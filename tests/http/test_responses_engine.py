@@ -1,7 +1,8 @@
 """The local engine's own work for ``/v1/responses`` as for chat: a chain continued with
 ``previous_response_id`` is prefilled from the earlier turn's reused prefix, and says so in the
-Responses' usage (``input_tokens_details.cached_tokens``) and on the ledger row. And its batch:
-two ``/v1/responses`` requests decoded together. The real SmolLM2 and the in-process app."""
+Responses' usage (``input_tokens_details.cached_tokens``) and on the ledger row. And its batch
+(two ``/v1/responses`` requests decoded together) and its speculation. The real SmolLM2 and
+the in-process app."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import openai
 
 from proxy.engine.local_engine import LocalEngine
 from tests.conftest import settings_for
+from tests.engine.test_speculative import PARAGRAPH
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows
 
@@ -87,3 +89,26 @@ async def test_responses_share_the_engines_batch_with_each_other(
     assert health["parallel"] == 2
     assert health["batch"]["max_rows_per_step"] >= 2  # they did share decode steps
     assert fake_api.count == 0
+
+
+async def test_a_greedy_copy_heavy_answer_is_speculated(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any, engine: LocalEngine
+) -> None:
+    """Prompt-lookup speculation (``[local] speculative``, on by default) drafts a greedy
+    ``/v1/responses`` answer as it drafts chat's."""
+    before = (engine.stats.speculated, engine.stats.drafted)
+    async with make_client(settings_for(tmp_path, fake_api)) as http:
+        made = await http.post(
+            "/v1/responses",
+            json={
+                "model": "gpt-4o-mini",
+                "input": "Fix the typos in this paragraph:\n\n" + PARAGRAPH,
+                "temperature": 0,
+                "max_output_tokens": 40,
+            },
+            headers=LOCAL,
+        )
+    assert made.status_code == 200, made.text
+    assert made.headers["x-frugal-route"] == "local"
+    assert engine.stats.speculated == before[0] + 1
+    assert engine.stats.drafted > before[1]
