@@ -34,6 +34,8 @@ forgets the recorded requests):
 - ``tool_call``: ``{"name": ..., "arguments": {...}}``: a plain chat request that offers tools and
   ends with the user's message gets that call (``finish_reason: "tool_calls"``); once a tool's
   result follows, the ``reply`` text, as a model that used one tool
+- ``failed_response``: a message: a streamed ``/v1/responses`` answer ends with
+  ``response.failed`` (``status: failed``, ``error.code: server_error``, that message)
 
 ``POST /v1/responses`` answers as OpenAI's Responses API does (:meth:`FakeAPI._responses`): a
 ``response`` object with the ``reply`` as one message item (cut by ``max_output_tokens``:
@@ -103,6 +105,7 @@ DEFAULTS: dict[str, Any] = {
     "models": ("gpt-4o-mini", "gpt-4o"),
     "oracle": None,
     "tool_call": None,
+    "failed_response": None,
 }
 
 _ERROR_TYPES = {
@@ -610,6 +613,9 @@ class FakeAPI:
         }
         if not body.get("stream"):
             return JSONResponse(response)
+        if self.failed_response is not None:  # the stream ends with response.failed
+            error = {"code": "server_error", "message": self.failed_response}
+            response = {**response, "status": "failed", "error": error}
         events = list(_response_events(response, pieces))
         return _SSE(events, per_token_s=self.per_token_s, cut_after=self.cut_stream_after, api=self)
 
@@ -651,7 +657,9 @@ def _response_events(response: dict[str, Any], pieces: list[str]) -> Iterator[by
         else:
             yield event("response.output_item.added", output_index=index, item=item)
         yield event("response.output_item.done", output_index=index, item=item)
-    last = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+    last = {"incomplete": "response.incomplete", "failed": "response.failed"}.get(
+        response["status"], "response.completed"
+    )
     yield event(last, response=response)
 
 

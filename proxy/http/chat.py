@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -35,6 +35,8 @@ from proxy.upstream.stream import UpstreamStream
 
 # How a finished chat completion is sent: (the answer, the exchange, upstream's bytes or None).
 Send = Callable[[dict[str, Any], Exchange, bytes | None], Response]
+# How a live stream's bytes are made from its local generation and the queue of its tokens.
+LiveChunks = Callable[[asyncio.Task[LocalAttempt], asyncio.Queue[str]], AsyncGenerator[bytes, None]]
 
 
 def _send_json(answer: dict[str, Any], ex: Exchange, raw: bytes | None) -> Response:
@@ -69,15 +71,18 @@ class ChatHandler(Handler):
         threshold: float,
         ex: Exchange,
         send: Send | None = None,
+        *,
+        local_tried: bool = False,
     ) -> Response:
         """The cascade's answer to ``body``, sent by ``send`` (as chat's JSON by default;
-        :mod:`proxy.http.responses` sends it as a Responses object)."""
+        :mod:`proxy.http.responses` sends it as a Responses object); ``local_tried``: the local
+        model has answered already (a ``live`` stream that fell back), so not again."""
         send = send or _send_json
         hit = await self.cached(ex)
         if hit is not None:
             ex.keep(hit)
             return send(hit, ex, None)
-        if plan.route == "local":
+        if plan.route == "local" and not local_tried:
             kept = await self.try_local(body, plan, threshold, ex, kind="chat")
             if kept is not None:
                 answer = self._sent_local(kept, body, ex)
@@ -153,8 +158,13 @@ class ChatHandler(Handler):
         threshold: float,
         ex: Exchange,
         include_usage: bool,
+        *,
+        replay: Callable[[dict[str, Any]], Awaitable[Response]] | None = None,
+        chunks: LiveChunks | None = None,
     ) -> Response | None:
-        """Stream local tokens as they come; only a failure before the first one falls back."""
+        """Stream local tokens as they come; only a failure before the first one falls back.
+        ``replay`` sends a kept answer that came without a token, ``chunks`` makes the stream
+        of the tokens (chat's by default; :mod:`proxy.http.responses` sends typed events)."""
         queue: asyncio.Queue[str] = asyncio.Queue()
         task = asyncio.create_task(
             self.router.try_local(body, threshold=threshold, on_token=queue.put_nowait, plan=plan)
@@ -178,6 +188,8 @@ class ChatHandler(Handler):
                 kept = self.judge(attempt, plan, ex)
                 if kept is None:
                     return None
+                if replay is not None:
+                    return await replay(kept)
                 return self._replay(public_answer(kept, body), ex, include_usage, False)
             queue.put_nowait(attempt.completion["choices"][0]["message"]["content"])
         else:
@@ -187,7 +199,8 @@ class ChatHandler(Handler):
         async def stop() -> None:
             await cancel(task)
 
-        return self.stream(_live_chunks(task, queue, ex, include_usage), ex, cleanups=(stop,))
+        made = chunks or (lambda t, q: _live_chunks(t, q, ex, include_usage))
+        return self.stream(made(task, queue), ex, cleanups=(stop,))
 
 
 async def _relay(
@@ -206,6 +219,28 @@ async def _relay(
         await close()
 
 
+async def live_tokens(
+    task: asyncio.Task[LocalAttempt], queue: asyncio.Queue[str]
+) -> AsyncGenerator[str, None]:
+    """The local tokens of ``task`` as they come, until it has ended."""
+    while True:
+        if not queue.empty():
+            yield queue.get_nowait()
+            continue
+        if task.done():
+            return
+        getter = asyncio.ensure_future(queue.get())
+        try:
+            await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            getter.cancel()
+            raise
+        if getter.done():
+            yield getter.result()
+        else:
+            getter.cancel()
+
+
 async def _live_chunks(
     task: asyncio.Task[LocalAttempt],
     queue: asyncio.Queue[str],
@@ -216,22 +251,8 @@ async def _live_chunks(
     writer = sse.ChunkWriter("chatcmpl-live-" + ex.request_id[:16], "local")
     yield writer.role()
     try:
-        while True:
-            if not queue.empty():
-                yield writer.text(queue.get_nowait())
-                continue
-            if task.done():
-                break
-            getter = asyncio.ensure_future(queue.get())
-            try:
-                await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
-            except BaseException:
-                getter.cancel()
-                raise
-            if getter.done():
-                yield writer.text(getter.result())
-            else:
-                getter.cancel()
+        async for token in live_tokens(task, queue):
+            yield writer.text(token)
         attempt = task.result()
         ex.take_local(attempt)
         completion = attempt.completion

@@ -427,7 +427,7 @@ def openapi_spec() -> dict[str, Any]:
                 "Response",
                 stream=True,
                 events="With `stream: true`: the typed events (`event: response.created` ... "
-                "`response.completed` or `response.incomplete`), each with its "
+                "`response.completed`, `response.incomplete` or `response.failed`), each with its "
                 "`sequence_number`; no `[DONE]`.",
                 also=(404,),  # previous_response_id: not stored, or another key's
             ),

@@ -5,7 +5,8 @@ request (:func:`proxy.http.responses_translate.chat_of`), which the cascade plan
 local route, answers as chat answers it: the gate, the ``x-frugal-*`` headers. A local answer is
 sent as a ``response`` object, or, with ``stream: true``, replayed as the Responses' typed
 events (built from the finished answer, judged before its first byte as a ``verify`` chat
-stream is).
+stream is); with ``[router] stream_mode = "live"`` a text answer's tokens are sent as they come,
+ungated, as a ``live`` chat stream's are (:mod:`proxy.http.responses_live`).
 
 The budget reserves the worst case of what the API is sent (:meth:`Handler.reserve`): the
 upstream's own body, the whole conversation in it, with a stated bound for images, files and
@@ -55,6 +56,7 @@ from proxy.http.answers import public_answer
 from proxy.http.chat import ChatHandler
 from proxy.http.exchange import Exchange
 from proxy.http.handler import aiter_of
+from proxy.http.responses_live import live_events
 from proxy.http.responses_state import ResponsesState, input_items
 from proxy.http.responses_translate import (
     chat_of,
@@ -66,6 +68,7 @@ from proxy.http.responses_translate import (
 from proxy.http.validate import responses_request
 from proxy.routing.reasons import Reason
 from proxy.routing.router import Plan
+from proxy.routing.servable import live_streamable
 from proxy.upstream import responses_api
 from proxy.upstream.responses_api import API_ONLY, chat_usage
 from proxy.upstream.stream import UpstreamStream
@@ -121,6 +124,10 @@ class ResponsesHandler(ChatHandler):
 
         async def keep(response: dict[str, Any]) -> None:
             response["previous_response_id"] = previous
+            usage = response.get("usage")
+            if ex.route == "local" and isinstance(usage, dict):
+                # The prefix the engine reused (chat's public usage leaves its details out).
+                usage["input_tokens_details"] = {"cached_tokens": ex.cached_tokens}
             if (
                 cache_key is not None
                 and self.services.quotas is not None
@@ -150,9 +157,15 @@ class ResponsesHandler(ChatHandler):
             ex.route, ex.reason = "api", Reason.UNSUPPORTED
             await self.reserve(body, ex, sent=sent)
             return await self._api(asked, sent, body, ex, keep)
+        tried = False  # a live stream that fell back: the local model has answered already
+        if ex.stream and plan.route == "local" and self._live_mode(body):
+            live = await self._live_stream(asked, body, plan, threshold, ex, keep)
+            if live is not None:
+                return live
+            tried = True
         if sent is None:
-            return await self._translated(asked, body, plan, threshold, ex, keep)
-        answer = await self._local(body, plan, threshold, ex, sent)
+            return await self._translated(asked, body, plan, threshold, ex, keep, tried)
+        answer = await self._local(body, plan, threshold, ex, sent, tried)
         if answer is None:
             return await self._api(asked, sent, body, ex, keep)
         response = response_of(answer, asked)
@@ -172,6 +185,7 @@ class ResponsesHandler(ChatHandler):
         threshold: float,
         ex: Exchange,
         keep: Keep,
+        tried: bool,
     ) -> Response:
         """The whole chat cascade, the API's Chat Completions as its fallback."""
         answers: list[dict[str, Any]] = []
@@ -180,7 +194,7 @@ class ResponsesHandler(ChatHandler):
             answers.append(answer)
             return Response()  # not sent: the answer is stored first, then sent below
 
-        await self._json(body, plan, threshold, ex, take)
+        await self._json(body, plan, threshold, ex, take, local_tried=tried)
         response = response_of(answers[0], asked)
         await keep(response)
         return self._send(response, ex)
@@ -192,10 +206,12 @@ class ResponsesHandler(ChatHandler):
         threshold: float,
         ex: Exchange,
         sent: dict[str, Any],
+        tried: bool,
     ) -> dict[str, Any] | None:
         """The cascade up to its API call: a local answer, or None (the worst case of ``sent``,
-        the upstream's body, reserved) to ask the API."""
-        if plan.route == "local":
+        the upstream's body, reserved) to ask the API; ``tried``: the local model has answered
+        already (a ``live`` stream that fell back)."""
+        if plan.route == "local" and not tried:
             kept = await self.try_local(body, plan, threshold, ex, kind="chat")
             if kept is not None:
                 answer = public_answer(kept, body)
@@ -203,6 +219,41 @@ class ResponsesHandler(ChatHandler):
                 return answer
         kept = await self.reserve_or_local(body, plan, threshold, ex, kind="chat", sent=sent)
         return None if kept is None else public_answer(kept, body)
+
+    # -- stream_mode = "live" --------------------------------------------------------------------
+
+    def _live_mode(self, body: dict[str, Any]) -> bool:
+        """Whether a local stream of ``body`` (the chat request) sends its tokens as they come."""
+        return self.services.settings.router.stream_mode == "live" and live_streamable(body)
+
+    async def _live_stream(
+        self,
+        asked: dict[str, Any],
+        body: dict[str, Any],
+        plan: Plan,
+        threshold: float,
+        ex: Exchange,
+        keep: Keep,
+    ) -> Response | None:
+        """Chat's live stream, sent as typed events (:mod:`proxy.http.responses_live`); None
+        when the local model failed before its first token and the cascade falls back."""
+
+        async def replay(kept: dict[str, Any]) -> Response:  # kept, but it came without a token
+            answer = public_answer(kept, body)
+            ex.keep(answer)
+            response = response_of(answer, asked)
+            await keep(response)
+            return self._send(response, ex)
+
+        return await self._live(
+            body,
+            plan,
+            threshold,
+            ex,
+            False,
+            replay=replay,
+            chunks=lambda task, queue: live_events(task, queue, ex, asked, keep),
+        )
 
     # -- the API's own /v1/responses ------------------------------------------------------------
 
@@ -341,11 +392,15 @@ async def _relayed(
                 response = payload.get("response")
                 if isinstance(response, dict):
                     payload["response"] = response = _ours(response, asked, our_id)
+                    if payload.get("type") == "response.failed":  # the API's own failure
+                        ex.error = str((response.get("error") or {}).get("code") or "failed")
                     if payload.get("type") in _LAST:
                         usage = chat_usage(response.get("usage"))
                         stream.usage = usage
                         ex.take_usage(usage)
                         ex.keep(completion_of(response))
+                        if ex.audit is not None:  # a rejected local answer's reference
+                            ex.audit_reference = completion_of(response)
                         await keep(response)
                 out.append(numbered(payload))
             if out:

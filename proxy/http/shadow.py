@@ -24,6 +24,9 @@ from proxy.http.exchange import Exchange
 from proxy.http.services import Services
 from proxy.routing.router import LocalAttempt, Plan
 
+# The endpoints whose local answers are audited: chat, and /v1/responses (its chat request).
+AUDITED = frozenset({"chat.completions", "responses"})
+
 
 def offer(
     services: Services,
@@ -41,7 +44,7 @@ def offer(
     completion = attempt.completion
     if (
         runner is None
-        or ex.endpoint != "chat.completions"
+        or ex.endpoint not in AUDITED
         or completion is None
         or attempt.quality is None
         or plan.local_only

@@ -335,3 +335,24 @@ async def test_an_audit_call_the_keys_budget_cannot_hold_is_not_made(
     else:  # the shadow call was made and paid for; its cost alone is the key's spend
         assert len(judge.relayed) == 1 and audit["method"] == "judge"
         assert 0 < audit["cost_pusd"] == spent <= budget
+
+
+async def test_a_local_responses_answer_is_audited_as_its_chat_request(
+    tmp_path: Path, fake_api: FakeAPI, judge: JudgeServer, make_client: Any
+) -> None:
+    """``/v1/responses`` is drawn for the audits too: the shadow call is its chat request."""
+    question = ASK["messages"][0]["content"]
+    body = {"model": "gpt-4o-mini", "input": question, "max_output_tokens": 8}
+    async with make_client(audit_settings(tmp_path, fake_api, judge)) as client:
+        response = await client.post("/v1/responses", json=body, headers=ACCEPT)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-frugal-route"] == "local"
+        rows = await settle(client)
+
+    [row] = rows
+    assert row["request_id"] == response.headers["x-request-id"]
+    assert row["accepted"] == 1 and row["verdict"] in (0, 1)
+    assert row["score"] == pytest.approx(float(response.headers["x-frugal-quality"]), abs=1e-3)
+    [shadow] = [(h, b) for path, h, b in fake_api.requests if path.endswith("/chat/completions")]
+    assert shadow[0]["x-request-id"] == response.headers["x-request-id"] + ".audit"
+    assert shadow[1]["messages"] == [{"role": "user", "content": question}]

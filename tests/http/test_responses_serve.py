@@ -1,7 +1,8 @@
 """Stored Responses on a real ``frugal serve`` process, driven by the official ``openai`` client:
-create then retrieve, input_items and delete; a function-tool round trip with
-``previous_response_id``; ``store: false``; a chain local -> API in which the fake API is sent the
-earlier turns; another key's 404; and no stored content in the server's log."""
+create then retrieve, input_items and delete; ``responses.stream`` (the final text is the joined
+deltas) on both routes and ``responses.parse`` into a pydantic model; a function-tool round trip
+with ``previous_response_id``; ``store: false``; a chain local -> API in which the fake API is sent
+the earlier turns; another key's 404; and no stored content in the server's log."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import openai
+import pydantic
 import pytest
 
 from tests.fake_api import FakeAPI
@@ -169,6 +171,45 @@ def test_another_keys_response_is_a_404_and_an_admin_reads_it(
         )
     assert caught.value.body["param"] == "previous_response_id"  # type: ignore[index]
     assert clients["admin"].responses.retrieve(made.id).id == made.id
+
+
+class Capital(pydantic.BaseModel):
+    country: str
+    capital: str
+
+
+@pytest.mark.parametrize("headers", [LOCAL, API], ids=["local", "api"])
+def test_stream_final_text_is_the_joined_deltas(
+    clients: dict[str, openai.OpenAI], headers: dict[str, str]
+) -> None:
+    bob = clients["bob"]
+    with bob.responses.stream(
+        model="gpt-4o-mini",
+        input="What is the capital of Italy?",
+        max_output_tokens=16,
+        extra_headers=headers,
+    ) as stream:
+        events = list(stream)
+        final = events[-1].response  # type: ignore[union-attr]
+    assert events[0].type == "response.created"
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas and deltas == final.output_text
+    assert bob.responses.retrieve(final.id).output_text == deltas
+
+
+def test_parse_fills_a_pydantic_model_from_a_local_answer(
+    clients: dict[str, openai.OpenAI],
+) -> None:
+    parsed = clients["bob"].responses.parse(
+        model="gpt-4o-mini",
+        input="France: which country, and what is its capital?",
+        text_format=Capital,
+        max_output_tokens=48,
+        extra_headers=LOCAL,
+    )
+    assert isinstance(parsed.output_parsed, Capital)
+    assert parsed.output_parsed.country and parsed.output_parsed.capital
 
 
 def test_stored_content_never_reaches_the_log(served: Served) -> None:
