@@ -117,6 +117,7 @@ class DraftPolicy:
     adaptive: bool = True
     min_gain: float = 1.02
     explore_max: int = 2
+    others: int = 0  # rows of other sequences in the same step (the batch)
     accepted: int = 0
     rejected: int = 0
     explored: int = field(default=0, repr=False)
@@ -136,7 +137,10 @@ class DraftPolicy:
     def gain(self, k: int, p: float | None = None) -> float:
         p = self.p if p is None else p
         expected = float(k + 1) if p >= 1.0 else (1.0 - p ** (k + 1)) / (1.0 - p)
-        return expected * self.cost(1) / (self.cost(k + 1) + k * self.draft_cost_s)
+        # In a batch the step also decodes ``others`` rows of other sequences, which the draft
+        # slows down too: what counts is the tokens of the whole step per second.
+        tokens = (self.others + expected) / (self.others + 1)
+        return tokens * self.cost(1) / (self.cost(k + 1) + k * self.draft_cost_s)
 
     def _best(self, limit: int, p: float) -> tuple[int, float]:
         best_k, best = 0, 1.0

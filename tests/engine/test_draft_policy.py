@@ -72,3 +72,12 @@ def test_priors_fall_where_drafts_fail_and_a_policy_at_the_floor_tries_one_draft
     priors.learn({3: copying, 2: DraftPolicy(max_draft=8, cost=cost)})
     assert priors[3] > 0.8  # the next request starts from what copying yielded
     assert priors[2] == 0.65  # a kind that drafted nothing keeps its prior
+
+
+def test_in_a_batch_a_draft_must_pay_for_the_other_sequences_rows_too() -> None:
+    cost = VerifyCost(fixed=0.010, per_row=0.0085)
+    in_batch = lambda rows: cost(3 + rows)  # noqa: E731 - three other sequences in the step
+    alone = DraftPolicy(max_draft=8, cost=in_batch, prior=0.5, min_gain=1.1)
+    assert alone.choose(room=100) >= 1  # this sequence alone would gain from the draft
+    shared = DraftPolicy(max_draft=8, cost=in_batch, prior=0.5, min_gain=1.1, others=3)
+    assert shared.choose(room=100) == 0  # but the step's four answers would lose more

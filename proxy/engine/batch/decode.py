@@ -310,6 +310,7 @@ class BatchEngine:
             seq.policies[key] = policy
         else:
             policy.cost = lambda rows: costs(base - 1 + rows)
+        policy.others = base - 1
         return draft[: policy.choose(len(draft))]
 
     def _verify(self, seq: Sequence, first: int) -> None:
