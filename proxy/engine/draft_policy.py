@@ -8,7 +8,9 @@ moving averages of the steps the decoding loop really ran, by number of rows, no
 the small batches that matter); :class:`VerifyCost` is that start-up calibration, which only
 seeds them. Where a cost or an acceptance rate is still uncertain, the policy tries a short
 draft when an optimistic estimate says it would pay, so that it learns both. Used by the single
-path's :class:`~proxy.engine.speculative.Speculator` and by the batch.
+path's :class:`~proxy.engine.speculative.Speculator` and by the batch, which also carries the
+acceptance of each kind of draft from one request to the next (:class:`Priors`): without it,
+every free-chat request explored from the same hopeful start and paid for drafts that fail.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DraftPolicy", "StepCosts", "VerifyCost"]
+__all__ = ["DraftPolicy", "Priors", "StepCosts", "VerifyCost"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +117,7 @@ class DraftPolicy:
     adaptive: bool = True
     min_gain: float = 1.02
     explore_max: int = 2
+    others: int = 0  # rows of other sequences in the same step (the batch)
     accepted: int = 0
     rejected: int = 0
     explored: int = field(default=0, repr=False)
@@ -134,7 +137,10 @@ class DraftPolicy:
     def gain(self, k: int, p: float | None = None) -> float:
         p = self.p if p is None else p
         expected = float(k + 1) if p >= 1.0 else (1.0 - p ** (k + 1)) / (1.0 - p)
-        return expected * self.cost(1) / (self.cost(k + 1) + k * self.draft_cost_s)
+        # In a batch the step also decodes ``others`` rows of other sequences, which the draft
+        # slows down too: what counts is the tokens of the whole step per second.
+        tokens = (self.others + expected) / (self.others + 1)
+        return tokens * self.cost(1) / (self.cost(k + 1) + k * self.draft_cost_s)
 
     def _best(self, limit: int, p: float) -> tuple[int, float]:
         best_k, best = 0, 1.0
@@ -163,3 +169,43 @@ class DraftPolicy:
         self.accepted += accepted
         if accepted < drafted:
             self.rejected += 1
+
+
+class Priors:
+    """The acceptance a new request's draft policies start from, by kind of draft (n-gram
+    length), learned from the requests that ended before it.
+
+    A request's policy for one kind starts at ``self[kind]``, weighted as ``prior_weight``
+    tokens, and ends with that prior updated by its own drafts (:attr:`DraftPolicy.p`); that
+    estimate is the next request's prior. So a run of free-chat requests, where drafts fail,
+    lowers it request by request until the policy's optimistic estimate no longer pays for a
+    draft, and the next requests decode as plain ones do; copy-heavy requests raise it. It
+    never goes below ``floor``: at the floor a request still tries one short draft of each kind
+    (its optimistic estimate pays; one failure turns it off), so that copy-heavy work after a
+    long stretch of chat finds its drafts again.
+    """
+
+    def __init__(
+        self,
+        start: dict[int, float],
+        *,
+        default: float,
+        floor: float = 0.35,
+        ceiling: float = 0.95,
+    ) -> None:
+        self.values = dict(start)
+        self.default = default
+        self.floor = floor
+        self.ceiling = ceiling
+
+    def __getitem__(self, kind: int) -> float:
+        return self.values.get(kind, self.default)
+
+    def learn(self, policies: dict[int, DraftPolicy]) -> None:
+        """Take one finished request's policies: each kind it drafted moves to its estimate."""
+        for kind, policy in policies.items():
+            if policy.accepted + policy.rejected:
+                self.values[kind] = min(self.ceiling, max(self.floor, policy.p))
+
+    def as_dict(self) -> dict[str, float]:
+        return {str(kind): round(p, 3) for kind, p in sorted(self.values.items())}

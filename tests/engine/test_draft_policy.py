@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.engine.draft_policy import DraftPolicy, StepCosts, VerifyCost
+from proxy.engine.draft_policy import DraftPolicy, Priors, StepCosts, VerifyCost
 
 
 def test_the_policy_drafts_long_when_drafts_are_accepted_and_stops_when_they_fail() -> None:
@@ -48,3 +48,36 @@ def test_step_costs_learn_from_measured_steps_and_stay_optimistic_where_unmeasur
     policy = DraftPolicy(max_draft=8, cost=costs, prior=0.7)
     assert policy.choose(room=100) >= 2  # three rows for little more than one: draft
     assert set(costs.as_dict()) == {"1", "3"}
+
+
+def test_priors_fall_where_drafts_fail_and_a_policy_at_the_floor_tries_one_draft() -> None:
+    cost = VerifyCost(fixed=0.010, per_row=0.0085)  # a verify row costs 46% of a plain step
+    priors = Priors({1: 0.4}, default=0.65, floor=0.4)
+    tried = []
+    for _ in range(6):  # free chat: every draft fails
+        policy = DraftPolicy(max_draft=8, cost=cost, prior=priors[3], min_gain=1.1)
+        n = 0
+        while policy.choose(room=100) and n < 50:
+            policy.update(drafted=1, accepted=0)
+            n += 1
+        tried.append(n)
+        priors.learn({3: policy})
+    assert priors[3] == pytest.approx(0.4)  # fell to the floor, no further
+    assert tried[0] > tried[-1] == 1  # at the floor: one draft per request, then no more
+    copying = DraftPolicy(max_draft=8, cost=cost, prior=priors[3], min_gain=1.1)
+    for _ in range(8):  # then copy-heavy work: its first draft is tried and accepted
+        k = copying.choose(room=100)
+        assert k >= 1
+        copying.update(drafted=k, accepted=k)
+    priors.learn({3: copying, 2: DraftPolicy(max_draft=8, cost=cost)})
+    assert priors[3] > 0.8  # the next request starts from what copying yielded
+    assert priors[2] == 0.65  # a kind that drafted nothing keeps its prior
+
+
+def test_in_a_batch_a_draft_must_pay_for_the_other_sequences_rows_too() -> None:
+    cost = VerifyCost(fixed=0.010, per_row=0.0085)
+    in_batch = lambda rows: cost(3 + rows)  # noqa: E731 - three other sequences in the step
+    alone = DraftPolicy(max_draft=8, cost=in_batch, prior=0.5, min_gain=1.1)
+    assert alone.choose(room=100) >= 1  # this sequence alone would gain from the draft
+    shared = DraftPolicy(max_draft=8, cost=in_batch, prior=0.5, min_gain=1.1, others=3)
+    assert shared.choose(room=100) == 0  # but the step's four answers would lose more

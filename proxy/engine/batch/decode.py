@@ -40,7 +40,7 @@ from proxy.engine.batch.samplers import GrammarMasks
 from proxy.engine.batch.sequence import BatchStats, Sequence
 from proxy.engine.batch.streams import Streams
 from proxy.engine.batch.turns import Turns
-from proxy.engine.draft_policy import DraftPolicy, StepCosts
+from proxy.engine.draft_policy import DraftPolicy, Priors, StepCosts
 from proxy.engine.generate import LocalModel, PromptTooLong, StopCheck, TokenCallback
 from proxy.engine.prefill_plan import tiled_until
 from proxy.engine.sampling import (
@@ -96,6 +96,17 @@ class BatchEngine:
         self.lookup_ngram = lookup_ngram
         self.max_rows = max(max_rows, self.n_seq)  # rows of a decode step, drafts included
         self.step_costs = StepCosts(self.max_rows)
+        # The same steps in CPU time, which the draft policy weighs: a step preempted on a
+        # shared machine takes longer but costs no more CPU, so the ratio of a k-row step to a
+        # one-row step, all that the policy reads, is not lost in the noise of wall time.
+        self.draft_costs = StepCosts(self.max_rows)
+        # Acceptance by n-gram length, carried from each speculating request to the next.
+        self.priors = Priors({1: 0.4, 2: 0.5}, default=0.65, floor=0.4)
+        # The predicted gain a draft must reach. The acceptance a policy starts from is a
+        # prior, optimistic for free chat: a draft predicted to gain less than 10% lost as
+        # often as it won there (bench/README.md, (5b)). At the floor of the priors a fresh
+        # policy's optimistic estimate still reaches it, so each kind of draft is tried.
+        self.min_gain = 1.10
         self.turns = Turns(self.step_costs)  # prefill or decode next: batch/turns.py
         self._grammars = GrammarMasks(llama_cpp, self.llm, self.n_vocab)
 
@@ -221,8 +232,9 @@ class BatchEngine:
         if n == 0:  # every sequence is waiting for a prefix (not for long: its leader is not)
             return finished
         batch.n_tokens = n
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         code = self._lib.llama_decode(self._ctx.ctx, batch)
+        decode_cpu = time.process_time() - cpu
         if code != 0:
             raise BatchError(f"llama_decode returned {code} for a batch of {n} rows")
         before = sum(len(q.generated) for q, _ in rows)
@@ -235,6 +247,7 @@ class BatchEngine:
         elapsed = time.perf_counter() - started
         if rows:
             self.step_costs.observe(n, elapsed)
+            self.draft_costs.observe(n, decode_cpu)
         self.turns.after(
             prefill=not rows, seconds=elapsed, decoders=decodable, waiting=bool(filling)
         )
@@ -282,23 +295,23 @@ class BatchEngine:
         room = min(self.max_draft, spare, seq.budget - len(seq.generated) - 1)
         if room <= 0:
             return []
-        tokens = np.asarray(seq.prompt + seq.generated, dtype=np.intc)
-        draft = seq.drafter.draft(tokens, room)
+        draft = seq.drafter.draft(seq.history(), room)
         if not draft:
             return []
         key = seq.drafter.last_match
         policy = seq.policies.get(key)
+        costs = self.draft_costs
         if policy is None:
-            costs = self.step_costs
             policy = DraftPolicy(
                 max_draft=self.max_draft,
                 cost=lambda rows: costs(base - 1 + rows),
-                prior={1: 0.35, 2: 0.5}.get(key, 0.65),
+                prior=self.priors[key],
+                min_gain=self.min_gain,
             )
             seq.policies[key] = policy
         else:
-            costs = self.step_costs
             policy.cost = lambda rows: costs(base - 1 + rows)
+        policy.others = base - 1
         return draft[: policy.choose(len(draft))]
 
     def _verify(self, seq: Sequence, first: int) -> None:
@@ -324,8 +337,10 @@ class BatchEngine:
             seq.accept(self.llm, token, logprob, best)
             if seq.done:
                 return
-        # Prompt and answer but the new pending token are in the cache; drop the rest.
-        self._lib.llama_memory_seq_rm(self._mem, seq.seq_id, seq.n_past, -1)
+        if accepted < drafted:
+            # Prompt and answer but the new pending token are in the cache; drop the rejected
+            # rows (with nothing rejected there is nothing after them: no call, as plain).
+            self._lib.llama_memory_seq_rm(self._mem, seq.seq_id, seq.n_past, -1)
 
     def _sample(self, seq: Sequence, row_index: int) -> None:
         if seq.drafter is not None and seq.pending is not None:
@@ -360,6 +375,8 @@ class BatchEngine:
         return finished
 
     def _release(self, seq: Sequence) -> None:
+        if seq.policies:
+            self.priors.learn(seq.policies)
         self.active.remove(seq)
         self.streams.release(seq)
         self._free_grammar(seq)

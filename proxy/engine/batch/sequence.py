@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from proxy.engine.answer import chat_completion
 from proxy.engine.draft_policy import DraftPolicy
@@ -67,6 +68,8 @@ class Sequence:
     draft: list[int] = field(default_factory=list)  # this step's drafted tokens
     drafted: int = 0
     accepted: int = 0
+    _history: npt.NDArray[np.intc] | None = field(default=None, repr=False)
+    _in_history: int = field(default=0, repr=False)
 
     @property
     def done(self) -> bool:
@@ -80,6 +83,25 @@ class Sequence:
     def prefilling(self) -> bool:
         """Prompt tokens (but the last, decoded with the answer) still to prefill."""
         return self.prefilled < len(self.prompt) - 1
+
+    def history(self) -> npt.NDArray[np.intc]:
+        """The prompt and the answer so far, as the array prompt lookup searches: kept from
+        step to step and extended by the new tokens only, not rebuilt every step."""
+        n_prompt = len(self.prompt)
+        size = n_prompt + len(self.generated)
+        buf = self._history
+        if buf is None or buf.shape[0] < size:
+            grown = np.empty(max(size, n_prompt + self.budget + 1), dtype=np.intc)
+            if buf is None:
+                grown[:n_prompt] = self.prompt
+                self._in_history = n_prompt
+            else:
+                grown[: self._in_history] = buf[: self._in_history]
+            buf = self._history = grown
+        if self._in_history < size:
+            buf[self._in_history : size] = self.generated[self._in_history - n_prompt :]
+            self._in_history = size
+        return buf[:size]
 
     def held(self) -> list[int]:
         """The tokens whose KV this sequence's stream holds now (cells ``0 .. n_past - 1``)."""
