@@ -51,6 +51,8 @@ def test_defaults_match_the_design() -> None:
     assert s.quality.models == {}
     assert s.local.threads >= 1
     assert s.local.threads == max(1, config.default_threads())
+    assert s.local.speculative == "prompt-lookup"  # issue 27: the design's speculation, on
+    assert s.local.parallel == 4
 
 
 def test_fallback_is_enabled_only_when_its_key_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
