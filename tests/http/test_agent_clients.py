@@ -25,6 +25,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.conftest import module_api
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import ACCEPT_ANY, REJECT_ALL, Served, start_server, stop_server
 
@@ -34,12 +35,7 @@ API_REPLY = "It is sunny in Paris today."
 WEATHER_IN = {"Paris": "sunny, 21 C"}
 
 
-@pytest.fixture(scope="module")
-def api() -> Iterator[FakeAPI]:
-    with FakeAPI(
-        reply=API_REPLY, tool_call={"name": "get_weather", "arguments": {"city": "Paris"}}
-    ) as fake:
-        yield fake
+api = module_api(reply=API_REPLY, tool_call={"name": "get_weather", "arguments": {"city": "Paris"}})
 
 
 @pytest.fixture(scope="module")
