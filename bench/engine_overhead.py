@@ -19,13 +19,12 @@ is shared, and with one thread CPU time is what an idle machine would take.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import time
 from typing import Any
 
-from engine_common import machine, median, smollm2_path
+from engine_common import engine_parser, machine, median, smollm2_path
 
 PARAGRAPH = (
     "The committee met on Tuesday to review the budget for the coming year. After a long "
@@ -95,9 +94,7 @@ async def main() -> None:
     from proxy import config
     from tests.in_process import in_process
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
+    parser = engine_parser(reps=5)
     args = parser.parse_args()
     path = smollm2_path()
     settings = config.from_dict(

@@ -22,12 +22,11 @@ works at a time). ``--parallel 1`` alone gives the issue-4 figures.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 from typing import Any
 
-from engine_common import machine, median
+from engine_common import engine_parser, machine, median
 
 RULES = (
     "Rule {i}: when a customer asks about an order, first confirm the order number, then the "
@@ -80,9 +79,7 @@ async def main() -> None:
     from proxy.config import LocalSettings
     from proxy.engine.local_engine import LocalEngine
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
+    parser = engine_parser(reps=2)
     parser.add_argument("--parallel", type=int, nargs="+", default=[1, 4])
     args = parser.parse_args()
     engines: dict[int, Any] = {}

@@ -28,7 +28,7 @@ import argparse
 import time
 from typing import Any
 
-from engine_common import machine, median, smollm2_path
+from engine_common import engine_parser, machine, median, smollm2_path
 
 TYPOS = (
     "Teh annual report was finaly publised last week. It shows that the compnay grew by "
@@ -268,10 +268,7 @@ def library(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--max-tokens", type=int, default=160)
+    parser = engine_parser(reps=3, max_tokens=160)
     parser.add_argument("--draft-max", type=int, default=8)
     parser.add_argument("--ngram", type=int, default=3)
     parser.add_argument("--library", action="store_true", help="side by side with the library")

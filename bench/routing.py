@@ -47,6 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -292,21 +293,48 @@ async def warm_up(
     return alone
 
 
-def print_table(runs: list[Run]) -> None:
-    header = (
-        f"{'variant':<11} {'burst s':>8} {'mean s':>7} {'p50 s':>7} {'p95 s':>7} "
-        f"{'local':>6} {'saved $':>9} {'MdAPE':>6} {'l_tmo':>5}"
-    )
+# One column of the table a burst prints: its heading and its cell for a run and that run's summary.
+Column = tuple[str, Callable[[Run, dict[str, Any]], str]]
+
+
+def timing_columns(variant_width: int) -> list[Column]:
+    """The columns every routing bench opens its table with: variant, times and local share."""
+    return [
+        (f"{'variant':<{variant_width}}", lambda _, s: f"{s['variant']:<{variant_width}}"),
+        (f"{'burst s':>8}", lambda _, s: f"{s['burst_s']:>8.2f}"),
+        (f"{'mean s':>7}", lambda _, s: f"{s['mean_s']:>7.2f}"),
+        (f"{'p50 s':>7}", lambda _, s: f"{s['p50_s']:>7.2f}"),
+        (f"{'p95 s':>7}", lambda _, s: f"{s['p95_s']:>7.2f}"),
+        (f"{'local':>6}", lambda _, s: f"{s['local_share'] * 100:>5.1f}%"),
+    ]
+
+
+def _mdape_cell(_: Run, s: dict[str, Any]) -> str:
+    mdape = "-" if s["mdape"] is None else f"{s['mdape'] * 100:.1f}%"
+    return f"{mdape:>6}"
+
+
+# The money and forecast columns, after any bench's own shares.
+COST_COLUMNS: list[Column] = [
+    (f"{'saved $':>9}", lambda _, s: f"{s['saved_usd']:>9.5f}"),
+    (f"{'MdAPE':>6}", _mdape_cell),
+]
+
+
+def print_table(runs: list[Run], columns: list[Column] | None = None) -> None:
+    """One row a run; ``columns`` default to this bench's (with admitted local timeouts)."""
+    if columns is None:
+        columns = [
+            *timing_columns(11),
+            *COST_COLUMNS,
+            (f"{'l_tmo':>5}", lambda _, s: f"{s['admitted_local_timeout']:>5}"),
+        ]
+    header = " ".join(heading for heading, _ in columns)
     print(header)
     print("-" * len(header))
     for run in runs:
         s = run.summary()
-        mdape = "-" if s["mdape"] is None else f"{s['mdape'] * 100:.1f}%"
-        print(
-            f"{s['variant']:<11} {s['burst_s']:>8.2f} {s['mean_s']:>7.2f} {s['p50_s']:>7.2f} "
-            f"{s['p95_s']:>7.2f} {s['local_share'] * 100:>5.1f}% {s['saved_usd']:>9.5f} "
-            f"{mdape:>6} {s['admitted_local_timeout']:>5}"
-        )
+        print(" ".join(cell(run, s) for _, cell in columns))
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -400,13 +428,23 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def burst_parser(doc: str) -> argparse.ArgumentParser:
+    """A parser with the options every routing bench takes: the burst, the fake API's latency
+    and the rounds; ``doc`` is the bench's module docstring."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--gap-ms", type=float, default=50.0)
     parser.add_argument("--timeout", default="auto", help="local timeout_s, or 'auto'")
+    parser.add_argument("--api-latency", type=float, default=1.5)
+    parser.add_argument("--api-per-token", type=float, default=0.02)
+    parser.add_argument("--rounds", type=int, default=1)
+    return parser
+
+
+def main() -> None:
+    parser = burst_parser(__doc__)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
         "--parallel",
@@ -422,9 +460,6 @@ def main() -> None:
         default=None,
         help="default: both with one --parallel value, predictive with several",
     )
-    parser.add_argument("--api-latency", type=float, default=1.5)
-    parser.add_argument("--api-per-token", type=float, default=0.02)
-    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--json", default=None, help="write the results to this file")
     args = parser.parse_args()
     result = asyncio.run(main_async(args))

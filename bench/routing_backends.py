@@ -55,6 +55,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import httpx  # noqa: E402
 
+from bench import routing  # noqa: E402
 from bench.routing import (  # noqa: E402
     KEY_ENV,
     WORDS,
@@ -123,22 +124,12 @@ def describe(run: Run) -> dict[str, Any]:
 
 
 def print_table(runs: list[Run]) -> None:
-    header = (
-        f"{'variant':<15} {'burst s':>8} {'mean s':>7} {'p50 s':>7} {'p95 s':>7} "
-        f"{'local':>6} {'engine':>7} {'backend':>8} {'saved $':>9} {'MdAPE':>6}"
-    )
-    print(header)
-    print("-" * len(header))
-    for run in runs:
-        s = run.summary()
-        shares = split(run)
-        mdape = "-" if s["mdape"] is None else f"{s['mdape'] * 100:.1f}%"
-        print(
-            f"{s['variant']:<15} {s['burst_s']:>8.2f} {s['mean_s']:>7.2f} {s['p50_s']:>7.2f} "
-            f"{s['p95_s']:>7.2f} {s['local_share'] * 100:>5.1f}% "
-            f"{shares.get(ENGINE, 0) * 100:>6.1f}% {shares.get(BACKEND, 0) * 100:>7.1f}% "
-            f"{s['saved_usd']:>9.5f} {mdape:>6}"
-        )
+    """The routing bench's table with each backend's share between local and saved $."""
+    shares: list[routing.Column] = [
+        (f"{'engine':>7}", lambda run, _: f"{split(run).get(ENGINE, 0) * 100:>6.1f}%"),
+        (f"{'backend':>8}", lambda run, _: f"{split(run).get(BACKEND, 0) * 100:>7.1f}%"),
+    ]
+    routing.print_table(runs, [*routing.timing_columns(15), *shares, *routing.COST_COLUMNS])
 
 
 def summarize(runs: list[Run]) -> dict[str, Any]:
@@ -264,17 +255,9 @@ async def main_async(args: argparse.Namespace, backend_url: str, kind: str) -> d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--prompt-tokens", type=int, default=512)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--gap-ms", type=float, default=50.0)
-    parser.add_argument("--timeout", default="auto", help="local timeout_s, or 'auto'")
+    parser = routing.burst_parser(__doc__)
     parser.add_argument("--threads", type=int, default=1, help="the bundled engine's threads")
     parser.add_argument("--parallel", type=int, default=1, help="the bundled engine's parallel")
-    parser.add_argument("--api-latency", type=float, default=1.5)
-    parser.add_argument("--api-per-token", type=float, default=0.02)
-    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument(
         "--backend-url", default=None, help="the backend's api_base (.../v1); none: start one"
     )

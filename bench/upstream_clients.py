@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import upstream_fast  # a sibling in bench/, the script's folder
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 BODY = json.dumps(
@@ -97,14 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     pin = len(os.sched_getaffinity(0)) >= 2
-    port = 9990 + os.getpid() % 9
-    upstream = [sys.executable, str(BENCH / "upstream_fast.py"), "--port", str(port)]
-    server = subprocess.Popen(
-        (["taskset", "-c", "1"] if pin else []) + upstream, stdout=subprocess.DEVNULL
-    )
-    try:
-        time.sleep(1.0)
-        base = f"http://127.0.0.1:{port}/v1"
+    with upstream_fast.started(9990 + os.getpid() % 9, cpu=1 if pin else None) as base:
         print("| client | connections | CPU µs per request (median of runs, min–max) |")
         print("|---|---:|---|")
         for conns in [int(c) for c in args.connections.split(",")]:
@@ -125,9 +120,6 @@ def main(argv: list[str] | None = None) -> int:
                     f"({min(runs):.0f}–{max(runs):.0f}) |",
                     flush=True,
                 )
-    finally:
-        server.terminate()
-        server.wait()
     return 0
 
 

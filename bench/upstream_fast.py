@@ -23,9 +23,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
+import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 REPLY = "Paris is the capital of France."
 USAGE = {"prompt_tokens": 14, "completion_tokens": 7, "total_tokens": 21}
@@ -223,6 +229,32 @@ async def serve(host: str, port: int, model: str) -> None:
     print(f"fast upstream on http://{host}:{port}/v1", flush=True)
     async with server:
         await server.serve_forever()
+
+
+@contextlib.contextmanager
+def started(port: int, cpu: int | None = None) -> Iterator[str]:
+    """This server in a child process on ``port`` (pinned to ``cpu`` with taskset when given),
+    once it accepts connections: yields its base URL (``.../v1``) and stops it on the way out."""
+    pin = [] if cpu is None else ["taskset", "-c", str(cpu)]
+    child = subprocess.Popen(
+        [*pin, sys.executable, str(Path(__file__).resolve()), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("the upstream did not start") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        child.terminate()
+        child.wait()
 
 
 def main(argv: list[str] | None = None) -> None:

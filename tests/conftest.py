@@ -84,6 +84,19 @@ def fake_api(fake_api_server: FakeAPI, monkeypatch: pytest.MonkeyPatch) -> FakeA
     return fake_api_server
 
 
+def module_api(**knobs: Any) -> Any:
+    """An ``api`` fixture for one module: a FakeAPI of its own, started with ``knobs`` (what
+    ``FakeAPI.set`` takes) and shared by the module's tests, for a server the module starts once.
+    Use: ``api = module_api(reply="Paris.")``."""
+
+    @pytest.fixture(scope="module", name="api")
+    def module_fake_api() -> Iterator[FakeAPI]:
+        with FakeAPI(**knobs) as fake:
+            yield fake
+
+    return module_fake_api
+
+
 @pytest.fixture(scope="session")
 async def engine() -> AsyncIterator[LocalEngine]:
     # One request at a time ([local] parallel = 1, not the default 4): the tests that share

@@ -25,6 +25,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.conftest import module_api
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import ACCEPT_ANY, REJECT_ALL, Served, start_server, stop_server
 
@@ -34,12 +35,7 @@ API_REPLY = "It is sunny in Paris today."
 WEATHER_IN = {"Paris": "sunny, 21 C"}
 
 
-@pytest.fixture(scope="module")
-def api() -> Iterator[FakeAPI]:
-    with FakeAPI(
-        reply=API_REPLY, tool_call={"name": "get_weather", "arguments": {"city": "Paris"}}
-    ) as fake:
-        yield fake
+api = module_api(reply=API_REPLY, tool_call={"name": "get_weather", "arguments": {"city": "Paris"}})
 
 
 @pytest.fixture(scope="module")
@@ -159,15 +155,21 @@ def agents_sdk_agent(client: openai.AsyncOpenAI, headers: dict[str, str], **sett
     )
 
 
+def assert_paid_round_trip(served: Served, api: FakeAPI, before: int) -> None:
+    """The tool round trip went to the API (``assert_tool_round_trip``) and the ledger has its
+    two turns, after the ``before`` rows it had, as paid answers."""
+    assert_tool_round_trip(api)
+    rows = wait_for_rows(served, before + 2)[before:]
+    assert [(r["route"], r["status"]) for r in rows] == [("api", 200), ("api", 200)]
+
+
 def test_openai_agents_sdk_runs_a_tool_round_trip_on_the_api_route(
     served: Served, api: FakeAPI
 ) -> None:
     before = len(responses_rows(served))
     result = run_agent(served, REJECT_ALL, "What is the weather in Paris?")
     assert result.final_output == API_REPLY
-    assert_tool_round_trip(api)
-    rows = wait_for_rows(served, before + 2)[before:]
-    assert [(r["route"], r["status"]) for r in rows] == [("api", 200), ("api", 200)]
+    assert_paid_round_trip(served, api, before)
 
 
 def test_openai_agents_sdk_runs_its_tool_from_a_local_answer(served: Served, api: FakeAPI) -> None:
@@ -217,9 +219,7 @@ def test_pydantic_ai_runs_a_tool_round_trip_on_the_api_route(served: Served, api
     before = len(responses_rows(served))
     result = run_pydantic_ai(served, "What is the weather in Paris?", {"extra_headers": REJECT_ALL})
     assert result.output == API_REPLY
-    assert_tool_round_trip(api)
-    rows = wait_for_rows(served, before + 2)[before:]
-    assert [(r["route"], r["status"]) for r in rows] == [("api", 200), ("api", 200)]
+    assert_paid_round_trip(served, api, before)
 
 
 def test_pydantic_ai_gets_a_local_answer_through_the_responses_model(
@@ -273,9 +273,7 @@ def test_langchain_responses_api_tool_loop_on_the_api_route(served: Served, api:
         messages.append(ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"]))
     final = chat.invoke(messages)
     assert final.text == API_REPLY
-    assert_tool_round_trip(api)
-    rows = wait_for_rows(served, before + 2)[before:]
-    assert [(r["route"], r["status"]) for r in rows] == [("api", 200), ("api", 200)]
+    assert_paid_round_trip(served, api, before)
 
 
 def test_langchain_responses_api_gets_a_named_tool_call_from_the_local_model(

@@ -24,7 +24,7 @@ from proxy.engine.worker_env import worker_environment
 from proxy.errors import ConfigError
 from proxy.http import auth
 from proxy.ledger.tenants import keys
-from tests.conftest import FAKE_KEY, settings_for
+from tests.conftest import FAKE_KEY, module_api, settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import FRUGAL, Served, serving
 
@@ -363,10 +363,7 @@ OPENAI_SECRET = "sk-test-secret-" + secrets.token_hex(8)
 OTHER_SECRET = "tok-" + secrets.token_hex(8)
 
 
-@pytest.fixture(scope="module")
-def api() -> Iterator[FakeAPI]:
-    with FakeAPI(reply="Paris.") as fake:
-        yield fake
+api = module_api(reply="Paris.")
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ import openai
 import pydantic
 import pytest
 
+from tests.conftest import module_api
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import ACCEPT_ANY, REJECT_ALL, Served, serving
 from tests.tool_turns import weather_tool
@@ -44,10 +45,7 @@ class Capital(pydantic.BaseModel):
     capital: str
 
 
-@pytest.fixture(scope="module")
-def api() -> Iterator[FakeAPI]:
-    with FakeAPI(reply=API_REPLY) as fake:
-        yield fake
+api = module_api(reply=API_REPLY)
 
 
 @pytest.fixture(scope="module")

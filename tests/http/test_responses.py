@@ -107,6 +107,31 @@ async def test_an_answer_cut_by_max_output_tokens_is_incomplete(
     assert response.output_text == " ".join(fake_api.reply.split()[:2]) or response.output_text
 
 
+# The typed events that open a text answer's stream, and those that close it before its last.
+OPENING_EVENTS = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+]
+CLOSING_EVENTS = [
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+]
+
+
+def assert_a_text_stream(events: list[Any]) -> None:
+    """The SDK's typed events of one text answer: opened and closed in order, the last one the
+    response completed (or incomplete, when max_output_tokens cut it), numbered from 0 on."""
+    kinds = [e.type for e in events]
+    final = events[-1].response
+    last = "response.completed" if final.status == "completed" else "response.incomplete"
+    assert kinds[:4] == OPENING_EVENTS
+    assert kinds[-4:] == [*CLOSING_EVENTS, last]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
 @pytest.mark.parametrize("headers", [LOCAL, API], ids=["local", "api"])
 async def test_stream_sends_the_typed_events_in_order_and_the_deltas_make_the_text(
     translate_sdk: Any, tmp_path: Path, headers: dict[str, str]
@@ -121,21 +146,8 @@ async def test_stream_sends_the_typed_events_in_order_and_the_deltas_make_the_te
             final = events[-1].response
             if final.status == "completed":
                 assert (await stream.get_final_response()).output_text == final.output_text
-    kinds = [e.type for e in events]
-    assert kinds[:5] == [
-        "response.created",
-        "response.in_progress",
-        "response.output_item.added",
-        "response.content_part.added",
-        "response.output_text.delta",
-    ]
-    assert kinds[-4:] == [
-        "response.output_text.done",
-        "response.content_part.done",
-        "response.output_item.done",
-        "response.completed" if final.status == "completed" else "response.incomplete",
-    ]
-    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert_a_text_stream(events)
+    assert events[4].type == "response.output_text.delta"  # the text starts at once
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == final.output_text and deltas
     [row] = rows(tmp_path / "ledger.db")
@@ -262,13 +274,17 @@ async def test_unknown_field_is_a_400_naming_it(translate_sdk: Any, tmp_path: Pa
     assert (row["endpoint"], row["status"], row["reason"]) == ("responses", 400, "bad_request")
 
 
-async def _refused(translate_sdk: Any, extra: dict[str, Any]) -> Any:
-    """The 400's error body for a Responses request of ``extra`` fields."""
+async def _refused(translate_sdk: Any, fake_api: FakeAPI, extra: dict[str, Any], param: str) -> Any:
+    """The 400's error body for a Responses request of ``extra`` fields, which names ``param``;
+    nothing of it reached the API."""
     body = {"model": "gpt-4o-mini", "input": "hi", **extra}
     async with translate_sdk() as client:
         with pytest.raises(openai.BadRequestError) as caught:
             await client.post("/responses", body=body, cast_to=dict)
-    return caught.value.body
+    error = caught.value.body
+    assert error["param"] == param
+    assert fake_api.count == 0
+    return error
 
 
 @pytest.mark.parametrize(
@@ -294,11 +310,9 @@ async def _refused(translate_sdk: Any, extra: dict[str, Any]) -> Any:
 async def test_what_cannot_be_translated_is_a_400_that_says_so(
     translate_sdk: Any, fake_api: FakeAPI, extra: dict[str, Any], param: str
 ) -> None:
-    error = await _refused(translate_sdk, extra)
-    assert error["param"] == param
+    error = await _refused(translate_sdk, fake_api, extra, param)
     assert error["code"] == "unsupported_parameter"
     assert "not supported yet" in error["message"]
-    assert fake_api.count == 0
 
 
 @pytest.mark.parametrize(
@@ -318,10 +332,8 @@ async def test_what_cannot_be_translated_is_a_400_that_says_so(
 async def test_a_bad_value_is_a_400_naming_the_responses_field(
     translate_sdk: Any, fake_api: FakeAPI, extra: dict[str, Any], param: str
 ) -> None:
-    error = await _refused(translate_sdk, extra)
-    assert error["param"] == param
+    error = await _refused(translate_sdk, fake_api, extra, param)
     assert param in error["message"]
-    assert fake_api.count == 0
 
 
 @pytest.mark.parametrize("headers", [LOCAL, API], ids=["local", "api"])

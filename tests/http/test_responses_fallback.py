@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows
+from tests.http.test_responses import OPENING_EVENTS
 from tests.tool_turns import weather_function
 
 LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}
@@ -307,15 +308,9 @@ async def test_a_stream_cut_by_the_upstream_ends_with_an_error_event(
     assert r.status_code == 200
     payloads = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
     assert [p["sequence_number"] for p in payloads] == list(range(len(payloads)))
-    sent = [
-        "response.created",
-        "response.in_progress",
-        "response.output_item.added",
-        "response.content_part.added",
-    ]
     # what came before the cut (all of it, or none when the cut came in the same read)
     relayed = [p["type"] for p in payloads[:-1]]
-    assert relayed == sent[: len(relayed)]
+    assert relayed == OPENING_EVENTS[: len(relayed)]
     assert payloads[-1]["type"] == "error" and payloads[-1]["code"] == "upstream_failed"
     [row] = rows(tmp_path / "ledger.db")
     assert (row["endpoint"], row["route"], row["error"]) == ("responses", "api", "upstream_failed")

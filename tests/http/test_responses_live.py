@@ -12,6 +12,7 @@ import openai
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows
+from tests.http.test_responses import assert_a_text_stream
 from tests.tool_turns import DESCRIPTION, weather_function
 
 ACCEPT = {"x-frugal-min-quality": "0"}  # any scored answer is accepted
@@ -42,21 +43,7 @@ async def test_a_live_stream_sends_the_local_tokens_as_typed_events_and_stores_t
         final = events[-1].response
         stored = await client.responses.retrieve(final.id)
     assert (headers["x-frugal-route"], headers["x-frugal-reason"]) == ("local", "live")
-    kinds = [e.type for e in events]
-    assert kinds[:4] == [
-        "response.created",
-        "response.in_progress",
-        "response.output_item.added",
-        "response.content_part.added",
-    ]
-    last = "response.completed" if final.status == "completed" else "response.incomplete"
-    assert kinds[-4:] == [
-        "response.output_text.done",
-        "response.content_part.done",
-        "response.output_item.done",
-        last,
-    ]
-    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert_a_text_stream(events)
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
     assert len(deltas) >= 2 and all(deltas)  # token by token, not one replayed answer
     assert "".join(deltas) == final.output_text == events[-4].text

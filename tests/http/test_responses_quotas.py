@@ -13,6 +13,8 @@ import asyncio
 import json
 from typing import Any
 
+import httpx
+
 from proxy.http.quotas import IMAGE_TOKENS, unmeasured_tokens, worst_case_tokens
 from proxy.ledger.db import access
 from proxy.ledger.db.location import Database
@@ -256,19 +258,31 @@ async def test_another_keys_cached_answer_leaks_none_of_its_ids(
     assert fake_api.count == 1
 
 
+async def _ask_twice(
+    client: httpx.AsyncClient, ask: dict[str, Any], headers: dict[str, str]
+) -> tuple[httpx.Response, httpx.Response]:
+    """The same request twice, the cache given time to store the first answer in between."""
+    first = await client.post(RESPONSES, json=ask, headers=headers)
+    await _settled()
+    return first, await client.post(RESPONSES, json=ask, headers=headers)
+
+
+def _assert_a_cached_copy(first: httpx.Response, hit: httpx.Response) -> None:
+    """``hit`` came from the cache: ``first``'s content under an id of its own."""
+    assert hit.headers["x-frugal-route"] == "cache"
+    assert hit.json()["output"][0]["content"] == first.json()["output"][0]["content"]
+    assert hit.json()["id"] != first.json()["id"]
+
+
 async def test_a_local_answer_is_cached_for_the_next_identical_request(
     open_app: AppFactory, fake_api: FakeAPI, database: Database
 ) -> None:
     alice = {**_auth(database, "alice"), **LOCAL}
     ask = {**ASK, "temperature": 0, "max_output_tokens": 8}
     async with open_app(cache=CACHE) as client:
-        first = await client.post(RESPONSES, json=ask, headers=alice)
-        await _settled()
-        hit = await client.post(RESPONSES, json=ask, headers=alice)
+        first, hit = await _ask_twice(client, ask, alice)
     assert first.headers["x-frugal-route"] == "local", first.text
-    assert hit.headers["x-frugal-route"] == "cache"
-    assert hit.json()["output"][0]["content"] == first.json()["output"][0]["content"]
-    assert hit.json()["id"] != first.json()["id"]
+    _assert_a_cached_copy(first, hit)
     assert fake_api.count == 0
 
 
@@ -278,11 +292,7 @@ async def test_with_translate_the_api_chat_answer_is_cached_as_a_response(
     alice = {**_auth(database, "alice"), **API}
     ask = {**ASK, "temperature": 0}
     async with open_app(cache=CACHE, fallback={"responses": "translate"}) as client:
-        first = await client.post(RESPONSES, json=ask, headers=alice)
-        await _settled()
-        hit = await client.post(RESPONSES, json=ask, headers=alice)
+        first, hit = await _ask_twice(client, ask, alice)
     assert first.headers["x-frugal-route"] == "api", first.text
-    assert hit.headers["x-frugal-route"] == "cache"
-    assert hit.json()["output"][0]["content"] == first.json()["output"][0]["content"]
-    assert hit.json()["id"] != first.json()["id"]
+    _assert_a_cached_copy(first, hit)
     assert [path for path, _h, _b in fake_api.requests] == ["/v1/chat/completions"]

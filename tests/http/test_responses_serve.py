@@ -14,6 +14,7 @@ import openai
 import pydantic
 import pytest
 
+from tests.conftest import module_api
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import Served, start_server, stop_server
 from tests.tool_turns import DESCRIPTION, weather_function
@@ -27,10 +28,7 @@ SECRET = "Zanzibar-marmalade-4471"  # a word of content that must never reach th
 WEATHER: dict[str, object] = weather_function(DESCRIPTION, strict=True)
 
 
-@pytest.fixture(scope="module")
-def api() -> Iterator[FakeAPI]:
-    with FakeAPI(reply="Rome is the capital of Italy.") as fake:
-        yield fake
+api = module_api(reply="Rome is the capital of Italy.")
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ import openai
 import pytest
 import structlog
 
-from tests.conftest import FAKE_KEY_ENV, settings_for
+from tests.conftest import FAKE_KEY_ENV, module_api, settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import (
     ACCEPT_ANY,
@@ -71,10 +71,7 @@ class Secrets:
 SECRETS = Secrets()
 
 
-@pytest.fixture(scope="module")
-def api() -> Iterator[FakeAPI]:
-    with FakeAPI() as fake:
-        yield fake
+api = module_api()
 
 
 @pytest.fixture(scope="module")

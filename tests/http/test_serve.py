@@ -25,7 +25,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import FAKE_KEY, FAKE_KEY_ENV
+from tests.conftest import FAKE_KEY, FAKE_KEY_ENV, module_api
 from tests.fake_api import FakeAPI
 from tests.loopback import free_port, poll_ready, terminate
 
@@ -156,10 +156,7 @@ def stop_server(served: Served) -> int:
     return code
 
 
-@pytest.fixture(scope="module")
-def api() -> Iterator[FakeAPI]:
-    with FakeAPI(reply="The capital of France is Paris.") as fake:
-        yield fake
+api = module_api(reply="The capital of France is Paris.")
 
 
 @contextmanager

@@ -352,14 +352,24 @@ def test_api_stream_left_before_its_first_byte_closes_upstream(
 # -- API streams -----------------------------------------------------------------------------
 
 
-def test_api_stream_left_mid_stream_closes_upstream(verify: Served, api: FakeAPI) -> None:
+def left_mid_api_stream(
+    served: Served, api: FakeAPI, body: dict[str, Any], path: str = "/v1/chat/completions"
+) -> dict[str, Any]:
+    """Ask ``body`` on the API route, the upstream slow to stream a long answer; leave once some
+    of it came through, and wait for the proxy to close the upstream connection. The request's
+    row, checked as left by the client."""
     api.set(reply=LONG_REPLY, per_token_s=0.2)
-    sock, request_id = send(verify, api_stream(), **{"x-frugal-route": "api"})
+    sock, request_id = send(served, body, path=path, **{"x-frugal-route": "api"})
     with sock:
         read_until(sock, b"word1")  # some of the answer has come through
     wait_for(lambda: api.disconnects == 1, "the upstream connection to close")
-    row = verify.one_row(request_id)
+    row = served.one_row(request_id)
     assert_left(row)
+    return row
+
+
+def test_api_stream_left_mid_stream_closes_upstream(verify: Served, api: FakeAPI) -> None:
+    row = left_mid_api_stream(verify, api, api_stream())
     assert (row["route"], row["reason"], row["upstream_attempts"]) == ("api", "forced", 1)
 
 
@@ -369,14 +379,8 @@ def test_a_responses_stream_of_the_apis_own_left_mid_stream_is_charged_what_came
     """``/v1/responses`` relays the upstream's own typed events: a client that leaves closes
     the upstream connection, and the row counts the text that came (or the usage, if the
     upstream's last event came while it was read on)."""
-    api.set(reply=LONG_REPLY, per_token_s=0.2)
     body = {"model": "gpt-4o-mini", "input": LONG[0]["content"], "stream": True}
-    sock, request_id = send(verify, body, path="/v1/responses", **{"x-frugal-route": "api"})
-    with sock:
-        read_until(sock, b"word1")  # some of the answer has come through
-    wait_for(lambda: api.disconnects == 1, "the upstream connection to close")
-    row = verify.one_row(request_id)
-    assert_left(row)
+    row = left_mid_api_stream(verify, api, body, path="/v1/responses")
     assert (row["endpoint"], row["route"], row["upstream_attempts"]) == ("responses", "api", 1)
     assert row["completion_tokens"] >= 2 and row["prompt_tokens"] > 0
 

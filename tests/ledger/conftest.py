@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from proxy.ledger.db.connections import Pool
 from proxy.ledger.db.location import Database, parse
+from proxy.ledger.db.migrate import open_database
 from tests import pg
 
 
@@ -27,3 +29,12 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Database:
         return parse(str(tmp_path / "ledger.db"))
     server: pg.Server = request.getfixturevalue("pg_server")
     return parse(server.database(), spill_base=str(tmp_path / "ledger"))
+
+
+@pytest.fixture
+def pool(database: Database) -> Iterator[Pool]:
+    """A pool on ``database`` with the schema in place, roomy enough for the tests' threads."""
+    open_database(database)
+    shared = Pool(database, size=8, timeout_s=10.0)
+    yield shared
+    shared.close()

@@ -6,27 +6,14 @@ its TTL and size bound."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 from proxy.ledger.db.connections import Pool
-from proxy.ledger.db.location import Database
-from proxy.ledger.db.migrate import open_database
 from proxy.ledger.response_cache import ResponseCache, cache_key, cacheable
 from proxy.ledger.tenants.budgets import Budgets, month_of
 from proxy.ledger.tenants.rpm import LocalWindow, RateLimits
 
 NOW = 1_790_000_000.0  # 2026-09-21
-
-
-@pytest.fixture
-def pool(database: Database) -> Iterator[Pool]:
-    open_database(database)
-    shared = Pool(database, size=8, timeout_s=10.0)
-    yield shared
-    shared.close()
 
 
 def test_a_reservation_holds_the_budget_and_settles_to_the_real_cost(pool: Pool) -> None:

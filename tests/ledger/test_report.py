@@ -10,6 +10,7 @@ import random
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -345,25 +346,33 @@ def test_the_running_month_counts_the_fixed_cost_up_to_now(ledger: Path) -> None
 # -- exact money ----------------------------------------------------------------------------------
 
 
+def random_rows(
+    seed: int, make: Callable[[random.Random, int], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """3,000 rows, the ``i``-th made by ``make`` from one generator seeded with ``seed``: the
+    same rows on every run."""
+    rng = random.Random(seed)
+    return [make(rng, i) for i in range(3000)]
+
+
 def test_totals_equal_the_sum_of_the_rows_to_the_cent(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    rng = random.Random(5)
-    rows = []
-    for i in range(3000):
+
+    def priced(rng: random.Random, i: int) -> dict[str, Any]:
         paid = rng.randrange(0, 3 * 10**10)
-        rows.append(
-            row(
-                f"2026-10-{1 + i % 31:02d} {i % 24:02d}:{i % 60:02d}:00",
-                "api" if i % 3 else "local",
-                "accepted",
-                rng.choice(["gpt-4o-mini", "gpt-4o", "claude-3-5-haiku"]),
-                request_id=f"r{i}",
-                api_cost_pusd=paid if i % 3 else 0,
-                counterfactual_cost_pusd=paid + rng.randrange(0, 10**10),
-            )
+        return row(
+            f"2026-10-{1 + i % 31:02d} {i % 24:02d}:{i % 60:02d}:00",
+            "api" if i % 3 else "local",
+            "accepted",
+            rng.choice(["gpt-4o-mini", "gpt-4o", "claude-3-5-haiku"]),
+            request_id=f"r{i}",
+            api_cost_pusd=paid if i % 3 else 0,
+            counterfactual_cost_pusd=paid + rng.randrange(0, 10**10),
         )
+
+    rows = random_rows(5, priced)
     db = tmp_path / "money.db"
     seed(db, rows)
     _, out, _ = report(capsys, "--db", str(db), "--month", "2026-10", "--format", "json")
@@ -407,29 +416,28 @@ def test_by_key_equals_a_group_by_over_the_rows(
 ) -> None:
     """A ledger written at 0004 (before the key was in the rollup), upgraded by the report."""
     monkeypatch.chdir(tmp_path)
-    rng = random.Random(7)
-    rows = []
-    for i in range(3000):
+
+    def keyed(rng: random.Random, i: int) -> dict[str, Any]:
         route = rng.choice(["local", "local", "api", "none"])
         status = 400 if route == "none" else rng.choice([200, 200, 200, 502])
         paid = rng.randrange(0, 3 * 10**10) if route == "api" else 0
         tax = float(rng.randrange(1, 9000)) if route == "api" and i % 3 == 0 else 0.0
         day = {0: "2026-09-30", 1: "2026-11-01"}.get(i % 50, f"2026-10-{1 + i % 31:02d}")
-        rows.append(
-            row(
-                f"{day} {i % 24:02d}:{i % 60:02d}:{i % 59:02d}",
-                route,
-                rng.choice(["accepted", "low_quality", "forced"]),
-                rng.choice(["gpt-4o-mini", "gpt-4o", "my-finetune"]),
-                request_id=f"r{i}",
-                status=status,
-                key_name=rng.choice(["alice", "bob", "ci", None, ""]),
-                api_cost_pusd=paid,
-                counterfactual_cost_pusd=rng.choice([None, paid + rng.randrange(0, 10**10)]),
-                local_ms=tax,
-                latency_tax_ms=tax,
-            )
+        return row(
+            f"{day} {i % 24:02d}:{i % 60:02d}:{i % 59:02d}",
+            route,
+            rng.choice(["accepted", "low_quality", "forced"]),
+            rng.choice(["gpt-4o-mini", "gpt-4o", "my-finetune"]),
+            request_id=f"r{i}",
+            status=status,
+            key_name=rng.choice(["alice", "bob", "ci", None, ""]),
+            api_cost_pusd=paid,
+            counterfactual_cost_pusd=rng.choice([None, paid + rng.randrange(0, 10**10)]),
+            local_ms=tax,
+            latency_tax_ms=tax,
         )
+
+    rows = random_rows(7, keyed)
     db = tmp_path / "keys.db"
     seed(db, rows, upto="0004_prediction.sql")
     code, out, _ = report(

@@ -4,25 +4,12 @@ its first turn, deletion and retention remove rows, and two pools (two replicas)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from proxy.ledger.db.connections import Pool
 from proxy.ledger.db.location import Database
-from proxy.ledger.db.migrate import open_database
 from proxy.ledger.responses_store import PRUNE_EVERY_S, ResponseStore, StoredResponse
 
 NOW = 1_790_000_000.0
 DAY = 86400.0
-
-
-@pytest.fixture
-def pool(database: Database) -> Iterator[Pool]:
-    open_database(database)
-    shared = Pool(database, size=2, timeout_s=10.0)
-    yield shared
-    shared.close()
 
 
 def turn(

@@ -12,7 +12,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from email.utils import formatdate
 from typing import Any
@@ -25,6 +25,7 @@ from proxy.errors import UpstreamError, UpstreamRateLimited, UpstreamStatus, Ups
 from proxy.upstream.client import Upstream, UpstreamStream
 from proxy.upstream.direct_route import KEEPALIVE_S
 from proxy.upstream.failures import parse_retry_after, translate
+from tests.conftest import module_api
 from tests.fake_api import FakeAPI
 from tests.loopback import Listener
 
@@ -34,10 +35,7 @@ PROMPT = "What is the capital of France?"
 CHAT: dict[str, Any] = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": PROMPT}]}
 
 
-@pytest.fixture(scope="module")
-def api() -> Iterator[FakeAPI]:
-    with FakeAPI() as server:
-        yield server
+api = module_api()
 
 
 @pytest.fixture(autouse=True)
