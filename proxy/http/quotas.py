@@ -48,6 +48,7 @@ from proxy.ledger.response_cache import ResponseCache, cache_key, cacheable
 from proxy.ledger.tenants.budgets import Budgets, Reservation
 from proxy.ledger.tenants.keys import ClientKey
 from proxy.ledger.tenants.rpm import LocalWindow, RateLimits
+from proxy.tasks import stop_task
 from quality.combiner import file_sha256
 
 log = structlog.get_logger("frugal.quotas")
@@ -196,10 +197,7 @@ class Quotas:
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="quotas-sweep")
 
     async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        await stop_task(self._sweeper)
         if self._tasks:  # settles under way: the budget must hear of them
             await asyncio.wait(set(self._tasks), timeout=0.5)
         await asyncio.to_thread(self.pool.close)
