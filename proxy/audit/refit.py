@@ -55,7 +55,6 @@ from proxy.ledger.audits.audit_record import COLUMNS, AuditRecord
 from proxy.ledger.audits.threshold import ThresholdChoice, choose_threshold
 from proxy.ledger.db.location import Database
 from proxy.routing import prerouter
-from proxy.tasks import stop_task
 from quality.combiner import HARD_CAP, MODEL_TAG, WEIGHTS_PATH, Model, file_sha256
 from quality.logistic import fit_constrained, folds, roc_auc
 
@@ -342,7 +341,10 @@ class AutoCalibrator:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def close(self) -> None:
-        await stop_task(self._task)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
     async def step(self) -> bool:
         """Refit if enough new audits came; True when a file was written."""

@@ -41,6 +41,7 @@ import structlog
 from proxy.config import Settings
 from proxy.engine.generate import ModelLoadError, bundled_model_path
 from proxy.errors import BudgetExhausted, BudgetUnavailable, ModelNotAllowed, TooManyRequests
+from proxy.http.tasks import stop_task
 from proxy.ledger.db.connections import Pool, Unavailable
 from proxy.ledger.db.location import Database
 from proxy.ledger.pricing import PriceBook
@@ -48,7 +49,6 @@ from proxy.ledger.response_cache import ResponseCache, cache_key, cacheable
 from proxy.ledger.tenants.budgets import Budgets, Reservation
 from proxy.ledger.tenants.keys import ClientKey
 from proxy.ledger.tenants.rpm import LocalWindow, RateLimits
-from proxy.tasks import stop_task
 from quality.combiner import file_sha256
 
 log = structlog.get_logger("frugal.quotas")
