@@ -18,6 +18,7 @@ import mmap
 import os
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,22 +106,27 @@ class GGUFHeader:
     def n_head(self) -> int:
         return _first(self.arch_value("attention.head_count", 0))
 
+    def _arch_or(
+        self, key: str, otherwise: Callable[[], int], read: Callable[[Any], int] = int
+    ) -> int:
+        """The architecture's ``key`` read as a number, or ``otherwise()`` when the file
+        leaves it out (a default derived from other fields)."""
+        value = self.arch_value(key)
+        return read(value) if value is not None else otherwise()
+
     @property
     def n_head_kv(self) -> int:
-        value = self.arch_value("attention.head_count_kv")
-        return _first(value) if value is not None else self.n_head
+        return self._arch_or("attention.head_count_kv", lambda: self.n_head, read=_first)
 
     @property
     def head_dim_k(self) -> int:
-        value = self.arch_value("attention.key_length")
-        if value is not None:
-            return int(value)
-        return self.n_embd // self.n_head if self.n_head else 0
+        return self._arch_or(
+            "attention.key_length", lambda: self.n_embd // self.n_head if self.n_head else 0
+        )
 
     @property
     def head_dim_v(self) -> int:
-        value = self.arch_value("attention.value_length")
-        return int(value) if value is not None else self.head_dim_k
+        return self._arch_or("attention.value_length", lambda: self.head_dim_k)
 
     @property
     def n_ctx_train(self) -> int:

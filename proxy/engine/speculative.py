@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -198,18 +198,12 @@ class SpecStats:
 
     mode: str
     steps: int = 0
+    verify_batches: int = 0  # the fields in the order they are reported
     drafted: int = 0
     accepted: int = 0
-    verify_batches: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "steps": self.steps,
-            "verify_batches": self.verify_batches,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-        }
+        return asdict(self)
 
 
 class Speculator:

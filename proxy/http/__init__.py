@@ -10,6 +10,8 @@
                  page could send to a keyless proxy (non-JSON bodies, foreign ``Host``)
     limits       body size, header time, concurrency
     disconnect   a client that leaves cancels its handler (and so its local work)
+    tasks        a service's background task (the key store's refresh, the quotas' sweep)
+                 cancelled and awaited when the service stops
     handler      the life cycle every cascade endpoint shares: plan, local attempt, fallback,
                  answer, exactly one ledger row
     exchange     what one request did, for the headers, the log and the ledger row

@@ -58,7 +58,6 @@ page in the operator's browser can reach a loopback port too. :class:`RequestGua
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hmac
 import ipaddress
@@ -79,6 +78,7 @@ from proxy.errors import (
 from proxy.http.limits import body_pending
 from proxy.http.render import render
 from proxy.http.services import Services, services_in
+from proxy.http.tasks import stop_task
 from proxy.ledger.db.location import from_settings
 from proxy.ledger.tenants import keys as keys_mod
 
@@ -114,11 +114,8 @@ class Authenticator:
         self._task = asyncio.create_task(self._refresher(), name="keys-refresh")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def refresh(self) -> None:
         """Re-read the stored keys. A failed read keeps the last good set; a failed first read

@@ -45,6 +45,7 @@ pricier one) cannot make a counter go down, so the exact figure over any window 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -186,22 +187,15 @@ async def endpoint(request: Request) -> Response:
     return Response(metrics.render(), headers={"content-type": CONTENT_TYPE_LATEST})
 
 
+@dataclass(eq=False)  # the registry keys its collectors by identity
 class _StateCollector(Collector):
     """What is read at scrape time: money totals, in-flight count, engine and ledger."""
 
-    def __init__(
-        self,
-        metrics: Metrics,
-        in_flight: InFlight | None,
-        engine: LocalEngine | None,
-        router: Router | None,
-        ledger: Ledger | None,
-    ) -> None:
-        self.metrics = metrics
-        self.in_flight = in_flight
-        self.engine = engine
-        self.router = router
-        self.ledger = ledger
+    metrics: Metrics
+    in_flight: InFlight | None
+    engine: LocalEngine | None
+    router: Router | None
+    ledger: Ledger | None
 
     def collect(self) -> Iterator[Metric]:
         m = self.metrics

@@ -41,6 +41,7 @@ import structlog
 from proxy.config import Settings
 from proxy.engine.generate import ModelLoadError, bundled_model_path
 from proxy.errors import BudgetExhausted, BudgetUnavailable, ModelNotAllowed, TooManyRequests
+from proxy.http.tasks import stop_task
 from proxy.ledger.db.connections import Pool, Unavailable
 from proxy.ledger.db.location import Database
 from proxy.ledger.pricing import PriceBook
@@ -196,10 +197,7 @@ class Quotas:
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="quotas-sweep")
 
     async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        await stop_task(self._sweeper)
         if self._tasks:  # settles under way: the budget must hear of them
             await asyncio.wait(set(self._tasks), timeout=0.5)
         await asyncio.to_thread(self.pool.close)

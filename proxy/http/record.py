@@ -17,6 +17,7 @@ Imports :mod:`proxy.ledger` (the row, pricing, the token count job) and the exch
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import structlog
 
@@ -30,6 +31,40 @@ from proxy.params import LOCAL_ALIAS
 
 log = structlog.get_logger("frugal.request")
 
+# What the metrics take from the exchange as it is, under the exchange's own names.
+_OBSERVED = (
+    "endpoint",
+    "route",
+    "reason",
+    "status",
+    "quality",
+    "prompt_tokens",
+    "completion_tokens",
+    "local_prompt_tokens",
+    "local_completion_tokens",
+)
+# What the ledger row takes as it is: those, and more. ``token_source`` is set only for an API
+# call charged without the provider's usage (proxy.http.charges); otherwise the writer says
+# where the counterfactual tokens came from.
+_KEPT = (
+    *_OBSERVED,
+    "request_id",
+    "error",
+    "key_name",
+    "cached_tokens",
+    "predicted_local_ms",
+    "actual_local_ms",
+    "backend",
+    "predicted_completion_tokens",
+    "upstream_attempts",
+    "token_source",
+)
+
+
+def _as_is(ex: Exchange, names: tuple[str, ...]) -> dict[str, Any]:
+    """The exchange's fields ``names``, by name."""
+    return {name: getattr(ex, name) for name in names}
+
 
 def finish(ex: Exchange, services: Services) -> None:
     """Write the exchange's ledger row, log line and metrics; once, later calls do nothing."""
@@ -39,35 +74,15 @@ def finish(ex: Exchange, services: Services) -> None:
     latency_ms = (time.perf_counter() - ex.started) * 1000
     model = ex.model or ""
     row = LedgerRow(
-        request_id=ex.request_id,
+        **_as_is(ex, _KEPT),
         ts=ex.arrived,
-        endpoint=ex.endpoint,
         requested_model=ex.model,
-        route=ex.route,
-        reason=ex.reason,
-        status=ex.status,
         stream=int(ex.stream),
-        quality=ex.quality,
         quality_reasons=",".join(ex.quality_reasons[:3]) or None,
-        prompt_tokens=ex.prompt_tokens,
-        completion_tokens=ex.completion_tokens,
-        local_prompt_tokens=ex.local_prompt_tokens,
-        local_completion_tokens=ex.local_completion_tokens,
         latency_ms=round(latency_ms, 2),
         local_ms=round(ex.local_ms, 2),
         api_ms=round(ex.api_ms, 2),
-        error=ex.error,
-        key_name=ex.key_name,
         api_model=services.upstream.target(model) if model != LOCAL_ALIAS else None,
-        cached_tokens=ex.cached_tokens,
-        predicted_local_ms=ex.predicted_local_ms,
-        actual_local_ms=ex.actual_local_ms,
-        backend=ex.backend,
-        predicted_completion_tokens=ex.predicted_completion_tokens,
-        upstream_attempts=ex.upstream_attempts,
-        # Set only for an API call charged without the provider's usage (proxy.http.charges);
-        # otherwise the writer says where the counterfactual tokens came from.
-        token_source=ex.token_source,
     )
     # Costs for the log and the metrics now; the ledger prices the row itself, recounting
     # a local answer with the requested model's tokenizer off the request path.
@@ -86,16 +101,8 @@ def finish(ex: Exchange, services: Services) -> None:
     if services.quotas is not None:  # the budget: the real cost replaces the reservation
         services.quotas.settle(ex.reservation, paid if ex.route == "api" else 0)
     services.metrics.observe(
-        endpoint=ex.endpoint,
-        route=ex.route,
-        reason=ex.reason,
-        status=ex.status,
+        **_as_is(ex, _OBSERVED),
         latency_s=latency_ms / 1000,
-        prompt_tokens=ex.prompt_tokens,
-        completion_tokens=ex.completion_tokens,
-        local_prompt_tokens=ex.local_prompt_tokens,
-        local_completion_tokens=ex.local_completion_tokens,
-        quality=ex.quality,
         api_cost_pusd=paid,
         counterfactual_pusd=counterfactual,
     )

@@ -45,6 +45,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -75,6 +76,17 @@ from proxy.upstream.stream import UpstreamStream
 
 _LAST = frozenset({"response.completed", "response.incomplete", "response.failed"})
 Keep = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Turn:
+    """What every step of one Responses request carries: the request as asked, the chat request
+    it became, the exchange, and ``keep`` (stores and caches the finished response)."""
+
+    asked: dict[str, Any]
+    body: dict[str, Any]
+    ex: Exchange
+    keep: Keep
 
 
 class ResponsesHandler(ChatHandler):
@@ -137,11 +149,10 @@ class ResponsesHandler(ChatHandler):
             if asked.get("store") is not False:
                 response["store"] = await state.keep(request, response, items, ex.route)
 
+        turn = _Turn(asked, body, ex, keep)
         if hit is not None:
             ex.keep(completion_of(hit))
-            response = _renewed(hit, asked)
-            await keep(response)
-            return self._send(response, ex)
+            return await self._send_kept(_renewed(hit, asked), turn)
         sent = None
         if api_own:
             target = self.services.upstream.target(asked["model"])
@@ -156,37 +167,29 @@ class ResponsesHandler(ChatHandler):
                 )
             ex.route, ex.reason = "api", Reason.UNSUPPORTED
             await self.reserve(body, ex, sent=sent)
-            return await self._api(asked, sent, body, ex, keep)
+            return await self._api(turn, sent)
         tried = False  # a live stream that fell back: the local model has answered already
         if ex.stream and plan.route == "local" and self._live_mode(body):
-            live = await self._live_stream(asked, body, plan, threshold, ex, keep)
+            live = await self._live_stream(turn, plan, threshold)
             if live is not None:
                 return live
             tried = True
         if sent is None:
-            return await self._translated(asked, body, plan, threshold, ex, keep, tried)
+            return await self._translated(turn, plan, threshold, tried)
         answer = await self._local(body, plan, threshold, ex, sent, tried)
         if answer is None:
-            return await self._api(asked, sent, body, ex, keep)
-        response = response_of(answer, asked)
-        await keep(response)
-        return self._send(response, ex)
+            return await self._api(turn, sent)
+        return await self._send_kept(response_of(answer, asked), turn)
 
-    def _send(self, response: dict[str, Any], ex: Exchange) -> Response:
+    async def _send_kept(self, response: dict[str, Any], turn: _Turn) -> Response:
+        """Keep ``response`` (stored, cached), then send it: as JSON, or replayed as events."""
+        await turn.keep(response)
+        ex = turn.ex
         if ex.stream:
             return self.stream(aiter_of(events(response)), ex)
         return JSONResponse(response, headers=ex.headers())
 
-    async def _translated(
-        self,
-        asked: dict[str, Any],
-        body: dict[str, Any],
-        plan: Plan,
-        threshold: float,
-        ex: Exchange,
-        keep: Keep,
-        tried: bool,
-    ) -> Response:
+    async def _translated(self, turn: _Turn, plan: Plan, threshold: float, tried: bool) -> Response:
         """The whole chat cascade, the API's Chat Completions as its fallback."""
         answers: list[dict[str, Any]] = []
 
@@ -194,10 +197,8 @@ class ResponsesHandler(ChatHandler):
             answers.append(answer)
             return Response()  # not sent: the answer is stored first, then sent below
 
-        await self._json(body, plan, threshold, ex, take, local_tried=tried)
-        response = response_of(answers[0], asked)
-        await keep(response)
-        return self._send(response, ex)
+        await self._json(turn.body, plan, threshold, turn.ex, take, local_tried=tried)
+        return await self._send_kept(response_of(answers[0], turn.asked), turn)
 
     async def _local(
         self,
@@ -226,24 +227,16 @@ class ResponsesHandler(ChatHandler):
         """Whether a local stream of ``body`` (the chat request) sends its tokens as they come."""
         return self.services.settings.router.stream_mode == "live" and live_streamable(body)
 
-    async def _live_stream(
-        self,
-        asked: dict[str, Any],
-        body: dict[str, Any],
-        plan: Plan,
-        threshold: float,
-        ex: Exchange,
-        keep: Keep,
-    ) -> Response | None:
+    async def _live_stream(self, turn: _Turn, plan: Plan, threshold: float) -> Response | None:
         """Chat's live stream, sent as typed events (:mod:`proxy.http.responses_live`); None
         when the local model failed before its first token and the cascade falls back."""
+
+        asked, body, ex = turn.asked, turn.body, turn.ex
 
         async def replay(kept: dict[str, Any]) -> Response:  # kept, but it came without a token
             answer = public_answer(kept, body)
             ex.keep(answer)
-            response = response_of(answer, asked)
-            await keep(response)
-            return self._send(response, ex)
+            return await self._send_kept(response_of(answer, asked), turn)
 
         return await self._live(
             body,
@@ -252,42 +245,29 @@ class ResponsesHandler(ChatHandler):
             ex,
             False,
             replay=replay,
-            chunks=lambda task, queue: live_events(task, queue, ex, asked, keep),
+            chunks=lambda task, queue: live_events(task, queue, ex, asked, turn.keep),
         )
 
     # -- the API's own /v1/responses ------------------------------------------------------------
 
-    async def _api(
-        self,
-        asked: dict[str, Any],
-        sent: dict[str, Any],
-        body: dict[str, Any],
-        ex: Exchange,
-        keep: Keep,
-    ) -> Response:
-        upstream = self.services.upstream
+    async def _api(self, turn: _Turn, sent: dict[str, Any]) -> Response:
+        upstream, ex = self.services.upstream, turn.ex
         if ex.stream:
-            return await self._relay(asked, sent, body, ex, keep)
+            return await self._relay(turn, sent)
         reply = await self.from_api(
             responses_api.create(upstream, sent, request_id=ex.request_id), ex
         )
         ex.take_usage(chat_usage(reply.body.get("usage")))
         if ex.audit is not None:
             ex.audit_reference = completion_of(reply.body)
-        response = _ours(reply.body, asked)
+        response = _ours(reply.body, turn.asked)
         ex.keep(completion_of(response))
-        await keep(response)
+        await turn.keep(response)
         return JSONResponse(response, headers=ex.headers())
 
-    async def _relay(
-        self,
-        asked: dict[str, Any],
-        sent: dict[str, Any],
-        body: dict[str, Any],
-        ex: Exchange,
-        keep: Keep,
-    ) -> Response:
+    async def _relay(self, turn: _Turn, sent: dict[str, Any]) -> Response:
         """The API's typed events, relayed as they come (see :func:`_relayed`)."""
+        ex, body = turn.ex, turn.body
         ex.route = "api"
         started = time.perf_counter()
         opening = asyncio.ensure_future(
@@ -296,7 +276,7 @@ class ResponsesHandler(ChatHandler):
         upstream_stream = await charges.open_stream(opening, ex, self.services, body, started)
         close = charges.stream_closer(upstream_stream, ex, self.services, body, started)
 
-        relayed = _relayed(upstream_stream, ex, close, keep, asked)
+        relayed = _relayed(upstream_stream, ex, close, turn.keep, turn.asked)
         return self.stream(relayed, ex, cleanups=(close,))
 
     def _state(self) -> ResponsesState:

@@ -33,6 +33,7 @@ from typing import Any
 from proxy.errors import BadRequest
 from proxy.http.responses_shapes import LATER_ITEMS, LATER_PARTS, LATER_TOOLS, TEXT_PARTS
 from proxy.http.validate import chat_request
+from proxy.upstream.responses_api import usage_figures
 
 # Responses' names of what chat calls otherwise, for a chat check's error.
 _RENAMES = (
@@ -245,16 +246,13 @@ def _id(prefix: str) -> str:
 
 
 def _usage(usage: dict[str, Any]) -> dict[str, Any]:
-    prompt = int(usage.get("prompt_tokens") or 0)
-    completion = int(usage.get("completion_tokens") or 0)
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    prompt, completion, cached, reasoning, total = usage_figures(usage, "prompt", "completion")
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": int(cached)},
+        "input_tokens_details": {"cached_tokens": cached},
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": int(reasoning)},
-        "total_tokens": int(usage.get("total_tokens") or prompt + completion),
+        "output_tokens_details": {"reasoning_tokens": reasoning},
+        "total_tokens": total,
     }
 
 

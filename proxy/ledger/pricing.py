@@ -150,12 +150,7 @@ class PriceBook:
 
         A budget reserves this for a request that names no ``max_tokens``: the provider stops
         the answer there, so no answer can cost more."""
-        if model in self._limits:
-            return self._limits[model]
-        with self._lock:
-            if model not in self._limits:
-                _remember(self._limits, model, self._lookup_limit(model, "max_output_tokens"))
-            return self._limits[model]
+        return self._limit(self._limits, model, "max_output_tokens")
 
     def max_input_tokens(self, model: str) -> int | None:
         """The most tokens ``model`` reads in one call (its context window), from the map's
@@ -163,12 +158,16 @@ class PriceBook:
 
         A budget reserves it for what a request's bytes cannot measure (a file, a built-in
         tool's results): none of it can pass the window."""
-        if model in self._windows:
-            return self._windows[model]
+        return self._limit(self._windows, model, "max_input_tokens")
+
+    def _limit(self, cache: dict[str, int | None], model: str, field: str) -> int | None:
+        """The map's ``field`` for ``model``, looked up once and kept in ``cache``."""
+        if model in cache:
+            return cache[model]
         with self._lock:
-            if model not in self._windows:
-                _remember(self._windows, model, self._lookup_limit(model, "max_input_tokens"))
-            return self._windows[model]
+            if model not in cache:
+                _remember(cache, model, self._lookup_limit(model, field))
+            return cache[model]
 
     def _lookup_limit(self, model: str, field: str) -> int | None:
         for name in _candidates(model):

@@ -74,18 +74,27 @@ async def open_stream(
     return await upstream.open_direct(PATH, {**body, "stream": True}, request_id=request_id)
 
 
+def usage_figures(usage: dict[str, Any], read: str, written: str) -> tuple[int, int, int, int, int]:
+    """The prompt, completion, cached, reasoning and total tokens of a ``usage`` that calls the
+    prompt ``{read}_tokens`` and the completion ``{written}_tokens`` (chat: ``prompt`` and
+    ``completion``; Responses: ``input`` and ``output``); a field left out counts 0."""
+    prompt = int(usage.get(f"{read}_tokens") or 0)
+    completion = int(usage.get(f"{written}_tokens") or 0)
+    cached = (usage.get(f"{read}_tokens_details") or {}).get("cached_tokens") or 0
+    reasoning = (usage.get(f"{written}_tokens_details") or {}).get("reasoning_tokens") or 0
+    total = int(usage.get("total_tokens") or prompt + completion)
+    return prompt, completion, int(cached), int(reasoning), total
+
+
 def chat_usage(usage: Any) -> dict[str, Any] | None:
     """A Responses ``usage`` as chat's (None when there is none)."""
     if not isinstance(usage, dict) or usage.get("input_tokens") is None:
         return None
-    prompt = int(usage.get("input_tokens") or 0)
-    completion = int(usage.get("output_tokens") or 0)
-    cached = (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0
-    reasoning = (usage.get("output_tokens_details") or {}).get("reasoning_tokens") or 0
+    prompt, completion, cached, reasoning, total = usage_figures(usage, "input", "output")
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": int(usage.get("total_tokens") or prompt + completion),
-        "prompt_tokens_details": {"cached_tokens": int(cached)},
-        "completion_tokens_details": {"reasoning_tokens": int(reasoning)},
+        "total_tokens": total,
+        "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
     }

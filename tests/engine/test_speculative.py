@@ -15,7 +15,7 @@ import pytest
 
 from proxy.engine.generate import LocalModel
 from proxy.engine.model_files import bundled_model_path
-from proxy.engine.speculative import PromptLookup
+from proxy.engine.speculative import PromptLookup, SpecStats
 
 PARAGRAPH = (
     "Teh quick brown fox jumpd over the lazzy dog. It was a sunny day in the vilage, and all "
@@ -196,3 +196,16 @@ def test_prompt_lookup_copies_what_followed_the_latest_match() -> None:
     assert look.draft(np.array([1, 2, 3, 4], dtype=np.intc), 4) == []
     # Falls back to shorter n-grams: "9 7" is new, "7" was followed by 8.
     assert look.draft(np.array([6, 7, 8, 9, 7], dtype=np.intc), 2) == [8, 9]
+
+
+def test_spec_stats_are_reported_with_their_keys_in_order() -> None:
+    stats = SpecStats(mode="prompt_lookup", steps=5, drafted=12, accepted=9, verify_batches=4)
+    reported = stats.as_dict()
+    assert reported == {
+        "mode": "prompt_lookup",
+        "steps": 5,
+        "verify_batches": 4,
+        "drafted": 12,
+        "accepted": 9,
+    }
+    assert list(reported) == ["mode", "steps", "verify_batches", "drafted", "accepted"]

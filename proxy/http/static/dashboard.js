@@ -545,33 +545,36 @@
     return [chart, [days.map((d) => dayTs(d.day)), days.map(get)]];
   }
 
-  function renderShare(days) {
-    const percent = (v) => `${F.decimal(v, v % 1 ? 1 : 0)}%`;
-    const spec = { label: "Local share", color: "good", get: (d) => d.local_share * 100, format: percent, range: [0, 100] };
-    figure("share", ...dailyBars(days, spec), {
-      caption: "Local share per UTC day",
+  // A daily bar chart and its table: the day, then one column a [label, kind, field] of the
+  // day's report.
+  function dailyFigure(name, days, spec, caption, columns) {
+    figure(name, ...dailyBars(days, spec), {
+      caption,
       columns: [
         { label: "Day", kind: "day", get: (d) => d.day },
-        { label: "Requests", kind: "int", get: (d) => d.requests },
-        { label: "Local", kind: "int", get: (d) => d.local_requests },
-        { label: "Local share", kind: "share", get: (d) => d.local_share },
+        ...columns.map(([label, kind, field]) => ({ label, kind, get: (d) => d[field] })),
       ],
       rows: days,
     });
   }
 
+  function renderShare(days) {
+    const percent = (v) => `${F.decimal(v, v % 1 ? 1 : 0)}%`;
+    const spec = { label: "Local share", color: "good", get: (d) => d.local_share * 100, format: percent, range: [0, 100] };
+    dailyFigure("share", days, spec, "Local share per UTC day", [
+      ["Requests", "int", "requests"],
+      ["Local", "int", "local_requests"],
+      ["Local share", "share", "local_share"],
+    ]);
+  }
+
   function renderTax(days) {
     const spec = { label: "Latency tax", color: "bad", get: (d) => d.latency_tax_s, format: F.seconds };
-    figure("tax", ...dailyBars(days, spec), {
-      caption: "Latency tax per UTC day",
-      columns: [
-        { label: "Day", kind: "day", get: (d) => d.day },
-        { label: "Latency tax", kind: "seconds", get: (d) => d.latency_tax_s },
-        { label: "Requests taxed", kind: "int", get: (d) => d.latency_tax_requests },
-        { label: "Share", kind: "share", get: (d) => d.latency_tax_share },
-      ],
-      rows: days,
-    });
+    dailyFigure("tax", days, spec, "Latency tax per UTC day", [
+      ["Latency tax", "seconds", "latency_tax_s"],
+      ["Requests taxed", "int", "latency_tax_requests"],
+      ["Share", "share", "latency_tax_share"],
+    ]);
   }
 
   function renderSavings(days) {
