@@ -12,6 +12,8 @@
     disconnect   a client that leaves cancels its handler (and so its local work)
     tasks        a service's background task (the key store's refresh, the quotas' sweep)
                  cancelled and awaited when the service stops
+    endpoints    each endpoint declared once (path, handler, OpenAPI entry): the routes, the
+                 handlers the lifespan makes and the OpenAPI paths are read from it
     handler      the life cycle every cascade endpoint shares: plan, local attempt, fallback,
                  answer, exactly one ledger row
     exchange     what one request did, for the headers, the log and the ledger row

@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -30,6 +29,7 @@ from proxy.http import responses_state
 from proxy.http.auth import AuthMiddleware, RequestGuard, sees_everything
 from proxy.http.dashboard import Dashboard
 from proxy.http.disconnect import CancelOnDisconnect
+from proxy.http.endpoints import ENDPOINTS, Handler, both_paths
 from proxy.http.lifespan import lifespan
 from proxy.http.limits import InFlight, LimitsMiddleware
 from proxy.http.openapi import openapi_spec
@@ -137,16 +137,13 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
     return app
 
 
-Endpoint = Callable[[Request], Awaitable[Response]]
-
-
-def _handed_to(name: str) -> Endpoint:
+def _handed_to(name: str) -> Handler:
     """The endpoint that hands each request to the handler the lifespan keeps as
-    ``app.state.<name>`` (``chat``: a ChatHandler, ``completions``, ``embeddings``,
-    ``responses``), looked up per request, once the app has started."""
+    ``app.state.<name>`` (each :data:`~proxy.http.endpoints.ENDPOINTS` entry's ``name``),
+    looked up per request, once the app has started."""
 
     async def endpoint(request: Request) -> Response:
-        handler: Endpoint = getattr(request.app.state, name)
+        handler: Handler = getattr(request.app.state, name)
         return await handler(request)
 
     return endpoint
@@ -216,14 +213,7 @@ async def _healthz(request: Request) -> Response:
 
 
 # The endpoints a client that leaves before its answer is ready cancels (CancelOnDisconnect).
-_CANCELLABLE = (
-    "/v1/chat/completions",
-    "/chat/completions",
-    "/v1/completions",
-    "/completions",
-    "/v1/responses",
-    "/responses",
-)
+_CANCELLABLE = tuple(p for e in ENDPOINTS if e.cascade for p in both_paths(e.path))
 
 
 def _routes(settings: Settings) -> list[Route]:
@@ -231,17 +221,12 @@ def _routes(settings: Settings) -> list[Route]:
     both; the dashboard's files are read here, once (proxy/http/static/)."""
     dashboard = Dashboard()
     reports = ReportEndpoint(settings)
-    chat, completions = _handed_to("chat"), _handed_to("completions")
-    embeddings, responses = _handed_to("embeddings"), _handed_to("responses")
     return [
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/chat/completions", chat, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/completions", completions, methods=["POST"]),
-        Route("/v1/embeddings", embeddings, methods=["POST"]),
-        Route("/embeddings", embeddings, methods=["POST"]),
-        Route("/v1/responses", responses, methods=["POST"]),
-        Route("/responses", responses, methods=["POST"]),
+        *(
+            Route(path, _handed_to(e.name), methods=["POST"])
+            for e in ENDPOINTS
+            for path in both_paths(e.path)
+        ),
         Route("/v1/responses/{response_id}", responses_state.one, methods=["GET", "DELETE"]),
         Route("/responses/{response_id}", responses_state.one, methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/input_items", responses_state.list_input_items),

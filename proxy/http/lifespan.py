@@ -27,11 +27,9 @@ from proxy.config import Settings
 from proxy.engine.local_engine import LocalEngine
 from proxy.http import metrics as metrics_mod
 from proxy.http.auth import Authenticator
-from proxy.http.chat import ChatHandler
-from proxy.http.completions import CompletionsHandler, EmbeddingsHandler
+from proxy.http.endpoints import ENDPOINTS
 from proxy.http.limits import InFlight
 from proxy.http.quotas import AuditPurse, Quotas
-from proxy.http.responses import ResponsesHandler
 from proxy.http.responses_state import ResponsesState
 from proxy.http.services import Services
 from proxy.http.shutdown import AUDIT_STOP_S, AUX_STOP_S, bounded, shutdown
@@ -196,10 +194,8 @@ def _mount_handlers(app: Starlette, services: Services) -> None:
     """``app.state.services``, and one handler per endpoint; each route looks its own up on
     ``app.state`` per request."""
     app.state.services = services
-    app.state.chat = ChatHandler(services)
-    app.state.completions = CompletionsHandler(services)
-    app.state.embeddings = EmbeddingsHandler(services)
-    app.state.responses = ResponsesHandler(services)
+    for endpoint in ENDPOINTS:
+        setattr(app.state, endpoint.name, endpoint.make(services))
 
 
 async def _ready(settings: Settings, parts: _Parts) -> None:

@@ -13,12 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from proxy.http import report
-from proxy.http.request_schema import (
-    CHAT_REQUEST,
-    COMPLETIONS_REQUEST,
-    EMBEDDINGS_REQUEST,
-    RESPONSES_REQUEST,
-)
+from proxy.http.endpoints import ENDPOINTS
 from proxy.http.shapes import TOOL_CALL, Schema, obj
 from proxy.routing.reasons import Reason
 
@@ -323,6 +318,15 @@ LIST_PARAMETERS: list[dict[str, Any]] = [
 ]
 
 
+# The answers' schemas, by the component name an endpoint's ``response`` gives.
+ANSWERS: dict[str, Schema] = {
+    "ChatCompletion": CHAT_COMPLETION,
+    "TextCompletion": TEXT_COMPLETION,
+    "Embeddings": EMBEDDINGS,
+    "Response": RESPONSE,
+}
+
+
 def _answer(description: str, schema: str, *errors: int) -> dict[str, Any]:
     return {
         "200": {
@@ -340,7 +344,7 @@ def _post(
     *,
     stream: bool,
     cascade: bool = True,
-    events: str = "With `stream: true`: `data: <chunk>` events, then `data: [DONE]`.",
+    events: str,
     also: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     content: dict[str, Any] = {"application/json": {"schema": _ref(response)}}
@@ -383,14 +387,11 @@ def openapi_spec() -> dict[str, Any]:
         "servers": [{"url": "/"}],
         "components": {
             "schemas": {
-                "ChatCompletionRequest": CHAT_REQUEST,
-                "ChatCompletion": CHAT_COMPLETION,
-                "CompletionRequest": COMPLETIONS_REQUEST,
-                "TextCompletion": TEXT_COMPLETION,
-                "EmbeddingsRequest": EMBEDDINGS_REQUEST,
-                "Embeddings": EMBEDDINGS,
-                "ResponsesRequest": RESPONSES_REQUEST,
-                "Response": RESPONSE,
+                **{
+                    name: schema
+                    for e in ENDPOINTS
+                    for name, schema in (e.request, (e.response, ANSWERS[e.response]))
+                },
                 "ResponseDeleted": RESPONSE_DELETED,
                 "ResponseInputItems": INPUT_ITEMS,
                 "Models": MODELS,
@@ -401,36 +402,18 @@ def openapi_spec() -> dict[str, Any]:
         },
         "security": [{}, {"bearer": []}],
         "paths": {
-            "/v1/chat/completions": _post(
-                "Chat completion, local first",
-                "ChatCompletionRequest",
-                "ChatCompletion",
-                stream=True,
-            ),
-            "/v1/completions": _post(
-                "Legacy text completion, local first",
-                "CompletionRequest",
-                "TextCompletion",
-                stream=True,
-            ),
-            "/v1/embeddings": _post(
-                "Embeddings, passed through to the API",
-                "EmbeddingsRequest",
-                "Embeddings",
-                stream=False,
-                cascade=False,
-            ),
-            "/v1/responses": _post(
-                "A Responses answer, local first (translated to chat; stored unless "
-                "`store: false`)",
-                "ResponsesRequest",
-                "Response",
-                stream=True,
-                events="With `stream: true`: the typed events (`event: response.created` ... "
-                "`response.completed`, `response.incomplete` or `response.failed`), each with its "
-                "`sequence_number`; no `[DONE]`.",
-                also=(404,),  # previous_response_id: not stored, or another key's
-            ),
+            **{
+                e.path: _post(
+                    e.summary,
+                    e.request[0],
+                    e.response,
+                    stream=e.stream,
+                    cascade=e.cascade,
+                    events=e.events,
+                    also=e.also,
+                )
+                for e in ENDPOINTS
+            },
             "/v1/responses/{response_id}": {
                 "parameters": [RESPONSE_ID],
                 "get": {

@@ -34,24 +34,22 @@ from proxy.http.shape_checks import Check, kind
 from proxy.http.shapes import MAX_MODEL_CHARS
 from proxy.params import (
     CHAT,
-    CHAT_PARAMETERS,
     CHAT_RULES,
     COMPLETIONS,
-    COMPLETIONS_PARAMETERS,
     COMPLETIONS_RULES,
     EMBEDDINGS,
-    EMBEDDINGS_PARAMETERS,
     RESPONSES,
     RESPONSES_NOT_YET,
-    RESPONSES_PARAMETERS,
     Param,
     Rule,
     check_parameters,
+    handling_of,
 )
 
 __all__ = [
     "MAX_MODEL_CHARS",
     "chat_request",
+    "checker",
     "completions_request",
     "embeddings_request",
     "parse_json",
@@ -174,13 +172,16 @@ def _run(body: dict[str, Any], steps: tuple[Step, ...]) -> None:
         check(value, body)
 
 
-def _endpoint(
+def checker(
     table: tuple[Param, ...],
-    rules: tuple[Rule, ...],
-    names: dict[str, str],
+    rules: tuple[Rule, ...] = (),
     then: Callable[[dict[str, Any]], None] | None = None,
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The check of one endpoint's body, made from its parameter table (:mod:`proxy.params`):
+    a key outside the table is a 400 naming it, each row's value is checked, then ``rules``,
+    then ``then`` (what the table cannot say). Returns the body unchanged or raises BadRequest."""
     steps = _steps(table, rules)
+    names = handling_of(table)
 
     def validate(body: dict[str, Any]) -> dict[str, Any]:
         check_parameters(body, names)
@@ -200,10 +201,10 @@ def _best_of(body: dict[str, Any]) -> None:
         raise BadRequest("'best_of' cannot be used with 'stream'", param="best_of")
 
 
-_chat = _endpoint(CHAT, CHAT_RULES, CHAT_PARAMETERS)
-_completions = _endpoint(COMPLETIONS, COMPLETIONS_RULES, COMPLETIONS_PARAMETERS, _best_of)
-_embeddings = _endpoint(EMBEDDINGS, (), EMBEDDINGS_PARAMETERS)
-_responses = _endpoint(RESPONSES, (), RESPONSES_PARAMETERS)
+_chat = checker(CHAT, CHAT_RULES)
+_completions = checker(COMPLETIONS, COMPLETIONS_RULES, _best_of)
+_embeddings = checker(EMBEDDINGS)
+_responses = checker(RESPONSES)
 
 
 def chat_request(body: dict[str, Any]) -> dict[str, Any]:
