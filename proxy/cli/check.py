@@ -35,7 +35,7 @@ from proxy.config.model_name import ModelName
 from proxy.engine import memory
 from proxy.engine.gguf import GGUFError, GGUFHeader, read_header
 from proxy.errors import ConfigError
-from proxy.models import gate
+from proxy.models import gate_status
 from proxy.models.cache import find as find_cached
 from proxy.models.hub import cache_dir
 
@@ -187,7 +187,7 @@ def _gate(
     """Whether the quality gate's weights were fitted for this model's SHA-256."""
     from quality.combiner import file_sha256
 
-    state = gate.state(
+    state = gate_status.state(
         settings.quality.weights_path, sha256 or (lambda: file_sha256(path)), bundled=bundled
     )
     if state.calibrated or bundled:

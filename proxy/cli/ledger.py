@@ -26,7 +26,7 @@ from typing import Any
 from proxy import config as config_mod
 from proxy.ledger.db.location import from_argument, from_settings
 from proxy.ledger.tenants import keys
-from proxy.models.gate import for_settings as gate_for_settings
+from proxy.models.gate_status import for_settings as gate_for_settings
 
 DB_HELP = (
     "ledger database: a file, sqlite:///PATH or postgresql://USER@HOST/DB (its password from "

@@ -26,7 +26,7 @@ from proxy import config as config_mod
 from proxy.cli.ledger import DB_HELP
 from proxy.config.model_name import DEFAULT_QUANT, ModelName
 from proxy.errors import ConfigError
-from proxy.models import ModelsError, cache, gate, hub, pull
+from proxy.models import ModelsError, cache, gate_status, hub, pull
 from proxy.models.cache import resolve as resolve_model
 
 NAME_HELP = (
@@ -157,7 +157,7 @@ def rows(settings: config_mod.Settings) -> list[dict[str, Any]]:
     out = []
     for m in cache.cached():
         in_use = m.name == serving or os.path.realpath(m.path) == serving_path
-        state = gate.state(weights, m.sha256)
+        state = gate_status.state(weights, m.sha256)
         out.append(
             {
                 "name": str(m.name),

@@ -10,7 +10,7 @@
                  page could send to a keyless proxy (non-JSON bodies, foreign ``Host``)
     limits       body size, header time, concurrency
     disconnect   a client that leaves cancels its handler (and so its local work)
-    tasks        a service's background task (the key store's refresh, the quotas' sweep)
+    background   a service's background task (the key store's refresh, the quotas' sweep)
                  cancelled and awaited when the service stops
     endpoints    each endpoint declared once (path, handler, OpenAPI entry): the routes, the
                  handlers the lifespan makes and the OpenAPI paths are read from it

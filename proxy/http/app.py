@@ -40,7 +40,7 @@ from proxy.http.shares import KeyShareMiddleware, KeyShares
 from proxy.ledger.db.location import from_settings
 from proxy.models.cache import blob_sha256
 from proxy.models.cache import resolve as resolve_model
-from proxy.models.gate import described, weights_tag
+from proxy.models.gate_status import described, weights_tag
 from proxy.params import LOCAL_ALIAS
 
 log = structlog.get_logger("frugal.app")
@@ -105,11 +105,11 @@ class RequestIdMiddleware:
 
 
 def _gate(engine: LocalEngine, settings: Settings) -> dict[str, Any]:
-    """The quality gate's weights: calibrated for the served model, or the shipped prior fitted
-    to SmolLM2 (``proxy/models/gate.py``). For a model from the hub cache, whose SHA-256 is its
-    blob's name, the weights file's tag is read now (so an ``auto_calibrate`` refit shows at
-    once); for another file, what the worker loaded at start (hashing it here would hold the
-    event loop)."""
+    """The quality gate's weights: calibrated for the served model, or the shipped prior
+    fitted to SmolLM2 (``proxy/models/gate_status.py``). For a model from the hub cache, whose
+    SHA-256 is its blob's name, the weights file's tag is read now (so an ``auto_calibrate``
+    refit shows at once); for another file, what the worker loaded at start (hashing it here
+    would hold the event loop)."""
     weights_path = settings.quality.weights_path
     calibrated = bool((engine.info.get("weights") or {}).get("calibrated"))
     sha = blob_sha256(engine.model_path) if engine.model_path else None

@@ -75,10 +75,10 @@ from proxy.errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
+from proxy.http.background import stop_task
 from proxy.http.limits import body_pending
 from proxy.http.render import render
 from proxy.http.services import Services, services_in
-from proxy.http.tasks import stop_task
 from proxy.ledger.db.location import from_settings
 from proxy.ledger.tenants import keys as keys_mod
 

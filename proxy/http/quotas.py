@@ -41,7 +41,7 @@ import structlog
 from proxy.config import Settings
 from proxy.engine.generate import ModelLoadError, bundled_model_path
 from proxy.errors import BudgetExhausted, BudgetUnavailable, ModelNotAllowed, TooManyRequests
-from proxy.http.tasks import stop_task
+from proxy.http.background import stop_task
 from proxy.ledger.db.connections import Pool, Unavailable
 from proxy.ledger.db.location import Database
 from proxy.ledger.pricing import PriceBook

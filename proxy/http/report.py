@@ -34,7 +34,7 @@ from proxy.http.auth import own_key
 from proxy.http.shapes import Schema, obj
 from proxy.ledger.db.location import from_settings
 from proxy.ledger.reports import build as report_mod
-from proxy.models.gate import for_settings as gate_for_settings
+from proxy.models.gate_status import for_settings as gate_for_settings
 from quality.combiner import file_sha256
 
 REPORTS_AT_ONCE = 2

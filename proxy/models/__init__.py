@@ -9,8 +9,8 @@
              to its file at start, listing, removing
     fit      will it fit this machine's RAM, from the file size alone, through the memory
              guard's own estimate (``proxy/engine/memory.py``)
-    gate     whether the quality gate's weights were fitted for a model file, or it uses the
-             shipped prior (fitted to SmolLM2)
+    gate_status  whether the quality gate's weights were fitted for a model file, or it uses the
+                 shipped prior (fitted to SmolLM2)
     pull     ``frugal models pull``: pick, fit, download, verify the SHA-256, say what to set
 
 The ``frugal models`` subcommands themselves are in :mod:`proxy.cli.models`.
