@@ -28,23 +28,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from proxy import params
 from proxy.errors import BadRequest
 from proxy.http import responses_shapes, shape_checks, tool_checks
 from proxy.http.shape_checks import Check, kind
 from proxy.http.shapes import MAX_MODEL_CHARS
-from proxy.params import (
-    CHAT,
-    CHAT_RULES,
-    COMPLETIONS,
-    COMPLETIONS_RULES,
-    EMBEDDINGS,
-    RESPONSES,
-    RESPONSES_NOT_YET,
-    Param,
-    Rule,
-    check_parameters,
-    handling_of,
-)
+from proxy.params import RESPONSES_NOT_YET, Param, Rule, check_parameters, handling_of
 
 __all__ = [
     "MAX_MODEL_CHARS",
@@ -201,10 +190,11 @@ def _best_of(body: dict[str, Any]) -> None:
         raise BadRequest("'best_of' cannot be used with 'stream'", param="best_of")
 
 
-_chat = checker(CHAT, CHAT_RULES)
-_completions = checker(COMPLETIONS, COMPLETIONS_RULES, _best_of)
-_embeddings = checker(EMBEDDINGS)
-_responses = checker(RESPONSES)
+# The shipped endpoints' checks, from their tables in proxy.params.
+_chat = checker(params.CHAT, params.CHAT_RULES)
+_completions = checker(params.COMPLETIONS, params.COMPLETIONS_RULES, _best_of)
+_embeddings = checker(params.EMBEDDINGS)
+_responses = checker(params.RESPONSES)
 
 
 def chat_request(body: dict[str, Any]) -> dict[str, Any]:
