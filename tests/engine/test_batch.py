@@ -18,6 +18,7 @@ from proxy.engine import grammar as grammar_mod
 from proxy.engine.batch.decode import BatchEngine, Sequence
 from proxy.engine.generate import LocalModel, PromptTooLong
 from proxy.engine.tasks import _grammar
+from tests.engine.test_batch_speculative import MemoryBound
 
 TOPICS = [
     "the sea",
@@ -241,6 +242,7 @@ def test_speculating_sequences_in_the_batch_give_the_answers_run_alone(model: Lo
     ]
     requests = copy + [r for r in REQUESTS[:12] if "response_format" not in r]
     engine = BatchEngine(model, 4, speculative=True)
+    engine.draft_costs = MemoryBound()  # drafts priced as on a memory-bound model, not this load
     try:
         got = _run_batched(engine, model, requests)
     finally:
