@@ -92,12 +92,18 @@ async def test_responses_share_the_engines_batch_with_each_other(
 
 
 async def test_a_greedy_copy_heavy_answer_is_speculated(
-    tmp_path: Path, fake_api: FakeAPI, make_client: Any, engine: LocalEngine
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
 ) -> None:
     """Prompt-lookup speculation (``[local] speculative``, on by default) drafts a greedy
-    ``/v1/responses`` answer as it drafts chat's."""
-    before = (engine.stats.speculated, engine.stats.drafted)
-    async with make_client(settings_for(tmp_path, fake_api)) as http:
+    ``/v1/responses`` answer as it drafts chat's.
+
+    On an engine of its own: the shared one has measured its verify batches by then, and on one
+    thread of this CPU a batch of several rows can cost so much that the draft policy rightly
+    declines every draft. A fresh engine's first draft is priced from its start-up estimate,
+    not from this machine's timing, so the request is drafted whatever the load."""
+    settings = settings_for(tmp_path, fake_api, local={"parallel": 1})
+    async with make_client(settings, own_engine=True) as http:
+        engine: LocalEngine = http.app.state.services.engine
         made = await http.post(
             "/v1/responses",
             json={
@@ -110,5 +116,5 @@ async def test_a_greedy_copy_heavy_answer_is_speculated(
         )
     assert made.status_code == 200, made.text
     assert made.headers["x-frugal-route"] == "local"
-    assert engine.stats.speculated == before[0] + 1
-    assert engine.stats.drafted > before[1]
+    assert engine.stats.speculated == 1
+    assert engine.stats.drafted > 0
