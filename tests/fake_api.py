@@ -211,6 +211,9 @@ class _SSE(Response):
             gone.set()
 
         watcher = asyncio.create_task(watch())
+        if self.api is not None:
+            with self.api._lock:
+                self.api.open_streams += 1
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             for i, data in enumerate(self.events):
@@ -230,6 +233,9 @@ class _SSE(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             watcher.cancel()
+            if self.api is not None:
+                with self.api._lock:
+                    self.api.open_streams -= 1
 
 
 class FakeAPI:
@@ -260,6 +266,7 @@ class FakeAPI:
         self.request_times: list[float] = []
         self.disconnects = 0
         self.resets = 0
+        self.open_streams = 0  # event streams being sent now
         self._lock = threading.Lock()
         self._seq = 0
         self._stopping = False

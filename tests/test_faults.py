@@ -865,6 +865,11 @@ def test_row10_slow_readers_and_big_bodies_leave_others_served(main: Lazy, api: 
     finally:
         for sock in slow:
             hard_close(sock)
+    # The readers are gone; their upstream streams must end too (sent out or cancelled), or
+    # they keep the upstream busy for the rows after this one.
+    deadline = time.monotonic() + 120
+    while api.open_streams and time.monotonic() < deadline:
+        time.sleep(0.1)
     grown = watch.growth(served.proc.pid) / MB
     print(
         f"row10: proxy RSS +{grown:.0f} MB, big bodies answered {sorted(set(statuses))}, "
@@ -876,6 +881,7 @@ def test_row10_slow_readers_and_big_bodies_leave_others_served(main: Lazy, api: 
     assert all(s < 500 for s in statuses), statuses
     assert grown < 1024
     assert served.proc.poll() is None
+    assert api.open_streams == 0, f"{api.open_streams} upstream streams outlived their readers"
 
 
 # -- row 11: what a web page can send to a keyless loopback proxy ---------------------------------
