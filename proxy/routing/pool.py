@@ -25,6 +25,7 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from proxy.config import Settings
+from proxy.engine.fair_queue import KEYLESS
 from proxy.engine.gate import Gate
 from proxy.engine.local_engine import Ask, LocalEngine
 from proxy.errors import EngineBusy
@@ -254,14 +255,16 @@ class BackendPool:
         deadline: float,
         on_token: Callable[[str], None] | None = None,
         kind: str = "chat",
+        share: str = KEYLESS,
     ) -> tuple[dict[str, Any], Choice]:
         """Run on the chosen backend; when it is down or full, on the next best one that can
-        still finish before ``deadline``. Returns the answer and where it ran."""
+        still finish before ``deadline``. Returns the answer and where it ran. ``share``: the
+        client key's label, whose turn the request waits in (``proxy.engine.fair_queue``)."""
         tried: set[str] = set()
         while True:
             try:
                 completion = await choice.backend.chat(
-                    request, deadline=deadline, on_token=on_token, kind=kind
+                    request, deadline=deadline, on_token=on_token, kind=kind, share=share
                 )
                 return completion, choice
             except (BackendDown, EngineBusy) as exc:
