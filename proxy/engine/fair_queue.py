@@ -76,6 +76,12 @@ class FairQueue(Generic[T]):
         self._queues.setdefault(share, deque()).append((turn, next(self._order), item))
         self._count += 1
 
+    def ahead(self, share: str) -> dict[str, int]:
+        """How many waiting items of each share an item of ``share`` pushed now would follow
+        (all of its own share's): what a forecast of its wait counts."""
+        turn = max(self._turn, self._last.get(share, self._turn - 1) + 1)
+        return {s: sum(1 for t, _, _ in q if t <= turn) for s, q in self._queues.items()}
+
     def take_turn(self, share: str) -> None:
         """``share`` is served at once, nothing waiting: its turn is taken as by a push and a
         pop (a job that found a free slot counts as its key's turn)."""
@@ -142,6 +148,10 @@ class FairSlots:
     @property
     def shares(self) -> int:
         return self._queue.shares
+
+    def ahead(self, share: str) -> dict[str, int]:
+        """The waiting jobs, by share, that a job of ``share`` asking now would follow."""
+        return self._queue.ahead(share)
 
     async def acquire(self, share: str, timeout: float) -> bool:
         """Wait for a place, in ``share``'s turn, at most ``timeout`` seconds: True once it

@@ -223,7 +223,7 @@ class LocalEngine(Answering):
             )
         if self._waiting >= self.settings.max_queue:
             raise EngineBusy(f"the local queue is full ({self._waiting} waiting)")
-        ticket = self.work.admit(request, self._answer_budget(request))
+        ticket = self.work.admit(request, self._answer_budget(request), ask.share)
         completion: dict[str, Any] | None = None
         try:
             completion = await self._queued(request, ask, ticket)
@@ -265,9 +265,11 @@ class LocalEngine(Answering):
             source=self.stats.rates_source,
         )
 
-    def pending_work(self) -> PendingWork:
-        """Tokens still to prefill and decode for the running jobs and those queued."""
-        return self.work.pending(self.rates)
+    def pending_work(self, share: str | None = None) -> PendingWork:
+        """Tokens still to prefill and decode for the running jobs and those queued; with
+        ``share``, only the queued ones a new job of that share would follow."""
+        ahead = None if share is None else self._slots.ahead(share)
+        return self.work.pending(self.rates, ahead)
 
     def batch_costs(self) -> BatchCosts | None:
         """The batch's measured prefill rate and decode-step costs (None while unknown)."""
@@ -277,11 +279,15 @@ class LocalEngine(Answering):
             decode_tok_s=self.stats.decode_tok_s,
         )
 
-    def forecast(self, prompt_tokens: float, completion_tokens: float) -> Forecast | None:
+    def forecast(
+        self, prompt_tokens: float, completion_tokens: float, share: str | None = None
+    ) -> Forecast | None:
         """With ``parallel`` > 1: when a new request with these tokens would get a slot and be
         done, played forward from the jobs in the engine (``batch/forecast.py``); None while
         the costs are unknown. ``completion_tokens`` 0 and ``prompt_tokens`` 0: no new
-        request, the time until the work already in the engine is done."""
+        request, the time until the work already in the engine is done. With ``share``, the
+        new request follows only the queued jobs it would follow in turn (``fair_queue.py``),
+        not every one."""
         costs = self.batch_costs()
         if costs is None:
             return None
@@ -291,7 +297,8 @@ class LocalEngine(Answering):
             for job_id, job in self.worker.jobs.items()
             if job_id in progress
         }
-        running, queued = self.work.batch_work(by_ticket)
+        ahead = None if share is None else self._slots.ahead(share)
+        running, queued = self.work.batch_work(by_ticket, ahead)
         new = Work(prompt_tokens, completion_tokens) if completion_tokens > 0 else None
         return forecast(running, queued, new, slots=self.parallel, costs=costs)
 

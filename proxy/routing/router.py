@@ -93,9 +93,10 @@ class Router:
     ) -> Plan:
         """The route of ``body``; ``client`` is the identity of the key that sent it (None:
         keyless), whose share of the local queue a local attempt waits in."""
-        return replace(self._plan(body, forced_header), share=share_label(client))
+        share = share_label(client)
+        return replace(self._plan(body, forced_header, share), share=share)
 
-    def _plan(self, body: dict[str, Any], forced_header: str | None) -> Plan:
+    def _plan(self, body: dict[str, Any], forced_header: str | None, share: str) -> Plan:
         model = body["model"]
         local_only = model == LOCAL_ALIAS
         forced = (forced_header or "").strip().lower()
@@ -120,7 +121,7 @@ class Router:
                 )
             return Plan(route="api", reason=Reason.UNSUPPORTED, local_only=False)
         kind = "chat" if "messages" in body else "complete"
-        choice = self.pool.choose(body, kind)
+        choice = self.pool.choose(body, kind, share)
         # Definite reasons win over predicted ones: a prompt that cannot fit is not "slow".
         overflow = choice.backend.cannot_fit(body)
         if overflow is not None and not (local_only or forced == "local"):

@@ -84,6 +84,17 @@ def test_no_state_is_kept_for_shares_that_have_gone() -> None:
     assert queue.shares <= 2
 
 
+def test_ahead_counts_what_a_new_item_of_a_share_would_follow() -> None:
+    queue: FairQueue[str] = FairQueue()
+    for i in range(5):
+        queue.push("a", f"a{i}")
+    for i in range(2):
+        queue.push("b", f"b{i}")
+    assert queue.ahead("c") == {"a": 1, "b": 1}  # a0 and b0 hold turn 0, as c would
+    assert queue.ahead("b") == {"a": 3, "b": 2}  # after b1 (turn 1): a0, a1, a2
+    assert queue.ahead("a") == {"a": 5, "b": 2}  # behind everything, as first come
+
+
 def test_jobs_served_at_once_take_their_shares_turns() -> None:
     """Four jobs of one key that found free slots hold turns 0-3: its fifth waits behind a job
     of another key that comes later."""
