@@ -1395,3 +1395,92 @@ def test_issue24_row5_a_client_key_reads_only_its_own_figures(tmp_path: Path, ap
         f"{seen['alice-team']['healthz']}, /metrics {seen['alice-team']['metrics status']}; "
         f"the admin: by=key {groups}, /metrics {admin['metrics status']}"
     )
+
+
+# -- issue 39, row 1 (engine-fair): one key's long local work leaves another key's local answer
+# its turn. Key A holds 16 long local requests (its share of the HTTP slots): 4 decoding
+# ([local] parallel), 12 waiting; then key B asks for one short local answer. B's job must take
+# the first slot that frees, before A's waiting ones: when B's answer arrives, no more of A's
+# requests may have been answered than were decoding when B came (a first-come queue answered
+# all 16 first: B took 116 s, against 22-38 s, docs/reliability.md).
+
+_I39_ENGINE_FAIR_PARALLEL = 4
+_I39_ENGINE_FAIR_HELD = 16
+
+
+def _i39_engine_fair_answered(socks: list[socket.socket], got: dict[int, bytes]) -> int:
+    """How many of ``socks`` have had (the start of) their answer; what came is kept in ``got``."""
+    for index, sock in enumerate(socks):
+        if index not in got and (data := received(sock)):
+            got[index] = data
+    return len(got)
+
+
+def _i39_engine_fair_timed(served: Served, key: str, label: str) -> tuple[httpx.Response, float]:
+    headers = {"authorization": f"Bearer {key}", "x-request-id": rid(label), **TO_LOCAL}
+    started = time.perf_counter()
+    reply = post(served, chat_body(temperature=0), headers=headers, timeout=300)
+    return reply, time.perf_counter() - started
+
+
+def test_issue39_row1_one_keys_long_local_work_leaves_another_key_its_turn(
+    tmp_path: Path, api: FakeAPI
+) -> None:
+    db = tmp_path / "ledger.db"
+    hog = keys_mod.create(str(db), "hog", max_concurrency=_I39_ENGINE_FAIR_HELD)
+    other = keys_mod.create(str(db), "other")
+    config = {
+        "local": {
+            "parallel": _I39_ENGINE_FAIR_PARALLEL,
+            "timeout_s": 300.0,  # nothing times out in the queue: the order is what is tested
+            "max_queue": _I39_ENGINE_FAIR_HELD,
+        }
+    }
+    served = launch(tmp_path, api, db=db, config=config)
+    served.key = keys_mod.create(str(db), "ops", admin=True)  # it reads the full /healthz
+    socks: list[socket.socket] = []
+    answered: dict[int, bytes] = {}
+    try:
+        wait_ready(served)
+        assert served.health()["engine"]["parallel"] == _I39_ENGINE_FAIR_PARALLEL
+        _i39_engine_fair_timed(served, other, "i39-warm")
+        idle, idle_s = _i39_engine_fair_timed(served, other, "i39-idle")
+        assert idle.status_code == 200, idle.text
+        long_body = _long_local(max_tokens=500, temperature=0)
+        hog_auth = {"authorization": f"Bearer {hog}", **TO_LOCAL}
+        held = time.perf_counter()
+        for i in range(_I39_ENGINE_FAIR_HELD):
+            headers = {**hog_auth, "x-request-id": rid(f"i39-hog{i}")}
+            socks.append(raw_request(served, long_body, headers))
+        waiting = _I39_ENGINE_FAIR_HELD - _I39_ENGINE_FAIR_PARALLEL
+        deadline = time.monotonic() + 60
+        engine: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            engine = served.health()["engine"]
+            running = engine["active_sequences"] == _I39_ENGINE_FAIR_PARALLEL
+            if running and engine["queue_depth"] == waiting:
+                break
+            time.sleep(0.05)
+        assert engine["queue_depth"] == waiting, engine
+        before = _i39_engine_fair_answered(socks, answered)
+        loaded, loaded_s = _i39_engine_fair_timed(served, other, "i39-loaded")
+        after = _i39_engine_fair_answered(socks, answered)
+        first_hog_s = time.perf_counter() - held
+        depth = served.health()["engine"]["queue_depth"]
+    finally:
+        for sock in socks:
+            hard_close(sock)
+        stop(served)
+    print(
+        f"\nissue39 row1: key B's short local answer: {idle_s:.2f} s on an idle engine, "
+        f"{loaded_s:.2f} s behind key A's {_I39_ENGINE_FAIR_HELD} long requests "
+        f"({_I39_ENGINE_FAIR_PARALLEL} decoding, {waiting} waiting); A's answers before B "
+        f"came {before}, when B's answer came {after}; A's queue then {depth}; "
+        f"{first_hog_s:.1f} s from A's first request to B's answer"
+    )
+    assert loaded.status_code == 200, loaded.text
+    assert loaded.headers["x-frugal-route"] == "local"
+    assert before == 0, "A's requests were answered before B came: the row tested nothing"
+    # B took the first free slot: A's waiting requests were not served before it.
+    assert after <= _I39_ENGINE_FAIR_PARALLEL, (after, answered)
+    assert depth >= waiting - _I39_ENGINE_FAIR_PARALLEL, depth

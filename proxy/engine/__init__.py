@@ -1,6 +1,7 @@
 """The local model: a worker process that owns llama.cpp, and the proxy's async client of it.
 
     local_engine    ``LocalEngine``: queue, deadlines, cancellation, restart after a crash
+    fair_queue      the order waiting jobs take the engine's slots in: in turn by client key
     worker_link     the worker process as the proxy holds it, and the jobs running in it
     engine_stats    what the engine has done: counts, rates, the batch's state
     worker          the child process: loads the model, answers jobs over a pipe

@@ -3,11 +3,13 @@
 :class:`LocalEngine` fits the settings to the memory there is (``memory.py``), starts the worker
 process through a :class:`~proxy.engine.worker_link.WorkerLink` (which also restarts it when it
 dies), and runs jobs on it. ``[local] parallel`` jobs run at a time (decoded together by the
-worker when more than one, see ``batch/decode.py``); others wait in a FIFO queue bounded by
-``[local] max_queue``. A job past its deadline is asked to stop (the worker checks the deadline
-every token, or every step of a batch); if the worker has not answered within a grace it is killed
-and replaced, so the CPU is never left working on an answer nobody will read. A worker that dies
-for any reason fails its current jobs with :class:`EngineCrashed`. What it has done is kept in
+worker when more than one, see ``batch/decode.py``); others wait in a queue bounded by
+``[local] max_queue``, served in turn by client key (``fair_queue.py``: one key's many jobs
+cannot hold another key's answer behind all of them). A job past its deadline is asked to stop
+(the worker checks the deadline every token, or every step of a batch); if the worker has not
+answered within a grace it is killed and replaced, so the CPU is never left working on an answer
+nobody will read. A worker that dies for any reason fails its current jobs with
+:class:`EngineCrashed`. What it has done is kept in
 :class:`~proxy.engine.engine_stats.EngineStats`; what it will do is forecast from the work it
 holds (``rates.py``, ``batch/forecast.py``).
 """
@@ -26,6 +28,7 @@ from proxy.config import LocalSettings
 from proxy.engine import memory
 from proxy.engine.batch.forecast import BatchCosts, Forecast, Work, forecast
 from proxy.engine.engine_stats import EngineStats
+from proxy.engine.fair_queue import KEYLESS, FairSlots
 from proxy.engine.gguf import GGUFError, GGUFHeader, read_header
 from proxy.engine.model_files import ModelLoadError, bundled_model_path
 from proxy.engine.rates import PendingWork, Rates, WorkTracker
@@ -41,17 +44,19 @@ log = structlog.get_logger(__name__)
 class Ask:
     """How one request is to be answered: before ``deadline`` (a ``time.monotonic()`` value),
     its text handed to ``on_token`` as it comes when that is set, as a chat completion or, with
-    ``kind="complete"``, a legacy text completion (``/v1/completions``)."""
+    ``kind="complete"``, a legacy text completion (``/v1/completions``); waiting in the turn of
+    ``share``, its client key's label (``fair_queue.share_label``; ``""``: no key)."""
 
     deadline: float
     on_token: Callable[[str], None] | None = None
     kind: str = "chat"
+    share: str = KEYLESS
 
 
 class Answering:
     """The one way to ask for an answer, shared by the engine and every routing backend:
-    ``chat(request, deadline=..., on_token=..., kind=...)``, which each of them implements as
-    :meth:`answer` with the same three gathered in an :class:`Ask`."""
+    ``chat(request, deadline=..., on_token=..., kind=..., share=...)``, which each of them
+    implements as :meth:`answer` with the same four gathered in an :class:`Ask`."""
 
     async def chat(
         self,
@@ -60,11 +65,13 @@ class Answering:
         deadline: float,
         on_token: Callable[[str], None] | None = None,
         kind: str = "chat",
+        share: str = KEYLESS,
     ) -> dict[str, Any]:
         """Answer ``request`` before ``deadline`` (a ``time.monotonic()`` value); with
         ``on_token``, its text is handed over as it comes; ``kind="complete"`` for a legacy
-        text completion (``/v1/completions``)."""
-        return await self.answer(request, Ask(deadline=deadline, on_token=on_token, kind=kind))
+        text completion (``/v1/completions``); ``share``: the client key's label."""
+        ask = Ask(deadline=deadline, on_token=on_token, kind=kind, share=share)
+        return await self.answer(request, ask)
 
     async def answer(self, request: dict[str, Any], ask: Ask) -> dict[str, Any]:
         raise NotImplementedError
@@ -97,7 +104,7 @@ class LocalEngine(Answering):
         self.memory: memory.MemoryPlan | None = None
         self.max_token_bytes = 0
         self.parallel = max(1, settings.parallel)
-        self._slots = asyncio.Semaphore(self.parallel)
+        self._slots = FairSlots(self.parallel)
         self._waiting = 0
         self.worker = WorkerLink(stats=self.stats, private_env=self.private_env)
         self._failed: str | None = None  # the memory guard's refusal, before any worker
@@ -156,7 +163,7 @@ class LocalEngine(Answering):
             log.warning("engine_parallel_reduced", detail=plan.notes[0], parallel=plan.parallel)
             # Before the first job: no slot of the old count is held.
             self.parallel = plan.parallel
-            self._slots = asyncio.Semaphore(self.parallel)
+            self._slots = FairSlots(self.parallel)
         if plan.shrunk:
             log.warning("engine_context_reduced", detail=plan.notes[-1], n_ctx=plan.n_ctx)
         self.n_ctx = plan.n_ctx
@@ -216,7 +223,7 @@ class LocalEngine(Answering):
             )
         if self._waiting >= self.settings.max_queue:
             raise EngineBusy(f"the local queue is full ({self._waiting} waiting)")
-        ticket = self.work.admit(request, self._answer_budget(request))
+        ticket = self.work.admit(request, self._answer_budget(request), ask.share)
         completion: dict[str, Any] | None = None
         try:
             completion = await self._queued(request, ask, ticket)
@@ -232,12 +239,12 @@ class LocalEngine(Answering):
         deadline = ask.deadline
         self._waiting += 1
         try:
-            await asyncio.wait_for(self._slots.acquire(), timeout=seconds_left(deadline))
-        except TimeoutError as exc:
-            self.stats.timeouts += 1
-            raise EngineTimeout("the deadline passed while waiting in the local queue") from exc
+            placed = await self._slots.acquire(ask.share, seconds_left(deadline))
         finally:
             self._waiting -= 1
+        if not placed:
+            self.stats.timeouts += 1
+            raise EngineTimeout("the deadline passed while waiting in the local queue")
         try:
             if not self.worker.ready.is_set():
                 try:
@@ -258,9 +265,11 @@ class LocalEngine(Answering):
             source=self.stats.rates_source,
         )
 
-    def pending_work(self) -> PendingWork:
-        """Tokens still to prefill and decode for the running jobs and those queued."""
-        return self.work.pending(self.rates)
+    def pending_work(self, share: str | None = None) -> PendingWork:
+        """Tokens still to prefill and decode for the running jobs and those queued; with
+        ``share``, only the queued ones a new job of that share would follow."""
+        ahead = None if share is None else self._slots.ahead(share)
+        return self.work.pending(self.rates, ahead)
 
     def batch_costs(self) -> BatchCosts | None:
         """The batch's measured prefill rate and decode-step costs (None while unknown)."""
@@ -270,11 +279,15 @@ class LocalEngine(Answering):
             decode_tok_s=self.stats.decode_tok_s,
         )
 
-    def forecast(self, prompt_tokens: float, completion_tokens: float) -> Forecast | None:
+    def forecast(
+        self, prompt_tokens: float, completion_tokens: float, share: str | None = None
+    ) -> Forecast | None:
         """With ``parallel`` > 1: when a new request with these tokens would get a slot and be
         done, played forward from the jobs in the engine (``batch/forecast.py``); None while
         the costs are unknown. ``completion_tokens`` 0 and ``prompt_tokens`` 0: no new
-        request, the time until the work already in the engine is done."""
+        request, the time until the work already in the engine is done. With ``share``, the
+        new request follows only the queued jobs it would follow in turn (``fair_queue.py``),
+        not every one."""
         costs = self.batch_costs()
         if costs is None:
             return None
@@ -284,7 +297,8 @@ class LocalEngine(Answering):
             for job_id, job in self.worker.jobs.items()
             if job_id in progress
         }
-        running, queued = self.work.batch_work(by_ticket)
+        ahead = None if share is None else self._slots.ahead(share)
+        running, queued = self.work.batch_work(by_ticket, ahead)
         new = Work(prompt_tokens, completion_tokens) if completion_tokens > 0 else None
         return forecast(running, queued, new, slots=self.parallel, costs=costs)
 

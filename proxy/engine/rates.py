@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +96,7 @@ class _Ticket:
     prompt_tokens: float
     max_tokens: int
     started: float | None = None
+    share: str = ""  # the client key's label it waits under (fair_queue.py)
 
 
 @dataclass
@@ -130,10 +131,25 @@ class WorkTracker:
             return int(estimate)
         return None
 
-    def admit(self, request: dict[str, Any], max_tokens: int) -> int:
+    def admit(self, request: dict[str, Any], max_tokens: int, share: str = "") -> int:
         ticket = next(self._ids)
-        self._tickets[ticket] = _Ticket(self.estimate_prompt_tokens(request), max_tokens)
+        estimate = self.estimate_prompt_tokens(request)
+        self._tickets[ticket] = _Ticket(estimate, max_tokens, share=share)
         return int(ticket)
+
+    def _counted(self, ahead: Mapping[str, int] | None) -> Callable[[_Ticket], bool]:
+        """Whether a job counts as work ahead: every started one; a queued one when
+        ``ahead`` is None, else the first ``ahead[share]`` of its share's (oldest first)."""
+        taken: dict[str, int] = {}
+
+        def counted(t: _Ticket) -> bool:
+            if t.started is not None or ahead is None:
+                return True
+            seen = taken.get(t.share, 0)
+            taken[t.share] = seen + 1
+            return seen < ahead.get(t.share, 0)
+
+        return counted
 
     def start(self, ticket: int) -> None:
         if ticket in self._tickets:
@@ -165,13 +181,20 @@ class WorkTracker:
             expected = min(expected, self.mean_answer_tokens)
         return expected
 
-    def batch_work(self, progress: Mapping[int, tuple[int, int]]) -> tuple[list[Work], list[Work]]:
+    def batch_work(
+        self, progress: Mapping[int, tuple[int, int]], ahead: Mapping[str, int] | None = None
+    ) -> tuple[list[Work], list[Work]]:
         """The jobs started and those still queued, oldest first, as tokens still to prefill
         and to decode. ``progress`` is what the worker last reported of a started job, by
-        ticket: prompt tokens still to prefill and answer tokens so far."""
+        ticket: prompt tokens still to prefill and answer tokens so far. With ``ahead`` (by
+        share, :meth:`FairSlots.ahead <proxy.engine.fair_queue.FairSlots.ahead>`), only the
+        queued jobs a new one would follow."""
         running: list[Work] = []
         queued: list[Work] = []
+        counted = self._counted(ahead)
         for ticket, t in self._tickets.items():
+            if not counted(t):
+                continue
             expected = self.expected_answer(ticket)
             if t.started is None:
                 queued.append(Work(t.prompt_tokens, expected))
@@ -181,10 +204,16 @@ class WorkTracker:
             running.append(Work(float(left), max(expected - generated, 1.0)))
         return running, queued
 
-    def pending(self, rates: Rates) -> PendingWork:
+    def pending(self, rates: Rates, ahead: Mapping[str, int] | None = None) -> PendingWork:
+        """The work in the engine; with ``ahead``, the queued jobs a new one would follow."""
         now = time.monotonic()
         prefill = decode = decode_max = 0.0
+        jobs = 0
+        counted = self._counted(ahead)
         for ticket, t in self._tickets.items():
+            if not counted(t):
+                continue
+            jobs += 1
             expected = self.expected_answer(ticket)
             left_prefill, done_decode = t.prompt_tokens, 0.0
             if t.started is not None and rates.prefill_tok_s and rates.decode_tok_s:
@@ -200,7 +229,7 @@ class WorkTracker:
             decode += max(expected - done_decode, 1.0)
             decode_max += max(t.max_tokens - done_decode, 1.0)
         return PendingWork(
-            jobs=len(self._tickets),
+            jobs=jobs,
             prefill_tokens=prefill,
             decode_tokens=decode,
             decode_tokens_max=decode_max,

@@ -109,7 +109,9 @@ class Handler:
         """The validated ``body``'s model and mode noted; its plan and quality bar."""
         ex.model = body["model"]
         ex.stream = bool(body.get("stream"))
-        plan = self.router.plan(body, request.headers.get(ROUTE_HEADER))
+        key = getattr(request.state, "client_key", None)  # its share of the local queue
+        client = None if key is None else key.identity
+        plan = self.router.plan(body, request.headers.get(ROUTE_HEADER), client=client)
         ex.take_plan(plan)
         threshold = self.router.threshold(request.headers.get(MIN_QUALITY_HEADER), body["model"])
         return plan, threshold

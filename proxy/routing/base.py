@@ -59,6 +59,13 @@ class Backend(Answering):
     def predict(self, request: dict[str, Any], completion_tokens: float) -> Prediction:
         raise NotImplementedError
 
+    def predict_for(
+        self, request: dict[str, Any], completion_tokens: float, share: str | None
+    ) -> Prediction:
+        """:meth:`predict` for a request of the client key ``share`` (its label), on a backend
+        whose queue serves keys in turn; by default the key changes nothing."""
+        return self.predict(request, completion_tokens)
+
     def health(self) -> dict[str, Any]:
         raise NotImplementedError
 

@@ -19,7 +19,11 @@ the batch's decode-step cost by number of rows and the request's own tokens
   says "at least n": it counts as reaching a cap of n or less, and says nothing about a higher
   one. With nothing to go on, an answer is expected to be ``DEFAULT_ANSWER_TOKENS`` long (at
   most the cap): expecting every answer to run to a large default cap would predict even an
-  idle engine too slow, and the lengths would never be learned.
+  idle engine too slow, and the lengths would never be learned. The client names the model,
+  so the table keeps at most ``MAX_LENGTH_MODELS`` names (the busiest of the ledger's at
+  start-up, then the first seen); the answers to any name past them are kept together, in one
+  window of their own, as the report folds the names past its limit into ``other``: 1,500
+  made-up names once cost about 2 KB each, for good (issue 39).
 * :class:`PredictionErrors`: absolute percentage errors of the predictions of local answers that
   ran to their end, for ``/metrics`` (the ledger keeps every prediction for ``frugal report``).
 * :class:`Ewma`: the API's observed latency, for ``[router] objective = "latency"``.
@@ -54,6 +58,7 @@ log = structlog.get_logger(__name__)
 LEGACY_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_ANSWER_TOKENS = 128  # expected answer length before any answer has been seen
 LENGTH_WINDOW = 64  # answers remembered per model
+MAX_LENGTH_MODELS = 100  # model names with answers of their own; the rest share one window
 SEED_ROWS = 5000  # ledger rows read at start-up
 ERROR_WINDOW = 500  # predictions the live MdAPE is taken over
 DEADLINE_MARGIN = 0.05  # a local finish must be predicted this share short of the deadline
@@ -158,20 +163,32 @@ def answers_per_request(request: dict[str, Any]) -> int:
 
 
 class AnswerLengths:
-    """Expected answer tokens per requested model, learned from recent answers."""
+    """Expected answer tokens per requested model, learned from recent answers; at most
+    ``max_models`` names have answers of their own, the others share one window (``folded``)."""
 
-    def __init__(self, window: int = LENGTH_WINDOW) -> None:
+    def __init__(self, window: int = LENGTH_WINDOW, max_models: int = MAX_LENGTH_MODELS) -> None:
         self.window = window
+        self.max_models = max_models
         self._by_model: dict[str, deque[tuple[int, bool]]] = {}
+        self._folded: deque[tuple[int, bool]] = deque(maxlen=window)  # names past max_models
         self._all: deque[tuple[int, bool]] = deque(maxlen=window)
         self.seeded = 0
+        self.folded = 0  # answers kept in the shared window, for names past max_models
+
+    def _own(self, key: str) -> deque[tuple[int, bool]] | None:
+        """The window ``key``'s answers go to: its own, the shared one once the table is full
+        (None: a name not seen yet while there is room)."""
+        seen = self._by_model.get(key)
+        if seen is None and len(self._by_model) >= self.max_models:
+            return self._folded
+        return seen
 
     def expected(self, model: str | None, cap: int) -> float:
         """Mean answer length under ``cap``, from the model's answers (else every model's):
         one that stopped on its own counts as its length (at most ``cap``), one cut short at
         ``cap`` tokens or more as ``cap``; one cut short of ``cap`` says nothing and is left
-        out."""
-        for seen in (self._by_model.get(model or ""), self._all):
+        out. A name past the table's ``max_models`` reads the answers of all of those."""
+        for seen in (self._own(model or ""), self._all):
             useful = [min(n, cap) for n, cut in seen or () if not cut or n >= cap]
             if useful:
                 return sum(useful) / len(useful)
@@ -181,22 +198,36 @@ class AnswerLengths:
         if tokens < 0:
             return
         key = model or ""
-        if key not in self._by_model:
-            self._by_model[key] = deque(maxlen=self.window)
-        self._by_model[key].append((tokens, cut))
+        seen = self._own(key)
+        if seen is None:
+            seen = self._by_model[key] = deque(maxlen=self.window)
+        elif seen is self._folded:
+            self.folded += 1
+        seen.append((tokens, cut))
         self._all.append((tokens, cut))
 
     def seed(self, rows: list[tuple[str | None, int]]) -> None:
         """Fill the models nothing has been observed for yet from ``(model, tokens)`` rows,
-        oldest first (as :func:`read_ledger` returns them)."""
+        oldest first (as :func:`read_ledger` returns them): the busiest first while the table
+        has room, the others' answers into the shared window."""
         fresh: dict[str, deque[tuple[int, bool]]] = {}
+        counts: dict[str, int] = {}
         for model, tokens in rows:
             key = model or ""
             if key in self._by_model:
                 continue
+            counts[key] = counts.get(key, 0) + 1
             fresh.setdefault(key, deque(maxlen=self.window)).append((int(tokens), False))
+        room = max(0, self.max_models - len(self._by_model))
+        kept = set(sorted(counts, key=lambda key: (-counts[key], key))[:room])
         for key, seen in fresh.items():
-            self._by_model[key] = seen
+            if key in kept:
+                self._by_model[key] = seen
+        for model, tokens in rows:
+            key = model or ""
+            if key in fresh and key not in kept:
+                self._folded.append((int(tokens), False))
+                self.folded += 1
         if not self._all:
             for _, tokens in rows[-self.window :]:
                 self._all.append((int(tokens), False))
@@ -205,6 +236,8 @@ class AnswerLengths:
     def as_dict(self) -> dict[str, Any]:
         return {
             "models": len(self._by_model),
+            "max_models": self.max_models,
+            "folded_answers": self.folded,
             "seeded_from_ledger": self.seeded,
         }
 

@@ -25,6 +25,7 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from proxy.config import Settings
+from proxy.engine.fair_queue import KEYLESS
 from proxy.engine.gate import Gate
 from proxy.engine.local_engine import Ask, LocalEngine
 from proxy.errors import EngineBusy
@@ -70,17 +71,24 @@ class EngineBackend(Backend):
         return f"a prompt of about {too_long} tokens does not fit a {engine.n_ctx}-token context"
 
     def predict(self, request: dict[str, Any], completion_tokens: float) -> Prediction:
+        return self.predict_for(request, completion_tokens, None)
+
+    def predict_for(
+        self, request: dict[str, Any], completion_tokens: float, share: str | None
+    ) -> Prediction:
+        """The engine's queue serves keys in turn: a request of ``share`` follows only the
+        queued jobs it would follow (None: every one)."""
         engine = self.engine
         prompt = engine.work.estimate_prompt_tokens(request)
         prompt *= 1.0 - self.memory.cached_share(request)
         if engine.parallel > 1:
-            ahead = engine.forecast(prompt, max(completion_tokens, 1.0))
+            ahead = engine.forecast(prompt, max(completion_tokens, 1.0), share)
             if ahead is not None:
                 batch = engine.stats.batch or {}
                 return batched(
                     self.name,
                     ahead,
-                    pending=engine.pending_work(),
+                    pending=engine.pending_work(share),
                     prompt_tokens=prompt,
                     completion_tokens=completion_tokens,
                     rates_source="batch"
@@ -90,7 +98,7 @@ class EngineBackend(Backend):
         return predict(
             self.name,
             rates=engine.rates,
-            pending=engine.pending_work(),
+            pending=engine.pending_work(share),
             prompt_tokens=prompt,
             completion_tokens=completion_tokens,
         )
@@ -217,21 +225,28 @@ class BackendPool:
         per_answer = self.lengths.expected(model if isinstance(model, str) else None, cap)
         return per_answer * answers_per_request(request)
 
-    def choose(self, request: dict[str, Any], kind: str = "chat") -> Choice:
-        """The backend with the lowest predicted finish; the engine when none can take it."""
-        choice = self.alternative(request, kind, exclude=frozenset())
+    def choose(
+        self, request: dict[str, Any], kind: str = "chat", share: str | None = None
+    ) -> Choice:
+        """The backend with the lowest predicted finish; the engine when none can take it.
+        ``share``: the client key's label, whose turn it would wait in."""
+        choice = self.alternative(request, kind, exclude=frozenset(), share=share)
         if choice is None:
             engine = self.backends[0]
             expected = self.expected_tokens(request, kind)
-            choice = self._choice(engine, engine.predict(request, expected))
+            choice = self._choice(engine, engine.predict_for(request, expected, share))
         return choice
 
     def alternative(
-        self, request: dict[str, Any], kind: str, exclude: frozenset[str]
+        self,
+        request: dict[str, Any],
+        kind: str,
+        exclude: frozenset[str],
+        share: str | None = None,
     ) -> Choice | None:
         expected = self.expected_tokens(request, kind)
         scored = [
-            (b, b.predict(request, expected))
+            (b, b.predict_for(request, expected, share))
             for b in self.backends
             if b.name not in exclude and b.admits(request, kind)
         ]
@@ -254,20 +269,22 @@ class BackendPool:
         deadline: float,
         on_token: Callable[[str], None] | None = None,
         kind: str = "chat",
+        share: str = KEYLESS,
     ) -> tuple[dict[str, Any], Choice]:
         """Run on the chosen backend; when it is down or full, on the next best one that can
-        still finish before ``deadline``. Returns the answer and where it ran."""
+        still finish before ``deadline``. Returns the answer and where it ran. ``share``: the
+        client key's label, whose turn the request waits in (``proxy.engine.fair_queue``)."""
         tried: set[str] = set()
         while True:
             try:
                 completion = await choice.backend.chat(
-                    request, deadline=deadline, on_token=on_token, kind=kind
+                    request, deadline=deadline, on_token=on_token, kind=kind, share=share
                 )
                 return completion, choice
             except (BackendDown, EngineBusy) as exc:
                 tried.add(choice.backend.name)
                 remaining = left(deadline)
-                nxt = self.alternative(request, kind, frozenset(tried))
+                nxt = self.alternative(request, kind, frozenset(tried), share)
                 seconds = None if nxt is None else nxt.prediction.seconds
                 if nxt is None or remaining <= 0 or (seconds is not None and seconds > remaining):
                     raise

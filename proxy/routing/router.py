@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client.core import Metric
 
 from proxy.config import Settings
+from proxy.engine.fair_queue import KEYLESS, share_label
 from proxy.engine.local_engine import LocalEngine
 from proxy.errors import BadRequest, EngineError
 from proxy.params import LOCAL_ALIAS
@@ -44,6 +45,7 @@ class Plan:
     local_only: bool  # the client asked for the local model: never fall back
     forced: bool = False
     choice: Choice | None = None  # the local backend picked, with its predicted finish
+    share: str = KEYLESS  # the client key's label: whose turn a local attempt waits in
 
 
 @dataclass(kw_only=True)
@@ -86,7 +88,15 @@ class Router:
         await self.predictor.close()
         await self.pool.close()
 
-    def plan(self, body: dict[str, Any], forced_header: str | None) -> Plan:
+    def plan(
+        self, body: dict[str, Any], forced_header: str | None, *, client: str | None = None
+    ) -> Plan:
+        """The route of ``body``; ``client`` is the identity of the key that sent it (None:
+        keyless), whose share of the local queue a local attempt waits in."""
+        share = share_label(client)
+        return replace(self._plan(body, forced_header, share), share=share)
+
+    def _plan(self, body: dict[str, Any], forced_header: str | None, share: str) -> Plan:
         model = body["model"]
         local_only = model == LOCAL_ALIAS
         forced = (forced_header or "").strip().lower()
@@ -111,7 +121,7 @@ class Router:
                 )
             return Plan(route="api", reason=Reason.UNSUPPORTED, local_only=False)
         kind = "chat" if "messages" in body else "complete"
-        choice = self.pool.choose(body, kind)
+        choice = self.pool.choose(body, kind, share)
         # Definite reasons win over predicted ones: a prompt that cannot fit is not "slow".
         overflow = choice.backend.cannot_fit(body)
         if overflow is not None and not (local_only or forced == "local"):
@@ -184,7 +194,12 @@ class Router:
         attempt = LocalAttempt(choice=choice, prediction=choice.prediction)
         try:
             completion, attempt.choice = await self.pool.run(
-                body, choice, deadline=deadline, on_token=on_token, kind=kind
+                body,
+                choice,
+                deadline=deadline,
+                on_token=on_token,
+                kind=kind,
+                share=plan.share if plan is not None else KEYLESS,
             )
         except EngineError as exc:
             attempt.reason = Reason(exc.reason)  # the engine's own words, one of ours

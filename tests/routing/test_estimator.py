@@ -13,6 +13,7 @@ from proxy.engine.rates import PendingWork, Rates
 from proxy.ledger.db.migrate import open_database
 from proxy.routing.estimator import (
     DEFAULT_ANSWER_TOKENS,
+    MAX_LENGTH_MODELS,
     AnswerLengths,
     Ewma,
     PredictionErrors,
@@ -208,3 +209,32 @@ def test_learn_records_the_actual_time_only_for_answers_that_ran_to_their_end() 
     assert predictor.errors.samples == 1
     assert predictor.lengths.expected("m", 50) == 10  # the cut one says nothing about 50
     assert predictor.lengths.expected("m", 5) == 5
+
+
+def test_answer_lengths_stay_bounded_after_1500_made_up_model_names() -> None:
+    """A client names the model: past MAX_LENGTH_MODELS names, the answers of the others share
+    one window, and the table holds no more (issue 39)."""
+    lengths = AnswerLengths()
+    lengths.observe("gpt-4o-mini", 20, cut=False)
+    for i in range(1500):
+        lengths.observe(f"made-up-{i}", 300, cut=False)
+    lengths.observe("gpt-4o-mini", 40, cut=False)
+    table = lengths.as_dict()
+    print(f"\nafter 1,500 made-up names: {table}")
+    assert table["models"] == MAX_LENGTH_MODELS
+    assert table["folded_answers"] == 1500 - (MAX_LENGTH_MODELS - 1)
+    assert lengths.expected("gpt-4o-mini", 512) == 30  # its own window, as before
+    assert lengths.expected("made-up-1499", 512) == 300  # the folded names' window
+    assert lengths.expected("never-seen", 512) == 300  # a new name past the limit: folded too
+
+
+def test_seeding_keeps_the_busiest_names_and_folds_the_rest() -> None:
+    lengths = AnswerLengths(max_models=2)
+    lengths.observe("live", 5, cut=False)
+    rows: list[tuple[str | None, int]] = [("rare", 900), ("busy", 10), ("busy", 30)]
+    rows += [(f"junk-{i}", 700) for i in range(50)]
+    lengths.seed(rows)
+    assert lengths.as_dict()["models"] == 2
+    assert lengths.expected("busy", 1000) == 20
+    assert lengths.expected("rare", 1000) == (900 + 700 * 50) / 51  # folded with the junk
+    assert lengths.folded == 51

@@ -7,11 +7,14 @@ and the Predictor's decision. No clock is read.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from proxy.config import LocalSettings, RouterSettings
 from proxy.engine.batch.forecast import BatchCosts, Work, forecast
 from proxy.engine.batch.sequence import BatchStats
+from proxy.engine.fair_queue import share_label
 from proxy.engine.local_engine import LocalEngine
 from proxy.routing.estimator import DEADLINE_MARGIN, Predictor
 from proxy.routing.pool import EngineBackend
@@ -135,3 +138,39 @@ def test_a_prediction_just_under_the_deadline_is_not_admitted() -> None:
     assert not predictor.too_slow(deadline * 0.8, deadline)
     naive = Predictor(RouterSettings(predictive=False))
     assert not naive.too_slow(deadline * 0.97, deadline)
+
+
+async def test_a_key_with_nothing_waiting_is_predicted_behind_the_running_work_only() -> None:
+    """One key holds the four slots and twelve jobs waiting (issue 39). Another key's request
+    takes the next free slot (proxy/engine/fair_queue.py), so its prediction counts the four
+    running jobs, not the twelve waiting; the first key's own next one follows all sixteen."""
+    engine = LocalEngine(LocalSettings(parallel=4))  # never started: no worker, no model
+    engine.stats.batch = {
+        "prefill_tok_s": 100.0,
+        "step_ms_by_width": {"1": {"ms": 20.0, "tokens_per_sequence": 1.0, "steps": 50}},
+    }
+    backend = EngineBackend(engine, timeout_s=30.0)
+    hog, other = share_label("id:1"), share_label("id:2")
+    slots = engine._slots  # the queue in front of the worker, driven here without one
+    for _ in range(4):
+        assert await slots.acquire(hog, timeout=1.0)
+        engine.work.start(engine.work.admit(_long_request(), 10, hog))
+    waiting = []
+    for _ in range(12):
+        engine.work.admit(_long_request(), 10, hog)
+        waiting.append(asyncio.create_task(slots.acquire(hog, timeout=60.0)))
+    await asyncio.sleep(0)
+    try:
+        assert slots.waiting == 12
+        fair = backend.predict_for(_long_request(), 10.0, other)
+        own = backend.predict_for(_long_request(), 10.0, hog)
+        everyone = backend.predict(_long_request(), 10.0)
+    finally:
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+    print(f"\npredicted: another key {fair.seconds} s, the same key {own.seconds} s")
+    assert fair.jobs_ahead == 4
+    assert own.jobs_ahead == everyone.jobs_ahead == 16
+    assert fair.seconds is not None and own.seconds is not None
+    assert own.seconds == everyone.seconds and fair.seconds < own.seconds
