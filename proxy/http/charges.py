@@ -120,13 +120,21 @@ async def estimate_stream(
     ex.token_source = ESTIMATED
 
 
+def _worst_case(ex: Exchange) -> tuple[int, int]:
+    """The (prompt, completion) worst case reserved (or that would be) for ``ex``'s API call,
+    from the exact body it posted; (0, 0) when none was made."""
+    if ex.worst_body is None:
+        return 0, 0
+    return worst_case_tokens(
+        ex.worst_body, ex.worst_max_output, ex.worst_window, path=ex.worst_path
+    )
+
+
 def charge_worst_case(ex: Exchange) -> None:
     """Nothing is known of what the API did: the worst case reserved for it is charged."""
     if ex.worst_body is None:
         return
-    ex.prompt_tokens, ex.completion_tokens = worst_case_tokens(
-        ex.worst_body, ex.local_prompt_tokens, ex.worst_max_output, ex.worst_window
-    )
+    ex.prompt_tokens, ex.completion_tokens = _worst_case(ex)
     ex.cached_tokens = 0
     ex.token_source = WORST_CASE
 
