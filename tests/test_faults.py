@@ -1415,8 +1415,9 @@ _I39_MONEY_BODY_FORCED_FALLBACK = {"x-frugal-min-quality": "1"}  # no local answ
 def _i39_money_body_keyed(
     tmp: Path, api: FakeAPI, names: list[str], config: dict[str, Any] | None = None
 ) -> tuple[Served, dict[str, str]]:
-    """A keyed ``frugal serve``, one $0.001 key for each of ``names`` (each may have the whole
-    burst in flight), and an admin key it reads /healthz with."""
+    """A keyed ``frugal serve`` (started, not yet waited for), one $0.001 key for each of
+    ``names`` (each may have the whole burst in flight), and an admin key it reads /healthz
+    with."""
     db = tmp / "ledger.db"
     made = {
         name: keys_mod.create(
@@ -1429,7 +1430,7 @@ def _i39_money_body_keyed(
     }
     served = launch(tmp, api, db=db, config=config)
     served.key = keys_mod.create(str(db), "ops", admin=True)
-    return wait_ready(served), made
+    return served, made
 
 
 def _i39_money_body_burst(
@@ -1497,7 +1498,7 @@ def _i39_money_body_server(
     names = [*_i39_money_body_cases(), "completions-strings", "completions-token_lists"]
     served, made = _i39_money_body_keyed(tmp_path_factory.mktemp("i39-money-body"), api, names)
     try:
-        yield served, made
+        yield wait_ready(served), made
     finally:
         stop(served)
 
@@ -1565,7 +1566,7 @@ def _i39_money_body_remote(
         config={"local": {"backends": [backend]}},
     )
     try:
-        yield served, made
+        yield wait_ready(served), made
     finally:
         stop(served)
 
