@@ -18,7 +18,9 @@ Only allow-listed parameters are sent: the body upstream is built from the keys 
 :data:`proxy.params.CHAT_PARAMETERS` (``COMPLETIONS_PARAMETERS``, ``EMBEDDINGS_PARAMETERS`` for
 :meth:`Upstream.post_json`) that the request sets, on both routes. Validation has already refused
 anything else with a 400; this is the second wall (litellm's own keywords are kept out in
-:mod:`proxy.upstream.litellm_route`).
+:mod:`proxy.upstream.litellm_route`). The JSON body of each call is built in one place,
+:meth:`Upstream.sent`, which a key's budget reserves the worst case of before the call
+(:mod:`proxy.http.quotas`): what is reserved for and what is posted are the same body.
 
 Every call runs under the retry policy of :mod:`proxy.upstream.retry`, which lives there and
 nowhere else, and only where the API cannot have done (and billed) the work already:
