@@ -13,6 +13,7 @@ a 10x margin, so a loaded machine does not flake; /healthz latencies are printed
 
 from __future__ import annotations
 
+import base64
 import configparser
 import contextlib
 import json
@@ -30,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
+from proxy.http.quotas import IMAGE_TOKENS
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.tenants import keys as keys_mod
 from quality.schema import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
@@ -42,6 +44,7 @@ from tests.faults_support import (
     columns,
     engine_pid,
     launch,
+    ledger_rows,
     read_events,
     rows_for,
     spilled_text,
@@ -1423,7 +1426,7 @@ def _i39_engine_fair_timed(served: Served, key: str, label: str) -> tuple[httpx.
     return reply, time.perf_counter() - started
 
 
-def test_issue39_row1_one_keys_long_local_work_leaves_another_key_its_turn(
+def test_issue39_shares_one_keys_long_local_work_leaves_another_key_its_turn(
     tmp_path: Path, api: FakeAPI
 ) -> None:
     db = tmp_path / "ledger.db"
@@ -1484,3 +1487,311 @@ def test_issue39_row1_one_keys_long_local_work_leaves_another_key_its_turn(
     # B took the first free slot: A's waiting requests were not served before it.
     assert after <= _I39_ENGINE_FAIR_PARALLEL, (after, answered)
     assert depth >= waiting - _I39_ENGINE_FAIR_PARALLEL, depth
+
+
+# -- issue 39, findings 1, 2 and 4: a reservation computed from the exact body sent ----------------
+#
+# Every upstream call is preceded by a reservation of the worst case of the exact body it posts;
+# never a local attempt's token count, nor a backend's report of what it read. Helpers of this
+# block are named _i39_money_body_*.
+
+_I39_MONEY_BODY_BUDGET = 1_000_000_000  # $0.001, in pico-dollars
+_I39_MONEY_BODY_BURST = 10
+_I39_MONEY_BODY_FAT = 400_000  # characters of a field the local model does not read
+_I39_MONEY_BODY_FORCED_FALLBACK = {"x-frugal-min-quality": "1"}  # no local answer can pass
+
+
+def _i39_money_body_keyed(
+    tmp: Path, api: FakeAPI, names: list[str], config: dict[str, Any] | None = None
+) -> tuple[Served, dict[str, str]]:
+    """A keyed ``frugal serve`` (started, not yet waited for), one $0.001 key for each of
+    ``names`` (each may have the whole burst in flight), and an admin key it reads /healthz
+    with."""
+    db = tmp / "ledger.db"
+    made = {
+        name: keys_mod.create(
+            str(db),
+            name,
+            monthly_budget_pusd=_I39_MONEY_BODY_BUDGET,
+            max_concurrency=_I39_MONEY_BODY_BURST,
+        )
+        for name in names
+    }
+    served = launch(tmp, api, db=db, config=config)
+    served.key = keys_mod.create(str(db), "ops", admin=True)
+    return served, made
+
+
+def _i39_money_body_burst(
+    served: Served,
+    key: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    *,
+    path: str = "/v1/chat/completions",
+    n: int = _I39_MONEY_BODY_BURST,
+) -> list[httpx.Response]:
+    """``n`` copies of one request from ``key``, sent at once."""
+    start = threading.Barrier(n)
+    replies: list[httpx.Response] = []
+    lock = threading.Lock()
+    sent = {"authorization": f"Bearer {key}", **headers}
+
+    def send() -> None:
+        start.wait()
+        reply = post(served, body, headers=sent, path=path, timeout=180)
+        with lock:
+            replies.append(reply)
+
+    senders = [threading.Thread(target=send) for _ in range(n)]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join(timeout=300)
+    return replies
+
+
+def _i39_money_body_usd(model: str, prompt: int, completion: int) -> float:
+    return (PriceBook(load_price_map()).cost(model, prompt, completion) or 0) / 1e12
+
+
+def _i39_money_body_local_counts(db: Path, key_name: str) -> list[int]:
+    """The local model's prompt tokens in the ledger's rows of the key ``key_name``."""
+    rows = ledger_rows(db, "local_prompt_tokens IS NOT NULL AND key_name = ?", (key_name,))
+    return sorted(int(r["local_prompt_tokens"]) for r in rows)
+
+
+def _i39_money_body_cases() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """(the request, the same without its costly field) of each case of finding 1 on the
+    bundled engine: 400 KB in an assistant ``refusal`` part, 400 KB in a message ``name``."""
+    ask = {"role": "user", "content": "Say hi."}
+    refusal = {
+        "role": "assistant",
+        "content": [{"type": "refusal", "refusal": "r" * _I39_MONEY_BODY_FAT}],
+    }
+    named = {**ask, "name": "n" * _I39_MONEY_BODY_FAT}
+    return {
+        "refusal": (
+            chat_body(messages=[ask, refusal, ask]),
+            chat_body(messages=[ask, {"role": "assistant", "content": "No."}, ask]),
+        ),
+        "name": (chat_body(messages=[named]), chat_body(messages=[{**ask, "name": "n"}])),
+    }
+
+
+@pytest.fixture(scope="module")
+def _i39_money_body_server(
+    tmp_path_factory: pytest.TempPathFactory, api: FakeAPI
+) -> Iterator[tuple[Served, dict[str, str]]]:
+    """A keyed server on the bundled engine: one $0.001 key per case of findings 1 and 2."""
+    names = [*_i39_money_body_cases(), "completions-strings", "completions-token_lists"]
+    served, made = _i39_money_body_keyed(tmp_path_factory.mktemp("i39-money-body"), api, names)
+    try:
+        yield wait_ready(served), made
+    finally:
+        stop(served)
+
+
+@pytest.mark.parametrize("case", ["refusal", "name"])
+def test_issue39_row1_a_field_the_local_model_skips_is_reserved_in_full(
+    _i39_money_body_server: tuple[Served, dict[str, str]], api: FakeAPI, case: str
+) -> None:
+    # The local model reads a few dozen tokens of these bodies; the provider bills all 400 KB
+    # (bill_prompt_bytes: its bytes / 4, about 100,000 tokens, $0.015 at gpt-4o-mini). Every
+    # request is answered locally first and rejected (x-frugal-min-quality: 1), so each one's
+    # API call comes after a local count.
+    served, made = _i39_money_body_server
+    api.set(bill_prompt_bytes=True)
+    body, lean = _i39_money_body_cases()[case]
+    billed = _i39_money_body_usd("gpt-4o-mini", body_tokens(body), 16)
+    replies = _i39_money_body_burst(served, made[case], body, _I39_MONEY_BODY_FORCED_FALLBACK)
+    upstream_after_burst = api.count
+    small = post(
+        served,
+        lean,
+        headers={"authorization": f"Bearer {made[case]}", **_I39_MONEY_BODY_FORCED_FALLBACK},
+    )
+    spent, reserved = _settled(served.db, case)
+    statuses = [r.status_code for r in replies]
+    print(
+        f"\nissue39 row1 {case}: {len(replies)} parallel requests of "
+        f"{len(json.dumps(body)) // 1000} KB after a local attempt (local prompt tokens "
+        f"counted: {sorted(set(_i39_money_body_local_counts(served.db, case)))}; the provider "
+        f"bills {body_tokens(body)} tokens, ${billed:.4f}, each) from a $0.001 key: "
+        f"{statuses.count(200)} x 200, {statuses.count(429)} x 429; upstream calls during "
+        f"the burst {upstream_after_burst}; without the field: HTTP {small.status_code} "
+        f"({small.headers.get('x-frugal-route')}); the key's spend ${spent / 1e12:.6f} "
+        f"(reserved {reserved})"
+    )
+    assert statuses == [429] * _I39_MONEY_BODY_BURST, [r.text[:200] for r in replies]
+    for reply in replies:
+        error = reply.json()["error"]
+        assert error["code"] == "insufficient_quota" and "budget" in error["message"], error
+    assert upstream_after_burst == 0  # refused before any upstream call
+    assert small.status_code == 200, small.text[:300]
+    assert small.headers["x-frugal-route"] == "api"  # the lean request fell back, and fits
+    assert api.count == 1
+    assert 0 < spent <= _I39_MONEY_BODY_BUDGET and reserved == 0
+
+
+@pytest.fixture(scope="module")
+def _i39_money_body_remote(
+    tmp_path_factory: pytest.TempPathFactory, api: FakeAPI, remote_api: FakeAPI
+) -> Iterator[tuple[Served, dict[str, str]]]:
+    """A keyed server whose local answers come from a remote backend (the second fake), as
+    the ``remote`` fixture's do, with one $0.001 key."""
+    backend = {
+        "name": "remote",
+        "api_base": remote_api.url,
+        "logprobs": False,
+        "prefill_tok_s": 100000.0,
+        "decode_tok_s": 100000.0,
+        "max_concurrency": 4,
+    }
+    served, made = _i39_money_body_keyed(
+        tmp_path_factory.mktemp("i39-money-body-remote"),
+        api,
+        ["under_reported"],
+        config={"local": {"backends": [backend]}},
+    )
+    try:
+        yield wait_ready(served), made
+    finally:
+        stop(served)
+
+
+def test_issue39_row1_a_backend_that_under_reports_its_prompt_is_not_trusted(
+    _i39_money_body_remote: tuple[Served, dict[str, str]], api: FakeAPI, remote_api: FakeAPI
+) -> None:
+    # The remote backend says it read 3 prompt tokens (as Ollama reports what it kept of a
+    # prompt it cut); the provider bills the 8 KB prompt by its bytes, about 2,000 tokens
+    # ($0.0003) a request: ten of them pass a $0.001 budget unless each reserves its bytes.
+    served, made = _i39_money_body_remote
+    remote_api.set(usage={"prompt_tokens": 3})
+    api.set(bill_prompt_bytes=True)
+    body = chat_body(messages=[{"role": "user", "content": "Summarize: " + "word " * 1600}])
+    billed = _i39_money_body_usd("gpt-4o-mini", body_tokens(body), 16)
+    replies = _i39_money_body_burst(
+        served, made["under_reported"], body, _I39_MONEY_BODY_FORCED_FALLBACK
+    )
+    spent, reserved = _settled(served.db, "under_reported")
+    reported = _i39_money_body_local_counts(served.db, "under_reported")
+    statuses = [r.status_code for r in replies]
+    print(
+        f"\nissue39 row1 under-reported: {len(replies)} parallel requests of "
+        f"{len(json.dumps(body)) // 1000} KB, each answered by the remote backend first "
+        f"({remote_api.count} calls; it reported {sorted(set(reported))} prompt tokens) "
+        f"and billed {body_tokens(body)} tokens (${billed:.6f}) by the provider: "
+        f"{statuses.count(200)} x 200, {statuses.count(429)} x 429, {api.count} upstream "
+        f"calls; the key's spend ${spent / 1e12:.6f} (reserved {reserved})"
+    )
+    assert remote_api.count >= 1, "the remote backend was not asked: the row tested nothing"
+    assert set(reported) == {3}  # what the backend said it read
+    assert set(statuses) <= {200, 429} and 200 in statuses, [r.text[:200] for r in replies]
+    for reply in replies:
+        if reply.status_code == 429:
+            assert reply.json()["error"]["code"] == "insufficient_quota", reply.text
+    assert api.count == statuses.count(200)  # no refused request reached the provider
+    assert 0 < spent <= _I39_MONEY_BODY_BUDGET and reserved == 0
+
+
+@pytest.mark.parametrize("prompts", ["strings", "token_lists"])
+def test_issue39_row2_every_prompt_of_a_list_is_reserved_its_answers(
+    _i39_money_body_server: tuple[Served, dict[str, str]], api: FakeAPI, prompts: str
+) -> None:
+    # 200 prompts, each answered up to 50 tokens (n choices per prompt, as OpenAI answers a
+    # list): 10,000 completion tokens, $0.006 at gpt-4o-mini, past the $0.001 budget; one
+    # prompt (50 tokens) fits it.
+    served, made = _i39_money_body_server
+    key = made[f"completions-{prompts}"]
+    one: Any = "Say hi." if prompts == "strings" else [15496, 11, 995]
+    body = {"model": "gpt-4o-mini", "prompt": [one] * 200, "max_tokens": 50}
+    worst_usd = _i39_money_body_usd("gpt-4o-mini", body_tokens(body), 200 * 50)
+    headers = {"authorization": f"Bearer {key}", **TO_API}
+    many = post(served, body, headers=headers, path="/v1/completions")
+    upstream_after_many = api.count
+    single = post(served, {**body, "prompt": [one]}, headers=headers, path="/v1/completions")
+    spent, reserved = _settled(served.db, f"completions-{prompts}")
+    print(
+        f"\nissue39 row2 {prompts}: 200 prompts x max_tokens 50 (at least ${worst_usd:.4f} "
+        f"if each answer runs to its limit) from a $0.001 key: HTTP {many.status_code}, "
+        f"upstream calls {upstream_after_many}; one prompt: HTTP {single.status_code}; the "
+        f"key's spend ${spent / 1e12:.6f} (reserved {reserved})"
+    )
+    assert many.status_code == 429, many.text[:300]
+    error = many.json()["error"]
+    assert error["code"] == "insufficient_quota" and "budget" in error["message"], error
+    held = float(error["message"].split("up to $", 1)[1].split(" ", 1)[0])
+    assert held >= _i39_money_body_usd("gpt-4o-mini", 0, 200 * 50)  # every prompt's answers
+    assert upstream_after_many == 0  # refused before any upstream call
+    assert single.status_code == 200, single.text[:300]
+    assert api.count == 1
+    assert 0 < spent <= _I39_MONEY_BODY_BUDGET and reserved == 0
+
+
+def _i39_money_body_cut_cases() -> dict[str, tuple[str, dict[str, Any]]]:
+    """(path, streamed body) of each case of finding 4: a chat request with one high-detail
+    image; a /v1/responses request with a 100 KB ``input_file``."""
+    image = {
+        "type": "image_url",
+        "image_url": {"url": "https://example.com/a.png", "detail": "high"},
+    }
+    data = base64.b64encode(b"All work and no play. " * 3400).decode()  # ~100 KB as base64
+    filed = {
+        "type": "input_file",
+        "filename": "notes.txt",
+        "file_data": f"data:text/plain;base64,{data}",
+    }
+    return {
+        "image": (
+            "/v1/chat/completions",
+            chat_body(
+                stream=True,
+                max_tokens=200,
+                messages=[
+                    {"role": "user", "content": [{"type": "text", "text": "Describe."}, image]}
+                ],
+            ),
+        ),
+        "input_file": (
+            "/v1/responses",
+            {
+                "model": "gpt-4o-mini",
+                "stream": True,
+                "max_output_tokens": 200,
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "Summarize."}, filed],
+                    }
+                ],
+            },
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", ["image", "input_file"])
+def test_issue39_row4_a_cut_stream_is_charged_the_prompt_the_provider_bills(
+    main: Lazy, api: FakeAPI, case: str
+) -> None:
+    # The upstream breaks off after a few events, before its usage: the row is estimated. The
+    # provider billed the prompt whole: an image at up to IMAGE_TOKENS (OpenAI's most for one
+    # high-detail image), a file by its bytes (bytes / 4, as bill_prompt_bytes counts them).
+    served = main.get()
+    api.set(reply=" ".join(f"w{i}" for i in range(100)), cut_stream_after=4)
+    path, body = _i39_money_body_cut_cases()[case]
+    request_id = rid(f"i39r4-{case}")
+    reply = post(served, body, headers={**TO_API, "x-request-id": request_id}, path=path)
+    row = one_row(served, request_id, timeout_s=30)
+    posted = api.requests[-1].body  # the exact body the provider got
+    floor = IMAGE_TOKENS if case == "image" else body_tokens(posted)
+    print(
+        f"\nissue39 row4 {case}: HTTP {reply.status_code}, the provider got "
+        f"{len(json.dumps(posted)) // 1000} KB and bills at least {floor} prompt tokens; the "
+        f"row: {row['token_source']}, prompt {row['prompt_tokens']}, completion "
+        f"{row['completion_tokens']}, api_cost ${(row['api_cost_pusd'] or 0) / 1e12:.6f}"
+    )
+    assert api.count == 1 and row["route"] == "api"
+    assert row["token_source"] == "usage_estimated"
+    assert row["prompt_tokens"] >= floor
+    assert row["api_cost_pusd"] >= _i39_money_body_usd("gpt-4o-mini", floor, 0) * 1e12

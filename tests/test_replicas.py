@@ -176,7 +176,7 @@ def test_a_budget_holds_across_both_replicas(replicas: Replicas) -> None:
     # reply is longer than max_tokens): ~$0.001 a request, so $0.01 lasts about ten.
     body = {**ASK, "model": "gpt-4o", "max_tokens": 100}
     prices = PriceBook(load_price_map())
-    prompt, completion = worst_case_tokens(body, None)
+    prompt, completion = worst_case_tokens(body)
     worst = prices.cost("gpt-4o", prompt, completion)
     assert worst is not None
     fake = replicas.api

@@ -7,7 +7,10 @@ same, so its ledger row and its key's budget must say so.
                     without it, count what came (:func:`estimate_stream`)
     estimate_stream(generated, ex, services, body)
                     the tokens of what was generated and of the upstream body's prompt side,
-                    in the tokenizer of the model the API was asked for (``usage_estimated``)
+                    in the tokenizer of the model the API was asked for (``usage_estimated``);
+                    the prompt never below the prompt side of the call's reservation (the
+                    exact body posted, images and files at their stated bounds), since the
+                    provider billed the prompt whole
     await_abandoned(task, ex, services)
                     a JSON call whose client left while the API worked on it: let it finish
                     within its own timeouts, and charge its usage; when nothing can be known
@@ -114,19 +117,29 @@ async def estimate_stream(
         )
         prompt = math.ceil(len(raw.encode()) / BYTES_PER_TOKEN)
         completion = math.ceil(generated.text_bytes() / BYTES_PER_TOKEN)
-    ex.prompt_tokens = prompt
+    # The provider billed the prompt whole, images and files included, which the chat
+    # stand-in counted above may leave out: never less than the reservation's prompt side.
+    ex.prompt_tokens = max(prompt, _worst_case(ex)[0])
     ex.completion_tokens = math.ceil(completion * generated.scale)
     ex.cached_tokens = 0
     ex.token_source = ESTIMATED
+
+
+def _worst_case(ex: Exchange) -> tuple[int, int]:
+    """The (prompt, completion) worst case reserved (or that would be) for ``ex``'s API call,
+    from the exact body it posted; (0, 0) when none was made."""
+    if ex.worst_body is None:
+        return 0, 0
+    return worst_case_tokens(
+        ex.worst_body, ex.worst_max_output, ex.worst_window, path=ex.worst_path
+    )
 
 
 def charge_worst_case(ex: Exchange) -> None:
     """Nothing is known of what the API did: the worst case reserved for it is charged."""
     if ex.worst_body is None:
         return
-    ex.prompt_tokens, ex.completion_tokens = worst_case_tokens(
-        ex.worst_body, ex.local_prompt_tokens, ex.worst_max_output, ex.worst_window
-    )
+    ex.prompt_tokens, ex.completion_tokens = _worst_case(ex)
     ex.cached_tokens = 0
     ex.token_source = WORST_CASE
 

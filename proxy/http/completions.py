@@ -12,7 +12,8 @@ Embeddings are not made locally: they pass through to the API.
 Both take the key's checks chat takes (:mod:`proxy.http.quotas`): its rpm and its concurrency
 share from the headers (:mod:`proxy.http.shares`), its models once the model is known, and its
 monthly budget before any API call (the worst case reserved, settled to the real cost when the
-row is written). A spent budget is a 429 ``insufficient_quota``, or, for
+row is written; the worst case of the exact body posted, every prompt of a list answered
+``n`` or ``best_of`` times). A spent budget is a 429 ``insufficient_quota``, or, for
 a completion sent to the API only for speed, the local answer when the gate accepts it (reason
 ``budget_exhausted``); a budget database that cannot be reached refuses the API (503).
 
@@ -36,6 +37,7 @@ from proxy.http.validate import completions_request, embeddings_request
 from proxy.params import LOCAL_ALIAS
 from proxy.routing.reasons import Reason
 from proxy.routing.router import ROUTE_HEADER
+from proxy.upstream.client import COMPLETIONS_PATH, EMBEDDINGS_PATH
 
 
 def _without_stream(body: dict[str, Any]) -> dict[str, Any]:
@@ -46,6 +48,14 @@ class CompletionsHandler(Handler):
     endpoint = "completions"
     prompt_param = "prompt"
     prompt_noun = "the prompt"
+
+    def api_call(
+        self, body: dict[str, Any], ex: Exchange, sent: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """What ``post_json`` posts: the body without ``stream`` (the API is asked for JSON)."""
+        return COMPLETIONS_PATH, self.services.upstream.sent(
+            COMPLETIONS_PATH, _without_stream(body)
+        )
 
     async def handle(self, request: Request, ex: Exchange) -> Response:
         body = await self.services.bodies.read(request, completions_request)
@@ -60,7 +70,7 @@ class CompletionsHandler(Handler):
         if kept is not None:
             return self._local(kept, ex, body)
         upstream = self.services.upstream
-        call = upstream.post_json("/completions", _without_stream(body), request_id=ex.request_id)
+        call = upstream.post_json(COMPLETIONS_PATH, _without_stream(body), request_id=ex.request_id)
         reply = (await self.from_api(call, ex)).body
         if ex.stream:
             return self._replay(reply, ex, body)
@@ -89,6 +99,11 @@ class EmbeddingsHandler(Handler):
 
     endpoint = "embeddings"
 
+    def api_call(
+        self, body: dict[str, Any], ex: Exchange, sent: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        return EMBEDDINGS_PATH, self.services.upstream.sent(EMBEDDINGS_PATH, body)
+
     async def handle(self, request: Request, ex: Exchange) -> Response:
         body = await self.services.bodies.read(request, embeddings_request)
         ex.model = body["model"]
@@ -110,12 +125,9 @@ class EmbeddingsHandler(Handler):
                 "embeddings come from the API, and no API fallback is configured"
             )
         await self.admit(request, body, ex)  # the key's models (its rpm: before the body)
-        # Embeddings answer no tokens: the worst case is the input (one output token bounds
-        # the rest, at an embedding model's output price of 0).
-        worst = {"model": body["model"], "input": body.get("input"), "max_tokens": 1}
-        await self.reserve(worst, ex)
+        await self.reserve(body, ex)  # embeddings answer no tokens: the input is the worst case
         upstream = self.services.upstream
-        call = upstream.post_json("/embeddings", body, request_id=ex.request_id)
+        call = upstream.post_json(EMBEDDINGS_PATH, body, request_id=ex.request_id)
         reply = (await self.from_api(call, ex)).body
         ex.completion_tokens = 0
         return JSONResponse(reply, headers=ex.headers())

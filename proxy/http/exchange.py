@@ -68,6 +68,7 @@ class Exchange:
     # "usage_estimated" (counted by a tokenizer) or "worst_case" (the reservation's worst case).
     token_source: str | None = None
     worst_body: dict[str, Any] | None = None  # what the worst case was (or would be) reserved for
+    worst_path: str = "/chat/completions"  # ... the upstream path that body is posted to
     worst_max_output: int | None = None  # the API model's output limit, for that worst case
     worst_window: int | None = None  # and its input window
     recorded: bool = False  # its ledger row is written (once, whatever happens after)

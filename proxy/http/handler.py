@@ -8,7 +8,8 @@
                    to the shadow audits (:mod:`proxy.http.shadow`)
       admit, cached, remember, reserve, reserve_or_local
                    the key's models, rpm and budget, and the response cache
-                   (:mod:`proxy.http.quotas`)
+                   (:mod:`proxy.http.quotas`); ``reserve`` holds the worst case of the exact
+                   body the API call posts (``api_call``), never of the local attempt's count
       from_api     one upstream call (JSON), timed, its attempts counted; a client that
                    leaves meanwhile does not stop it (:mod:`proxy.http.charges`)
       stream       the SSE response, which writes the row when it ends
@@ -23,7 +24,8 @@ for it (:mod:`proxy.http.charges`). Upstream failures arrive as
 and attempts go into the row as they are.
 
 Imports :mod:`proxy.routing` (the plan and the local attempt), :mod:`proxy.upstream` (the reply's
-type), :mod:`proxy.errors` and this room's exchange, record, shadow, render and sse modules.
+type, the chat path), :mod:`proxy.errors` and this room's exchange, record, shadow, render and
+sse modules.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from proxy.http.render import sse_event, unexpected
 from proxy.http.services import Services
 from proxy.routing.reasons import Reason
 from proxy.routing.router import ROUTE_HEADER, LocalAttempt, Plan
-from proxy.upstream.client import UpstreamResponse
+from proxy.upstream.client import CHAT_PATH, UpstreamResponse
 
 MIN_QUALITY_HEADER = "x-frugal-min-quality"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -197,17 +199,26 @@ class Handler:
         if self.services.quotas is not None and ex.cache_key is not None:
             self.services.quotas.remember(ex.cache_key, answer)
 
+    def api_call(
+        self, body: dict[str, Any], ex: Exchange, sent: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """(the path, the exact JSON body) that this endpoint's upstream call for ``body``
+        posts (:meth:`Upstream.sent`): chat's, here; an endpoint that calls another path says
+        so. ``sent``: the upstream's own ``/v1/responses`` body (:mod:`proxy.http.responses`)."""
+        stream = bool(body.get("stream"))
+        return CHAT_PATH, self.services.upstream.sent(CHAT_PATH, body, stream=stream)
+
     async def reserve(
         self, body: dict[str, Any], ex: Exchange, *, sent: dict[str, Any] | None = None
     ) -> None:
         """Before an API call: the key's worst case reserved against its budget (raises
         ``BudgetExhausted`` 429 or ``BudgetUnavailable`` 503 when it cannot be, the reason
-        noted on ``ex``). ``sent``: what the API is sent, when it is not ``body`` (the
-        upstream's own ``/v1/responses``); its worst case is the one reserved."""
-        body_model = body["model"]
-        body = body if sent is None else sent
-        ex.worst_body = body  # charged when the call's real cost can never be known
-        api_model = self.services.upstream.target(body_model)
+        noted on ``ex``), computed from the exact body the call will post (:meth:`api_call`),
+        never from the local attempt's figures. ``sent``: what the API is sent, when it is not
+        ``body`` (the upstream's own ``/v1/responses``); its worst case is the one reserved."""
+        path, posted = self.api_call(body, ex, sent)
+        ex.worst_body, ex.worst_path = posted, path  # charged when its cost is never known
+        api_model = self.services.upstream.target(body["model"])
         ex.worst_max_output = self.services.prices.max_output_tokens(api_model)
         ex.worst_window = self.services.prices.max_input_tokens(api_model)
         quotas = self.services.quotas
@@ -215,7 +226,7 @@ class Handler:
         if quotas is None or key is None or key.monthly_budget_pusd is None:
             return  # no budget to hold this call to
         try:
-            ex.reservation = await quotas.reserve(key, body, api_model, ex.local_prompt_tokens)
+            ex.reservation = await quotas.reserve(key, posted, api_model, path)
         except BudgetExhausted:
             ex.reason = Reason.BUDGET_EXHAUSTED
             raise

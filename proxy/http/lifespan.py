@@ -146,7 +146,7 @@ async def _start_audit(settings: Settings, parts: _Parts) -> None:
         router=parts.router,
         database=parts.ledger.database,
         local_model=str(parts.engine.health().get("model") or settings.local.model_path),
-        purse=AuditPurse(parts.quotas, parts.auth.stored_key, parts.upstream.target),
+        purse=AuditPurse(parts.quotas, parts.auth.stored_key, parts.upstream),
     )
     await parts.audit.start()
 

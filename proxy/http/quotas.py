@@ -12,11 +12,13 @@ sends a body. The handlers call it at four points (:mod:`proxy.http.handler`,
   (:mod:`proxy.ledger.response_cache`);
   a key's entries are its own, by its identity (:attr:`ClientKey.identity`), not its name, which
   a revoked key hands on.
-- ``reserve`` before an API call: the worst-case cost (the whole serialized body as prompt
-  tokens, plus ``max_tokens``, or else the model's own output limit, for each of ``n`` or
-  ``best_of`` choices, at the API model's price, plus a stated bound for images, files and
-  built-in tools: :func:`worst_case_tokens`, :func:`unmeasured_tokens`) is reserved in
-  the database (:mod:`proxy.ledger.tenants.budgets`).
+- ``reserve`` before every upstream call, the audit's too (:class:`AuditPurse`): the
+  worst-case cost of the exact body that call posts (:meth:`Upstream.sent`), never of a
+  local count: its whole serialized body as prompt tokens, plus ``max_tokens``, or else the
+  model's own output limit, for each of ``n`` or ``best_of`` choices and, on
+  ``/completions``, each prompt of a list, at the API model's price, plus a stated bound for
+  images, files and built-in tools (:func:`worst_case_tokens`, :func:`unmeasured_tokens`),
+  is reserved in the database (:mod:`proxy.ledger.tenants.budgets`).
   :class:`BudgetExhausted` (429, ``insufficient_quota``) when it would pass the budget;
   :class:`BudgetUnavailable` (503) when the database cannot be reached: budgets fail closed.
 - ``settle`` when the row is written: the real cost replaces the reservation, in the
@@ -49,6 +51,7 @@ from proxy.ledger.response_cache import ResponseCache, cache_key, cacheable
 from proxy.ledger.tenants.budgets import Budgets, Reservation
 from proxy.ledger.tenants.keys import ClientKey
 from proxy.ledger.tenants.rpm import LocalWindow, RateLimits
+from proxy.upstream.client import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH, Upstream
 from quality.combiner import file_sha256
 
 log = structlog.get_logger("frugal.quotas")
@@ -60,11 +63,6 @@ DEFAULT_MAX_OUTPUT = 4096
 say how long the API model's answers can be (:meth:`PriceBook.max_output_tokens`)."""
 
 
-# What the local tokenizer's count covers, when there is one: the rest of the body is counted
-# by its bytes. Of a Responses ``input``, only the items the local model was sent (see
-# :func:`_seen_locally`); the others are counted by their bytes as well.
-LOCALLY_COUNTED = frozenset({"messages", "prompt", "input"})
-
 IMAGE_TOKENS = 48_169
 """What one image part (``input_image``, chat's ``image_url``) is reserved, whatever its bytes:
 the most OpenAI's published image pricing bills for one image, gpt-4o-mini's 2,833 + 8 tiles of
@@ -73,8 +71,6 @@ DEFAULT_WINDOW = 128_000
 """The input window assumed when the price map does not say a model's (``max_input_tokens``)."""
 _IMAGE_PARTS = frozenset({"input_image", "image_url"})
 _WINDOW_PARTS = frozenset({"input_file", "file", "input_audio"})  # as long as the window allows
-_TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
-_LOCAL_ITEMS = frozenset({"message", "function_call", "function_call_output"})
 _CALLED_BY_CLIENT = frozenset({"function", "custom"})  # every other tool runs on the API's side
 
 
@@ -92,18 +88,6 @@ def _parts(body: dict[str, Any]) -> Iterator[dict[str, Any]]:
                 parts = item.get(name)
                 if isinstance(parts, list):
                     yield from (p for p in parts if isinstance(p, dict))
-
-
-def _seen_locally(item: Any) -> bool:
-    """Whether a Responses input item is all in the local model's prompt: a message, function
-    call or function output, of text only (what :mod:`proxy.http.responses_translate` sends)."""
-    if not isinstance(item, dict) or item.get("type", "message") not in _LOCAL_ITEMS:
-        return False
-    content = item.get("output") if item.get("type") == "function_call_output" else None
-    content = item.get("content", content)
-    if isinstance(content, list):
-        return all(isinstance(p, dict) and p.get("type") in _TEXT_PARTS for p in content)
-    return True
 
 
 def unmeasured_tokens(body: dict[str, Any], window: int | None) -> int:
@@ -132,43 +116,52 @@ def unmeasured_tokens(body: dict[str, Any], window: int | None) -> int:
     return total
 
 
+def prompts_of(prompt: Any) -> int:
+    """How many prompts a ``/v1/completions`` ``prompt`` holds, each answered ``n`` times: a
+    string or one list of token ids is one; a list of strings or of token lists, its length."""
+    if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    return 1
+
+
 def worst_case_tokens(
-    body: dict[str, Any],
-    local_prompt_tokens: int | None,
+    sent: dict[str, Any],
     max_output: int | None = None,
     window: int | None = None,
+    *,
+    path: str = CHAT_PATH,
 ) -> tuple[int, int]:
-    """(prompt, completion) tokens an API call for ``body`` (chat, completions, or the
-    upstream's own ``/v1/responses``) can cost at most, as far as can be told before it is made.
+    """(prompt, completion) tokens that the upstream call posting ``sent`` to ``path`` can
+    cost at most, as far as can be told before it is made. ``sent`` is the exact body the call
+    posts (:meth:`proxy.upstream.client.Upstream.sent`: after the model mapping, the allow-list
+    and the Responses translation), never a local count of it: no local attempt's figures, nor
+    a backend's report of what it read, can lower the estimate.
 
     The prompt side is the whole serialized body, not a list of fields, so a field a provider
-    bills (``functions``, ``response_format``, ``tools``, ``instructions``, one a new endpoint
-    adds) cannot be left out: its UTF-8 bytes / 2 (providers bill about 4 bytes a token), plus,
-    when the local tokenizer counted the messages, prompt or input, that count with a 25% margin
-    (another tokenizer) in place of their bytes (of a Responses ``input``, the items the local
-    model was sent; the rest by their bytes). What bytes do not measure (images, files, built-in
-    tools) adds :func:`unmeasured_tokens`, with the API model's input ``window``. The output
-    side is ``max_tokens`` (``max_completion_tokens``, ``max_output_tokens``) for each of ``n``
-    or ``best_of`` choices, whichever is more. Without it, it is ``max_output``, the API model's
-    own limit (an answer cannot run past it), or 4,096 when that is not known: a model that can
-    write 16,384 tokens would otherwise cost four times what was reserved for it."""
-    counted = LOCALLY_COUNTED if local_prompt_tokens else frozenset()
-    rest = {k: v for k, v in body.items() if k not in counted}
-    given = body.get("input")
-    if local_prompt_tokens and isinstance(given, list):
-        rest["input"] = [item for item in given if not _seen_locally(item)]
-    raw = json.dumps(rest, ensure_ascii=False, separators=(",", ":"), default=str)
-    prompt = len(raw.encode("utf-8")) // 2 + 16 + unmeasured_tokens(body, window)
-    if local_prompt_tokens:
-        prompt += math.ceil(local_prompt_tokens * 1.25)
+    bills (``functions``, ``response_format``, ``tools``, ``instructions``, a message's
+    ``name``, a ``refusal`` part, every prompt of a list, one a new endpoint adds) cannot be
+    left out: its UTF-8 bytes / 2 (providers bill about 4 bytes a token). What bytes do not
+    measure (images, files, built-in tools) adds :func:`unmeasured_tokens`, with the API
+    model's input ``window``. The output side is ``max_tokens`` (``max_completion_tokens``,
+    ``max_output_tokens``) for each of ``n`` or ``best_of`` choices, whichever is more, and on
+    ``/completions`` for each prompt of a list (:func:`prompts_of`: the API answers each).
+    Without it, it is ``max_output``, the API model's own limit (an answer cannot run past
+    it), or 4,096 when that is not known: a model that can write 16,384 tokens would otherwise
+    cost four times what was reserved for it. ``/embeddings`` answers no tokens."""
+    raw = json.dumps(sent, ensure_ascii=False, separators=(",", ":"), default=str)
+    prompt = len(raw.encode("utf-8")) // 2 + 16 + unmeasured_tokens(sent, window)
+    if path == EMBEDDINGS_PATH:
+        return prompt, 0
     cap = (
-        body.get("max_completion_tokens")
-        or body.get("max_tokens")
-        or body.get("max_output_tokens")
+        sent.get("max_completion_tokens")
+        or sent.get("max_tokens")
+        or sent.get("max_output_tokens")
         or max_output
         or DEFAULT_MAX_OUTPUT
     )
-    choices = max(int(body.get("n") or 1), int(body.get("best_of") or 1))  # validated ints
+    choices = max(int(sent.get("n") or 1), int(sent.get("best_of") or 1))  # validated ints
+    if path == COMPLETIONS_PATH:
+        choices *= prompts_of(sent.get("prompt"))
     return prompt, int(cap) * choices
 
 
@@ -267,14 +260,15 @@ class Quotas:
     # -- budgets ----------------------------------------------------------------------------
 
     async def reserve(
-        self, key: ClientKey | None, body: dict[str, Any], api_model: str, local_tokens: int | None
+        self, key: ClientKey | None, sent: dict[str, Any], api_model: str, path: str = CHAT_PATH
     ) -> Reservation | None:
-        """Reserve the worst case of an API call for ``body``; None when the key has no budget."""
+        """Reserve the worst case of the upstream call that posts ``sent`` (exactly) to
+        ``path``; None when the key has no budget."""
         if key is None or key.monthly_budget_pusd is None:
             return None
         limit = self.prices.max_output_tokens(api_model)
         window = self.prices.max_input_tokens(api_model)
-        prompt, completion = worst_case_tokens(body, local_tokens, limit, window)
+        prompt, completion = worst_case_tokens(sent, limit, window, path=path)
         amount = self.prices.cost(api_model, prompt, completion)
         if amount is None:
             raise BudgetExhausted(
@@ -358,22 +352,26 @@ class Quotas:
 
 class AuditPurse:
     """The client key's budget that its audits' calls are paid from
-    (:class:`proxy.audit.runner.Purse`): each call's worst case is reserved like a request's
-    API call, and settled with its real cost."""
+    (:class:`proxy.audit.runner.Purse`): each call (a chat completion, shadow or judge) has the
+    worst case of the body it posts reserved like a request's API call, and is settled with its
+    real cost."""
 
     def __init__(
         self,
         quotas: Quotas,
         key_of: Callable[[str], ClientKey | None],
-        target: Callable[[str], str],
+        upstream: Upstream,
     ) -> None:
         self.quotas = quotas
         self.key_of = key_of  # the stored key by its name (Authenticator.stored_key)
-        self.target = target  # the API model a requested model goes to (Upstream.target)
+        self.upstream = upstream  # what a call posts (Upstream.sent), and to which model
 
     async def hold(self, key_name: str, body: dict[str, Any]) -> Reservation | None:
         key = self.key_of(key_name)
-        return await self.quotas.reserve(key, body, self.target(str(body.get("model") or "")), None)
+        sent = self.upstream.sent(CHAT_PATH, body)  # what Upstream.chat posts for it
+        return await self.quotas.reserve(
+            key, sent, self.upstream.target(str(body.get("model") or ""))
+        )
 
     def pay(self, held: Reservation | None, cost_pusd: int) -> None:
         self.quotas.settle(held, cost_pusd)

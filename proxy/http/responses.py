@@ -8,10 +8,11 @@ events (built from the finished answer, judged before its first byte as a ``veri
 stream is); with ``[router] stream_mode = "live"`` a text answer's tokens are sent as they come,
 ungated, as a ``live`` chat stream's are (:mod:`proxy.http.responses_live`).
 
-The budget reserves the worst case of what the API is sent (:meth:`Handler.reserve`): the
-upstream's own body, the whole conversation in it, with a stated bound for images, files and
-built-in tools (:func:`proxy.http.quotas.unmeasured_tokens`); with ``"translate"``, the chat
-request. The response cache is chat's, with chat's rules, but keyed on what was asked: the
+The budget reserves the worst case of the exact body the API is sent (:meth:`Handler.reserve`,
+:meth:`ResponsesHandler.api_call`): the upstream's own body, the whole conversation in it, with
+a stated bound for images, files and built-in tools
+(:func:`proxy.http.quotas.unmeasured_tokens`); with ``"translate"``, the chat request.
+The response cache is chat's, with chat's rules, but keyed on what was asked: the
 whole conversation (``previous_response_id`` expanded, item ids left out) and every field
 (:func:`_cache_body`); it keeps the ``response`` object sent, local or the API's, and a hit is
 sent as a new response, with ids of its own (:func:`_renewed`), stored for the key that asked.
@@ -93,6 +94,17 @@ class ResponsesHandler(ChatHandler):
     endpoint = "responses"
     prompt_param = "input"
     prompt_noun = "the input"
+
+    def api_call(
+        self, body: dict[str, Any], ex: Exchange, sent: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """The upstream's own ``/v1/responses`` posts ``sent`` with its ``stream`` flag
+        (:func:`responses_api.create`, :func:`responses_api.open_stream`); without ``sent``,
+        the translated request goes to Chat Completions, as chat's does."""
+        if sent is None:
+            return super().api_call(body, ex)
+        path = responses_api.PATH
+        return path, self.services.upstream.sent(path, sent, stream=ex.stream)
 
     def _api_own(self, model: Any) -> bool:
         """Whether the fallback of a request for ``model`` is the upstream's /v1/responses."""

@@ -18,7 +18,9 @@ Only allow-listed parameters are sent: the body upstream is built from the keys 
 :data:`proxy.params.CHAT_PARAMETERS` (``COMPLETIONS_PARAMETERS``, ``EMBEDDINGS_PARAMETERS`` for
 :meth:`Upstream.post_json`) that the request sets, on both routes. Validation has already refused
 anything else with a 400; this is the second wall (litellm's own keywords are kept out in
-:mod:`proxy.upstream.litellm_route`).
+:mod:`proxy.upstream.litellm_route`). The JSON body of each call is built in one place,
+:meth:`Upstream.sent`, which a key's budget reserves the worst case of before the call
+(:mod:`proxy.http.quotas`): what is reserved for and what is posted are the same body.
 
 Every call runs under the retry policy of :mod:`proxy.upstream.retry`, which lives there and
 nowhere else, and only where the API cannot have done (and billed) the work already:
@@ -67,7 +69,16 @@ from proxy.upstream.retry import BACKOFF_INITIAL_S, RetryPolicy
 from proxy.upstream.route import DIRECT, Answer, Kinds, Opened, Route
 from proxy.upstream.stream import Closing, UpstreamStream
 
-__all__ = ["KINDS", "Upstream", "UpstreamResponse", "UpstreamStream"]
+__all__ = [
+    "CHAT_PATH",
+    "COMPLETIONS_PATH",
+    "EMBEDDINGS_PATH",
+    "KINDS",
+    "RESPONSES_PATH",
+    "Upstream",
+    "UpstreamResponse",
+    "UpstreamStream",
+]
 
 KINDS = Kinds(
     routes=MappingProxyType({"litellm": LitellmRoute}),
@@ -75,10 +86,15 @@ KINDS = Kinds(
 )
 """The routes the proxy ships besides ``direct``, and the prefixes that name them."""
 
+# The paths of the upstream calls, under api_base.
+CHAT_PATH = "/chat/completions"
+COMPLETIONS_PATH = "/completions"
+EMBEDDINGS_PATH = "/embeddings"
+RESPONSES_PATH = "/responses"
 # The JSON endpoints of post_json and the parameters each may carry.
 _POST_PARAMETERS: dict[str, frozenset[str]] = {
-    "/completions": frozenset(COMPLETIONS_PARAMETERS),
-    "/embeddings": frozenset(EMBEDDINGS_PARAMETERS),
+    COMPLETIONS_PATH: frozenset(COMPLETIONS_PARAMETERS),
+    EMBEDDINGS_PATH: frozenset(EMBEDDINGS_PARAMETERS),
 }
 _CHAT = frozenset(CHAT_PARAMETERS)
 
@@ -162,33 +178,59 @@ class Upstream(Closing):
 
     # -- calls ---------------------------------------------------------------------------------
 
-    def _way(self, body: dict[str, Any]) -> tuple[Route, str]:
+    def _model(self, body: dict[str, Any]) -> tuple[str, str]:
+        """(the route's name, the model name it is sent) of a request for ``body``."""
         requested = body.get("model", "")
-        name, model = self._routes.get(requested, (DIRECT, requested))
-        way = self._ways[name]
+        return self._routes.get(requested, (DIRECT, requested))
+
+    def _way(self, body: dict[str, Any]) -> Route:
+        way = self._ways[self._model(body)[0]]
         way.ready()
-        return way, model
+        return way
+
+    def sent(self, path: str, body: dict[str, Any], *, stream: bool = False) -> dict[str, Any]:
+        """The JSON body that a call for ``body`` posts to ``api_base + path``, exactly:
+        ``/chat/completions`` (its allow-list, the mapped model, ``stream`` and the usage chunk
+        asked for), ``/completions`` and ``/embeddings`` (theirs, a mapped model on the direct
+        route), ``/responses`` (the body :mod:`proxy.upstream.responses_api` built, with its
+        ``stream`` flag). Each call below posts what this returns, and a key's budget reserves
+        its worst case from the same (:mod:`proxy.http.quotas`), so the two cannot differ."""
+        if path == CHAT_PATH:
+            forward = forwarded(body, _CHAT)
+            forward["model"] = self._model(body)[1]
+            if stream:
+                options = body.get("stream_options")
+                extra = options if isinstance(options, dict) else {}
+                forward.update(stream=True, stream_options={**extra, "include_usage": True})
+            elif forward.get("stream"):
+                forward["stream"] = False
+                forward.pop("stream_options", None)
+            return forward
+        if path == RESPONSES_PATH:
+            return {**body, "stream": stream}
+        allowed = _POST_PARAMETERS.get(path)
+        if allowed is None:
+            raise ValueError(f"no upstream call posts to {path!r}")
+        forward = forwarded(body, allowed)
+        model = forward.get("model")
+        if isinstance(model, str):
+            route = self._routes.get(model)
+            if route is not None and route[0] == DIRECT:
+                forward["model"] = route[1]
+        return forward
 
     async def chat(self, body: dict[str, Any], *, request_id: str) -> UpstreamResponse:
         """A non-streamed chat completion (a ``stream`` flag in ``body`` is turned off)."""
-        way, model = self._way(body)
-        forward = forwarded(body, _CHAT)
-        forward["model"] = model
-        if forward.get("stream"):
-            forward["stream"] = False
-            forward.pop("stream_options", None)
+        way = self._way(body)
+        forward = self.sent(CHAT_PATH, body)
         return await self._answered(way.complete, forward, request_id)
 
     async def chat_stream(self, body: dict[str, Any], *, request_id: str) -> UpstreamStream:
         """Open a streamed chat completion; returns once upstream has answered 200."""
-        way, model = self._way(body)
+        way = self._way(body)
         options = body.get("stream_options")
         strip_usage = not (isinstance(options, dict) and options.get("include_usage"))
-        forward = forwarded(body, _CHAT)
-        forward.update(model=model, stream=True)
-        if strip_usage:
-            extra = options if isinstance(options, dict) else {}
-            forward["stream_options"] = {**extra, "include_usage": True}
+        forward = self.sent(CHAT_PATH, body, stream=True)
         return await self._opened(strip_usage, way.open_stream, forward, request_id)
 
     async def post_json(
@@ -197,18 +239,11 @@ class Upstream(Closing):
         """POST ``body`` to ``api_base + path`` (``/embeddings``, ``/completions``), JSON back.
 
         A mapped model name is replaced when its target is on ``api_base``; not streamed. Only
-        the parameters of that endpoint are sent.
+        the parameters of that endpoint are sent (:meth:`sent`).
         """
-        allowed = _POST_PARAMETERS.get(path)
-        if allowed is None:
+        if path not in _POST_PARAMETERS:
             raise ValueError(f"post_json does not know the endpoint {path!r}")
-        body = forwarded(body, allowed)
-        model = body.get("model")
-        if isinstance(model, str):
-            route = self._routes.get(model)
-            if route is not None and route[0] == DIRECT:
-                body = {**body, "model": route[1]}
-        return await self.post_direct(path, body, request_id=request_id)
+        return await self.post_direct(path, self.sent(path, body), request_id=request_id)
 
     async def post_direct(
         self, path: str, body: dict[str, Any], *, request_id: str

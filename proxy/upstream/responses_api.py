@@ -16,7 +16,8 @@
 Only the direct route (``api_base``) has this endpoint: a model routed through litellm is
 translated to Chat Completions instead (:mod:`proxy.http.responses`). Retries, timeouts and the
 translation of failures are the client's (:meth:`Upstream.post_direct`,
-:meth:`Upstream.open_direct`).
+:meth:`Upstream.open_direct`), and so is the exact body posted (:meth:`Upstream.sent`: ``body``
+with its ``stream`` flag), which a key's budget reserves the worst case of.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.params import RESPONSES_PARAMETERS
-from proxy.upstream.client import Upstream, UpstreamResponse
+from proxy.upstream.client import RESPONSES_PATH, Upstream, UpstreamResponse
 from proxy.upstream.stream import UpstreamStream
 
 __all__ = ["API_ONLY", "chat_usage", "create", "open_stream", "upstream_body"]
 
-PATH = "/responses"
+PATH = RESPONSES_PATH
 API_ONLY = ("reasoning", "max_tool_calls", "top_logprobs")
 """Parameters that only the API's own ``/v1/responses`` can honour: forwarded there (reason
 ``unsupported``), a 400 when the fallback is Chat Completions."""
@@ -64,14 +65,15 @@ def upstream_body(
 
 async def create(upstream: Upstream, body: dict[str, Any], *, request_id: str) -> UpstreamResponse:
     """The upstream's ``response`` object to ``body`` (not streamed)."""
-    return await upstream.post_direct(PATH, {**body, "stream": False}, request_id=request_id)
+    return await upstream.post_direct(PATH, upstream.sent(PATH, body), request_id=request_id)
 
 
 async def open_stream(
     upstream: Upstream, body: dict[str, Any], *, request_id: str
 ) -> UpstreamStream:
     """The upstream's typed events for ``body``; returns once it has answered 200."""
-    return await upstream.open_direct(PATH, {**body, "stream": True}, request_id=request_id)
+    sent = upstream.sent(PATH, body, stream=True)
+    return await upstream.open_direct(PATH, sent, request_id=request_id)
 
 
 def usage_figures(usage: dict[str, Any], read: str, written: str) -> tuple[int, int, int, int, int]:

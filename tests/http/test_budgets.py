@@ -15,6 +15,7 @@ import pytest
 
 from proxy.http.charges import charge_worst_case
 from proxy.http.exchange import Exchange
+from proxy.http.quotas import worst_case_tokens
 from proxy.ledger.db.connections import Pool
 from proxy.ledger.db.location import Database, parse
 from proxy.ledger.pricing import PriceBook, load_price_map
@@ -334,6 +335,20 @@ def test_a_call_whose_cost_is_never_known_is_charged_the_same_output_limit() -> 
     ex = Exchange(request_id="r", worst_body={**ASK, "max_tokens": 20, "n": 3})
     charge_worst_case(ex)
     assert ex.completion_tokens == 60
+
+
+def test_a_list_of_prompts_is_reserved_every_answer_of_every_prompt() -> None:
+    # OpenAI answers n (best_of) choices for each prompt of a list (issue 39): 200 prompts of
+    # 50 tokens are 10,000 completion tokens, every prompt's bytes on the prompt side.
+    one = {"model": "gpt-4o-mini", "prompt": "Say hi.", "max_tokens": 50}
+    listed = {**one, "prompt": ["Say hi."] * 200}
+    tokens = {**one, "prompt": [[15496, 11, 995]] * 200, "n": 2}
+    assert worst_case_tokens(one, path="/completions")[1] == 50
+    assert worst_case_tokens(listed, path="/completions")[1] == 200 * 50
+    assert worst_case_tokens(tokens, path="/completions")[1] == 2 * 200 * 50
+    assert worst_case_tokens({**one, "prompt": [15496, 11]}, path="/completions")[1] == 50
+    assert worst_case_tokens(listed, path="/completions")[0] >= len('"Say hi.",') * 200 // 2
+    assert worst_case_tokens({"model": "e", "input": ["a"] * 9}, path="/embeddings")[1] == 0
 
 
 @pytest.mark.parametrize(

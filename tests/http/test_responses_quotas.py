@@ -74,16 +74,17 @@ def test_what_bytes_cannot_measure_is_charged_its_stated_bound() -> None:
     assert unmeasured_tokens(chat, 1000) == IMAGE_TOKENS
 
 
-def test_a_local_count_stands_only_for_the_items_the_local_model_was_sent() -> None:
+def test_every_input_item_counts_by_its_bytes_whatever_the_local_model_read() -> None:
+    # No local count takes the place of any item's bytes (issue 39): what the local model was
+    # sent and what it never reads (a reasoning item) count alike, by their bytes / 2.
     said = {"role": "user", "content": [{"type": "input_text", "text": "hello " * 100}]}
     reasoning = {"type": "reasoning", "summary": [], "encrypted_content": "Z" * 4000}
-    plain, _ = worst_case_tokens({"model": "m", "input": [said]}, 10, 16)
-    hidden, _ = worst_case_tokens({"model": "m", "input": [said, reasoning]}, 10, 16)
-    bytes_only, _ = worst_case_tokens({"model": "m", "input": [said]}, None, 16)
-    assert plain < bytes_only  # the local count (+25%) in place of the text's bytes
-    assert hidden - plain >= 4000 // 2  # the reasoning item, never sent locally, by its bytes
+    plain, _ = worst_case_tokens({"model": "m", "input": [said]}, 16)
+    hidden, _ = worst_case_tokens({"model": "m", "input": [said, reasoning]}, 16)
+    assert plain >= len("hello " * 100) // 2  # the text sent, by its bytes
+    assert hidden - plain >= 4000 // 2  # the reasoning item, by its bytes
     # max_output_tokens caps the answer as max_tokens does on chat.
-    assert worst_case_tokens({"model": "m", "input": "x", "max_output_tokens": 7}, None)[1] == 7
+    assert worst_case_tokens({"model": "m", "input": "x", "max_output_tokens": 7})[1] == 7
 
 
 async def test_a_budget_that_holds_text_refuses_the_same_request_with_images_or_built_in_tools(

@@ -22,6 +22,7 @@ import pytest
 
 from proxy.config import FallbackSettings
 from proxy.errors import UpstreamError, UpstreamRateLimited, UpstreamStatus, UpstreamTimeout
+from proxy.upstream import responses_api
 from proxy.upstream.client import Upstream, UpstreamStream
 from proxy.upstream.direct_route import KEEPALIVE_S
 from proxy.upstream.failures import parse_retry_after, translate
@@ -154,6 +155,36 @@ async def test_post_json_passes_embeddings_and_legacy_completions_through(api: F
     assert len(embedded.body["data"][0]["embedding"]) == 8
     assert completed.body["choices"][0]["text"] == api.reply
     assert [r.path for r in api.requests] == ["/v1/embeddings", "/v1/completions"]
+
+
+async def test_every_call_posts_exactly_the_body_sent_says(api: FakeAPI) -> None:
+    # A key's budget reserves the worst case of Upstream.sent (issue 39): each call must post
+    # that very body, after the model mapping, the allow-list and the stream flags.
+    chat = {**CHAT, "model": "small", "stream": True, "stream_options": {"x": 1}, "n": 2}
+    complete = {"model": "small", "prompt": ["a", "b"], "max_tokens": 3, "stream": False}
+    embed = {"model": "small", "input": ["a b", "c"]}
+    responses = {"model": "fake-small", "input": [{"role": "user", "content": PROMPT}]}
+    async with upstream(api, models={"small": "openai/fake-small"}) as client:
+        await client.chat(chat, request_id="r")
+        stream = await client.chat_stream(chat, request_id="r")
+        await read_all(stream)
+        await client.post_json("/completions", complete, request_id="r")
+        await client.post_json("/embeddings", embed, request_id="r")
+        await responses_api.create(client, responses, request_id="r")
+        await read_all(await responses_api.open_stream(client, responses, request_id="r"))
+        expected = [
+            client.sent("/chat/completions", chat),
+            client.sent("/chat/completions", chat, stream=True),
+            client.sent("/completions", complete),
+            client.sent("/embeddings", embed),
+            client.sent("/responses", responses),
+            client.sent("/responses", responses, stream=True),
+        ]
+    assert [r.body for r in api.requests] == expected
+    assert {e["model"] for e in expected} == {"fake-small"}
+    assert expected[0]["stream"] is False and "stream_options" not in expected[0]
+    assert expected[1]["stream_options"] == {"x": 1, "include_usage": True}
+    assert [e.get("stream") for e in expected[4:]] == [False, True]
 
 
 # -- streams -------------------------------------------------------------------------------------
