@@ -30,7 +30,8 @@ nowhere else, and only where the API cannot have done (and billed) the work alre
 was sent, a body cut short, any other 4xx; and a stream is never retried once
 :meth:`Upstream.chat_stream` has returned it. The rule is in :mod:`proxy.upstream.failures`.
 ``timeout_s`` bounds each wait for upstream's next bytes (as httpx's read timeout did),
-``connect_timeout_s`` each new connection.
+``connect_timeout_s`` each new connection, and ``max_answer_bytes`` the bytes read of one
+answer (or of one event of a stream): past it, a 502 that says the answer was too large.
 
 Every call says how many attempts it made: :attr:`UpstreamResponse.attempts` on success,
 :attr:`UpstreamStream.attempts` on a stream, and ``attempts`` on the :class:`ProxyError` it
@@ -252,4 +253,5 @@ class Upstream(Closing):
             strip_usage=strip_usage,
             latency_s=time.perf_counter() - started,
             attempts=tries,
+            max_event_bytes=self._settings.max_answer_bytes,
         )
