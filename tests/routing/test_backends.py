@@ -593,3 +593,34 @@ async def test_an_answer_under_max_answer_bytes_is_read_parsed_and_scored() -> N
             completion = await backend.answer(REQUEST, Ask(deadline=time.monotonic() + 60))
     assert completion["choices"][0]["message"]["content"] == "a" * size
     assert completion["frugal"]["quality"]["value"] is not None
+
+
+async def test_a_big_answer_under_the_bound_is_scored_off_the_loop_and_by_the_deadline() -> None:
+    """4 MiB of text (under the default 8 MiB bound) takes the gate seconds to score (about
+    1 s a MB): the call ends at the request's deadline with EngineTimeout, not when the score
+    is done, and the loop keeps turning meanwhile (its longest pause is printed)."""
+    size, budget_s = 4 * MIB, 1.5
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    with FakeAPI(huge_reply_bytes=size) as peer:
+        async with started(settings(api_base=peer.url, logprobs=False)) as backend:
+            ticking = asyncio.create_task(ticker())
+            started_at = time.perf_counter()
+            with pytest.raises(EngineTimeout, match="not scored before the deadline"):
+                await backend.answer(REQUEST, Ask(deadline=time.monotonic() + budget_s))
+            elapsed = time.perf_counter() - started_at
+            ticking.cancel()
+            state = backend.state
+    print(
+        f"ended after {elapsed:.2f} s (deadline {budget_s} s); longest loop pause {max(gaps):.3f} s"
+    )
+    assert elapsed < budget_s + 5  # the score went on in its thread; the call did not wait
+    assert state == "up"
