@@ -1505,6 +1505,7 @@ def test_issue39_row7_an_answer_far_too_large_is_cut_within_the_deadline(
         assert remote_api.count >= 1, "the remote backend was not asked"
         assert response.status_code == 200, response.text[:500]
         assert response.headers["x-frugal-route"] == "api"
+        assert response.headers["x-frugal-reason"] == "local_error"
         assert api.count == 1
         if stream:
             assert REPLY.split()[-1] in response.text and "[DONE]" in response.text
