@@ -31,7 +31,8 @@ was sent, a body cut short, any other 4xx; and a stream is never retried once
 :meth:`Upstream.chat_stream` has returned it. The rule is in :mod:`proxy.upstream.failures`.
 ``timeout_s`` bounds each wait for upstream's next bytes (as httpx's read timeout did),
 ``connect_timeout_s`` each new connection, and ``max_answer_bytes`` the bytes read of one
-answer (or of one event of a stream): past it, a 502 that says the answer was too large.
+answer (or of one event of a stream; an embeddings answer may also take
+:data:`EMBEDDING_BYTES` per input): past it, a 502 that says the answer was too large.
 
 Every call says how many attempts it made: :attr:`UpstreamResponse.attempts` on success,
 :attr:`UpstreamStream.attempts` on a stream, and ``attempts`` on the :class:`ProxyError` it
@@ -82,6 +83,10 @@ _POST_PARAMETERS: dict[str, frozenset[str]] = {
     "/embeddings": frozenset(EMBEDDINGS_PARAMETERS),
 }
 _CHAT = frozenset(CHAT_PARAMETERS)
+EMBEDDING_BYTES = 128 * 1024
+"""The bytes one embedding may take in an answer: 3,072 floats as JSON text come to about
+70 KB. An embeddings answer may be ``max_answer_bytes`` or this much per input, whichever is
+more (2,048 inputs of OpenAI's largest model, as JSON floats, are about 140 MB)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,7 +214,13 @@ class Upstream(Closing):
             route = self._routes.get(model)
             if route is not None and route[0] == DIRECT:
                 body = {**body, "model": route[1]}
-        return await self.post_direct(path, body, request_id=request_id)
+        limit = None
+        if path == "/embeddings":  # a batch's vectors: up to EMBEDDING_BYTES each
+            inputs = body.get("input")
+            count = len(inputs) if isinstance(inputs, list) else 1
+            limit = max(self._settings.max_answer_bytes, count * EMBEDDING_BYTES)
+        self._direct.ready()
+        return await self._answered(self._direct.post, path, body, request_id, limit)
 
     async def post_direct(
         self, path: str, body: dict[str, Any], *, request_id: str

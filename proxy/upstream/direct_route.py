@@ -100,8 +100,11 @@ class DirectRoute:
     async def complete(self, forward: dict[str, Any], request_id: str) -> Answer:
         return await self.post("/chat/completions", forward, request_id)
 
-    async def post(self, path: str, body: dict[str, Any], request_id: str) -> Answer:
-        """One POST of ``body`` to ``api_base + path``; its status, JSON object and bytes."""
+    async def post(
+        self, path: str, body: dict[str, Any], request_id: str, limit: int | None = None
+    ) -> Answer:
+        """One POST of ``body`` to ``api_base + path``; its status, JSON object and bytes (at
+        most ``limit`` of them: by default ``[fallback] max_answer_bytes``)."""
         session, url = self._ready(), self._url(path)
         content = _encode(body).encode()
         async with session.post(
@@ -115,7 +118,7 @@ class DirectRoute:
             if status >= 300:
                 raw = await read_bounded(response, ERROR_BODY_BYTES, cut=True)
                 raise status_error(status, response.headers, raw)
-            raw = await read_bounded(response, self._settings.max_answer_bytes)
+            raw = await read_bounded(response, limit or self._settings.max_answer_bytes)
         data = json.loads(raw) if len(raw) <= PARSE_IN_THREAD_BYTES else await _parse(raw)
         if not isinstance(data, dict):
             raise UpstreamError("the upstream API answered with JSON that is not an object")
@@ -164,6 +167,8 @@ async def read_bounded(response: aiohttp.ClientResponse, limit: int, *, cut: boo
     if declared is not None and declared > limit and not cut:
         response.close()
         raise too_large("answer", limit)
+    if declared is not None and declared <= limit and "content-encoding" not in response.headers:
+        return await response.read()  # exactly the bytes declared: the hot path, as before
     parts: list[bytes] = []
     size = 0
     async for chunk in response.content.iter_chunked(_CHUNK):

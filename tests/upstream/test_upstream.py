@@ -675,3 +675,19 @@ async def test_a_long_event_under_the_bound_is_relayed_whole_from_many_reads() -
     )
     chunks = await read_all(stream)
     assert chunks == [b"data: " + event + b"\n\n", b"data: [DONE]\n\n"]
+
+
+async def test_an_embeddings_answer_may_take_its_share_per_input_past_max_answer_bytes(
+    api: FakeAPI,
+) -> None:
+    """A batch's vectors are bounded per input (EMBEDDING_BYTES each), not by the chat bound:
+    100 inputs answer ~20 KB, over a 1 KiB max_answer_bytes; a legacy completion is held to it."""
+    embed = {"model": "text-embedding-3-small", "input": [f"text {i}" for i in range(100)]}
+    api.set(reply="word " * 400)
+    async with upstream(api, max_answer_bytes=1024) as client:
+        embedded = await client.post_json("/embeddings", embed, request_id="r")
+        with pytest.raises(UpstreamError, match="too large: more than 1024 bytes"):
+            await client.post_json(
+                "/completions", {"model": "gpt-3.5-turbo-instruct", "prompt": "x"}, request_id="r"
+            )
+    assert len(embedded.raw) > 1024 and len(embedded.body["data"]) == 100
