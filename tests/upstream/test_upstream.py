@@ -691,3 +691,15 @@ async def test_an_embeddings_answer_may_take_its_share_per_input_past_max_answer
                 "/completions", {"model": "gpt-3.5-turbo-instruct", "prompt": "x"}, request_id="r"
             )
     assert len(embedded.raw) > 1024 and len(embedded.body["data"]) == 100
+
+
+async def test_an_answer_whose_content_length_is_past_the_bound_is_refused_unread(
+    api: FakeAPI,
+) -> None:
+    api.set(reply="word " * 5000)  # about 25 KB of JSON, with its Content-Length
+    async with upstream(api, max_answer_bytes=4096) as client:
+        with pytest.raises(UpstreamError, match="too large: more than 4096 bytes"):
+            await client.chat(CHAT, request_id="r")
+        api.set(reply="Paris.")
+        assert (await client.chat(CHAT, request_id="r")).body["choices"][0]["message"]["content"]
+    assert api.count == 2
