@@ -36,6 +36,10 @@ forgets the recorded requests):
   result follows, the ``reply`` text, as a model that used one tool
 - ``failed_response``: a message: a streamed ``/v1/responses`` answer ends with
   ``response.failed`` (``status: failed``, ``error.code: server_error``, that message)
+- ``huge_reply_bytes``: a chat answer whose text is that many bytes (``a``), sent 1 MiB at a
+  time and never held whole: a plain answer's JSON body without a ``Content-Length``, or a
+  stream whose one content event is a single line that long (a server that answers far too
+  much); ``huge_sent`` counts the bytes that went out before the client left
 
 ``POST /v1/responses`` answers as OpenAI's Responses API does (:meth:`FakeAPI._responses`): a
 ``response`` object with the ``reply`` as one message item (cut by ``max_output_tokens``:
@@ -106,6 +110,7 @@ DEFAULTS: dict[str, Any] = {
     "oracle": None,
     "tool_call": None,
     "failed_response": None,
+    "huge_reply_bytes": None,
 }
 
 _ERROR_TYPES = {
@@ -238,6 +243,52 @@ class _SSE(Response):
                     self.api.open_streams -= 1
 
 
+class _Huge(Response):
+    """The knob ``huge_reply_bytes``: a chat answer of ``size`` bytes of text, sent a MiB at a
+    time (one MiB object, sent again and again), until it is all out or the client has left."""
+
+    def __init__(self, api: FakeAPI, base: dict[str, Any], size: int, *, stream: bool) -> None:
+        super().__init__(media_type="text/event-stream" if stream else "application/json")
+        self.raw_headers = [h for h in self.raw_headers if h[0] != b"content-length"]
+        self.api, self.size = api, size
+        if stream:
+            chunk = {**base, "object": "chat.completion.chunk"}
+            delta = '"choices":[{"index":0,"delta":{"content":"'
+            self.head = ("data: " + json.dumps(chunk)[:-1] + "," + delta).encode()
+            self.tail = b'"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+        else:
+            message = '"choices":[{"index":0,"message":{"role":"assistant","content":"'
+            self.head = (json.dumps(base)[:-1] + "," + message).encode()
+            self.tail = b'"},"finish_reason":"stop"}],"usage":null}'
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.create_task(watch())
+        piece = b"a" * (1 << 20)
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": self.head, "more_body": True})
+            left = self.size
+            while left > 0 and not gone.is_set():
+                out = piece if left >= len(piece) else piece[:left]
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+                left -= len(out)
+                with self.api._lock:
+                    self.api.huge_sent += len(out)
+                await asyncio.sleep(0)  # let the disconnect be seen
+            if gone.is_set():
+                return
+            await send({"type": "http.response.body", "body": self.tail, "more_body": False})
+        finally:
+            watcher.cancel()
+
+
 class FakeAPI:
     """An OpenAI-compatible server on ``host:port`` (port 0 picks a free one)."""
 
@@ -267,6 +318,7 @@ class FakeAPI:
         self.disconnects = 0
         self.resets = 0
         self.open_streams = 0  # event streams being sent now
+        self.huge_sent = 0  # bytes of huge_reply_bytes answers sent
         self._lock = threading.Lock()
         self._seq = 0
         self._stopping = False
@@ -299,7 +351,7 @@ class FakeAPI:
         with self._lock:
             for name, value in DEFAULTS.items():
                 setattr(self, name, value)
-            self.disconnects = self.resets = 0
+            self.disconnects = self.resets = self.huge_sent = 0
             self.requests.clear()
             self.request_times.clear()
 
@@ -435,6 +487,8 @@ class FakeAPI:
             "model": body.get("model", ""),
             "system_fingerprint": "fp_fake",
         }
+        if self.huge_reply_bytes is not None:
+            return _Huge(self, base, int(self.huge_reply_bytes), stream=bool(body.get("stream")))
         call = self._tool_call(body)
         if call is not None and not body.get("stream"):
             message = {"role": "assistant", "content": None, "tool_calls": [call]}

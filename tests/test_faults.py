@@ -1400,95 +1400,6 @@ def test_issue24_row5_a_client_key_reads_only_its_own_figures(tmp_path: Path, ap
     )
 
 
-# -- issue 39, row 1 (engine-fair): one key's long local work leaves another key's local answer
-# its turn. Key A holds 16 long local requests (its share of the HTTP slots): 4 decoding
-# ([local] parallel), 12 waiting; then key B asks for one short local answer. B's job must take
-# the first slot that frees, before A's waiting ones: when B's answer arrives, no more of A's
-# requests may have been answered than were decoding when B came (a first-come queue answered
-# all 16 first: B took 116 s, against 22-38 s, docs/reliability.md).
-
-_I39_ENGINE_FAIR_PARALLEL = 4
-_I39_ENGINE_FAIR_HELD = 16
-
-
-def _i39_engine_fair_answered(socks: list[socket.socket], got: dict[int, bytes]) -> int:
-    """How many of ``socks`` have had (the start of) their answer; what came is kept in ``got``."""
-    for index, sock in enumerate(socks):
-        if index not in got and (data := received(sock)):
-            got[index] = data
-    return len(got)
-
-
-def _i39_engine_fair_timed(served: Served, key: str, label: str) -> tuple[httpx.Response, float]:
-    headers = {"authorization": f"Bearer {key}", "x-request-id": rid(label), **TO_LOCAL}
-    started = time.perf_counter()
-    reply = post(served, chat_body(temperature=0), headers=headers, timeout=300)
-    return reply, time.perf_counter() - started
-
-
-def test_issue39_shares_one_keys_long_local_work_leaves_another_key_its_turn(
-    tmp_path: Path, api: FakeAPI
-) -> None:
-    db = tmp_path / "ledger.db"
-    hog = keys_mod.create(str(db), "hog", max_concurrency=_I39_ENGINE_FAIR_HELD)
-    other = keys_mod.create(str(db), "other")
-    config = {
-        "local": {
-            "parallel": _I39_ENGINE_FAIR_PARALLEL,
-            "timeout_s": 300.0,  # nothing times out in the queue: the order is what is tested
-            "max_queue": _I39_ENGINE_FAIR_HELD,
-        }
-    }
-    served = launch(tmp_path, api, db=db, config=config)
-    served.key = keys_mod.create(str(db), "ops", admin=True)  # it reads the full /healthz
-    socks: list[socket.socket] = []
-    answered: dict[int, bytes] = {}
-    try:
-        wait_ready(served)
-        assert served.health()["engine"]["parallel"] == _I39_ENGINE_FAIR_PARALLEL
-        _i39_engine_fair_timed(served, other, "i39-warm")
-        idle, idle_s = _i39_engine_fair_timed(served, other, "i39-idle")
-        assert idle.status_code == 200, idle.text
-        long_body = _long_local(max_tokens=500, temperature=0)
-        hog_auth = {"authorization": f"Bearer {hog}", **TO_LOCAL}
-        held = time.perf_counter()
-        for i in range(_I39_ENGINE_FAIR_HELD):
-            headers = {**hog_auth, "x-request-id": rid(f"i39-hog{i}")}
-            socks.append(raw_request(served, long_body, headers))
-        waiting = _I39_ENGINE_FAIR_HELD - _I39_ENGINE_FAIR_PARALLEL
-        deadline = time.monotonic() + 60
-        engine: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            engine = served.health()["engine"]
-            running = engine["active_sequences"] == _I39_ENGINE_FAIR_PARALLEL
-            if running and engine["queue_depth"] == waiting:
-                break
-            time.sleep(0.05)
-        assert engine["queue_depth"] == waiting, engine
-        before = _i39_engine_fair_answered(socks, answered)
-        loaded, loaded_s = _i39_engine_fair_timed(served, other, "i39-loaded")
-        after = _i39_engine_fair_answered(socks, answered)
-        first_hog_s = time.perf_counter() - held
-        depth = served.health()["engine"]["queue_depth"]
-    finally:
-        for sock in socks:
-            hard_close(sock)
-        stop(served)
-    print(
-        f"\nissue39 row1: key B's short local answer: {idle_s:.2f} s on an idle engine, "
-        f"{loaded_s:.2f} s behind key A's {_I39_ENGINE_FAIR_HELD} long requests "
-        f"({_I39_ENGINE_FAIR_PARALLEL} decoding, {waiting} waiting); A's answers before B "
-        f"came {before}, when B's answer came {after}; A's queue then {depth}; "
-        f"{first_hog_s:.1f} s from A's first request to B's answer"
-    )
-    assert loaded.status_code == 200, loaded.text
-    assert loaded.headers["x-frugal-route"] == "local"
-    assert before == 0, "A's requests were answered before B came: the row tested nothing"
-    # B took the first free slot: A's waiting requests were not served before it.
-    assert after <= _I39_ENGINE_FAIR_PARALLEL, (after, answered)
-    assert depth >= waiting - _I39_ENGINE_FAIR_PARALLEL, depth
-
-
 # -- issue 39, findings 1, 2 and 4: a reservation computed from the exact body sent ----------------
 #
 # Every upstream call is preceded by a reservation of the worst case of the exact body it posts;
@@ -1795,3 +1706,222 @@ def test_issue39_row4_a_cut_stream_is_charged_the_prompt_the_provider_bills(
     assert row["token_source"] == "usage_estimated"
     assert row["prompt_tokens"] >= floor
     assert row["api_cost_pusd"] >= _i39_money_body_usd("gpt-4o-mini", floor, 0) * 1e12
+
+
+# -- issue 39, row 1 (engine-fair): one key's long local work leaves another key's local answer
+# its turn. Key A holds 16 long local requests (its share of the HTTP slots): 4 decoding
+# ([local] parallel), 12 waiting; then key B asks for one short local answer. B's job must take
+# the first slot that frees, before A's waiting ones: when B's answer arrives, no more of A's
+# requests may have been answered than were decoding when B came (a first-come queue answered
+# all 16 first: B took 116 s, against 22-38 s, docs/reliability.md).
+
+_I39_ENGINE_FAIR_PARALLEL = 4
+_I39_ENGINE_FAIR_HELD = 16
+
+
+def _i39_engine_fair_answered(socks: list[socket.socket], got: dict[int, bytes]) -> int:
+    """How many of ``socks`` have had (the start of) their answer; what came is kept in ``got``."""
+    for index, sock in enumerate(socks):
+        if index not in got and (data := received(sock)):
+            got[index] = data
+    return len(got)
+
+
+def _i39_engine_fair_timed(served: Served, key: str, label: str) -> tuple[httpx.Response, float]:
+    headers = {"authorization": f"Bearer {key}", "x-request-id": rid(label), **TO_LOCAL}
+    started = time.perf_counter()
+    reply = post(served, chat_body(temperature=0), headers=headers, timeout=300)
+    return reply, time.perf_counter() - started
+
+
+def test_issue39_shares_one_keys_long_local_work_leaves_another_key_its_turn(
+    tmp_path: Path, api: FakeAPI
+) -> None:
+    db = tmp_path / "ledger.db"
+    hog = keys_mod.create(str(db), "hog", max_concurrency=_I39_ENGINE_FAIR_HELD)
+    other = keys_mod.create(str(db), "other")
+    config = {
+        "local": {
+            "parallel": _I39_ENGINE_FAIR_PARALLEL,
+            "timeout_s": 300.0,  # nothing times out in the queue: the order is what is tested
+            "max_queue": _I39_ENGINE_FAIR_HELD,
+        }
+    }
+    served = launch(tmp_path, api, db=db, config=config)
+    served.key = keys_mod.create(str(db), "ops", admin=True)  # it reads the full /healthz
+    socks: list[socket.socket] = []
+    answered: dict[int, bytes] = {}
+    try:
+        wait_ready(served)
+        assert served.health()["engine"]["parallel"] == _I39_ENGINE_FAIR_PARALLEL
+        _i39_engine_fair_timed(served, other, "i39-warm")
+        idle, idle_s = _i39_engine_fair_timed(served, other, "i39-idle")
+        assert idle.status_code == 200, idle.text
+        long_body = _long_local(max_tokens=500, temperature=0)
+        hog_auth = {"authorization": f"Bearer {hog}", **TO_LOCAL}
+        held = time.perf_counter()
+        for i in range(_I39_ENGINE_FAIR_HELD):
+            headers = {**hog_auth, "x-request-id": rid(f"i39-hog{i}")}
+            socks.append(raw_request(served, long_body, headers))
+        waiting = _I39_ENGINE_FAIR_HELD - _I39_ENGINE_FAIR_PARALLEL
+        deadline = time.monotonic() + 60
+        engine: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            engine = served.health()["engine"]
+            running = engine["active_sequences"] == _I39_ENGINE_FAIR_PARALLEL
+            if running and engine["queue_depth"] == waiting:
+                break
+            time.sleep(0.05)
+        assert engine["queue_depth"] == waiting, engine
+        before = _i39_engine_fair_answered(socks, answered)
+        loaded, loaded_s = _i39_engine_fair_timed(served, other, "i39-loaded")
+        after = _i39_engine_fair_answered(socks, answered)
+        first_hog_s = time.perf_counter() - held
+        depth = served.health()["engine"]["queue_depth"]
+    finally:
+        for sock in socks:
+            hard_close(sock)
+        stop(served)
+    print(
+        f"\nissue39 row1: key B's short local answer: {idle_s:.2f} s on an idle engine, "
+        f"{loaded_s:.2f} s behind key A's {_I39_ENGINE_FAIR_HELD} long requests "
+        f"({_I39_ENGINE_FAIR_PARALLEL} decoding, {waiting} waiting); A's answers before B "
+        f"came {before}, when B's answer came {after}; A's queue then {depth}; "
+        f"{first_hog_s:.1f} s from A's first request to B's answer"
+    )
+    assert loaded.status_code == 200, loaded.text
+    assert loaded.headers["x-frugal-route"] == "local"
+    assert before == 0, "A's requests were answered before B came: the row tested nothing"
+    # B took the first free slot: A's waiting requests were not served before it.
+    assert after <= _I39_ENGINE_FAIR_PARALLEL, (after, answered)
+    assert depth >= waiting - _I39_ENGINE_FAIR_PARALLEL, depth
+
+
+# -- issue 39, row 7: answers far too large, from a remote backend and from the upstream ----------
+# (branch bounds-backends; every bound at its default: [[local.backends]] max_answer_bytes 8 MiB,
+# [fallback] max_answer_bytes 32 MiB)
+
+_I39_BOUNDS_BACKENDS_HUGE = 200 * MB
+_I39_BOUNDS_BACKENDS_DEADLINE_S = 30.0  # base_config's [local] timeout_s: the request's deadline
+_I39_BOUNDS_BACKENDS_RSS = 100 * MB
+
+
+@pytest.fixture(scope="module")
+def _i39_bounds_backends_server(
+    tmp_path_factory: pytest.TempPathFactory, api: FakeAPI, remote_api: FakeAPI
+) -> Iterator[Lazy]:
+    """Live streams, and a remote backend (the second fake) rated the faster backend, so that
+    a request goes to it first and falls back to the API (the first fake)."""
+    backend = {
+        "name": "remote",
+        "api_base": remote_api.url,
+        "logprobs": False,
+        "prefill_tok_s": 100000.0,
+        "decode_tok_s": 100000.0,
+        "max_concurrency": 4,
+    }
+    yield from _lazy(
+        tmp_path_factory,
+        "i39-bounds-backends",
+        api,
+        local={"backends": [backend]},
+        router={"stream_mode": "live"},
+    )
+
+
+def _i39_bounds_backends_up(served: Served, timeout_s: float = 30.0) -> None:
+    """Wait until /healthz shows the remote backend up (its first probe answered)."""
+
+    def states(value: Any) -> Iterator[str]:
+        if isinstance(value, dict):
+            if value.get("name") == "remote" and isinstance(value.get("state"), str):
+                yield value["state"]
+            for item in value.values():
+                yield from states(item)
+        elif isinstance(value, list):
+            for item in value:
+                yield from states(item)
+
+    deadline = time.monotonic() + timeout_s
+    while "up" not in set(states(served.health())):
+        assert time.monotonic() < deadline, "the remote backend never came up"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    ("source", "stream"),
+    [
+        pytest.param(source, stream, id=f"row7-{source}-{'stream' if stream else 'json'}")
+        for source in ("backend", "upstream")
+        for stream in (False, True)
+    ],
+)
+def test_issue39_row7_an_answer_far_too_large_is_cut_within_the_deadline(
+    _i39_bounds_backends_server: Lazy,
+    api: FakeAPI,
+    remote_api: FakeAPI,
+    source: str,
+    stream: bool,
+) -> None:
+    """A 200 MB answer (a JSON body, or a stream whose one event is a 200 MB line) is read up
+    to its bound and no further: a backend's is a failure of the backend and the request falls
+    back to the API; the upstream's is a 502 that says it was too large. Either way the proxy's
+    memory stays bounded and the request ends within its deadline."""
+    served = _i39_bounds_backends_server.get()
+    _i39_bounds_backends_up(served)
+    fake = remote_api if source == "backend" else api
+    fake.set(huge_reply_bytes=_I39_BOUNDS_BACKENDS_HUGE)
+    request_id = rid(f"i39r7-{source}-{stream}")
+    headers = {"x-request-id": request_id}
+    if source == "upstream":
+        headers.update(TO_API)
+    body = chat_body(stream=True) if stream else chat_body()
+    with (
+        RssWatch([served.proc.pid], kill_above=RSS_KILL) as watch,
+        HealthPoller(served.base, timeout_s=10.0) as poller,
+    ):
+        started = time.perf_counter()
+        try:
+            response: httpx.Response | None = post(served, body, headers=headers, timeout=120)
+        except httpx.HTTPError:  # a timeout, or the server killed by the watch
+            response = None
+        elapsed = time.perf_counter() - started
+    grown = watch.growth(served.proc.pid)
+    status = response.status_code if response is not None else "no answer"
+    print(
+        f"\nissue39 row7 {source} {'stream' if stream else 'json'}: a "
+        f"{_I39_BOUNDS_BACKENDS_HUGE // MB} MB answer ({fake.huge_sent // MB} MB of it sent "
+        f"before the proxy left): HTTP {status} in {elapsed:.2f} s "
+        f"(route {response.headers.get('x-frugal-route') if response is not None else None}), "
+        f"proxy RSS +{grown / MB:.1f} MB; /healthz polled {len(poller.latencies)} times, "
+        f"worst {poller.max_ms} ms"
+    )
+    assert not watch.killed, f"RSS passed {RSS_KILL // MB} MB: killed {watch.killed}"
+    assert response is not None, "no answer within 120 s"
+    assert grown < _I39_BOUNDS_BACKENDS_RSS
+    assert elapsed < _I39_BOUNDS_BACKENDS_DEADLINE_S + 5
+    assert not poller.failures, poller.failures[:5]
+    if source == "backend":
+        assert remote_api.count >= 1, "the remote backend was not asked"
+        assert response.status_code == 200, response.text[:500]
+        assert response.headers["x-frugal-route"] == "api"
+        assert response.headers["x-frugal-reason"] == "local_error"
+        assert api.count == 1
+        if stream:
+            assert REPLY.split()[-1] in response.text and "[DONE]" in response.text
+        else:
+            assert response.json()["choices"][0]["message"]["content"] == REPLY
+        assert one_row(served, request_id)["status"] == 200
+    else:
+        assert api.count == 1  # not retried: the API did the work
+        if response.status_code == 502:
+            error = response.json()["error"]
+        else:  # the stream had started: its last event is the error, then [DONE]
+            assert stream and response.status_code == 200, response.text[:500]
+            events = [e for e in response.text.split("\n\n") if e.startswith("data: {")]
+            error = json.loads(events[-1][6:])["error"]
+            assert response.text.rstrip().endswith("data: [DONE]")
+        assert error["type"] == "upstream_error", error
+        assert "too large" in error["message"] and "max_answer_bytes" in error["message"], error
+        row = one_row(served, request_id)  # a stream that had started: a 200 with its error
+        assert (row["status"], row["error"]) == (200 if stream else 502, "upstream_failed"), row

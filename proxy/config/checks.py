@@ -90,6 +90,7 @@ def validate(settings: Settings) -> Settings:
     _check_range("[fallback] connect_timeout_s", s.fallback.connect_timeout_s, 0.1)
     _check_range("[fallback] max_retries", s.fallback.max_retries, 0, 10)
     _check_range("[fallback] usage_wait_s", s.fallback.usage_wait_s, 0.0, 60.0)
+    _check_range("[fallback] max_answer_bytes", s.fallback.max_answer_bytes, 1024, 1 << 30)
     if s.fallback.api_base and not s.fallback.api_base.startswith(("http://", "https://")):
         raise ConfigError(
             f"[fallback] api_base = {s.fallback.api_base!r}: expected an http:// or https:// URL"
@@ -172,6 +173,7 @@ def _validate_backends(backends: tuple[BackendSettings, ...]) -> None:
         _check_range(f"{where} prefill_tok_s", b.prefill_tok_s, 0.0)
         _check_range(f"{where} decode_tok_s", b.decode_tok_s, 0.0)
         _check_range(f"{where} probe_timeout_s", b.probe_timeout_s, 0.1, 60.0)
+        _check_range(f"{where} max_answer_bytes", b.max_answer_bytes, 1024, 1 << 30)
 
 
 def _check_ledger_url(ledger: LedgerSettings) -> None:

@@ -86,6 +86,7 @@ class BackendSettings:
     decode_tok_s: float = 0.0
     logprobs: bool = True
     probe_timeout_s: float = 2.0
+    max_answer_bytes: int = 8 * 1024 * 1024  # past it, an answer (or a stream) is a failure
 
     def api_key(self) -> str | None:
         """The backend's bearer key, read from the environment; None when there is none."""
@@ -129,6 +130,7 @@ class FallbackSettings:
     models: dict[str, str] = field(default_factory=dict)
     usage_wait_s: float = 5.0  # how long a stream whose client left is read on, for its usage
     responses: str = "responses"  # /v1/responses falls back to the API's own, or "translate"
+    max_answer_bytes: int = 32 * 1024 * 1024  # an answer's body, or one event of a stream
 
     def api_key(self) -> str | None:
         """The upstream key, read from the environment; None when it is not set."""

@@ -34,11 +34,21 @@ API. A down backend is probed again with backoff (0.5 s doubling to 30 s) and us
 probe answers. No wait ever outlives the request's deadline. A server that answers wrongly (an
 answer that is not JSON, a model list without the configured model, another model's answer:
 :mod:`proxy.routing.remote_health`) is marked down too, with the reason in ``/healthz``.
+
+Size: an answer is read chunk by chunk, never past ``max_answer_bytes`` (a JSON body, a
+stream's bytes with a line that never ends, a probe's model list): past it the connection is
+dropped and the call fails (:class:`~proxy.routing.remote_stream.AnswerTooLarge`, an
+:class:`~proxy.errors.EngineCrashed`: the request goes to the API). A body over
+:data:`PARSE_IN_THREAD_BYTES` is parsed in a thread, inside the call's deadline; the answer is
+scored in a thread, and a score not done by the request's deadline is an
+:class:`~proxy.errors.EngineTimeout` (the thread finishes on its own, on an answer that the
+bound keeps small).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
@@ -60,7 +70,13 @@ from proxy.routing.remote_health import answer_problem, listing_problem
 from proxy.routing.remote_kinds import KINDS
 from proxy.routing.remote_load import SOURCES, Load, LoadWatch, read_load, with_foreign
 from proxy.routing.remote_rates import RemoteRates
-from proxy.routing.remote_stream import Relay, StreamCut
+from proxy.routing.remote_stream import (
+    AnswerTooLarge,
+    Relay,
+    StreamCut,
+    bounded_lines,
+    read_bounded,
+)
 from proxy.routing.remote_wire import (
     Wire,
     completion_body,
@@ -80,6 +96,28 @@ STOP_GRACE_S = 1.0  # how long a cancelled call or watch may take to end
 # (the race is told at proxy.upstream.direct_route.KEEPALIVE_S)
 _KEEPALIVE_S = 4.0
 WRONG_ANSWER_PAUSE_S = 2.0  # a backend that answered wrongly is probed again after this
+PARSE_IN_THREAD_BYTES = 256 * 1024  # a JSON answer (or stream line) this big is parsed in a thread
+ERROR_BODY_BYTES = 64 * 1024  # the most read of a refusal's body (for its message)
+_NOT_PARSED = object()
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """A server's answer to one POST: its ``status``, its ``body`` (a refusal's, cut to
+    :data:`ERROR_BODY_BYTES`), and the JSON a 200 parsed to (or ``_NOT_PARSED``)."""
+
+    status: int
+    body: bytes = b""
+    parsed: Any = _NOT_PARSED
+
+    def json(self) -> Any:
+        if self.parsed is _NOT_PARSED:
+            raise ValueError("the answer is not JSON")
+        return self.parsed
+
+    def error(self) -> str:
+        """A refusal's status and message, for the log (remote_wire.error_of)."""
+        return error_of(httpx.Response(self.status, content=self.body))
 
 
 @dataclass(frozen=True)
@@ -140,7 +178,7 @@ class RemoteBackend(Backend):
             prefill_tok_s=settings.prefill_tok_s, decode_tok_s=settings.decode_tok_s, prior=prior
         )
         self._slots = Slots(settings.max_concurrency)
-        self._calls: set[asyncio.Task[httpx.Response]] = set()  # POSTs in flight
+        self._calls: set[asyncio.Task[_Reply]] = set()  # POSTs in flight
         self._client: httpx.AsyncClient | None = None
         self._prober: asyncio.Task[None] | None = None
         self._checks: set[asyncio.Task[None]] = set()
@@ -206,8 +244,8 @@ class RemoteBackend(Backend):
             # asyncio.timeout, not wait_for: on Python 3.11, wait_for can lose a cancellation
             # that arrives just as the probe's answer does, and the caller then never stops.
             async with asyncio.timeout(self.settings.probe_timeout_s):
-                response = await self._client.get(self._probe_url())
-        except (httpx.HTTPError, TimeoutError) as exc:
+                response = await self._get(self._probe_url())
+        except (httpx.HTTPError, TimeoutError, AnswerTooLarge) as exc:
             self.error = f"health probe: {type(exc).__name__}"
             return False
         if response.status_code >= 500:
@@ -232,12 +270,19 @@ class RemoteBackend(Backend):
             return None
         try:
             async with asyncio.timeout(self.settings.probe_timeout_s):
-                response = await self._client.get("models")
-        except (httpx.HTTPError, TimeoutError) as exc:
+                response = await self._get("models")
+        except (httpx.HTTPError, TimeoutError, AnswerTooLarge) as exc:
             return f"its model list: {type(exc).__name__}"
         if response.status_code != 200:
             return f"its model list: HTTP {response.status_code}"
         return listing_problem(self.server, response, self.settings.model)
+
+    async def _get(self, url: str) -> httpx.Response:
+        """``GET url``, its body read up to ``max_answer_bytes`` (else AnswerTooLarge)."""
+        assert self._client is not None
+        async with self._client.stream("GET", url) as response:
+            raw = await read_bounded(response.aiter_bytes(), self.settings.max_answer_bytes)
+        return httpx.Response(response.status_code, content=raw)
 
     def _hint_kind(self, response: httpx.Response) -> None:
         """Once: say so when a backend left as ``openai-compatible`` is llama-cpp-python's server,
@@ -413,19 +458,19 @@ class RemoteBackend(Backend):
             self.stats,
         )
         response = await self._call(self._send(body, relay, path), deadline, expected_s, relay)
-        if response.status_code == 400 and body.get("logprobs") and not request.get("logprobs"):
+        if response.status == 400 and body.get("logprobs") and not request.get("logprobs"):
             # A server that refuses logprobs: ask again without, and stop asking.
             self.logprobs = False
             body = self._body(request, cap, stream, kind)
             response = await self._call(self._send(body, relay, path), deadline, expected_s, relay)
         elapsed = time.perf_counter() - started
-        if response.status_code >= 500:
+        if response.status >= 500:
             self.stats.failures += 1
-            self._check_soon(f"HTTP {response.status_code}")
-            raise EngineCrashed(f"backend {self.name} answered HTTP {response.status_code}")
-        if response.status_code != 200:
+            self._check_soon(f"HTTP {response.status}")
+            raise EngineCrashed(f"backend {self.name} answered HTTP {response.status}")
+        if response.status != 200:
             self.stats.failures += 1
-            raise EngineCrashed(f"backend {self.name} refused the request: {error_of(response)}")
+            raise EngineCrashed(f"backend {self.name} refused the request: {response.error()}")
         try:
             completion = response.json()
             # the shape is checked here: a chat message, or a legacy completion's text
@@ -454,9 +499,19 @@ class RemoteBackend(Backend):
         info["stop_cause"] = stop_cause(completion, cap)
         scored = {**request, "max_tokens": request.get("max_tokens") or cap} if text else request
         try:
-            verdict = await asyncio.to_thread(
-                partial(self.gate.score_answer, text=text), scored, {**completion, "frugal": info}
-            )
+            # asyncio.timeout, not wait_for (see probe); the thread, which cannot be stopped,
+            # finishes on its own after the deadline, on an answer the size bound keeps small.
+            async with asyncio.timeout(left(deadline)):
+                verdict = await asyncio.to_thread(
+                    partial(self.gate.score_answer, text=text),
+                    scored,
+                    {**completion, "frugal": info},
+                )
+        except TimeoutError:
+            self.stats.timeouts += 1
+            raise EngineTimeout(
+                f"backend {self.name}'s answer was not scored before the deadline"
+            ) from None
         except Exception as exc:  # noqa: BLE001 - as a failure in the engine worker's gate
             raise EngineCrashed(f"scoring the answer of backend {self.name} failed") from exc
         info["quality"] = verdict
@@ -467,33 +522,44 @@ class RemoteBackend(Backend):
 
     async def _send(
         self, body: dict[str, Any], relay: Relay, path: str = "chat/completions"
-    ) -> httpx.Response:
-        """POST ``body`` to ``path``; a stream is read to its end here, its text handed to
-        ``relay`` as it comes, and its answer returned as the JSON a non-streamed call would
-        have had."""
+    ) -> _Reply:
+        """POST ``body`` to ``path``, the answer read up to ``max_answer_bytes``; a stream is
+        read to its end here, its text handed to ``relay`` as it comes, and its answer
+        returned as the JSON a non-streamed call would have had."""
         assert self._client is not None
-        if not body.get("stream"):
-            return await self._client.post(path, json=body)
+        limit = self.settings.max_answer_bytes
         async with self._client.stream("POST", path, json=body) as response:
             if response.status_code != 200:
-                await response.aread()
-                return response
+                refusal = await read_bounded(response.aiter_bytes(), ERROR_BODY_BYTES, cut=True)
+                return _Reply(response.status_code, refusal)
+            if not body.get("stream"):
+                raw = await read_bounded(response.aiter_bytes(), limit)
+                try:
+                    parsed = await _parse(raw)
+                except ValueError:
+                    return _Reply(200)  # not JSON: the caller says so
+                return _Reply(200, parsed=parsed)
             answer = relay.start()
-            async for line in response.aiter_lines():
+            async for line in bounded_lines(response.aiter_bytes(), limit):
                 if line.startswith("data:"):
-                    relay.say(answer.feed(line[5:].strip()))
+                    data = line[5:].strip()
+                    if len(data) > PARSE_IN_THREAD_BYTES:
+                        piece = await asyncio.to_thread(answer.feed, data)
+                    else:
+                        piece = answer.feed(data)
+                    relay.say(piece)
                     if answer.done:
                         break
             completion = answer.completion()  # StreamCut when it ended without a finish
-        return httpx.Response(200, json=completion)
+        return _Reply(200, parsed=completion)
 
     async def _call(
         self,
-        send: Coroutine[Any, Any, httpx.Response],
+        send: Coroutine[Any, Any, _Reply],
         deadline: float,
         expected_s: float,
         relay: Relay,
-    ) -> httpx.Response:
+    ) -> _Reply:
         """Run ``send``; ends early with BackendDown when the backend is found dead, and with
         EngineTimeout at the deadline. Once ``relay`` has handed on a token, a failure is
         EngineCrashed: the request cannot move to another backend mid-answer."""
@@ -522,7 +588,7 @@ class RemoteBackend(Backend):
         self._check_soon("no answer before the deadline")
         raise EngineTimeout(f"backend {self.name} did not answer before the deadline")
 
-    async def _watch(self, expected_s: float, call: asyncio.Task[httpx.Response]) -> None:
+    async def _watch(self, expected_s: float, call: asyncio.Task[_Reply]) -> None:
         """Returns when the backend is found dead while ``call`` runs: after twice the call's
         predicted time (at least 2 s more), then at doubling intervals, a probe must answer.
         It also returns as soon as ``call`` is over, so that a cancellation it never received
@@ -587,10 +653,20 @@ def backend_failure(name: str, exc: Exception) -> EngineCrashed:
     This is not :func:`proxy.upstream.failures.translate`, which tells a client how the paid API
     failed: a local backend that fails is a reason to try another backend, or the API. An httpx
     transport error (refused, reset, timed out, cut off) is :class:`BackendDown`, and the caller
-    marks the backend down; anything else is :class:`~proxy.errors.EngineCrashed`.
+    marks the backend down; anything else (an answer past ``max_answer_bytes`` too) is
+    :class:`~proxy.errors.EngineCrashed`.
     """
     if isinstance(exc, httpx.TransportError):
         return BackendDown(f"backend {name} is unreachable: {exc!r}")
+    if isinstance(exc, AnswerTooLarge):  # not marked down: another request's answer may fit
+        return EngineCrashed(f"backend {name}'s answer was too large: {exc}")
     if isinstance(exc, StreamCut | ValueError):  # a cut stream, or an event that is not JSON
         return EngineCrashed(f"backend {name}'s stream broke off: {exc}")
     return EngineCrashed(f"backend {name}: {type(exc).__name__}")
+
+
+async def _parse(raw: bytes) -> Any:
+    """JSON of ``raw``: in a thread when it is big, so that the loop is not held meanwhile."""
+    if len(raw) > PARSE_IN_THREAD_BYTES:
+        return await asyncio.to_thread(json.loads, raw)
+    return json.loads(raw)

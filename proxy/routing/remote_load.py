@@ -23,6 +23,7 @@ The predictor adds the *foreign* requests, those other clients sent (published r
 waiting, minus the requests of ours in flight when the reading came back), to the work ahead of
 a new request (:func:`with_foreign`). A reading that failed, that has no counts, or that is older
 than ``STALE_S`` adds nothing: the prediction is then what it was without published load.
+A page is read up to ``PAGE_BYTES``; a bigger one is skipped like an unreadable one.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import httpx
 import structlog
 
 from proxy.engine.rates import PendingWork
+from proxy.routing.remote_stream import AnswerTooLarge, read_bounded
 
 log = structlog.get_logger(__name__)
 
@@ -56,6 +58,7 @@ INTERVAL_S = 1.0  # between readings, while the backend is in use
 IDLE_S = 10.0  # no prediction or answer for this long: stop reading
 STALE_S = 5.0  # a reading older than this is not used
 READ_TIMEOUT_S = 1.0
+PAGE_BYTES = 1024 * 1024  # the most read of one load page; a bigger one is skipped as unreadable
 
 # Prometheus names of (running, waiting) per kind
 _COUNTERS: dict[str, tuple[str, str]] = {
@@ -212,16 +215,19 @@ async def read_load(
     root = root_of(api_base)
     for path in paths:
         try:
-            async with asyncio.timeout(READ_TIMEOUT_S):
-                response = await client.get(root + path)
-        except (httpx.HTTPError, TimeoutError) as exc:
+            async with (
+                asyncio.timeout(READ_TIMEOUT_S),
+                client.stream("GET", root + path) as response,
+            ):
+                page = await read_bounded(response.aiter_bytes(), PAGE_BYTES)
+        except (httpx.HTTPError, TimeoutError, AnswerTooLarge) as exc:
             errors.append(f"{path}: {type(exc).__name__}")
             continue
         if response.status_code != 200:
             errors.append(f"{path}: HTTP {response.status_code}")
             continue
         try:
-            found = parse(kind, path, response.text)
+            found = parse(kind, path, page.decode("utf-8", "replace"))
         except BadLoad as exc:
             errors.append(str(exc))
             continue

@@ -5,6 +5,11 @@
     StreamCut        the stream ended without a finish reason, or with an error event
     Relay            the tokens on their way to the client (``on_token``), and whether any has
                      gone yet: after the first one, a failure may no longer move the request
+    read_bounded     a body read chunk by chunk, never past its byte limit
+    bounded_lines    a stream's lines, its bytes (one unfinished line included) never past
+                     its byte limit
+    AnswerTooLarge   what both raise past the limit (``[[local.backends]] max_answer_bytes``):
+                     a failure of the backend, and the request goes on to the API
 
 Imports :mod:`proxy.routing.base` and :mod:`proxy.errors` only.
 """
@@ -12,13 +17,21 @@ Imports :mod:`proxy.routing.base` and :mod:`proxy.errors` only.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from proxy.errors import EngineCrashed
 from proxy.routing.base import BackendDown
 
-__all__ = ["Counters", "Relay", "StreamCut", "StreamedAnswer"]
+__all__ = [
+    "AnswerTooLarge",
+    "Counters",
+    "Relay",
+    "StreamCut",
+    "StreamedAnswer",
+    "bounded_lines",
+    "read_bounded",
+]
 
 
 class Counters(Protocol):
@@ -31,6 +44,53 @@ class Counters(Protocol):
 class StreamCut(Exception):
     """A server's stream ended without a finish reason (llama-cpp-python's model lock ends a
     stream with ``[DONE]`` when another request arrives), or with an error event."""
+
+
+class AnswerTooLarge(Exception):
+    """A server's answer (its body, or its stream so far) passed the backend's byte limit."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"more than {limit} bytes ([[local.backends]] max_answer_bytes)")
+        self.limit = limit
+
+
+async def read_bounded(chunks: AsyncIterator[bytes], limit: int, *, cut: bool = False) -> bytes:
+    """The bytes of ``chunks`` up to ``limit``: past it, :class:`AnswerTooLarge`, or with
+    ``cut`` the first ``limit`` bytes (an error's body, read for its message only). The caller
+    closes the response, which drops a connection left unread."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            if not cut:
+                raise AnswerTooLarge(limit)
+            parts.append(chunk[: len(chunk) - (size - limit)])
+            break
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def bounded_lines(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[str]:
+    """The lines of a stream (without their ends), as they come; once ``limit`` bytes have
+    come (a line that never ends included), :class:`AnswerTooLarge`. An unfinished line is
+    kept as its pieces and joined once, when its end comes."""
+    held: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise AnswerTooLarge(limit)
+        if b"\n" not in chunk:
+            held.append(chunk)
+            continue
+        data = b"".join((*held, chunk)) if held else chunk
+        *lines, rest = data.split(b"\n")
+        held = [rest] if rest else []
+        for line in lines:
+            yield line.removesuffix(b"\r").decode("utf-8", "replace")
+    if held:
+        yield b"".join(held).removesuffix(b"\r").decode("utf-8", "replace")
 
 
 class StreamedAnswer:

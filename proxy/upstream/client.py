@@ -32,7 +32,9 @@ nowhere else, and only where the API cannot have done (and billed) the work alre
 was sent, a body cut short, any other 4xx; and a stream is never retried once
 :meth:`Upstream.chat_stream` has returned it. The rule is in :mod:`proxy.upstream.failures`.
 ``timeout_s`` bounds each wait for upstream's next bytes (as httpx's read timeout did),
-``connect_timeout_s`` each new connection.
+``connect_timeout_s`` each new connection, and ``max_answer_bytes`` the bytes read of one
+answer (or of one event of a stream; an embeddings answer may also take
+:data:`EMBEDDING_BYTES` per input): past it, a 502 that says the answer was too large.
 
 Every call says how many attempts it made: :attr:`UpstreamResponse.attempts` on success,
 :attr:`UpstreamStream.attempts` on a stream, and ``attempts`` on the :class:`ProxyError` it
@@ -97,6 +99,10 @@ _POST_PARAMETERS: dict[str, frozenset[str]] = {
     EMBEDDINGS_PATH: frozenset(EMBEDDINGS_PARAMETERS),
 }
 _CHAT = frozenset(CHAT_PARAMETERS)
+EMBEDDING_BYTES = 128 * 1024
+"""The bytes one embedding may take in an answer: 3,072 floats as JSON text come to about
+70 KB. An embeddings answer may be ``max_answer_bytes`` or this much per input, whichever is
+more (2,048 inputs of OpenAI's largest model, as JSON floats, are about 140 MB)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,15 +249,22 @@ class Upstream(Closing):
         """
         if path not in _POST_PARAMETERS:
             raise ValueError(f"post_json does not know the endpoint {path!r}")
-        return await self.post_direct(path, self.sent(path, body), request_id=request_id)
+        sent = self.sent(path, body)
+        limit = None
+        if path == EMBEDDINGS_PATH:  # a batch's vectors: up to EMBEDDING_BYTES each
+            inputs = sent.get("input")
+            count = len(inputs) if isinstance(inputs, list) else 1
+            limit = max(self._settings.max_answer_bytes, count * EMBEDDING_BYTES)
+        return await self.post_direct(path, sent, request_id=request_id, limit=limit)
 
     async def post_direct(
-        self, path: str, body: dict[str, Any], *, request_id: str
+        self, path: str, body: dict[str, Any], *, request_id: str, limit: int | None = None
     ) -> UpstreamResponse:
         """POST a ``body`` the caller built from its own allow-list to ``api_base + path``
-        (:mod:`proxy.upstream.responses_api`), JSON back, under the retry policy."""
+        (:mod:`proxy.upstream.responses_api`), JSON back, under the retry policy; an answer
+        of at most ``limit`` bytes (by default ``[fallback] max_answer_bytes``)."""
         self._direct.ready()
-        return await self._answered(self._direct.post, path, body, request_id)
+        return await self._answered(self._direct.post, path, body, request_id, limit)
 
     async def open_direct(
         self, path: str, body: dict[str, Any], *, request_id: str
@@ -287,4 +300,5 @@ class Upstream(Closing):
             strip_usage=strip_usage,
             latency_s=time.perf_counter() - started,
             attempts=tries,
+            max_event_bytes=self._settings.max_answer_bytes,
         )

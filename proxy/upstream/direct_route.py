@@ -11,10 +11,18 @@ in ``bench/README.md``). A proxy set in ``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PRO
 Each method is one attempt; :class:`~proxy.upstream.client.Upstream` retries it. A status of
 300 or more becomes a :class:`~proxy.errors.ProxyError` through
 :func:`proxy.upstream.failures.status_error`.
+
+An answer's body is read chunk by chunk up to ``[fallback] max_answer_bytes``
+(:func:`read_bounded`): a bigger one is cut off there, its connection dropped, and the call
+fails with a 502 that says so (never retried: the API has done the work). A body over
+:data:`PARSE_IN_THREAD_BYTES` is parsed in a thread, so that the event loop (``/healthz``, the
+other requests) is not held while it is. An error status's body is read up to
+:data:`ERROR_BODY_BYTES` only: what is past it is not needed to tell the client.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.parse
 import urllib.request
@@ -27,7 +35,7 @@ from yarl import URL
 from proxy.config import FallbackSettings
 from proxy.errors import UpstreamError
 from proxy.upstream.failures import status_error
-from proxy.upstream.route import Answer, Opened
+from proxy.upstream.route import Answer, Opened, too_large
 
 MAX_CONNECTIONS = 64
 KEEPALIVE_S = 4.0
@@ -35,6 +43,13 @@ KEEPALIVE_S = 4.0
 servers of vLLM, llama-cpp-python, our fake API) and llama-server close an idle connection. Kept
 longer, a request can be written into a connection just as the server closes it; it is then reset
 and, being possibly billed, not retried: a 502 for nothing."""
+
+PARSE_IN_THREAD_BYTES = 256 * 1024
+"""A JSON answer bigger than this is parsed in a thread; a smaller one on the loop, where a
+thread's hand-over would cost more than the parse (the hot path)."""
+ERROR_BODY_BYTES = 64 * 1024
+"""The most bytes of an error status's body read (for the API's own error message)."""
+_CHUNK = 64 * 1024
 
 _encode = json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
 
@@ -85,8 +100,11 @@ class DirectRoute:
     async def complete(self, forward: dict[str, Any], request_id: str) -> Answer:
         return await self.post("/chat/completions", forward, request_id)
 
-    async def post(self, path: str, body: dict[str, Any], request_id: str) -> Answer:
-        """One POST of ``body`` to ``api_base + path``; its status, JSON object and bytes."""
+    async def post(
+        self, path: str, body: dict[str, Any], request_id: str, limit: int | None = None
+    ) -> Answer:
+        """One POST of ``body`` to ``api_base + path``; its status, JSON object and bytes (at
+        most ``limit`` of them: by default ``[fallback] max_answer_bytes``)."""
         session, url = self._ready(), self._url(path)
         content = _encode(body).encode()
         async with session.post(
@@ -96,11 +114,12 @@ class DirectRoute:
             proxy=self._proxy,
             allow_redirects=False,
         ) as response:
-            raw = await response.read()
             status = response.status
             if status >= 300:
+                raw = await read_bounded(response, ERROR_BODY_BYTES, cut=True)
                 raise status_error(status, response.headers, raw)
-        data = json.loads(raw)
+            raw = await read_bounded(response, limit or self._settings.max_answer_bytes)
+        data = json.loads(raw) if len(raw) <= PARSE_IN_THREAD_BYTES else await _parse(raw)
         if not isinstance(data, dict):
             raise UpstreamError("the upstream API answered with JSON that is not an object")
         return status, data, raw
@@ -121,7 +140,7 @@ class DirectRoute:
         if response.status < 300:
             return Opened(response.content.iter_any(), _closer(response))
         try:
-            raw = await response.read()
+            raw = await read_bounded(response, ERROR_BODY_BYTES, cut=True)
         finally:
             response.release()
         raise status_error(response.status, response.headers, raw)
@@ -136,6 +155,36 @@ class DirectRoute:
         if url is None:
             url = self._urls[path] = URL(self._base + "/" + path.lstrip("/"))
         return url
+
+
+async def read_bounded(response: aiohttp.ClientResponse, limit: int, *, cut: bool = False) -> bytes:
+    """The body of ``response``, read chunk by chunk (decompressed) up to ``limit`` bytes.
+
+    Past ``limit`` the connection is dropped and, unless ``cut`` (then the first ``limit``
+    bytes are the body), :class:`~proxy.errors.UpstreamError` says the answer was too large. A
+    ``Content-Length`` over the limit fails before a byte is read."""
+    declared = response.content_length
+    if declared is not None and declared > limit and not cut:
+        response.close()
+        raise too_large("answer", limit)
+    if declared is not None and declared <= limit and "content-encoding" not in response.headers:
+        return await response.read()  # exactly the bytes declared: the hot path, as before
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(_CHUNK):
+        size += len(chunk)
+        if size > limit:
+            response.close()
+            if not cut:
+                raise too_large("answer", limit)
+            parts.append(chunk[: len(chunk) - (size - limit)])
+            break
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def _parse(raw: bytes) -> Any:
+    return await asyncio.to_thread(json.loads, raw)
 
 
 def _headers(request_id: str) -> dict[str, str]:

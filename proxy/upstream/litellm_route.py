@@ -13,6 +13,12 @@ this route sets itself (:data:`LITELLM_OWN_KWARGS`), never a client's ``api_base
 litellm either: there it is litellm's own logging and routing metadata, not OpenAI's. litellm's
 own retries are turned off; the client's :class:`~proxy.upstream.retry.RetryPolicy` retries.
 
+Size: litellm reads the provider's answer itself, with a client of its own that differs by
+provider (an ``openai.AsyncOpenAI`` for some, its own httpx handler for others), so the read is
+not bounded here. What is bounded is what it hands back: an answer whose JSON is over
+``[fallback] max_answer_bytes`` is refused with the same 502 as on the direct route, and a
+stream's events are held to it by :class:`~proxy.upstream.stream.UpstreamStream`.
+
 :class:`LitellmRoute` is a :class:`~proxy.upstream.route.Route`: each call is one attempt.
 """
 
@@ -28,7 +34,7 @@ from typing import Any
 from proxy import logs
 from proxy.config import FallbackSettings
 from proxy.params import CHAT_PARAMETERS, forwarded
-from proxy.upstream.route import Answer, Opened
+from proxy.upstream.route import Answer, Opened, too_large
 
 __all__ = [
     "LITELLM_OWN_KWARGS",
@@ -79,6 +85,8 @@ class LitellmRoute:
 
     async def complete(self, forward: dict[str, Any], request_id: str) -> Answer:
         data, raw = answer_of(await self.call(self.kwargs(forward, request_id)))
+        if len(raw) > self._settings.max_answer_bytes:
+            raise too_large("answer", self._settings.max_answer_bytes)
         return 200, data, raw
 
     async def open_stream(self, forward: dict[str, Any], request_id: str) -> Opened:

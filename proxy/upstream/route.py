@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from proxy.config import FallbackSettings
+from proxy.errors import UpstreamError
 
 Answer = tuple[int, dict[str, Any], bytes]
 """A non-streamed answer: its HTTP status, its JSON object (a ``chat.completion``), and the
@@ -70,6 +71,15 @@ class Route(Protocol):
 
 
 DIRECT = "direct"
+
+
+def too_large(what: str, limit: int) -> UpstreamError:
+    """The 502 of an upstream ``what`` ("answer", "stream event") read past ``limit`` bytes
+    (``[fallback] max_answer_bytes``), whatever the route."""
+    return UpstreamError(
+        f"the upstream API's {what} was too large: more than {limit} bytes "
+        "([fallback] max_answer_bytes)"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

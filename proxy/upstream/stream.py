@@ -9,6 +9,11 @@ A stream whose client left is not simply dropped: the API bills every token it g
 :meth:`UpstreamStream.drain` reads on (sending nothing) for a bounded time, so that the usage
 chunk can still come, and :meth:`UpstreamStream.generated` gives the text that did come (the
 events are kept, up to :data:`KEPT_BYTES`), for a count of its tokens when no usage came.
+
+One event is held until it is whole, and no longer than ``max_event_bytes`` (``[fallback]
+max_answer_bytes``): an event (a line without its end) that grows past it ends the stream with
+:class:`~proxy.errors.UpstreamError`. Its pieces are kept as they came and joined once, when
+its end arrives, so an event that grows read by read is not copied again at each read.
 """
 
 from __future__ import annotations
@@ -21,12 +26,15 @@ from typing import Any, Self
 import anyio
 
 from proxy.upstream.failures import translate
+from proxy.upstream.route import too_large
 
-__all__ = ["KEPT_BYTES", "Generated", "UpstreamStream"]
+__all__ = ["KEPT_BYTES", "MAX_EVENT_BYTES", "Generated", "UpstreamStream"]
 
 KEPT_BYTES = 4 * 1024 * 1024
 """Bytes of a stream's events kept for counting what was generated; past it, only the bytes are
 counted, and the text kept stands for the rest in proportion."""
+MAX_EVENT_BYTES = 32 * 1024 * 1024
+"""The default bound of one event (``[fallback] max_answer_bytes``)."""
 _USAGE_OBJECT = (b'"usage":{', b'"usage": {')
 _USAGE_NULL = b'"usage":null'
 # The typed events of a Responses stream (the API's own /v1/responses) that carry generated text.
@@ -79,6 +87,8 @@ class UpstreamStream(Closing):
         "_close",
         "_strip",
         "_tail",
+        "_tail_bytes",
+        "_max_event",
         "_done",
         "_ended",
         "_kept",
@@ -93,6 +103,7 @@ class UpstreamStream(Closing):
         strip_usage: bool,
         latency_s: float,
         attempts: int,
+        max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> None:
         self.usage: dict[str, Any] | None = None
         self.latency_s = latency_s
@@ -103,7 +114,9 @@ class UpstreamStream(Closing):
         self._source = source
         self._close = close
         self._strip = strip_usage
-        self._tail = b""
+        self._tail: list[bytes] = []  # an unfinished event's pieces, joined once it ends
+        self._tail_bytes = 0
+        self._max_event = max_event_bytes
         self._done = False
         self._ended = False  # read to its end (not closed early, not broken off)
         self._kept: list[bytes] = []
@@ -123,7 +136,8 @@ class UpstreamStream(Closing):
                 chunk = await self._source.__anext__()
             except StopAsyncIteration:
                 self._ended = True
-                tail, self._tail = self._tail, b""
+                tail = b"".join(self._tail)
+                self._tail, self._tail_bytes = [], 0
                 await self.aclose()
                 out = self._scan(tail) if tail.strip() else b""
                 if out:
@@ -132,26 +146,41 @@ class UpstreamStream(Closing):
             except Exception as exc:
                 await self.aclose()
                 raise translate(exc, self.attempts, streaming=True) from exc
-            out = self._feed(chunk)
+            try:
+                out = self._feed(chunk)
+            except _EventTooLarge:
+                await self.aclose()
+                raise too_large("stream event", self._max_event) from None
             if out:
                 return out
         raise StopAsyncIteration
 
     def _feed(self, chunk: bytes) -> bytes:
         """Whole events out of what has arrived; the unfinished rest waits for the next read."""
-        data = self._tail + chunk if self._tail else chunk
+        if self._tail and not _may_end_event(b"".join(self._tail[-3:])[-3:], chunk):
+            self._hold(chunk)
+            return b""
+        data = b"".join((*self._tail, chunk)) if self._tail else chunk
+        self._tail, self._tail_bytes = [], 0
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n")
         cut = data.rfind(b"\n\n")
         if cut < 0:
-            self._tail = data
+            self._hold(data)
             return b""
         cut += 2
         if cut < len(data):
-            data, self._tail = data[:cut], data[cut:]
-        else:
-            self._tail = b""
+            data, rest = data[:cut], data[cut:]
+            self._hold(rest)
         return self._scan(data)
+
+    def _hold(self, piece: bytes) -> None:
+        """Keep ``piece`` of an unfinished event; past ``max_event_bytes``, _EventTooLarge."""
+        self._tail.append(piece)
+        self._tail_bytes += len(piece)
+        if self._tail_bytes > self._max_event:
+            self._tail, self._tail_bytes = [], 0
+            raise _EventTooLarge
 
     def _scan(self, data: bytes) -> bytes:
         self.received_bytes += len(data)
@@ -297,6 +326,21 @@ class Generated:
         for calls in self._calls.values():
             total += sum(len(p.encode()) for parts in calls.values() for p in parts)
         return total
+
+
+class _EventTooLarge(Exception):
+    """One event grew past ``max_event_bytes`` before its end came."""
+
+
+def _may_end_event(last: bytes, chunk: bytes) -> bool:
+    """Whether ``chunk``, read after ``last`` (the held bytes' last three), may end an event
+    (a blank line, CRLF or LF, in it or where the two meet)."""
+    if b"\n\n" in chunk or b"\r\n\r\n" in chunk:
+        return True
+    if b"\r" in chunk and b"\n\n" in chunk.replace(b"\r\n", b"\n"):
+        return True
+    seam = last + chunk[:3]
+    return b"\n\n" in seam.replace(b"\r\n", b"\n")
 
 
 def _data_field(event: bytes) -> bytes:

@@ -23,7 +23,7 @@ import pytest
 from proxy import config
 from proxy.engine.local_engine import Ask, LocalEngine
 from proxy.engine.rates import Rates
-from proxy.errors import ConfigError, EngineTimeout
+from proxy.errors import ConfigError, EngineCrashed, EngineTimeout
 from proxy.routing.base import Backend, BackendDown
 from proxy.routing.estimator import AnswerLengths, Prediction
 from proxy.routing.pool import BackendPool
@@ -556,3 +556,71 @@ async def test_a_second_frugal_serve_is_a_local_backend(
         ("local", "local"),
     ]
     peer_ledger.close()
+
+
+# -- the answer's size bound ([[local.backends]] max_answer_bytes) ---------------------------------
+
+MIB = 1024 * 1024
+
+
+@pytest.mark.parametrize("live", [False, True], ids=["json", "stream"])
+async def test_an_answer_past_max_answer_bytes_fails_the_call_and_leaves_the_backend_up(
+    live: bool,
+) -> None:
+    """A server that answers 8 MiB (a JSON body, or a stream whose one event is one 8 MiB
+    line) against a bound of 1 MiB: the call fails as a backend failure the router sends to the
+    API, before any token is out, and the backend stays up for the next request."""
+    tokens: list[str] = []
+    with FakeAPI(huge_reply_bytes=8 * MIB) as peer:
+        entry = settings(api_base=peer.url, logprobs=False, max_answer_bytes=MIB)
+        async with started(entry) as backend:
+            assert backend.state == "up", backend.error
+            ask = Ask(deadline=time.monotonic() + 30, on_token=tokens.append if live else None)
+            with pytest.raises(EngineCrashed, match="too large: more than 1048576 bytes") as got:
+                await backend.answer(REQUEST, ask)
+            state, failures = backend.state, backend.stats.failures
+        print(f"the server sent {peer.huge_sent / MIB:.1f} MiB of 8 before it was left")
+    assert type(got.value) is EngineCrashed  # not BackendDown: the request goes to the API
+    assert tokens == []
+    assert (state, failures) == ("up", 1)
+
+
+async def test_an_answer_under_max_answer_bytes_is_read_parsed_and_scored() -> None:
+    size = 600 * 1024  # over PARSE_IN_THREAD_BYTES: parsed in a thread
+    with FakeAPI(huge_reply_bytes=size) as peer:
+        entry = settings(api_base=peer.url, logprobs=False, max_answer_bytes=MIB)
+        async with started(entry) as backend:
+            completion = await backend.answer(REQUEST, Ask(deadline=time.monotonic() + 60))
+    assert completion["choices"][0]["message"]["content"] == "a" * size
+    assert completion["frugal"]["quality"]["value"] is not None
+
+
+async def test_a_big_answer_under_the_bound_is_scored_off_the_loop_and_by_the_deadline() -> None:
+    """4 MiB of text (under the default 8 MiB bound) takes the gate seconds to score (about
+    1 s a MB): the call ends at the request's deadline with EngineTimeout, not when the score
+    is done, and the loop keeps turning meanwhile (its longest pause is printed)."""
+    size, budget_s = 4 * MIB, 1.5
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    with FakeAPI(huge_reply_bytes=size) as peer:
+        async with started(settings(api_base=peer.url, logprobs=False)) as backend:
+            ticking = asyncio.create_task(ticker())
+            started_at = time.perf_counter()
+            with pytest.raises(EngineTimeout, match="not scored before the deadline"):
+                await backend.answer(REQUEST, Ask(deadline=time.monotonic() + budget_s))
+            elapsed = time.perf_counter() - started_at
+            ticking.cancel()
+            state = backend.state
+    print(
+        f"ended after {elapsed:.2f} s (deadline {budget_s} s); longest loop pause {max(gaps):.3f} s"
+    )
+    assert elapsed < budget_s + 5  # the score went on in its thread; the call did not wait
+    assert state == "up"

@@ -643,3 +643,94 @@ async def test_litellm_route_follows_the_same_retry_rules(
     assert limited.value.status == 429
     assert limited.value.headers == {"retry-after": "30"}
     assert (limited.value.attempts, api.count) == (1, 1)
+
+
+# -- the answer's size bound ([fallback] max_answer_bytes) -----------------------------------------
+
+
+async def test_an_answer_past_max_answer_bytes_is_a_502_that_says_so_and_is_not_retried(
+    api: FakeAPI,
+) -> None:
+    api.set(huge_reply_bytes=8 * 1024 * 1024)  # sent without a Content-Length
+    async with upstream(api, max_answer_bytes=1024 * 1024) as client:
+        with pytest.raises(UpstreamError) as caught:
+            await client.chat(CHAT, request_id="r")
+    assert caught.value.status == 502 and caught.value.attempts == 1
+    assert "too large: more than 1048576 bytes" in caught.value.message
+    assert "[fallback] max_answer_bytes" in caught.value.message
+    assert api.count == 1
+    print(f"sent {api.huge_sent} of 8 MiB before the client left")
+
+
+async def test_an_answer_under_max_answer_bytes_is_read_and_parsed_whole(api: FakeAPI) -> None:
+    size = 900 * 1024  # parsed in a thread (over PARSE_IN_THREAD_BYTES)
+    api.set(huge_reply_bytes=size)
+    async with upstream(api, max_answer_bytes=1024 * 1024) as client:
+        answer = await client.chat(CHAT, request_id="r")
+    assert answer.body["choices"][0]["message"]["content"] == "a" * size
+    assert json.loads(answer.raw) == answer.body
+
+
+async def test_a_stream_event_that_grows_past_max_answer_bytes_ends_the_stream(
+    api: FakeAPI,
+) -> None:
+    api.set(huge_reply_bytes=8 * 1024 * 1024)  # one event, one line, 8 MiB long
+    async with upstream(api, max_answer_bytes=1024 * 1024) as client:
+        stream = await client.chat_stream({**CHAT, "stream": True}, request_id="r")
+        with pytest.raises(UpstreamError) as caught:
+            await read_all(stream)
+    assert caught.value.status == 502
+    assert "stream event was too large: more than 1048576 bytes" in caught.value.message
+    assert api.count == 1
+
+
+async def test_a_long_event_under_the_bound_is_relayed_whole_from_many_reads() -> None:
+    content = "b" * 300_000
+    event = json.dumps({"choices": [{"index": 0, "delta": {"content": content}}]}).encode()
+    wire = b"data: " + event + b"\r\n\r\ndata: [DONE]\r\n\r\n"
+
+    async def small_reads() -> AsyncIterator[bytes]:
+        for i in range(0, len(wire), 7):
+            yield wire[i : i + 7]
+
+    async def nothing_to_close() -> None:
+        return None
+
+    stream = UpstreamStream(
+        small_reads(),
+        nothing_to_close,
+        strip_usage=False,
+        latency_s=0.0,
+        attempts=1,
+        max_event_bytes=len(event) + 100,
+    )
+    chunks = await read_all(stream)
+    assert chunks == [b"data: " + event + b"\n\n", b"data: [DONE]\n\n"]
+
+
+async def test_an_embeddings_answer_may_take_its_share_per_input_past_max_answer_bytes(
+    api: FakeAPI,
+) -> None:
+    """A batch's vectors are bounded per input (EMBEDDING_BYTES each), not by the chat bound:
+    100 inputs answer ~20 KB, over a 1 KiB max_answer_bytes; a legacy completion is held to it."""
+    embed = {"model": "text-embedding-3-small", "input": [f"text {i}" for i in range(100)]}
+    api.set(reply="word " * 400)
+    async with upstream(api, max_answer_bytes=1024) as client:
+        embedded = await client.post_json("/embeddings", embed, request_id="r")
+        with pytest.raises(UpstreamError, match="too large: more than 1024 bytes"):
+            await client.post_json(
+                "/completions", {"model": "gpt-3.5-turbo-instruct", "prompt": "x"}, request_id="r"
+            )
+    assert len(embedded.raw) > 1024 and len(embedded.body["data"]) == 100
+
+
+async def test_an_answer_whose_content_length_is_past_the_bound_is_refused_unread(
+    api: FakeAPI,
+) -> None:
+    api.set(reply="word " * 5000)  # about 25 KB of JSON, with its Content-Length
+    async with upstream(api, max_answer_bytes=4096) as client:
+        with pytest.raises(UpstreamError, match="too large: more than 4096 bytes"):
+            await client.chat(CHAT, request_id="r")
+        api.set(reply="Paris.")
+        assert (await client.chat(CHAT, request_id="r")).body["choices"][0]["message"]["content"]
+    assert api.count == 2
