@@ -9,6 +9,12 @@ A stream whose client left is not simply dropped: the API bills every token it g
 :meth:`UpstreamStream.drain` reads on (sending nothing) for a bounded time, so that the usage
 chunk can still come, and :meth:`UpstreamStream.generated` gives the text that did come (the
 events are kept, up to :data:`KEPT_BYTES`), for a count of its tokens when no usage came.
+
+Every event is cleared of the proxy's secrets before it is relayed or kept
+(:meth:`~proxy.config.secrets.Secrets.scrub`): an API or a gateway that echoes the request's
+``Authorization`` in an error event mid-stream hands the tenant nothing. An event that carries
+an error object is also cleared of anything shaped like a key
+(:meth:`~proxy.config.secrets.Secrets.scrub_error`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any, Self
 
 import anyio
 
+from proxy.config.secrets import NO_SECRETS, Secrets
 from proxy.upstream.failures import translate
 
 __all__ = ["KEPT_BYTES", "Generated", "UpstreamStream"]
@@ -29,6 +36,7 @@ KEPT_BYTES = 4 * 1024 * 1024
 counted, and the text kept stands for the rest in proportion."""
 _USAGE_OBJECT = (b'"usage":{', b'"usage": {')
 _USAGE_NULL = b'"usage":null'
+_ERROR_OBJECT = (b'"error":{', b'"error": {')
 # The typed events of a Responses stream (the API's own /v1/responses) that carry generated text.
 _RESPONSES_DELTAS = frozenset(
     {
@@ -83,6 +91,7 @@ class UpstreamStream(Closing):
         "_ended",
         "_kept",
         "_kept_bytes",
+        "_secrets",
     )
 
     def __init__(
@@ -93,6 +102,7 @@ class UpstreamStream(Closing):
         strip_usage: bool,
         latency_s: float,
         attempts: int,
+        secrets: Secrets = NO_SECRETS,
     ) -> None:
         self.usage: dict[str, Any] | None = None
         self.latency_s = latency_s
@@ -108,6 +118,7 @@ class UpstreamStream(Closing):
         self._ended = False  # read to its end (not closed early, not broken off)
         self._kept: list[bytes] = []
         self._kept_bytes = 0
+        self._secrets = secrets
 
     @property
     def ended(self) -> bool:
@@ -155,6 +166,9 @@ class UpstreamStream(Closing):
 
     def _scan(self, data: bytes) -> bytes:
         self.received_bytes += len(data)
+        data = self._secrets.scrub(data)
+        if _ERROR_OBJECT[0] in data or _ERROR_OBJECT[1] in data:
+            data = self._secrets.scrub_error(data)
         if self._kept_bytes < KEPT_BYTES:  # references to bytes made anyway: no copy
             self._kept.append(data)
             self._kept_bytes += len(data)
