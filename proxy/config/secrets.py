@@ -37,11 +37,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import re2
+
 from proxy.config.sections import Settings
 
 __all__ = [
     "KEY_SHAPE",
     "MARK",
+    "FEW",
     "MIN_SECRET_CHARS",
     "NO_SECRETS",
     "SECRET_MARKERS",
@@ -69,6 +72,10 @@ KEY_SHAPE = re.compile(rb"(?:Bearer\s+)?\b(?:sk|frugal)-[A-Za-z0-9_\-]{16,}")
 """An OpenAI-style (``sk-...``) or frugal client key (``frugal-...``), with its ``Bearer``."""
 _MARK = MARK.encode()
 _PERCENT = re.compile(r"%[0-9A-F]{2}")
+_UNCHANGED = re.compile(r"[A-Za-z0-9_.~-]+")  # what neither URL-encoding nor JSON escapes
+FEW = 4
+"""Up to this many secret values, a body is searched for each with ``in``; past it, for all of
+them in one RE2 pass, whose cost does not grow with their number."""
 
 
 def is_secret_name(name: str) -> bool:
@@ -110,19 +117,36 @@ def _env_client_keys(value: str) -> list[str]:
     return keys
 
 
+def _core(value: str) -> bytes:
+    """The longest run of ``value`` that no form changes (letters, digits, ``_.~-``): every
+    form of ``value`` holds it as it is."""
+    return max(_UNCHANGED.findall(value), key=len, default="").encode()
+
+
 @dataclass(frozen=True, slots=True)
 class Secrets:
-    """The secret values the proxy knows, and their forms to look for (longest first)."""
+    """The secret values the proxy knows, and their forms to look for (longest first).
+
+    Every answer and stream event is looked at, so the look is cheap: a body is searched for
+    each value's :func:`_core` alone (by ``in`` for a few values, in one RE2 pass for more,
+    :data:`FEW`), and only a body that holds one is searched for every form and rewritten.
+    """
 
     values: frozenset[str] = frozenset()
     needles: tuple[bytes, ...] = ()
+    cores: tuple[bytes, ...] = ()
+    finder: Any = None  # an RE2 pattern of the cores, when there are more than FEW
 
     @classmethod
     def of(cls, values: Iterable[str | None]) -> Secrets:
         """These values (None, empty and short ones left out)."""
         kept = frozenset(v for v in values if v and len(v) >= MIN_SECRET_CHARS)
         forms = {form.encode() for value in kept for form in _forms(value)}
-        return cls(kept, tuple(sorted(forms, key=len, reverse=True)))
+        cores = tuple(sorted({_core(value) for value in kept}))
+        finder = None
+        if len(cores) > FEW:
+            finder = re2.compile(b"|".join(re.escape(core) for core in cores))
+        return cls(kept, tuple(sorted(forms, key=len, reverse=True)), cores, finder)
 
     @classmethod
     def known(cls, settings: Settings, environ: Mapping[str, str] | None = None) -> Secrets:
@@ -147,7 +171,17 @@ class Secrets:
         return bool(self.values)
 
     def scrub(self, data: bytes) -> bytes:
-        """``data`` with every form of every secret replaced by :data:`MARK`."""
+        """``data`` with every form of every secret replaced by :data:`MARK` (``data`` itself,
+        not a copy, when it holds none)."""
+        if self.finder is not None:
+            if self.finder.search(data) is None:
+                return data
+        else:
+            for core in self.cores:
+                if core in data:
+                    break
+            else:
+                return data
         for needle in self.needles:
             if needle in data:
                 data = data.replace(needle, _MARK)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import urllib.parse
 
+import pytest
+
 from proxy.config import (
     BackendSettings,
     FallbackSettings,
@@ -58,8 +60,10 @@ def test_known_secrets_are_the_configured_keys_and_the_secret_named_variables() 
     }
 
 
-def test_every_form_of_a_secret_is_replaced_by_the_mark() -> None:
-    known = Secrets.known(_settings(), ENVIRON)
+@pytest.mark.parametrize("many", [True, False], ids=["one-re2-pass", "few-by-in"])
+def test_every_form_of_a_secret_is_replaced_by_the_mark(many: bool) -> None:
+    known = Secrets.known(_settings(), ENVIRON) if many else Secrets.of([PROVIDER])
+    assert (known.finder is not None) == many
     forms = {
         "plain": PROVIDER,
         "bearer": f"Bearer {PROVIDER}",
