@@ -1925,3 +1925,137 @@ def test_issue39_row7_an_answer_far_too_large_is_cut_within_the_deadline(
         assert "too large" in error["message"] and "max_answer_bytes" in error["message"], error
         row = one_row(served, request_id)  # a stream that had started: a 200 with its error
         assert (row["status"], row["error"]) == (200 if stream else 502, "upstream_failed"), row
+
+
+# -- issue 39, row 9: no secret is ever relayed, logged, stored or inherited ----------------------
+#
+# An upstream (or a gateway) that echoes the request's Authorization, and the bare key, in its
+# 400, 404, 422 and 429 bodies and in a stream's error event, on every endpoint and both routes.
+# The keys hold "+", "/" and "=", so that their URL-encoded and escaped forms differ from them;
+# each is searched for by its random hex part, which every form keeps as it is.
+
+_I39_SECRETS_HEX = {name: secrets.token_hex(12) for name in ("provider", "litellm", "client")}
+_I39_SECRETS_KEYS = {
+    "provider": f"sk-i39+prov/{_I39_SECRETS_HEX['provider']}=",
+    "litellm": f"sk-i39+llm/{_I39_SECRETS_HEX['litellm']}=",
+    "client": f"i39-client-{_I39_SECRETS_HEX['client']}",
+}
+_I39_SECRETS_MARK = "[redacted]"  # proxy.config.secrets.MARK
+
+
+def _i39_secrets_requests() -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, path, body): chat, completions, responses (native) and embeddings on the
+    direct route; chat and responses (translated) on the litellm route; plain and streamed."""
+    chat = {"messages": QUESTION, "max_tokens": 16}
+    responses = {"input": "What is the capital of France?", "max_output_tokens": 16}
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    for route, model in (("direct", "gpt-4o-mini"), ("litellm", LITELLM_MODEL)):
+        for stream in (False, True):
+            how = f"{route}-{'stream' if stream else 'plain'}"
+            out.append((f"chat-{how}", "/v1/chat/completions", {"model": model, **chat}))
+            out.append((f"responses-{how}", "/v1/responses", {"model": model, **responses}))
+            if stream:
+                out[-2][2]["stream"] = out[-1][2]["stream"] = True
+    completion = {"model": "gpt-4o-mini", "prompt": "Say hi", "max_tokens": 8}
+    out.append(("completions-direct-plain", "/v1/completions", completion))
+    embedding = {"model": "text-embedding-3-small", "input": "hello"}
+    out.append(("embeddings-direct-plain", "/v1/embeddings", embedding))
+    return out
+
+
+def _i39_secrets_leaks(data: bytes) -> list[str]:
+    """The secrets (by name) any of whose bytes' telling part is in ``data``."""
+    return [name for name, part in _I39_SECRETS_HEX.items() if part.encode() in data]
+
+
+def _i39_secrets_descendants(pid: int) -> dict[int, bytes]:
+    """Every process below ``pid`` and its command line, from /proc/*/stat."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    found: dict[int, bytes] = {}
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for child, its_parent in parents.items():
+            if its_parent == parent and child not in found:
+                with contextlib.suppress(OSError):
+                    found[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+                    todo.append(child)
+    return found
+
+
+def test_issue39_row9_no_secret_is_relayed_logged_stored_or_inherited(
+    tmp_path: Path, api: FakeAPI
+) -> None:
+    keys = _I39_SECRETS_KEYS
+    config = {
+        "server": {"api_keys_env": "I39_TENANTS"},  # names without a secret marker: the config
+        "fallback": {  # says they hold keys
+            "api_key_env": "I39_UPSTREAM",
+            "models": {LITELLM_MODEL: "hosted_vllm/fake-claude"},
+        },
+    }
+    env = {
+        "I39_UPSTREAM": keys["provider"],
+        "I39_TENANTS": f"tenant;admin:{keys['client']}",
+        "HOSTED_VLLM_API_BASE": api.url,
+        "HOSTED_VLLM_API_KEY": keys["litellm"],  # litellm's provider reads its own variable
+    }
+    served = launch(tmp_path, api, config=config, env=env)
+    served.key = keys["client"]
+    seen: dict[str, bytes] = {}
+    children: dict[int, bytes] = {}
+    try:
+        wait_ready(served)
+        auth = {"authorization": f"Bearer {keys['client']}", **TO_API}
+        for fault in ("400", "404", "422", "429", "stream-error-event"):
+            api.reset()
+            if fault.isdigit():
+                api.set(fail_status=int(fault), echo_auth=True)
+            else:
+                api.set(echo_auth=True)
+            for label, path, body in _i39_secrets_requests():
+                if not fault.isdigit() and not body.get("stream"):
+                    continue
+                request_id = rid(f"i39r9-{fault}-{label}")
+                reply = post(served, body, headers={**auth, "x-request-id": request_id}, path=path)
+                head = "".join(f"{k}: {v}\n" for k, v in reply.headers.items())
+                seen[f"{fault} {label}"] = head.encode() + reply.content
+                print(f"issue39 row9 {fault} {label}: HTTP {reply.status_code} {reply.text[:300]}")
+                if fault.isdigit():
+                    assert reply.status_code >= 400, (label, reply.text)
+                    if not label.startswith(("chat-litellm", "responses-litellm")):
+                        assert reply.status_code == int(fault), (label, reply.text)
+                        error = reply.json()["error"]
+                        if fault != "429":  # the body of a 429 is the proxy's own
+                            assert _I39_SECRETS_MARK in error["message"], (label, error)
+                else:
+                    assert reply.status_code == 200, (label, reply.text)
+                    if label.startswith(("chat-direct", "responses-direct")):
+                        assert _I39_SECRETS_MARK.encode() in reply.content, (label, reply.text)
+                one_row(served, request_id)
+            sent = {r.headers.get("authorization") for r in api.requests}
+            assert f"Bearer {keys['provider']}" in sent, sent  # the echo had a key to repeat
+            assert f"Bearer {keys['litellm']}" in sent, sent
+        children = _i39_secrets_descendants(served.proc.pid)
+        environs = {pid: Path(f"/proc/{pid}/environ").read_bytes() for pid in children}
+    finally:
+        stop(served)
+    print(f"issue39 row9: {len(seen)} answers; the serve process's children: {children}")
+    leaks = {what: _i39_secrets_leaks(data) for what, data in seen.items()}
+    assert {what: found for what, found in leaks.items() if found} == {}
+    assert _i39_secrets_leaks(served.log.read_bytes()) == [], tail(served.log)
+    stored = sorted(p for p in tmp_path.iterdir() if p.name.startswith(served.db.name))
+    assert served.db in stored
+    for path in stored:  # the ledger and the stored responses, WAL and all
+        assert _i39_secrets_leaks(path.read_bytes()) == [], path
+    tracker = [pid for pid, command in children.items() if b"resource_tracker" in command]
+    engine = [pid for pid, command in children.items() if b"multiprocessing.spawn" in command]
+    assert len(tracker) == 1 and len(engine) == 1, children
+    for pid, environ in environs.items():
+        names = {entry.split(b"=", 1)[0] for entry in environ.split(b"\0") if entry}
+        assert b"PATH" in names, children[pid]
+        assert _i39_secrets_leaks(environ) == [], children[pid]
+        assert not names & {b"I39_UPSTREAM", b"I39_TENANTS", b"HOSTED_VLLM_API_KEY"}
