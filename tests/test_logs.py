@@ -66,3 +66,17 @@ def test_library_logs_are_json_lines_with_their_text_in_a_field(tmp_path: Path) 
     long = next(e for e in library if e["message"].startswith("yyy"))
     assert len(long["message"]) == 501  # cut at 500 characters and an ellipsis
     assert any("failed to open GGUF file" in e["message"] for e in library)
+
+
+def test_shown_escapes_what_would_not_show_as_itself_and_nothing_else() -> None:
+    from proxy.logs import invisible, shown
+
+    hostile = "\x1b[2J\x1b]0;t\x07a\u202eb\u2066c\u200bd\u3164e\u115f\u1160\uffa0\u00a0\u3000"
+    assert shown(hostile) == (
+        "\\x1b[2J\\x1b]0;t\\x07a\\u202eb\\u2066c\\u200bd\\u3164e\\u115f\\u1160\\uffa0\\xa0\\u3000"
+    )
+    assert shown("\ue000\U000e0001\u0378\n\r\u2028") == (
+        "\\ue000\\U000e0001\\u0378\\x0a\\x0d\\u2028"
+    )
+    plain = "Qwen2.5-7B-Instruct Q4_K_M Ünïcödé 日本語 ü"
+    assert shown(plain) == plain and not any(invisible(c) for c in plain)
