@@ -167,8 +167,8 @@ def test_a_cut_download_is_resumed_by_the_next_pull(
     assert "frugal models: " in err and "answered 503" in err
     sha = hub.repos[MINI][MINI_FILE].sha256
     partial = _cache(tmp_path, MINI) / "blobs" / f"{sha}.incomplete"
-    # What was written before the cut is kept: the client writes whole 10 MiB chunks, so up to
-    # the last chunk boundary before the cut (it then asked for the rest once, and got a 503).
+    # What was written before the cut is kept, up to the cut (it then asked for the rest once,
+    # and got a 503).
     kept = partial.stat().st_size
     assert 0 < kept <= half
     assert [g.range for g in hub.gets(MINI_FILE)] == [None, f"bytes={kept}-"]
