@@ -256,6 +256,28 @@ def test_the_fit_line_says_the_headroom_the_guard_s_estimate_leaves(hub: StandIn
     assert "available " in sink.text and "; headroom about 300 MiB" in sink.text
 
 
+def test_the_fit_is_checked_again_on_the_bytes_in_the_cache(hub: StandInHub) -> None:
+    """A blob already in the cache is not bounded by a new listing: a hub that now lists the
+    same file (same SHA-256) at 1 MB has it judged by its real size, which does not fit."""
+    pull.pull(ModelName.parse(f"{MINI}:Q8_0"), LocalSettings(), out=_Sink())  # the real file
+    entry = hub.repos[MINI][MINI_FILE]
+    real = entry.size
+    hub.repos[MINI][MINI_FILE] = type(entry)(entry.path, 10**6, entry.sha256)
+    try:
+        local = LocalSettings(memory_guard="refuse")  # no shrinking to make it fit
+        room = fit.plan(10**6, local, available=(1 << 40, "t")).estimate.total
+        box = (room + (1 << 20), "a box with room for the listed 1 MB only")
+        sink = _Sink()
+        with pytest.raises(ModelsError) as refused:
+            pull.pull(ModelName.parse(f"{MINI}:Q8_0"), local, available=box, out=sink)
+        assert f"its files in the cache hold {real / 1e9:.2f} GB, not the 0.00 GB" in str(
+            refused.value
+        )
+        assert "memory: fits: " in sink.text and f"the files hold {real} bytes" in sink.text
+    finally:
+        hub.repos[MINI][MINI_FILE] = entry
+
+
 @pytest.mark.parametrize(
     "name",
     ["../etc/passwd", "owner/name/extra", "owner/..", "owner/na..me", "owner/name;rm -rf ~",
