@@ -23,6 +23,7 @@ bar, so a name cannot send a terminal escape.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,8 +41,8 @@ STALL_S = 60.0
 :data:`PROGRESS_BYTES` in this many seconds has stalled, and the pull fails."""
 PROGRESS_BYTES = 64 * 1024
 RESUMES = 5  # a cut connection is resumed this many times within one pull
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 MAX_HOPS = 5  # redirects on the hub's own host (a renamed repository) followed for a listing
-LISTING_TIMEOUT_S = 60.0
 _TRUE = {"1", "on", "yes", "true"}
 
 
@@ -69,8 +70,9 @@ def _token() -> str | None:
     return os.environ.get("HF_TOKEN") or None  # None: the token `hf auth login` stored, if any
 
 
-def list_files(repo: str) -> tuple[str, list[RepoFile]]:
-    """The commit ``main`` points at, and every file of the repository."""
+def list_files(repo: str, *, stall_s: float = STALL_S) -> tuple[str, list[RepoFile]]:
+    """The commit ``main`` points at, and every file of the repository (``stall_s``: the
+    longest wait for a byte of the answer)."""
     from huggingface_hub import ModelInfo
     from huggingface_hub.utils import (  # type: ignore[attr-defined]  # lazily exported
         build_hf_headers,
@@ -89,7 +91,7 @@ def list_files(repo: str) -> tuple[str, list[RepoFile]]:
                 headers=build_hf_headers(token=_token()),
                 params={"blobs": True},
                 follow_redirects=False,
-                timeout=LISTING_TIMEOUT_S,
+                timeout=stall_s,
             )
             if not answer.has_redirect_location:
                 break
@@ -101,20 +103,22 @@ def list_files(repo: str) -> tuple[str, list[RepoFile]]:
                     "host only"
                 )
             url = target
+        else:
+            raise ModelsError(f"{base} redirected the listing of {repo} {MAX_HOPS} times")
         hf_raise_for_status(answer)
         info = ModelInfo(**answer.json())  # type: ignore[no-untyped-call]
+        files = [
+            RepoFile(
+                name=str(s.rfilename),
+                size=int(s.lfs.size if s.lfs is not None else s.size or 0),
+                sha256=str(s.lfs.sha256) if s.lfs is not None else None,
+            )
+            for s in info.siblings or ()
+        ]
     except ModelsError:
         raise
     except Exception as exc:  # noqa: BLE001 - every hub failure is translated, once, here
         raise _translate(exc, repo) from None
-    files = [
-        RepoFile(
-            name=s.rfilename,
-            size=int(s.lfs.size if s.lfs is not None else s.size or 0),
-            sha256=s.lfs.sha256 if s.lfs is not None else None,
-        )
-        for s in info.siblings or ()
-    ]
     return str(info.sha or "main"), files
 
 
@@ -136,10 +140,11 @@ def download(
     would not: its partial file is unique to one call and deleted when the call fails. What a
     hub sends beyond its listing, or from another host, is refused (:func:`_fetch`). ``check``
     sees the whole file before it becomes the cache's blob (it deletes the file and raises
-    when the bytes are wrong); ``hf_hub_download`` then finds the blob and makes the
-    snapshot's link and ``refs/main`` as the cache has them.
+    when the bytes are wrong); then the snapshot's link and ``refs/main`` are made as the hub
+    client's cache has them (:func:`_link`), with no second request that a hub could answer
+    differently.
     """
-    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.utils import (  # type: ignore[attr-defined]  # lazily exported
         WeakFileLock,
         build_hf_headers,
@@ -185,14 +190,34 @@ def download(
                     raise
                 check(partial)
                 os.replace(partial, blob)
-        path = hf_hub_download(
-            repo, name, revision="main", cache_dir=cache_dir(), endpoint=base, token=token
-        )
+            path = _link(folder, meta.commit_hash or "", name, blob, base)
     except ModelsError:
         raise
     except Exception as exc:  # noqa: BLE001 - every hub failure is translated, once, here
         raise _translate(exc, repo) from None
     return Path(path)
+
+
+def _link(folder: Path, commit: str, name: str, blob: Path, base: str) -> Path:
+    """``snapshots/COMMIT/NAME``, a relative link to ``blob``, and ``refs/main`` = COMMIT: the
+    hub client's cache layout. A commit that is not 40 hex digits, or a name with an empty,
+    ``.`` or ``..`` part, would leave the cache folder: refused."""
+    parts = name.split("/")
+    if not _COMMIT.fullmatch(commit) or any(p in ("", ".", "..") or "\0" in p for p in parts):
+        raise ModelsError(
+            f"{base} gave an unusable commit ({shown(commit) or 'none'}) or file name "
+            f"({shown(name)}) for a cache path"
+        )
+    link = folder.joinpath("snapshots", commit, *parts)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    target = os.path.relpath(blob, link.parent)
+    if not (link.is_symlink() and os.readlink(link) == target):
+        link.unlink(missing_ok=True)
+        os.symlink(target, link)
+    refs = folder / "refs" / "main"
+    refs.parent.mkdir(parents=True, exist_ok=True)
+    refs.write_text(commit, encoding="utf-8")
+    return link
 
 
 def _may_fetch_from(location: str, base: str, *, cdn: bool = True) -> bool:

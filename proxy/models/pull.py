@@ -55,7 +55,7 @@ def pull(
             "HF_HUB_OFFLINE is set: pulling needs the network; unset it to pull "
             "(`frugal models list` shows what the cache holds)"
         )
-    _commit, listing = hub.list_files(name.repo)
+    _commit, listing = hub.list_files(name.repo, stall_s=stall_s)
     chosen = files.pick(name.repo, listing, name.quant)
     names = ", ".join(shown(f.name) for f in chosen.files)
     print(f"{name}: {names} ({chosen.size / GB:.2f} GB)", file=out)

@@ -256,6 +256,25 @@ def test_the_fit_line_says_the_headroom_the_guard_s_estimate_leaves(hub: StandIn
     assert "available " in sink.text and "; headroom about 300 MiB" in sink.text
 
 
+def test_a_pull_asks_for_each_file_once(hub: StandInHub, tmp_path: Path) -> None:
+    """The listing, then one HEAD and one GET per part, and nothing more: no second look at a
+    file after its bytes are checked, which a hub could answer with another ETag (and the hub
+    client would then fetch it again, with no bound of ours)."""
+    pull.pull(ModelName.parse(f"{SPLIT}:Q8_0"), LocalSettings(), out=_Sink())
+    asked = [
+        (r.method, r.path.rsplit("/", 1)[-1])
+        for r in hub.requests
+        if r.path.startswith("/api/models/") or "/resolve/" in r.path
+    ]  # not the hub client's own daily /api/agent-harnesses
+    assert asked == [
+        ("GET", SPLIT.rsplit("/", 1)[-1]),
+        *[(m, n) for n in SPLIT_FILES for m in ("HEAD", "GET")],
+    ]
+    snapshot = _cache(tmp_path, SPLIT) / "snapshots" / COMMIT
+    assert (_cache(tmp_path, SPLIT) / "refs" / "main").read_text() == COMMIT
+    assert all((snapshot / n).is_symlink() for n in SPLIT_FILES)
+
+
 def test_the_fit_is_checked_again_on_the_bytes_in_the_cache(hub: StandInHub) -> None:
     """A blob already in the cache is not bounded by a new listing: a hub that now lists the
     same file (same SHA-256) at 1 MB has it judged by its real size, which does not fit."""
