@@ -1522,14 +1522,33 @@ def test_issue39_row10_escape_sequences_in_hub_file_names_are_never_printed_raw(
         timeout=60,
     )
     assert listed.returncode == 0, listed.stderr
+    config = tmp_path / "frugal.toml"
+    config.write_text(
+        f'[local]\nmodel = "{_I39_HUB_REPO}:Q4_K_M"\n[fallback]\napi_base = ""\n'
+        f'[ledger]\npath = "{tmp_path / "ledger.db"}"\n'
+    )
+    checked = subprocess.run(
+        [FRUGAL, "check", "--config", str(config)],
+        env=_i39_hub_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert checked.returncode == 1  # random bytes are no GGUF; its path is in the failure
     escaped = "\\x1b[2J\\x1b]0;owned\\x07Evil\\u202eflig\\u2066-Q4_K_M.gguf"
-    for what, text in (("pull", out), ("list", listed.stdout + listed.stderr)):
+    for what, text in (
+        ("pull", out),
+        ("list", listed.stdout + listed.stderr),
+        ("check", checked.stdout + checked.stderr),
+    ):
         for raw in ("\x1b[2J", "\x1b]0;", "\x07", "\u202e", "\u2066"):
             assert raw not in text, (what, repr(raw), text)
         assert escaped in text, (what, text)
     print(
         f"\nissue39 row10: the pull printed {out.count(escaped)} escaped copies of the name and "
-        "no raw escape; the list, 1"
+        f"no raw escape; the list {listed.stdout.count(escaped)}, the check "
+        f"{(checked.stdout + checked.stderr).count(escaped)}"
     )
 
 
