@@ -31,6 +31,7 @@ import ctypes
 import logging
 import sys
 import unicodedata
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import structlog
@@ -82,11 +83,15 @@ def configure(fmt: str = "auto", level: int = logging.INFO) -> None:
         if use_json
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
+    # JSON escapes every control and non-ASCII character itself; the console renderer writes
+    # values as they are, so they go through shown() first.
+    escape: list[structlog.typing.Processor] = [] if use_json else [_shown_values]
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            *escape,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
@@ -94,6 +99,12 @@ def configure(fmt: str = "auto", level: int = logging.INFO) -> None:
         cache_logger_on_first_use=True,
     )
     _route_stdlib_logging()
+
+
+def _shown_values(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
+    """Every text of a console log line (the event and its string fields) through
+    :func:`shown`: a name from outside cannot send a terminal escape there."""
+    return {k: shown(v) if isinstance(v, str) else v for k, v in event.items()}
 
 
 class _ToStructlog(logging.Handler):

@@ -80,3 +80,28 @@ def test_shown_escapes_what_would_not_show_as_itself_and_nothing_else() -> None:
     )
     plain = "Qwen2.5-7B-Instruct Q4_K_M Ünïcödé 日本語 ü"
     assert shown(plain) == plain and not any(invisible(c) for c in plain)
+
+
+def test_console_log_lines_show_outside_text_escaped(tmp_path: Path) -> None:
+    """The console renderer (a terminal's) writes a field as it is: a model name holding a
+    screen clear or a bidi override reaches it escaped."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    probe = (
+        "import structlog\n"
+        "from proxy import logs\n"
+        "logs.configure('console')\n"
+        "structlog.get_logger().warning('model\\x1b[2J', model='gpt\\u202e\\x1b]0;t\\x07')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for raw in ("\x1b[2J", "\u202e", "\x1b]0;", "\x07"):
+        assert raw not in done.stderr, done.stderr
+    assert "model\\x1b[2J" in done.stderr and "gpt\\u202e\\x1b]0;t\\x07" in done.stderr
