@@ -1561,24 +1561,32 @@ def _i39_hub_env(tmp: Path) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("what", ["file", "listing"])
+@pytest.mark.parametrize("what", ["file", "listing", "other"])
 def test_issue39_a_hub_redirect_to_another_host_is_refused_and_nothing_connects_there(
     _i39_hub_stand_in: Any, tmp_path: Path, what: str
 ) -> None:
-    """The hub answers the file (its HEAD and GET), or the repository's listing, with a 302 to
-    another host (a listener that counts connections): the pull fails, and nothing connects."""
+    """The hub answers the file (its HEAD and GET), the repository's listing, or every other
+    path (the hub client's own requests, such as its agent registry) with a 302 to another host
+    (a listener that counts connections): nothing connects there, and the pull fails (or, for
+    the client's own requests, goes on without them)."""
     hub = _i39_hub_stand_in
     with Listener() as elsewhere:
         other = f"http://127.0.0.1:{elsewhere.port}"
         if what == "file":
             hub.redirect["Lying-Q4_K_M.gguf"] = other
-        else:
+        elif what == "listing":
             hub.redirect_listing[_I39_HUB_REPO] = other
+        else:
+            hub.redirect_other = other
         status, out, _took = _i39_hub_pull(hub, tmp_path)
-        assert status == 1, out
-        assert f"to another host (127.0.0.1:{elsewhere.port}): refused" in out, out
+        if what == "other":
+            assert status == 0, out
+            assert any(r.path == "/api/agent-harnesses" for r in hub.requests)  # redirected
+        else:
+            assert status == 1, out
+            assert f"to another host (127.0.0.1:{elsewhere.port}): refused" in out, out
+            assert hub.served == {} and _i39_hub_blobs(tmp_path) == {}
         assert elsewhere.connections == 0
-    assert hub.served == {} and _i39_hub_blobs(tmp_path) == {}
     print(f"\nissue39 redirect of the {what}: refused, {elsewhere.connections} connections")
 
 

@@ -76,17 +76,17 @@ def list_files(repo: str, *, stall_s: float = STALL_S) -> tuple[str, list[RepoFi
     from huggingface_hub import ModelInfo
     from huggingface_hub.utils import (  # type: ignore[attr-defined]  # lazily exported
         build_hf_headers,
-        get_session,
         hf_raise_for_status,
     )
 
     base = endpoint()
     url = f"{base}/api/models/{repo}"
     try:
+        session = _session()
         for _hop in range(MAX_HOPS):
             # Asked as HfApi.model_info(files_metadata=True) asks, but without following a
             # redirect blindly: the hub's client follows one to any host.
-            answer = get_session().get(
+            answer = session.get(
                 url,
                 headers=build_hf_headers(token=_token()),
                 params={"blobs": True},
@@ -153,6 +153,7 @@ def download(
     base, token = endpoint(), _token()
     label = shown(name)
     try:
+        _session()
         url = hf_hub_url(repo, name, revision="main", endpoint=base)
         meta = get_hf_file_metadata(url, token=token, endpoint=base, timeout=stall_s)
         if not meta.etag or "/" in meta.etag or meta.etag.startswith("."):
@@ -196,6 +197,17 @@ def download(
     except Exception as exc:  # noqa: BLE001 - every hub failure is translated, once, here
         raise _translate(exc, repo) from None
     return Path(path)
+
+
+def _session() -> Any:
+    """The hub client's shared HTTP session, made to follow no redirect on its own: it would
+    follow one to any host, loopback included (its own requests too, such as the registry it
+    fetches to name the caller in its User-Agent). The redirects a pull takes are chosen here."""
+    from huggingface_hub.utils import get_session  # type: ignore[attr-defined]
+
+    session = get_session()
+    session.follow_redirects = False
+    return session
 
 
 def _link(folder: Path, commit: str, name: str, blob: Path, base: str) -> Path:

@@ -25,7 +25,8 @@ Knobs of a hub that lies or misbehaves: ``overrun[file] = n`` answers the file's
 ``stall_at[file] = n`` stops after ``n`` bytes and then sends nothing, or one byte every
 ``drip_s`` seconds when that is set, until the client goes (at most ``STALL_LIMIT_S``);
 ``redirect[file] = base`` answers the file's HEAD and GET with a 302 to the same path on
-``base``, and ``redirect_listing[repo] = base`` does the same for the repository's listing.
+``base``, and ``redirect_listing[repo] = base`` does the same for the repository's listing;
+``redirect_other = base`` for every other path (the hub client's own requests).
 File names in request paths are percent-decoded, so a name may hold any character.
 
 What it saw: ``requests`` (method, path, Range header, Authorization header) and
@@ -81,6 +82,7 @@ class StandInHub:
     drip_s: float | None = None
     redirect: dict[str, str] = field(default_factory=dict)
     redirect_listing: dict[str, str] = field(default_factory=dict)
+    redirect_other: str | None = None
     down_after_cut: bool = False
     down: bool = False
     requests: list[Request] = field(default_factory=list)
@@ -100,6 +102,7 @@ class StandInHub:
         self.drip_s = None
         self.redirect.clear()
         self.redirect_listing.clear()
+        self.redirect_other = None
         self.down_after_cut = self.down = False
         self.requests.clear()
         self.served.clear()
@@ -153,6 +156,8 @@ class StandInHub:
             return self._info(h, m.group(1), head=head)
         if m := _RESOLVE.match(path):
             return self._file(h, m.group(1), unquote(m.group(2)), head=head)
+        if self.redirect_other:
+            return _redirect(h, self.redirect_other + h.path, head=head)
         return _send(h, 404, b'{"error": "not found"}', head=head)
 
     def _info(self, h: BaseHTTPRequestHandler, repo: str, *, head: bool) -> None:
