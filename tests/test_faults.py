@@ -1587,7 +1587,7 @@ def test_issue39_a_hub_redirect_to_another_host_is_refused_and_nothing_connects_
             assert f"to another host (127.0.0.1:{elsewhere.port}): refused" in out, out
             assert hub.served == {} and _i39_hub_blobs(tmp_path) == {}
         assert elsewhere.connections == 0
-    print(f"\nissue39 redirect of the {what}: refused, {elsewhere.connections} connections")
+    print(f"\nissue39 redirect of the {what}: exit {status}, {elsewhere.connections} connections")
 
 
 @pytest.mark.parametrize("drip_s", [None, 0.5], ids=["silent", "drips"])
