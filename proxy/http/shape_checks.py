@@ -20,6 +20,7 @@ from typing import Any
 
 from proxy.errors import BadRequest
 from proxy.http import shapes as s
+from proxy.logs import invisible
 
 Check = Callable[[Any, dict[str, Any]], None]
 
@@ -110,9 +111,12 @@ def _model(model: Any, _body: dict[str, Any]) -> None:
             f"'model' must be at most {s.MAX_MODEL_CHARS} characters, got {len(model)}",
             param="model",
         )
-    if not model.isprintable():
+    hidden = next((c for c in model if invisible(c)), None)
+    if hidden is not None:
         raise BadRequest(
-            "'model' must hold printable characters only (no control characters or line breaks)",
+            "'model' must hold visible characters only (no control, format, private-use or "
+            "unassigned characters, blank letters, or spaces other than ' '), got "
+            f"U+{ord(hidden):04X}",
             param="model",
         )
 
