@@ -61,6 +61,7 @@ from proxy.http.responses_live import live_events
 from proxy.http.responses_state import ResponsesState, input_items
 from proxy.http.responses_translate import (
     chat_of,
+    check_as_chat,
     completion_of,
     events,
     response_of,
@@ -101,14 +102,19 @@ class ResponsesHandler(ChatHandler):
         return not self.services.upstream.via_litellm(model)
 
     def _checked(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The checks of :func:`responses_request`; with the API's own as the fallback, what
-        only it can do is let through (its own checks are the API's)."""
+        """The checks of :func:`responses_request`, then the chat check of what the cascade
+        is asked (:func:`check_as_chat`: the schemas), both where the body is read, off the
+        event loop when it is large; with the API's own as the fallback, what only it can do
+        is let through (its own checks are the API's)."""
         if isinstance(body, dict) and self._api_own(body.get("model")):
             stand, taken = stand_in(body, API_ONLY)
             if taken and "a 'item_reference' item" not in taken:  # names an upstream-stored item
                 responses_request(stand)
+                check_as_chat(stand)
                 return body
-        return responses_request(body)
+        responses_request(body)
+        check_as_chat(stand_in(body, API_ONLY)[0])
+        return body
 
     async def handle(self, request: Request, ex: Exchange) -> Response:
         asked = await self.services.bodies.read(request, self._checked)
