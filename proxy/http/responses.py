@@ -95,6 +95,10 @@ class ResponsesHandler(ChatHandler):
     prompt_param = "input"
     prompt_noun = "the input"
 
+    def failed_stream_end(self, err: ProxyError) -> tuple[bytes, ...]:
+        """A Responses stream's own ``error`` event; it never sends chat's ``[DONE]``."""
+        return (_event({"type": "error", "code": err.code, "message": str(err), "param": None}),)
+
     def _api_own(self, model: Any) -> bool:
         """Whether the fallback of a request for ``model`` is the upstream's /v1/responses."""
         if self.services.settings.fallback.responses != "responses" or not isinstance(model, str):
