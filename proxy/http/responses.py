@@ -33,7 +33,7 @@ it ended (every earlier turn's input and output items, whichever route answered 
 before this turn's input, so the request, local or sent upstream, carries the whole
 conversation and never one of our ids. With ``store`` (the default) the finished response and
 its input items are kept, before the answer (or a stream's last event) is sent, so that the next
-turn can name it.
+turn can name it; a key at its quota of stored responses gets a 400 before anything is spent.
 
 The ledger row's ``endpoint`` is ``responses``.
 """
@@ -126,6 +126,8 @@ class ResponsesHandler(ChatHandler):
         previous = asked.get("previous_response_id")
         items = input_items(asked["input"])
         earlier = await state.history(request, previous) if previous is not None else []
+        if asked.get("store") is not False:  # its key's quota, before anything is spent
+            await state.admit(request, items)
         conversation = [*earlier, *items]
         api_own = self._api_own(asked["model"])
         # Without an earlier turn, the input as it was sent (a string stays one message).
