@@ -2331,3 +2331,181 @@ def test_issue39_a_base_model_at_start_ends_with_its_reason_on_one_line(tmp_path
         "(tokenizer.chat_template)"
     ), tail(served.log)
     print(f"\nissue39 base model at start: exit {status}, last line: {lines[-1]}")
+
+
+# -- issue 39 (branch bounds-responses): /v1/responses' schemas, its store, free text ------------
+
+
+def _i39_bounds_responses_wide(properties: int, tools: int) -> dict[str, Any]:
+    """A /v1/responses request with ``tools`` function tools of ``properties`` empty
+    properties each."""
+    schema = {"type": "object", "properties": {f"p{i}": {} for i in range(properties)}}
+    return {
+        "model": "gpt-4o-mini",
+        "input": QUESTION[-1]["content"],
+        "max_output_tokens": 16,
+        "store": False,
+        "tools": [
+            {"type": "function", "name": f"wide{n}", "parameters": schema} for n in range(tools)
+        ],
+    }
+
+
+def test_issue39_row5_wide_schemas_on_responses_leave_healthz_answering(
+    main: Lazy, api: FakeAPI
+) -> None:
+    """Eight /v1/responses bodies at once, each with a tool of 60,000 properties: their schemas
+    are checked off the event loop (once, with the body), so another client's /healthz keeps
+    answering. (That no schema is checked on the loop is pinned exactly, in process, by
+    tests/http/test_responses_fields.py; this row measures what a client sees.)"""
+    served = main.get()
+    tools = 1
+    wide = _i39_bounds_responses_wide(60_000, tools)
+    assert len(json.dumps(wide)) > 800_000 * tools
+    answers: list[int] = []
+
+    def send() -> None:
+        reply = post(served, wide, headers=TO_API, timeout=180, path="/v1/responses")
+        answers.append(reply.status_code)
+
+    senders = [threading.Thread(target=send) for _ in range(8)]
+    health_ms: list[float] = []
+    for t in senders:
+        t.start()
+    try:
+        while any(t.is_alive() for t in senders):
+            started = time.perf_counter()
+            status = httpx.get(served.base + "/healthz", timeout=60).status_code
+            health_ms.append((time.perf_counter() - started) * 1000)
+            assert status == 200
+    finally:
+        for t in senders:
+            t.join(timeout=240)
+    print(
+        f"\nissue39 row5: 8 x /v1/responses with {tools} tool(s) of 60,000 properties "
+        f"({len(json.dumps(wide)) // 1000} KB) answered {sorted(answers)}; meanwhile /healthz "
+        f"{len(health_ms)} times, worst {max(health_ms):.0f} ms"
+    )
+    # 504: the server's 3 s upstream timeout, the fake API (in this process) slow to read 8 such
+    # bodies; 400: a body not checked within body_check's bound. Never a 500.
+    assert len(answers) == 8 and set(answers) <= {200, 400, 504}, answers
+    assert health_ms and max(health_ms) < 1000 * BOUND_MARGIN
+
+
+_I39_BR_QUOTA = 256 * 1024  # bytes a key may keep stored, in row 6's server
+
+
+def _i39_bounds_responses_stored(db: Path) -> tuple[int, int, int]:
+    """(responses, bytes of their JSON and of the answers they name, distinct answers kept), read
+    from the database file itself, not from the proxy's own tally."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        count, own = conn.execute(
+            "SELECT count(*), coalesce(sum(length(CAST(response AS BLOB)) + "
+            "length(CAST(input_items AS BLOB))), 0) FROM responses"
+        ).fetchone()
+        outputs, output_bytes = conn.execute(
+            "SELECT count(*), coalesce(sum(length(CAST(output AS BLOB))), 0) FROM response_outputs"
+        ).fetchone()
+    return int(count), int(own) + int(output_bytes), int(outputs)
+
+
+def test_issue39_row6_stored_responses_stay_within_a_keys_quota(
+    tmp_path: Path, api: FakeAPI
+) -> None:
+    """A keyed server with the cache on and a 256 KiB store quota: 20 bodies with a 7.5 MB
+    ``user`` get a 400 naming it with no upstream call; 20 identical requests (1 API answer, 19
+    cache hits) keep that answer once; requests of 40 KB of input fill the quota, and past it
+    get a 400 naming ``store``, with no upstream call, while ``store: false`` is served; the
+    key's stored bytes, read from the database file, stay within the quota."""
+    db = tmp_path / "ledger.db"
+    key = keys_mod.create(str(db), "store-team")
+    admin = keys_mod.create(str(db), "store-admin", admin=True)  # reads the full /healthz
+    served = launch(
+        tmp_path,
+        api,
+        db=db,
+        config={
+            "cache": {"enabled": True},
+            "responses": {"max_stored_bytes_per_key": _I39_BR_QUOTA, "max_stored_per_key": 1000},
+        },
+    )
+    served.key = admin
+    wait_ready(served)
+    auth = {"authorization": f"Bearer {key}", **TO_API}
+
+    def ask(body: dict[str, Any]) -> httpx.Response:
+        return post(served, body, headers=auth, timeout=60, path="/v1/responses")
+
+    base = {"model": "gpt-4o-mini", "input": "What is the capital of France?", "temperature": 0}
+    try:
+        big_user = {**base, "user": "u" * 7_500_000}
+        statuses = []
+        for _ in range(20):
+            reply = ask(big_user)
+            statuses.append(reply.status_code)
+            assert reply.json()["error"]["param"] == "user", reply.text
+            assert reply.json()["error"]["code"] == "string_above_max_length"
+        assert statuses == [400] * 20 and api.count == 0
+
+        ids = []
+        for _ in range(20):
+            reply = ask(base)
+            assert reply.status_code == 200, reply.text
+            ids.append(reply.json()["id"])
+        count, stored_bytes, outputs = _i39_bounds_responses_stored(db)
+        cached = api.count
+        assert (cached, count, outputs) == (1, 20, 1), (cached, count, outputs)
+        first, last = (
+            httpx.get(f"{served.base}/v1/responses/{i}", headers=auth) for i in ids[::19]
+        )
+        assert first.json()["output"][0]["content"] == last.json()["output"][0]["content"]
+        assert first.json()["output"][0]["id"] != last.json()["output"][0]["id"]
+
+        filler = "x" * 40_000
+        refused = None
+        for i in range(20):
+            reply = ask({**base, "input": f"{i} {filler}"})
+            if reply.status_code != 200:
+                refused = reply
+                break
+        assert refused is not None, "the quota never refused a request"
+        before = api.count
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert (error["param"], error["code"]) == ("store", "store_quota_exceeded"), error
+        again = ask({**base, "input": f"again {filler}"})
+        assert again.status_code == 400 and api.count == before  # refused before any call
+        unstored = ask({**base, "input": f"unstored {filler}", "store": False})
+        assert unstored.status_code == 200 and api.count == before + 1
+        count, stored_bytes, outputs = _i39_bounds_responses_stored(db)
+    finally:
+        stop(served)
+    print(
+        f"\nissue39 row6: 20 x 7.5 MB user: {sorted(set(statuses))}, {0} upstream calls; 20 "
+        f"identical requests: {cached} upstream call, {outputs} answers kept for all; then "
+        f"{count} responses stored, {stored_bytes} bytes of a {_I39_BR_QUOTA}-byte quota, the "
+        f"next with store 400 {error['code']}"
+    )
+    assert stored_bytes <= _I39_BR_QUOTA
+
+
+def test_issue39_a_lone_surrogate_in_responses_input_is_a_400_before_any_upstream_call(
+    main: Lazy, api: FakeAPI
+) -> None:
+    """``\\ud800`` in a Responses input text: a 400 naming the field, nothing sent upstream;
+    streamed, the same 400 as JSON, no ``[DONE]``."""
+    served = main.get()
+    text = '{"model": "gpt-4o-mini", "input": [{"role": "user", "content": [{"type": '
+    text += '"input_text", "text": "hi \\ud800 there"}]}], "store": true%s}'
+    for stream in (False, True):
+        raw = (text % (', "stream": true' if stream else "")).encode()
+        reply = post(served, raw, headers=TO_API, path="/v1/responses")
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["param"] == "input[0].content[0].text", reply.text
+        assert b"[DONE]" not in reply.content
+    paired = (text % "").replace("\\ud800", "\\ud83d\\ude00").encode()  # a pair is text
+    assert api.count == 0
+    reply = post(served, paired, headers=TO_API, path="/v1/responses")
+    assert reply.status_code == 200, reply.text
+    assert api.count == 1
+    print("\nissue39 surrogate: 400 naming input[0].content[0].text (JSON and streamed), 0 calls")

@@ -287,6 +287,11 @@ class Handler:
             ex.audit_reference = reply.body
         return reply
 
+    def failed_stream_end(self, err: ProxyError) -> tuple[bytes, ...]:
+        """The last events of a stream that failed after its first byte: chat's error event,
+        then ``[DONE]`` (a Responses stream ends otherwise)."""
+        return sse_event(err), sse.DONE
+
     def stream(
         self,
         chunks: AsyncGenerator[bytes, None],
@@ -302,8 +307,8 @@ class Handler:
                     yield chunk
             except Exception as exc:  # noqa: BLE001 - the status line is already out
                 ex.error = "stream_failed"  # logged once, and sent as the stream's last event
-                yield sse_event(unexpected(exc, ex.request_id, started=True))
-                yield sse.DONE
+                for end in self.failed_stream_end(unexpected(exc, ex.request_id, started=True)):
+                    yield end
             finally:
                 await chunks.aclose()
 
