@@ -47,7 +47,7 @@ from proxy.errors import BudgetExhausted, BudgetUnavailable, ModelNotAllowed, To
 from proxy.http.background import stop_task
 from proxy.ledger.db.connections import Pool, Unavailable
 from proxy.ledger.db.location import Database
-from proxy.ledger.pricing import PriceBook
+from proxy.ledger.pricing import PriceBook, requested_billing
 from proxy.ledger.response_cache import ResponseCache, cache_key, cacheable
 from proxy.ledger.tenants.budgets import Budgets, Reservation
 from proxy.ledger.tenants.keys import ClientKey
@@ -297,7 +297,9 @@ class Quotas:
         limit = self.prices.max_output_tokens(api_model)
         window = self.prices.max_input_tokens(api_model)
         prompt, completion = worst_case_tokens(body, local_tokens, limit, window)
-        amount = self.prices.cost(api_model, prompt, completion)
+        amount = self.prices.cost(
+            api_model, prompt, completion, billed=requested_billing(body, completion)
+        )
         if amount is None:
             raise BudgetExhausted(
                 f"the key {key.name!r} has a budget, and the model {api_model!r} has no known "
