@@ -34,6 +34,8 @@ forgets the recorded requests):
 - ``tool_call``: ``{"name": ..., "arguments": {...}}``: a plain chat request that offers tools and
   ends with the user's message gets that call (``finish_reason: "tool_calls"``); once a tool's
   result follows, the ``reply`` text, as a model that used one tool
+- ``served_tier``: the ``service_tier`` a chat answer (and each of its stream's chunks) says it
+  was served at, as OpenAI's do (None: the field is left out)
 - ``failed_response``: a message: a streamed ``/v1/responses`` answer ends with
   ``response.failed`` (``status: failed``, ``error.code: server_error``, that message)
 
@@ -106,6 +108,7 @@ DEFAULTS: dict[str, Any] = {
     "oracle": None,
     "tool_call": None,
     "failed_response": None,
+    "served_tier": None,
 }
 
 _ERROR_TYPES = {
@@ -434,6 +437,7 @@ class FakeAPI:
             "created": int(time.time()),
             "model": body.get("model", ""),
             "system_fingerprint": "fp_fake",
+            **({"service_tier": self.served_tier} if self.served_tier else {}),
         }
         call = self._tool_call(body)
         if call is not None and not body.get("stream"):

@@ -76,6 +76,7 @@ class Exchange:
     audio_prompt_tokens: int = 0
     audio_completion_tokens: int = 0
     web_searches: int = 0
+    served_tier: str | None = None  # the answer's own service_tier: what the provider billed
     recorded: bool = False  # its ledger row is written (once, whatever happens after)
     # The key's budget reservation, settled by finish; the response cache's entry (quotas).
     reservation: Any = None
@@ -132,9 +133,12 @@ class Exchange:
             said = usage.get("completion_tokens_details") or {}
             self.audio_completion_tokens = _count(said.get("audio_tokens"))
 
-    def take_searches(self, response: dict[str, Any]) -> None:
-        """The web searches a Responses answer made: its ``web_search_call`` items."""
-        output = response.get("output")
+    def take_billing(self, answer: dict[str, Any]) -> None:
+        """What an API answer says it was billed for: the ``service_tier`` it was served at,
+        and the web searches a Responses answer made (its ``web_search_call`` items)."""
+        if isinstance(answer.get("service_tier"), str):
+            self.served_tier = answer["service_tier"]
+        output = answer.get("output")
         if isinstance(output, list):
             self.web_searches = sum(
                 1

@@ -67,10 +67,11 @@ def _as_is(ex: Exchange, names: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _billed(ex: Exchange) -> dict[str, Any]:
-    """The ledger's billing columns: the tier and search context size the API call was sent
-    with (for a local answer, the request's tier, which its counterfactual is priced at), its
-    audio tokens, and its web searches (a chat request with ``web_search_options`` makes one;
-    a Responses answer counts its own)."""
+    """The ledger's billing columns: the tier the API answer says it was served at, else the
+    one it was sent with (for a local answer, the request's tier, which its counterfactual is
+    priced at); the search context size it was sent with; its audio tokens; and its web
+    searches (a chat request with ``web_search_options`` makes one; a Responses answer counts
+    its own)."""
     sent = ex.worst_body if ex.worst_body is not None else (ex.body or {})
     options = sent.get("web_search_options")
     size = options.get("search_context_size") if isinstance(options, dict) else None
@@ -81,7 +82,9 @@ def _billed(ex: Exchange) -> dict[str, Any]:
     if ex.route == "api" and not searches and isinstance(options, dict):
         searches = 1
     return {
-        "service_tier": service_tier(sent.get("service_tier")),
+        "service_tier": service_tier(
+            ex.served_tier if ex.served_tier is not None else sent.get("service_tier")
+        ),
         "audio_prompt_tokens": ex.audio_prompt_tokens,
         "audio_completion_tokens": ex.audio_completion_tokens,
         "web_searches": searches if ex.route == "api" else 0,

@@ -438,3 +438,40 @@ async def test_a_priority_call_with_audio_is_reserved_and_charged_at_its_own_rat
     )
     assert text_in > 0 and row == ("priority", 1, 4, expected, expected)
     assert spend(db, "fast") == (expected, 0)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_the_tier_the_provider_says_it_served_is_the_one_charged(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any, stream: bool
+) -> None:
+    # Asked for priority, served (and billed) at the default tier, as OpenAI's answer says when
+    # it does not grant priority: the row and the key's spend are at the standard rate.
+    fake_api.set(reply="one two three four five six", served_tier="default")
+    book = PriceBook(load_price_map())
+    body = {**ASK, "max_tokens": 6, "service_tier": "priority", "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    db = parse(str(tmp_path / "ledger.db"))
+    key = keys.create(db, "asked", monthly_budget_pusd=10**12)
+    async with make_client(ledger_settings(tmp_path, fake_api, db)) as client:
+        response = await client.post(
+            "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}", **API}
+        )
+        await asyncio.sleep(0.3)  # the settle runs in the background
+        assert await services_of(client).ledger.flush(10)
+    assert response.status_code == 200, response.text[:300]
+    assert fake_api.requests[-1][2]["service_tier"] == "priority"
+    conn = sqlite3.connect(tmp_path / "ledger.db")
+    try:
+        [(tier, prompt, completion, cost)] = conn.execute(
+            "SELECT service_tier, prompt_tokens, completion_tokens, api_cost_pusd FROM requests"
+        ).fetchall()
+    finally:
+        conn.close()
+    standard = book.cost("gpt-4o-mini", prompt, completion)
+    assert completion == 6 and standard is not None
+    assert standard < (
+        book.cost("gpt-4o-mini", prompt, completion, billed=Billed(tier="priority")) or 0
+    )
+    assert (tier, cost) == (None, standard)
+    assert spend(db, "asked") == (standard, 0)
