@@ -298,7 +298,7 @@ class Quotas:
         window = self.prices.max_input_tokens(api_model)
         prompt, completion = worst_case_tokens(body, local_tokens, limit, window)
         amount = self.prices.cost(
-            api_model, prompt, completion, billed=requested_billing(body, completion)
+            api_model, prompt, completion, billed=requested_billing(body, completion, window)
         )
         if amount is None:
             raise BudgetExhausted(

@@ -387,11 +387,15 @@ def billed_of(row: Mapping[str, Any]) -> Billed:
     )
 
 
-def requested_billing(body: Mapping[str, Any], completion_tokens: int) -> Billed:
+def requested_billing(
+    body: Mapping[str, Any], completion_tokens: int, window: int | None = None
+) -> Billed:
     """The most a request's call can be billed for besides text at the standard rate, for its
-    reservation: the ``service_tier`` it asks for; all ``completion_tokens`` as audio when its
-    ``modalities`` include audio; one web search for chat's ``web_search_options``, and for a
-    Responses call's web search tools ``max_tool_calls`` searches, else one per such tool."""
+    reservation: the ``service_tier`` it asks for; a whole input ``window`` of audio tokens per
+    ``input_audio`` part (what the reservation counts it as); all ``completion_tokens`` as
+    audio when its ``modalities`` include audio; one web search for chat's
+    ``web_search_options``, and for a Responses call's web search tools ``max_tool_calls``
+    searches, else one per such tool."""
     size = None
     options = body.get("web_search_options")
     searches = 1 if isinstance(options, dict) else 0
@@ -413,10 +417,23 @@ def requested_billing(body: Mapping[str, Any], completion_tokens: int) -> Billed
     audio = isinstance(modalities, list) and "audio" in modalities
     return Billed(
         tier=service_tier(body.get("service_tier")),
+        audio_prompt_tokens=_audio_parts(body) * (window or 0),
         audio_completion_tokens=completion_tokens if audio else 0,
         web_searches=searches,
         search_context_size=size if size in SEARCH_SIZES else "medium",
     )
+
+
+def _audio_parts(body: Mapping[str, Any]) -> int:
+    """The ``input_audio`` content parts of a chat or Responses body's messages."""
+    count = 0
+    for field in ("messages", "input"):
+        items = body.get(field)
+        for item in items if isinstance(items, list) else []:
+            parts = item.get("content") if isinstance(item, dict) else None
+            for part in parts if isinstance(parts, list) else []:
+                count += isinstance(part, dict) and part.get("type") == "input_audio"
+    return count
 
 
 def apply_costs(row: dict[str, Any], book: PriceBook) -> None:

@@ -475,3 +475,24 @@ async def test_the_tier_the_provider_says_it_served_is_the_one_charged(
     )
     assert (tier, cost) == (None, standard)
     assert spend(db, "asked") == (standard, 0)
+
+
+async def test_an_input_audio_part_is_reserved_at_an_audio_rate_not_as_text(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    # One input_audio part is reserved a whole input window (128,000 tokens for gpt-4o-mini):
+    # $0.0192 as text, $12.80 at the audio bound ($100/M; the map gives gpt-4o-mini no audio
+    # rate). A $1 budget holds the text price, not the audio one.
+    said = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+    content = [{"type": "text", "text": "What is said?"}, said]
+    body = {**ASK, "max_tokens": 6, "messages": [{"role": "user", "content": content}]}
+    db = parse(str(tmp_path / "ledger.db"))
+    key = keys.create(db, "listener", monthly_budget_pusd=10**12)
+    async with make_client(ledger_settings(tmp_path, fake_api, db)) as client:
+        refused = await client.post(
+            "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}", **API}
+        )
+    assert refused.status_code == 429, refused.text[:300]
+    assert refused.json()["error"]["code"] == "insufficient_quota"
+    assert "$12.8" in refused.json()["error"]["message"]
+    assert fake_api.count == 0

@@ -417,6 +417,9 @@ def test_a_reservation_is_billed_for_the_tier_audio_and_searches_a_request_asks_
         web_searches=1, search_context_size="high"
     )
     assert requested_billing({"tools": tools, "max_tool_calls": 6}, 5).web_searches == 6
+    said = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    heard = {"messages": [{"role": "user", "content": [said, said]}]}
+    assert requested_billing(heard, 5, 1000) == Billed(audio_prompt_tokens=2000)
 
 
 def test_rows_that_cannot_be_costed_stay_null_never_zero(price_map: dict[str, Any]) -> None:
