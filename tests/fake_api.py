@@ -34,6 +34,8 @@ forgets the recorded requests):
 - ``tool_call``: ``{"name": ..., "arguments": {...}}``: a plain chat request that offers tools and
   ends with the user's message gets that call (``finish_reason: "tool_calls"``); once a tool's
   result follows, the ``reply`` text, as a model that used one tool
+- ``served_tier``: the ``service_tier`` a chat answer (and each of its stream's chunks) says it
+  was served at, as OpenAI's do (None: the field is left out)
 - ``failed_response``: a message: a streamed ``/v1/responses`` answer ends with
   ``response.failed`` (``status: failed``, ``error.code: server_error``, that message)
 - ``huge_reply_bytes``: a chat answer whose text is that many bytes (``a``), sent 1 MiB at a
@@ -118,6 +120,7 @@ DEFAULTS: dict[str, Any] = {
     "failed_response": None,
     "huge_reply_bytes": None,
     "echo_auth": False,
+    "served_tier": None,
 }
 
 _ERROR_TYPES = {
@@ -507,6 +510,7 @@ class FakeAPI:
             "created": int(time.time()),
             "model": body.get("model", ""),
             "system_fingerprint": "fp_fake",
+            **({"service_tier": self.served_tier} if self.served_tier else {}),
         }
         if self.huge_reply_bytes is not None:
             return _Huge(self, base, int(self.huge_reply_bytes), stream=bool(body.get("stream")))

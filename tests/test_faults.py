@@ -2509,3 +2509,115 @@ def test_issue39_a_lone_surrogate_in_responses_input_is_a_400_before_any_upstrea
     assert reply.status_code == 200, reply.text
     assert api.count == 1
     print("\nissue39 surrogate: 400 naming input[0].content[0].text (JSON and streamed), 0 calls")
+
+
+# -- issue 39, row 3: a reservation lives as long as its call --------------------------------------
+# Streams that run four times the reservation's lease ([ledger] reservation_lease_s = 3): while
+# they run, the money they reserved stays reserved, so a second wave sent after the lease has run
+# out twice is refused, and the key's spend stays within its budget.
+
+_I39_MONEY_TIME_LEASE_S = 3.0
+_I39_MONEY_TIME_WORDS = 400  # each stream's answer, one word a chunk, billed one token a word
+_I39_MONEY_TIME_PER_TOKEN_S = 0.03  # so a stream runs at least 12 s: four leases
+_I39_MONEY_TIME_WAVE = 12
+_I39_MONEY_TIME_BUDGET_PUSD = 1_600_000_000  # $0.0016: about 6 of these streams' worst cases
+
+
+def _i39_money_time_stream(served: Served, key: str, out: list[tuple[int, str]]) -> None:
+    """One streamed chat request forced to the API, read to its end; (status, text) in ``out``."""
+    body = chat_body(
+        max_tokens=_I39_MONEY_TIME_WORDS, stream=True, stream_options={"include_usage": True}
+    )
+    headers = {"content-type": "application/json", "authorization": f"Bearer {key}", **TO_API}
+    with httpx.stream(
+        "POST",
+        served.base + "/v1/chat/completions",
+        content=json.dumps(body).encode(),
+        headers=headers,
+        timeout=120,
+    ) as reply:
+        text = reply.read().decode()
+        out.append((reply.status_code, text))
+
+
+def _i39_money_time_wave(
+    served: Served, key: str
+) -> tuple[list[threading.Thread], list[tuple[int, str]]]:
+    """A wave of streams sent at once; the threads (to join) and their (status, text) list."""
+    out: list[tuple[int, str]] = []
+    senders = [
+        threading.Thread(target=_i39_money_time_stream, args=(served, key, out))
+        for _ in range(_I39_MONEY_TIME_WAVE)
+    ]
+    for sender in senders:
+        sender.start()
+    return senders, out
+
+
+def _i39_money_time_billed(text: str) -> int:
+    """Pico-dollars that one stream's usage chunk says the provider billed."""
+    for line in text.splitlines():
+        if line.startswith("data: {"):
+            usage = json.loads(line.removeprefix("data: ")).get("usage")
+            if usage:
+                book = PriceBook(load_price_map())
+                cost = book.cost("gpt-4o-mini", usage["prompt_tokens"], usage["completion_tokens"])
+                return int(cost or 0)
+    raise AssertionError("a stream without its usage chunk: " + text[-300:])
+
+
+def test_issue39_row3_streams_longer_than_the_lease_keep_spend_within_the_budget(
+    tmp_path: Path, api: FakeAPI
+) -> None:
+    db = tmp_path / "ledger.db"
+    key = keys_mod.create(
+        str(db),
+        "long-streams",
+        monthly_budget_pusd=_I39_MONEY_TIME_BUDGET_PUSD,
+        max_concurrency=2 * _I39_MONEY_TIME_WAVE,
+    )
+    served = launch(
+        tmp_path, api, db=db, config={"ledger": {"reservation_lease_s": _I39_MONEY_TIME_LEASE_S}}
+    )
+    served.key = keys_mod.create(str(db), "ops", admin=True)
+    api.set(
+        reply=" ".join(["word"] * _I39_MONEY_TIME_WORDS), per_token_s=_I39_MONEY_TIME_PER_TOKEN_S
+    )
+    try:
+        wait_ready(served)
+        started = time.monotonic()
+        first, first_out = _i39_money_time_wave(served, key)
+        deadline = started + 60
+        while len(first_out) < _I39_MONEY_TIME_WAVE - api.open_streams:  # refused ones answered
+            assert time.monotonic() < deadline, "the first wave never settled into streams"
+            time.sleep(0.05)
+        running = api.open_streams
+        time.sleep(2 * _I39_MONEY_TIME_LEASE_S + 1)  # the lease runs out twice over, unrenewed
+        still_running = api.open_streams
+        late_s = time.monotonic() - started
+        second, second_out = _i39_money_time_wave(served, key)
+        for sender in [*first, *second]:
+            sender.join(timeout=120)
+        spent, reserved = _settled(db, "long-streams")
+    finally:
+        stop(served)
+    answered = [text for status, text in first_out + second_out if status == 200]
+    refused = [text for status, text in first_out + second_out if status == 429]
+    billed = sum(_i39_money_time_billed(text) for text in answered)
+    firsts = sorted(status for status, _ in first_out)
+    seconds = sorted(status for status, _ in second_out)
+    print(
+        f"\nissue39 row3: lease {_I39_MONEY_TIME_LEASE_S} s; first wave {firsts.count(200)} x "
+        f"200, {firsts.count(429)} x 429 ({running} streams running); second wave at "
+        f"{late_s:.1f} s with {still_running} still running: {seconds.count(200)} x 200, "
+        f"{seconds.count(429)} x 429; billed ${billed / 1e12:.6f}, the key's spend "
+        f"${spent / 1e12:.6f} on a ${_I39_MONEY_TIME_BUDGET_PUSD / 1e12:.4f} budget "
+        f"(reserved {reserved})"
+    )
+    assert 2 <= firsts.count(200) < _I39_MONEY_TIME_WAVE, firsts  # the budget binds
+    assert still_running == running == firsts.count(200)  # wave 2 came while all still ran
+    assert seconds == [429] * _I39_MONEY_TIME_WAVE, [t[:200] for s, t in second_out if s != 429]
+    for text in refused:
+        assert json.loads(text)["error"]["code"] == "insufficient_quota", text[:300]
+    assert spent == billed and reserved == 0
+    assert 0 < spent <= _I39_MONEY_TIME_BUDGET_PUSD

@@ -174,6 +174,9 @@ class LedgerSettings:
     busy_timeout_s: float = 5.0
     max_queue: int = 100_000
     shutdown_timeout_s: float = 5.0
+    # A budget reservation's lease: renewed every third of it while its call runs; a crashed
+    # replica's reservations are released within it (proxy/ledger/tenants/budgets.py).
+    reservation_lease_s: float = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -283,6 +283,7 @@ class Handler:
             ex.api_ms = (time.perf_counter() - started) * 1000
         ex.upstream_attempts = reply.attempts
         ex.take_usage(reply.body.get("usage"))
+        ex.take_billing(reply.body)
         if ex.audit is not None:
             ex.audit_reference = reply.body
         return reply

@@ -282,6 +282,7 @@ class ResponsesHandler(ChatHandler):
             responses_api.create(upstream, sent, request_id=ex.request_id), ex
         )
         ex.take_usage(chat_usage(reply.body.get("usage")))
+        ex.take_billing(reply.body)
         if ex.audit is not None:
             ex.audit_reference = completion_of(reply.body)
         response = _ours(reply.body, turn.asked)
@@ -402,6 +403,7 @@ async def _relayed(
                         usage = chat_usage(response.get("usage"))
                         stream.usage = usage
                         ex.take_usage(usage)
+                        ex.take_billing(response)
                         ex.keep(completion_of(response))
                         if ex.audit is not None:  # a rejected local answer's reference
                             ex.audit_reference = completion_of(response)

@@ -116,6 +116,7 @@ class UpstreamStream(Closing):
         secrets: Secrets = NO_SECRETS,
     ) -> None:
         self.usage: dict[str, Any] | None = None
+        self.service_tier: str | None = None  # the usage event's: the tier the call was billed at
         self.latency_s = latency_s
         """Seconds from the call to upstream's response headers, retries included."""
         self.attempts = attempts
@@ -220,12 +221,16 @@ class UpstreamStream(Closing):
                     parsed = None
                 if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict):
                     self.usage = parsed["usage"]
+                    tier = parsed.get("service_tier")
+                    self.service_tier = tier if isinstance(tier, str) else self.service_tier
                     if self._strip and parsed.get("choices") == []:
                         continue
                 elif isinstance(parsed, dict) and isinstance(parsed.get("response"), dict):
                     usage = parsed["response"].get("usage")  # a Responses stream's last event
                     if isinstance(usage, dict):
                         self.usage = usage
+                        tier = parsed["response"].get("service_tier")
+                        self.service_tier = tier if isinstance(tier, str) else self.service_tier
             kept.append(event)
         return b"\n\n".join(kept) if len(kept) != len(events) else data
 
