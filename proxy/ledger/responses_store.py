@@ -18,7 +18,9 @@ what the HTTP side checks before it spends anything on a request. An answer's ou
 kept once, however many responses carry them (a cache hit is the same answer under new ids): in
 ``response_outputs``, under the sha256 of their JSON with the item ids left blank, while each
 response keeps its own ids. Only the row that stored an answer first counts its bytes; the last
-response that names an answer takes it along when it is deleted or pruned.
+response that names an answer takes it along when it is deleted or pruned (on PostgreSQL under
+a lock per answer, so that a replica storing a response that names it and one deleting it
+cannot cross).
 
 Who may read what is the HTTP side's business (``proxy/http/responses_state.py``): this module
 reads and writes rows. Blocking methods: run them in a thread; a database that is not there
@@ -85,6 +87,21 @@ _READ = (
     + ", ".join(f"r.{column}" for column in _COLUMNS.split(", "))
     + ", o.output FROM responses r LEFT JOIN response_outputs o ON o.digest = r.output_digest"
 )
+
+
+_ORPHANS = (
+    "DELETE FROM response_outputs WHERE NOT EXISTS "
+    "(SELECT 1 FROM responses WHERE output_digest = response_outputs.digest)"
+)
+
+
+def _hold_output(tx: Tx, digest: str) -> None:
+    """On PostgreSQL, the lock on the answer ``digest`` until the transaction ends, taken by
+    whoever stores a response that names it and whoever deletes it once unnamed: a replica
+    that finds the answer kept (and so writes no copy) cannot have it deleted under it by
+    another's delete or prune, whose check would not see the uncommitted response yet.
+    SQLite's one writer needs none."""
+    tx.rows("SELECT pg_advisory_xact_lock(hashtext(?))", (f"response-output:{digest}",))
 
 
 def _split(response: dict[str, Any]) -> tuple[dict[str, Any], str | None, str | None]:
@@ -183,6 +200,8 @@ class ResponseStore:
         with self.pool.transaction() as tx:
             if tx.db.is_postgres:  # replicas: one writer per key at a time (SQLite: the lock)
                 tx.rows("SELECT pg_advisory_xact_lock(hashtext(?))", (f"responses:{stored.owner}",))
+                if digest is not None:
+                    _hold_output(tx, digest)
             usage = self._usage(tx, where, values)
             shared = digest is not None and bool(
                 tx.rows("SELECT 1 FROM response_outputs WHERE digest = ?", (digest,))
@@ -243,6 +262,7 @@ class ResponseStore:
                 return False
             tx.run("DELETE FROM responses WHERE id = ?", (response_id,))
             if found[0][0] is not None:
+                _hold_output(tx, found[0][0])
                 tx.run(
                     "DELETE FROM response_outputs WHERE digest = ? AND NOT EXISTS "
                     "(SELECT 1 FROM responses WHERE output_digest = ?)",
@@ -259,11 +279,13 @@ class ResponseStore:
         cutoff = now - self.retention_days * _DAY_S
         with self.pool.transaction() as tx:
             gone = tx.count("DELETE FROM responses WHERE created_at < ?", (cutoff,))
-            if gone:
-                tx.run(
-                    "DELETE FROM response_outputs WHERE NOT EXISTS "
-                    "(SELECT 1 FROM responses WHERE output_digest = response_outputs.digest)"
-                )
+            if gone and tx.db.is_postgres:  # each orphan under its lock, in one order
+                orphans = tx.rows(_ORPHANS.replace("DELETE", "SELECT digest", 1))
+                for (digest,) in sorted(orphans):
+                    _hold_output(tx, digest)
+                    tx.run(_ORPHANS + " AND digest = ?", (digest,))
+            elif gone:
+                tx.run(_ORPHANS)
             return gone
 
     def _prune_if_due(self, now: float) -> None:
