@@ -14,6 +14,10 @@ chunks (``cut_stream``: its row must be there, charged), a tool of 20,000 proper
 (``wide_schema``: a 200, checked off the event loop), a body that stops after its first bytes
 and is dropped (``stalled_body``: a 499 row), and the client key's own report (``own_report``:
 a 200 that names no other key; a report has no ledger row). An admin key reads ``/healthz``.
+Issue 39's attacks join them: 400 KB in an assistant ``refusal`` part and 200 prompts on
+``/v1/completions`` from the $0.001 key (``refusal_burst``, ``prompt_list``: 429s, however the local
+model counted them), and a 400 KB message ``name``, a 7.5 MB ``user`` and a lone surrogate on
+``/v1/responses`` (``name_burst``, ``big_user``, ``surrogate``: 4xx, past the free-text bounds).
 
 Reported (``summary.json`` and ``summary.md`` in ``--out``):
 
@@ -73,9 +77,19 @@ KINDS = {  # kind: weight
     "wide_schema": 1,
     "stalled_body": 1,
     "own_report": 1,
+    "refusal_burst": 1,
+    "name_burst": 1,
+    "prompt_list": 1,
+    "big_user": 1,
+    "surrogate": 1,
 }
-BAD = {"bad_json", "bad_type", "bad_model"}  # each must be a 4xx
-REFUSED = {"over_budget"}  # must be a 429 insufficient_quota
+# each must be a 4xx: issue 39's kinds are a 7.5 MB `user` and a lone surrogate on
+# /v1/responses, and a 400 KB message `name` (past the free-text bounds)
+BAD = {"bad_json", "bad_type", "bad_model", "big_user", "surrogate", "name_burst"}
+# each must be a 429 insufficient_quota from the $0.001 key, before any upstream call: issue 39's
+# are 400 KB in an assistant `refusal` part with a certain fallback (`x-frugal-min-quality: 1`,
+# reserved from the body sent, not the local count) and 200 prompts on /v1/completions
+REFUSED = {"over_budget", "refusal_burst", "prompt_list"}
 DROPPED = {"disconnect", "cut_stream", "stalled_body"}  # the client leaves: no status to check
 NO_ROW = {"own_report"}  # not a model request: no ledger row
 WIDE_TOOL = [
@@ -94,6 +108,16 @@ BIG_FUNCTIONS = [
     {"name": f"f{i}", "description": "d" * 2000, "parameters": {"type": "object"}}
     for i in range(200)
 ]
+BIG_REFUSAL = [
+    {"role": "user", "content": "Say hi."},
+    {"role": "assistant", "content": [{"type": "refusal", "refusal": "no " * 133_000}]},
+    {"role": "user", "content": "Say hi again."},
+]
+BIG_NAME = [{"role": "user", "name": "n" * 400_000, "content": "Say hi."}]
+PROMPTS = [f"Write a haiku about the number {i}." for i in range(200)]
+BIG_USER = "u" * 7_500_000
+# a lone surrogate, as a JSON escape: json.dumps writes it as it is, and the server must refuse it
+SURROGATE = b'{"model": "gpt-4o-mini", "input": "Say \\ud800 hi.", "max_output_tokens": 16}'
 TO_API = {"x-frugal-route": "api"}
 TO_LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}
 
@@ -126,6 +150,7 @@ class Soak:
         request_id = f"soak-{kind}-{secrets.token_hex(8)}"
         headers = {"content-type": "application/json", "x-request-id": request_id, **self.auth()}
         content: bytes
+        path = "/v1/chat/completions"
         if kind == "own_report":
             self.own_report(client, request_id)
             return
@@ -147,6 +172,24 @@ class Soak:
         elif kind == "over_budget":
             headers.update({**TO_API, **self.auth("tight")})
             content = json.dumps(self.body(max_tokens=5, functions=BIG_FUNCTIONS)).encode()
+        elif kind == "refusal_burst":
+            headers.update({"x-frugal-min-quality": "1", **self.auth("tight")})
+            content = json.dumps(self.body(messages=BIG_REFUSAL)).encode()
+        elif kind == "name_burst":
+            headers.update({"x-frugal-min-quality": "1", **self.auth("tight")})
+            content = json.dumps(self.body(messages=BIG_NAME)).encode()
+        elif kind == "prompt_list":
+            headers.update({**TO_API, **self.auth("tight")})
+            path = "/v1/completions"
+            body = {"model": "gpt-4o-mini", "prompt": PROMPTS, "max_tokens": 50}
+            content = json.dumps(body).encode()
+        elif kind == "big_user":
+            path = "/v1/responses"
+            body = {"model": "gpt-4o-mini", "input": "Say hi.", "user": BIG_USER}
+            content = json.dumps(body).encode()
+        elif kind == "surrogate":
+            path = "/v1/responses"
+            content = SURROGATE
         elif kind == "wide_schema":
             headers.update(TO_API)
             content = json.dumps(self.body(tools=WIDE_TOOL)).encode()
@@ -157,7 +200,7 @@ class Soak:
         status: int
         try:
             with client.stream(
-                "POST", self.served.base + "/v1/chat/completions", content=content, headers=headers
+                "POST", self.served.base + path, content=content, headers=headers
             ) as response:
                 for _ in response.iter_bytes():
                     pass

@@ -5,6 +5,7 @@
     │   └── ConfigError                 bad settings; the CLI prints it and exits 2
     ├── ProxyError                      what a client sees: OpenAI's error JSON, with its status
     │   ├── BadRequest              400 invalid_request_error  invalid_value (names the `param`)
+    │   │   └── StoreFull           400 invalid_request_error  store_quota_exceeded (`store`)
     │   ├── Unauthorized            401 authentication_error   invalid_api_key (WWW-Authenticate)
     │   ├── NotFound                404 invalid_request_error  not_found
     │   ├── MethodNotAllowed        405 invalid_request_error  method_not_allowed (with Allow)
@@ -128,6 +129,15 @@ class BadRequest(ProxyError):
     status = 400
     type = "invalid_request_error"
     code = "invalid_value"
+
+
+class StoreFull(BadRequest):
+    """A request with ``store`` from a key that keeps its quota of stored Responses already
+    (``[responses] max_stored_bytes_per_key``, ``max_stored_per_key``). A 400, not a 429:
+    waiting does not free the space (only a DELETE, or the retention, does), and OpenAI's
+    clients retry a 429 on their own, in vain here."""
+
+    code = "store_quota_exceeded"
 
 
 class Unauthorized(ProxyError):

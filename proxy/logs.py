@@ -16,6 +16,13 @@ warning about a bad ``image_url``) could write a forged JSON line into it. So
 takes litellm's own handlers away (call it after importing litellm); and
 :func:`route_llama_cpp_logs` does the same for llama.cpp's warnings and errors in the engine
 worker.
+
+Text from outside (a file name a model hub listed, a model name a client sent) is shown
+through :func:`shown` wherever it reaches a terminal or a log line in plain text: every
+character :func:`invisible` names (controls, so terminal escapes; format characters, so bidi
+overrides; line and paragraph separators; private-use, surrogate and unassigned code points;
+spaces other than U+0020; the blank Hangul fillers) is written as a Python escape
+(``\\x1b``, ``\\u202e``), so such a name can neither rewrite the screen nor pass for another.
 """
 
 from __future__ import annotations
@@ -23,12 +30,50 @@ from __future__ import annotations
 import ctypes
 import logging
 import sys
+import unicodedata
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import structlog
 
 MAX_LIBRARY_MESSAGE = 500
 LIBRARY_LOGGERS = ("LiteLLM", "LiteLLM Proxy", "LiteLLM Router")  # each with its own handler
+# Controls, format characters (bidi overrides, zero-width joiners), line and paragraph
+# separators, surrogates, private use and unassigned code points: none shows as itself.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
+# Letters that draw as nothing (Unicode's Hangul fillers, and the blank Braille pattern).
+BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def invisible(char: str) -> bool:
+    """Whether one character would not show as itself in a terminal or a log line: a control,
+    format, separator, surrogate, private-use or unassigned code point, a space other than
+    U+0020, or a blank letter (:data:`BLANK_LETTERS`)."""
+    category = unicodedata.category(char)
+    return (
+        category in _HIDDEN_CATEGORIES
+        or (category == "Zs" and char != " ")
+        or char in BLANK_LETTERS
+    )
+
+
+def shown(text: str) -> str:
+    """``text`` safe to print or log: each :func:`invisible` character as a Python escape
+    (``\\x1b``, ``\\u202e``, ``\\U000e0001``), everything else as it is."""
+    if text.isascii() and text.isprintable():
+        return text
+    out = []
+    for char in text:
+        code = ord(char)
+        if not invisible(char):
+            out.append(char)
+        elif code < 0x100:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return "".join(out)
 
 
 def configure(fmt: str = "auto", level: int = logging.INFO) -> None:
@@ -38,11 +83,15 @@ def configure(fmt: str = "auto", level: int = logging.INFO) -> None:
         if use_json
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
+    # JSON escapes every control and non-ASCII character itself; the console renderer writes
+    # values as they are, so they go through shown() first.
+    escape: list[structlog.typing.Processor] = [] if use_json else [_shown_values]
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            *escape,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
@@ -50,6 +99,12 @@ def configure(fmt: str = "auto", level: int = logging.INFO) -> None:
         cache_logger_on_first_use=True,
     )
     _route_stdlib_logging()
+
+
+def _shown_values(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
+    """Every text of a console log line (the event and its string fields) through
+    :func:`shown`: a name from outside cannot send a terminal escape there."""
+    return {k: shown(v) if isinstance(v, str) else v for k, v in event.items()}
 
 
 class _ToStructlog(logging.Handler):

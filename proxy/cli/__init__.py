@@ -9,7 +9,8 @@
     frugal check  [--config PATH]
     frugal calibrate [--config PATH] [--db PATH|URL] [--out PATH]
     frugal quantize IN.gguf OUT.gguf [--type Q4_K_M] [--force]
-    frugal models pull REPO[:QUANT] [--force] | list [--format table|json] | rm REPO[:QUANT]
+    frugal models pull REPO[:QUANT] [--force] [--stall-timeout S] | list [--format table|json]
+                  | rm REPO[:QUANT]
 
 Errors meant for the user (a bad config, a missing database) print one clean line and exit
 non-zero: 2 for a usage or config error, 3 when there is no ledger to read, 4 when the ledger

@@ -35,6 +35,7 @@ from proxy.config.model_name import ModelName
 from proxy.engine import memory
 from proxy.engine.gguf import GGUFError, GGUFHeader, read_header
 from proxy.errors import ConfigError
+from proxy.logs import shown
 from proxy.models import gate_status
 from proxy.models.cache import find as find_cached
 from proxy.models.hub import cache_dir
@@ -60,10 +61,10 @@ class Report:
         return any(level == "FAIL" for level, _, _ in self.lines)
 
     def render(self, out: TextIO) -> None:
-        for level, text, fix in self.lines:
-            print(f"{level:<4} {text}", file=out)
+        for level, text, fix in self.lines:  # paths and names may come from a hub: escaped
+            print(f"{level:<4} {shown(text)}", file=out)
             if fix:
-                print(f"     fix: {fix}", file=out)
+                print(f"     fix: {shown(fix)}", file=out)
         failures = sum(1 for level, _, _ in self.lines if level == "FAIL")
         warnings = sum(1 for level, _, _ in self.lines if level == "warn")
         verdict = "ready to serve" if not failures else "not ready"

@@ -1,6 +1,6 @@
 """The model files' commands: ``frugal models pull | list | rm``, ``quantize``, ``calibrate``.
 
-    frugal models pull REPO[:QUANT] [--force] [--config PATH]
+    frugal models pull REPO[:QUANT] [--force] [--stall-timeout SECONDS] [--config PATH]
     frugal models list [--format table|json] [--config PATH]
     frugal models rm REPO[:QUANT] [--force] [--config PATH]
     frugal quantize IN.gguf OUT.gguf [--type Q4_K_M] [--force]
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -26,6 +27,7 @@ from proxy import config as config_mod
 from proxy.cli.ledger import DB_HELP
 from proxy.config.model_name import DEFAULT_QUANT, ModelName
 from proxy.errors import ConfigError
+from proxy.logs import shown
 from proxy.models import ModelsError, cache, gate_status, hub, pull
 from proxy.models.cache import resolve as resolve_model
 
@@ -72,6 +74,14 @@ def _add_models(sub: Any) -> None:
     pulling.add_argument("name", metavar="REPO[:QUANT]", help=NAME_HELP)
     pulling.add_argument(
         "--force", action="store_true", help="download it even if it does not fit the memory"
+    )
+    pulling.add_argument(
+        "--stall-timeout",
+        type=_seconds,
+        default=hub.STALL_S,
+        metavar="SECONDS",
+        help="fail the download when it brings less than 64 KiB in this many seconds (a hub "
+        f"that has stalled, or drips bytes; default {hub.STALL_S:g})",
     )
     listing = actions.add_parser("list", help="the models in the cache, and which one is in use")
     listing.add_argument("--format", choices=("table", "json"), default="table")
@@ -138,10 +148,26 @@ def _name(text: str) -> ModelName:
         raise _BadName(f"model name {exc}") from exc
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
+    return value
+
+
 def _pull(args: argparse.Namespace, settings: config_mod.Settings) -> int:
-    pulled = pull.pull(_name(args.name), settings.local, force=args.force, out=sys.stderr)
+    pulled = pull.pull(
+        _name(args.name),
+        settings.local,
+        force=args.force,
+        stall_s=args.stall_timeout,
+        out=sys.stderr,
+    )
     print(
-        f"frugal models pull: {pulled.name} is in the cache: {pulled.files[0]} "
+        f"frugal models pull: {pulled.name} is in the cache: {shown(str(pulled.files[0]))} "
         f"({pulled.size / pull.GB:.2f} GB, SHA-256 {pulled.sha256})",
         file=sys.stderr,
     )
@@ -196,7 +222,7 @@ def _list(args: argparse.Namespace, settings: config_mod.Settings) -> int:
                 f"{r['size_bytes'] / pull.GB:.2f} GB",
                 "yes" if r["in_use"] else "",
                 "calibrated" if r["calibrated"] else "shipped prior",
-                r["path"],
+                shown(r["path"]),
             )
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]

@@ -1,6 +1,12 @@
 """``frugal serve``: the proxy on a port, until SIGTERM or Ctrl-C.
 
 frugal serve [--config PATH] [--host H] [--port P] [--insecure-public]
+
+A start-up that fails (the app's lifespan raised: a model with no chat template, a worker that
+would not load) ends with one plain line that says why, ``frugal serve: could not start: …``,
+and exit status 3 (uvicorn's own for a failed start-up). uvicorn logs the traceback first, and
+the log cuts a library's message at :data:`proxy.logs.MAX_LIBRARY_MESSAGE` characters, often
+before the line that holds the reason; so :class:`_StartupWatch` keeps the exception itself.
 """
 
 from __future__ import annotations
@@ -14,8 +20,11 @@ from types import FrameType
 from typing import Any
 
 from proxy import config as config_mod
-from proxy.errors import ConfigError
+from proxy.errors import ConfigError, UserError
+from proxy.logs import shown
 from proxy.models.cache import resolve as resolve_model
+
+MAX_REASON = 1000  # characters of a start-up failure's reason, on its one line
 
 
 def add_parsers(sub: Any) -> None:
@@ -59,7 +68,7 @@ def _serve(args: argparse.Namespace) -> int:
     if not os.path.isfile(model_path):
         raise ConfigError(f"[local] model_path = {model_path!r}: no such file")
     _check_weights(settings, model_path)
-    app = create_app(settings)
+    app = _StartupWatch(create_app(settings))
     config = uvicorn.Config(
         app,
         host=server.host,
@@ -71,8 +80,56 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_keep_alive=server.keep_alive_s,
         http=guarded_protocol(server.header_timeout_s),
     )
-    _GracefulServer(config).run()
+    try:
+        _GracefulServer(config).run()
+    except SystemExit:
+        if app.failure is not None:
+            raise _StartupFailed(f"could not start: {reason(app.failure)}", 3) from None
+        raise
     return 0
+
+
+class _StartupFailed(UserError):
+    """The app's start-up raised: the CLI prints its reason on one line."""
+
+    label = "frugal serve"
+
+
+def reason(exc: BaseException) -> str:
+    """Why ``exc`` happened, on one readable line: the message of an error of ours, else the
+    exception's type and message; whitespace folded, escapes shown, at most
+    :data:`MAX_REASON` characters."""
+    text = " ".join(str(exc).split())
+    if not isinstance(exc, UserError):
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    text = shown(text or type(exc).__name__)
+    return text if len(text) <= MAX_REASON else text[:MAX_REASON] + "…"
+
+
+class _StartupWatch:
+    """The app, as uvicorn runs it, keeping the exception its lifespan's start-up raised
+    (``failure``). Starlette reports it to uvicorn as traceback text, which the log cuts."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.failure: BaseException | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            return await self.app(scope, receive, send)  # type: ignore[no-any-return]
+        started = False
+
+        async def watched_send(message: Any) -> None:
+            nonlocal started
+            started = started or message.get("type") == "lifespan.startup.complete"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched_send)
+        except Exception as exc:
+            if not started:
+                self.failure = exc
+            raise
 
 
 def _check_weights(settings: config_mod.Settings, model_path: str) -> None:

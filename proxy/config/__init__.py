@@ -5,6 +5,8 @@
     checks     the ranges and rules every loaded value is held to
     audit_settings  the ``[audit]`` section (``AuditSettings``)
     model_name      ``[local] model``: a model file, or a Hugging Face model by name
+    secrets         ``Secrets``: the secret values the settings and the environment name, and
+                    the one function that clears a foreign body of them (``scrub``)
 
 Every field is documented in ``config.example.toml``; a test keeps the two in step.
 A bad value raises :class:`~proxy.errors.ConfigError` naming the key, the value and what was

@@ -125,9 +125,12 @@ def validate(settings: Settings) -> Settings:
     _check_range("[ledger] busy_timeout_s", s.ledger.busy_timeout_s, 0.01, 600.0)
     _check_range("[ledger] max_queue", s.ledger.max_queue, 1)
     _check_range("[ledger] shutdown_timeout_s", s.ledger.shutdown_timeout_s, 1.0, 120.0)
+    _check_range("[ledger] reservation_lease_s", s.ledger.reservation_lease_s, 1.0, 3600.0)
     _check_range("[cache] ttl_s", s.cache.ttl_s, 1.0, 365 * 86400.0)
     _check_range("[cache] max_entries", s.cache.max_entries, 1)
     _check_range("[responses] retention_days", s.responses.retention_days, 0.0, 36500.0)
+    _check_range("[responses] max_stored_bytes_per_key", s.responses.max_stored_bytes_per_key, 1024)
+    _check_range("[responses] max_stored_per_key", s.responses.max_stored_per_key, 1)
     _check_range("[costs] monthly_fixed_usd", s.costs.monthly_fixed_usd, 0.0)
     return settings
 

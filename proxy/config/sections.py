@@ -174,6 +174,9 @@ class LedgerSettings:
     busy_timeout_s: float = 5.0
     max_queue: int = 100_000
     shutdown_timeout_s: float = 5.0
+    # A budget reservation's lease: renewed every third of it while its call runs; a crashed
+    # replica's reservations are released within it (proxy/ledger/tenants/budgets.py).
+    reservation_lease_s: float = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,6 +196,8 @@ class ResponsesSettings:
     ledger database (proxy/ledger/responses_store.py)."""
 
     retention_days: float = 30.0  # older stored responses are deleted; 0: kept until deleted
+    max_stored_bytes_per_key: int = 1024**3  # what one key keeps, in bytes of JSON (1 GiB)
+    max_stored_per_key: int = 50_000  # how many responses one key keeps
 
 
 @dataclass(frozen=True, kw_only=True)

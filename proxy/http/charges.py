@@ -69,6 +69,7 @@ async def settle_stream(
             await stream.aclose()
         finally:
             ex.take_usage(stream.usage)
+            ex.take_billing({"service_tier": stream.service_tier})
     if stream.usage is None and not stream.ended:
         await estimate_stream(stream.generated(), ex, services, body)
 
@@ -190,6 +191,7 @@ async def await_abandoned(
         and usage.get("prompt_tokens", usage.get("input_tokens")) is not None
     ):
         ex.take_usage(usage)
+        ex.take_billing(reply.body)
     else:
         charge_worst_case(ex)
 

@@ -71,6 +71,13 @@ class Exchange:
     worst_path: str = "/chat/completions"  # ... the upstream path that body is posted to
     worst_max_output: int | None = None  # the API model's output limit, for that worst case
     worst_window: int | None = None  # and its input window
+    # What the API call is billed for besides text at the standard rate (the ledger's
+    # 0013_billed columns, priced by proxy.ledger.pricing): audio tokens from its usage, web
+    # searches from its answer; the tier and search context size from what it was sent.
+    audio_prompt_tokens: int = 0
+    audio_completion_tokens: int = 0
+    web_searches: int = 0
+    served_tier: str | None = None  # the answer's own service_tier: what the provider billed
     recorded: bool = False  # its ledger row is written (once, whatever happens after)
     # The key's budget reservation, settled by finish; the response cache's entry (quotas).
     reservation: Any = None
@@ -123,6 +130,22 @@ class Exchange:
             self.completion_tokens = usage.get("completion_tokens")
             details = usage.get("prompt_tokens_details") or {}
             self.cached_tokens = int(details.get("cached_tokens") or 0)
+            self.audio_prompt_tokens = _count(details.get("audio_tokens"))
+            said = usage.get("completion_tokens_details") or {}
+            self.audio_completion_tokens = _count(said.get("audio_tokens"))
+
+    def take_billing(self, answer: dict[str, Any]) -> None:
+        """What an API answer says it was billed for: the ``service_tier`` it was served at,
+        and the web searches a Responses answer made (its ``web_search_call`` items)."""
+        if isinstance(answer.get("service_tier"), str):
+            self.served_tier = answer["service_tier"]
+        output = answer.get("output")
+        if isinstance(output, list):
+            self.web_searches = sum(
+                1
+                for item in output
+                if isinstance(item, dict) and item.get("type") == "web_search_call"
+            )
 
     def keep(self, completion: dict[str, Any]) -> None:
         """Keep the answer's text for the content log (only when it is on)."""
@@ -140,3 +163,9 @@ class Exchange:
                     delta = json.loads(line[6:])["choices"][0]["delta"]
                     for keeper in keepers:
                         keeper.append(str(delta.get("content") or ""))
+
+
+def _count(value: Any) -> int:
+    """A usage detail as a token count: a non-negative int, else 0."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return value if ok else 0

@@ -283,9 +283,15 @@ class Handler:
             ex.api_ms = (time.perf_counter() - started) * 1000
         ex.upstream_attempts = reply.attempts
         ex.take_usage(reply.body.get("usage"))
+        ex.take_billing(reply.body)
         if ex.audit is not None:
             ex.audit_reference = reply.body
         return reply
+
+    def failed_stream_end(self, err: ProxyError) -> tuple[bytes, ...]:
+        """The last events of a stream that failed after its first byte: chat's error event,
+        then ``[DONE]`` (a Responses stream ends otherwise)."""
+        return sse_event(err), sse.DONE
 
     def stream(
         self,
@@ -302,8 +308,8 @@ class Handler:
                     yield chunk
             except Exception as exc:  # noqa: BLE001 - the status line is already out
                 ex.error = "stream_failed"  # logged once, and sent as the stream's last event
-                yield sse_event(unexpected(exc, ex.request_id, started=True))
-                yield sse.DONE
+                for end in self.failed_stream_end(unexpected(exc, ex.request_id, started=True)):
+                    yield end
             finally:
                 await chunks.aclose()
 

@@ -24,6 +24,7 @@ from starlette.applications import Starlette
 from proxy.audit.refit import AutoCalibrator
 from proxy.audit.runner import AuditRunner
 from proxy.config import Settings
+from proxy.config.secrets import Secrets
 from proxy.engine.local_engine import LocalEngine
 from proxy.http import metrics as metrics_mod
 from proxy.http.auth import Authenticator
@@ -106,7 +107,7 @@ async def _open_parts(settings: Settings, engine: LocalEngine | None) -> _Parts:
     await quotas.start()
     stored = ResponsesState(settings, from_settings(settings.ledger))
     await stored.start()
-    upstream = Upstream(settings.fallback)
+    upstream = Upstream(settings.fallback, secrets=Secrets.known(settings))
     await upstream.start()
     local = engine or LocalEngine(
         settings.local,

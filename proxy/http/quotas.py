@@ -22,7 +22,10 @@ sends a body. The handlers call it at four points (:mod:`proxy.http.handler`,
   :class:`BudgetExhausted` (429, ``insufficient_quota``) when it would pass the budget;
   :class:`BudgetUnavailable` (503) when the database cannot be reached: budgets fail closed.
 - ``settle`` when the row is written: the real cost replaces the reservation, in the
-  background; a settle that never happens (a crash) is released by the reservation's expiry.
+  background. Until then the reservation is held, however long the call runs: its expiry is a
+  lease of ``[ledger] reservation_lease_s`` that a task here renews every third of it, for all
+  of this process's reservations in one statement (:meth:`Budgets.renew`); a settle that never
+  happens (a crash) is released by the sweep once the lease runs out.
 
 The database's state is in ``/healthz`` (``health``), ``degraded`` with the reason while its
 last call failed. All database calls run in worker threads.
@@ -46,7 +49,7 @@ from proxy.errors import BudgetExhausted, BudgetUnavailable, ModelNotAllowed, To
 from proxy.http.background import stop_task
 from proxy.ledger.db.connections import Pool, Unavailable
 from proxy.ledger.db.location import Database
-from proxy.ledger.pricing import PriceBook
+from proxy.ledger.pricing import PriceBook, requested_billing
 from proxy.ledger.response_cache import ResponseCache, cache_key, cacheable
 from proxy.ledger.tenants.budgets import Budgets, Reservation
 from proxy.ledger.tenants.keys import ClientKey
@@ -176,20 +179,23 @@ class Quotas:
         self.window = LocalWindow()
         cache = settings.cache
         self.cache = ResponseCache(self.pool, ttl_s=cache.ttl_s, max_entries=cache.max_entries)
-        fallback = settings.fallback
-        self.reservation_ttl_s = fallback.timeout_s * (fallback.max_retries + 1) + 30.0
+        # An unrenewed reservation's life: the lease, renewed while its call runs.
+        self.reservation_ttl_s = settings.ledger.reservation_lease_s
         self.model_hash: str | None = None
         self._failing_since: float | None = None
         self._reason: str | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._renewer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self.settings.cache.enabled:  # a model file is gigabytes: read it only when needed
             self.model_hash = await asyncio.to_thread(_model_hash, self.settings.local.model_path)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="quotas-sweep")
+        self._renewer = asyncio.create_task(self._renew_forever(), name="quotas-renew")
 
     async def stop(self) -> None:
+        await stop_task(self._renewer)
         await stop_task(self._sweeper)
         if self._tasks:  # settles under way: the budget must hear of them
             await asyncio.wait(set(self._tasks), timeout=0.5)
@@ -224,6 +230,22 @@ class Quotas:
                 await self._call(self.limits.sweep)
                 if self.settings.cache.enabled:
                     await self._call(self.cache.sweep)
+
+    async def _renew_forever(self) -> None:
+        """Every third of the lease, the lease of each reservation still held starts again."""
+        lease = self.reservation_ttl_s
+        while True:
+            await asyncio.sleep(lease / 3)
+            with contextlib.suppress(Unavailable):  # tried again next time; the lease has room
+                _, lost = await self._call(self.budgets.renew, lease)
+                if lost:
+                    log.warning(
+                        "budget_reservations_lost",
+                        count=lost,
+                        detail="released by the sweep while their calls still ran (the "
+                        "database was out of reach for a whole [ledger] reservation_lease_s); "
+                        "their cost still counts when they settle",
+                    )
 
     # -- admission --------------------------------------------------------------------------
 
@@ -269,7 +291,9 @@ class Quotas:
         limit = self.prices.max_output_tokens(api_model)
         window = self.prices.max_input_tokens(api_model)
         prompt, completion = worst_case_tokens(sent, limit, window, path=path)
-        amount = self.prices.cost(api_model, prompt, completion)
+        amount = self.prices.cost(
+            api_model, prompt, completion, billed=requested_billing(sent, completion, window)
+        )
         if amount is None:
             raise BudgetExhausted(
                 f"the key {key.name!r} has a budget, and the model {api_model!r} has no known "

@@ -24,7 +24,7 @@ import structlog
 from proxy.http import shadow
 from proxy.http.exchange import Exchange
 from proxy.http.services import Services
-from proxy.ledger.pricing import PUSD_PER_USD, estimate_costs
+from proxy.ledger.pricing import PUSD_PER_USD, SEARCH_SIZES, estimate_costs, service_tier
 from proxy.ledger.writing.ledger_row import LedgerRow
 from proxy.ledger.writing.tokens import CountJob
 from proxy.params import LOCAL_ALIAS
@@ -66,6 +66,32 @@ def _as_is(ex: Exchange, names: tuple[str, ...]) -> dict[str, Any]:
     return {name: getattr(ex, name) for name in names}
 
 
+def _billed(ex: Exchange) -> dict[str, Any]:
+    """The ledger's billing columns: the tier the API answer says it was served at, else the
+    one it was sent with (for a local answer, the request's tier, which its counterfactual is
+    priced at); the search context size it was sent with; its audio tokens; and its web
+    searches (a chat request with ``web_search_options`` makes one; a Responses answer counts
+    its own)."""
+    sent = ex.worst_body if ex.worst_body is not None else (ex.body or {})
+    options = sent.get("web_search_options")
+    size = options.get("search_context_size") if isinstance(options, dict) else None
+    for tool in sent.get("tools") or []:
+        if isinstance(tool, dict) and str(tool.get("type", "")).startswith("web_search"):
+            size = size or tool.get("search_context_size")
+    searches = ex.web_searches
+    if ex.route == "api" and not searches and isinstance(options, dict):
+        searches = 1
+    return {
+        "service_tier": service_tier(
+            ex.served_tier if ex.served_tier is not None else sent.get("service_tier")
+        ),
+        "audio_prompt_tokens": ex.audio_prompt_tokens,
+        "audio_completion_tokens": ex.audio_completion_tokens,
+        "web_searches": searches if ex.route == "api" else 0,
+        "search_context_size": size if size in SEARCH_SIZES else None,
+    }
+
+
 def finish(ex: Exchange, services: Services) -> None:
     """Write the exchange's ledger row, log line and metrics; once, later calls do nothing."""
     if ex.recorded:
@@ -75,6 +101,7 @@ def finish(ex: Exchange, services: Services) -> None:
     model = ex.model or ""
     row = LedgerRow(
         **_as_is(ex, _KEPT),
+        **_billed(ex),
         ts=ex.arrived,
         requested_model=ex.model,
         stream=int(ex.stream),

@@ -1,11 +1,11 @@
 """The OpenAPI request schemas, generated from the tables of :mod:`proxy.params`.
 
-Nothing here is written twice: a scalar row becomes ``{"type", "minimum", "maximum", "enum"}``,
-a nested row its fragment from :mod:`proxy.http.shapes`, an optional one ``anyOf [..., null]``,
-each with the row's ``doc``; the :class:`proxy.params.Rule` rows become ``if``/``then`` clauses.
-``additionalProperties: false`` is the allow-list. What a schema cannot say (a named
-``tool_choice`` must be one of the ``tools``, a ``json_schema`` must be a valid JSON Schema,
-``best_of`` at least ``n``) is in the request's description.
+Nothing here is written twice: a scalar row becomes ``{"type", "minimum", "maximum", "enum",
+"maxLength"}``, a nested row its fragment from :mod:`proxy.http.shapes`, an optional one
+``anyOf [..., null]``, each with the row's ``doc``; the :class:`proxy.params.Rule` rows become
+``if``/``then`` clauses. ``additionalProperties: false`` is the allow-list. What a schema
+cannot say (a named ``tool_choice`` must be one of the ``tools``, a ``json_schema`` must be a
+valid JSON Schema, ``best_of`` at least ``n``) is in the request's description.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ def _value(param: Param) -> Schema:
         schema["maximum"] = param.high
     if param.enum:
         schema["enum"] = list(param.enum)
+    if param.max_chars is not None:
+        schema["maxLength"] = param.max_chars
     return schema
 
 

@@ -34,7 +34,7 @@ it ended (every earlier turn's input and output items, whichever route answered 
 before this turn's input, so the request, local or sent upstream, carries the whole
 conversation and never one of our ids. With ``store`` (the default) the finished response and
 its input items are kept, before the answer (or a stream's last event) is sent, so that the next
-turn can name it.
+turn can name it; a key at its quota of stored responses gets a 400 before anything is spent.
 
 The ledger row's ``endpoint`` is ``responses``.
 """
@@ -64,6 +64,7 @@ from proxy.http.responses_translate import (
     API_USED,
     Used,
     chat_of,
+    check_as_chat,
     completed,
     completed_item,
     completed_part,
@@ -113,6 +114,10 @@ class ResponsesHandler(ChatHandler):
         path = responses_api.PATH
         return path, self.services.upstream.sent(path, sent, stream=ex.stream)
 
+    def failed_stream_end(self, err: ProxyError) -> tuple[bytes, ...]:
+        """A Responses stream's own ``error`` event; it never sends chat's ``[DONE]``."""
+        return (_event({"type": "error", "code": err.code, "message": str(err), "param": None}),)
+
     def _api_own(self, model: Any) -> bool:
         """Whether the fallback of a request for ``model`` is the upstream's /v1/responses."""
         if self.services.settings.fallback.responses != "responses" or not isinstance(model, str):
@@ -120,14 +125,19 @@ class ResponsesHandler(ChatHandler):
         return not self.services.upstream.via_litellm(model)
 
     def _checked(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The checks of :func:`responses_request`; with the API's own as the fallback, what
-        only it can do is let through (its own checks are the API's)."""
+        """The checks of :func:`responses_request`, then the chat check of what the cascade
+        is asked (:func:`check_as_chat`: the schemas), both where the body is read, off the
+        event loop when it is large; with the API's own as the fallback, what only it can do
+        is let through (its own checks are the API's)."""
         if isinstance(body, dict) and self._api_own(body.get("model")):
             stand, taken = stand_in(body, API_ONLY)
             if taken and "a 'item_reference' item" not in taken:  # names an upstream-stored item
                 responses_request(stand)
+                check_as_chat(stand)
                 return body
-        return responses_request(body)
+        responses_request(body)
+        check_as_chat(stand_in(body, API_ONLY)[0])
+        return body
 
     async def handle(self, request: Request, ex: Exchange) -> Response:
         asked = await self.services.bodies.read(request, self._checked)
@@ -135,6 +145,8 @@ class ResponsesHandler(ChatHandler):
         previous = asked.get("previous_response_id")
         items = input_items(asked["input"])
         earlier = await state.history(request, previous) if previous is not None else []
+        if asked.get("store") is not False:  # its key's quota, before anything is spent
+            await state.admit(request, items)
         conversation = [*earlier, *items]
         api_own = self._api_own(asked["model"])
         # Without an earlier turn, the input as it was sent (a string stays one message).
@@ -298,6 +310,7 @@ class ResponsesHandler(ChatHandler):
             responses_api.create(upstream, sent, request_id=ex.request_id), ex
         )
         ex.take_usage(chat_usage(reply.body.get("usage")))
+        ex.take_billing(reply.body)
         if ex.audit is not None:
             ex.audit_reference = completion_of(reply.body)
         response = _ours(reply.body, turn.asked)
@@ -442,6 +455,7 @@ async def _relayed(
                         usage = chat_usage(response.get("usage"))
                         stream.usage = usage
                         ex.take_usage(usage)
+                        ex.take_billing(response)
                         ex.keep(completion_of(response))
                         if ex.audit is not None:  # a rejected local answer's reference
                             ex.audit_reference = completion_of(response)

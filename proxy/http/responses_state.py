@@ -10,6 +10,12 @@ client key reads, continues and deletes its own only; any other id, stored or no
 404 ``not_found``, so a key cannot learn that another's id exists. An admin key, and anyone in
 keyless mode, may read any (:func:`proxy.http.auth.own_key`).
 
+What a key keeps is bounded (``[responses] max_stored_bytes_per_key`` and
+``max_stored_per_key``): :meth:`ResponsesState.admit` refuses a request with ``store`` from a
+key at its bound with a 400 ``store_quota_exceeded`` naming ``store``, before anything is spent
+on it; an answer that would still pass the bound (the request's own was not known before) is
+sent with ``store: false``, as is one whose JSON cannot be written.
+
 A database that cannot be reached: storing a new response is skipped (its answer says
 ``store: false``, and a warning without content is logged); reading or deleting one is a 503
 ``store_unavailable``. Stored content never goes to the logs.
@@ -28,12 +34,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.config import Settings
-from proxy.errors import BadRequest, NotFound, StoreUnavailable
+from proxy.errors import BadRequest, NotFound, StoreFull, StoreUnavailable
 from proxy.http.auth import own_key
 from proxy.http.services import services_of
 from proxy.ledger.db.connections import Pool, Unavailable
 from proxy.ledger.db.location import Database
-from proxy.ledger.responses_store import ResponseStore, StoredResponse
+from proxy.ledger.responses_store import QuotaFull, ResponseStore, StoredResponse, size
 
 log = structlog.get_logger("frugal.responses")
 
@@ -69,7 +75,13 @@ def _not_found(response_id: str, param: str) -> NotFound:
 class ResponsesState:
     def __init__(self, settings: Settings, db: Database) -> None:
         self.pool = Pool(db, size=2, timeout_s=3.0)
-        self.store = ResponseStore(self.pool, retention_days=settings.responses.retention_days)
+        bounds = settings.responses
+        self.store = ResponseStore(
+            self.pool,
+            retention_days=bounds.retention_days,
+            max_bytes=bounds.max_stored_bytes_per_key,
+            max_count=bounds.max_stored_per_key,
+        )
 
     async def start(self) -> None:
         try:
@@ -106,6 +118,32 @@ class ResponsesState:
             items.extend(turn.response.get("output") or [])
         return items
 
+    async def admit(self, request: Request, items: list[dict[str, Any]]) -> None:
+        """Refuse (a 400 :class:`StoreFull` naming ``store``) a request that asks to store a
+        response, with the input ``items``, for a key that cannot keep one more. A database
+        that cannot be reached refuses nothing here: the response is then not stored."""
+        key = getattr(request.state, "client_key", None)
+        owner = key.identity if key is not None else None
+
+        def check() -> tuple[bool, str]:
+            usage = self.store.usage(owner)
+            adding = size(items)
+            return self.store.fits(usage, adding), (
+                f"This key keeps {usage.count} stored responses of {usage.bytes} bytes, and "
+                f"one more with {adding} bytes of input would pass its quota of "
+                f"{self.store.max_count} responses or {self.store.max_bytes} bytes ([responses] "
+                "max_stored_per_key, max_stored_bytes_per_key). Delete stored responses "
+                "(DELETE /v1/responses/{id}), or send 'store': false."
+            )
+
+        try:
+            fits, why = await asyncio.to_thread(check)
+        except Unavailable as exc:
+            log.warning("responses_quota_unread", reason=str(exc))
+            return
+        if not fits:
+            raise StoreFull(why, param="store")
+
     async def keep(
         self,
         request: Request,
@@ -129,6 +167,14 @@ class ResponsesState:
             await asyncio.to_thread(self.store.put, stored)
         except Unavailable as exc:
             log.warning("response_not_stored", reason=str(exc))
+            return False
+        except QuotaFull as exc:
+            log.warning(
+                "response_not_stored", reason="quota", kept=exc.usage.bytes, adding=exc.adding
+            )
+            return False
+        except ValueError as exc:  # JSON that UTF-8 cannot write (UnicodeEncodeError)
+            log.warning("response_not_stored", reason=exc.__class__.__name__)
             return False
         return True
 

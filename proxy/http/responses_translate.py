@@ -1,13 +1,15 @@
 """A Responses request as a chat request, and a chat completion as a Responses object.
 
-    chat_of(body)                  a checked ``/v1/responses`` body as the chat request the
-                                   cascade answers (checked again as chat: a tool's or a
-                                   format's JSON Schema, named by its Responses path)
+    check_as_chat(body)            a ``/v1/responses`` body checked as the chat request it
+                                   becomes (a tool's or a format's JSON Schema, named by its
+                                   Responses path): part of the body's check, off the loop
+    chat_of(body)                  a checked body, earlier turns and all, as the chat request
+                                   the cascade answers (its messages checked as chat)
     response_of(completion, body, used)
                                    the chat completion (local or the API's) as OpenAI's
                                    ``response`` object, usage in the Responses' shape, every
                                    field the published schema requires, with the sampling
-                                   values ``used`` (:data:`LOCAL_USED`, :data:`API_USED`)
+                                   values ``used`` (:func:`local_used`, :data:`API_USED`)
     timed_out(response)            a local response the deadline cut, as ``failed``
     completed(response, body)      an upstream's ``response`` with what the schema requires and
                                    it left out filled in (:data:`FILLED`), from the request;
@@ -41,6 +43,7 @@ from typing import Any
 
 from proxy.errors import BadRequest
 from proxy.http.responses_shapes import LATER_ITEMS, LATER_PARTS, LATER_TOOLS, TEXT_PARTS
+from proxy.http.shape_checks import CHECKS as _SHAPE_CHECKS
 from proxy.http.validate import chat_request
 from proxy.upstream.responses_api import usage_figures
 
@@ -58,6 +61,7 @@ _SAME = (
     *("model", "temperature", "top_p", "user", "service_tier", "safety_identifier"),
     *("prompt_cache_key", "prompt_cache_retention"),
 )
+_check_messages = _SHAPE_CHECKS["messages"]
 _PIECE = re.compile(r"\s*\S+|\s+")  # a streamed text's deltas: a word and the space before it
 
 
@@ -160,18 +164,38 @@ def _renamed(param: str | None) -> str | None:
     return param
 
 
-def chat_of(body: dict[str, Any]) -> dict[str, Any]:
-    """A checked Responses body as a chat request, itself checked as chat (raises a
-    :class:`BadRequest` naming the Responses field)."""
+def _as_chat(body: dict[str, Any], check: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+    """``body`` translated to chat and ``check``-ed as chat; a :class:`BadRequest` names the
+    Responses field."""
     chat = _translated(body)
     try:
-        return chat_request(chat)
+        check(chat)
     except BadRequest as exc:
         param = _renamed(exc.param)
         message = str(exc)
         if exc.param and param != exc.param:
             message = message.replace(exc.param, param or "")
         raise BadRequest(message, param=param, code=exc.code) from None
+    return chat
+
+
+def check_as_chat(body: dict[str, Any]) -> None:
+    """Check a Responses body, as it came (its own input, no earlier turn), as the chat request
+    it becomes: every tool's and format's JSON Schema among the rest. Costly (about 1 s for a
+    tool of 60,000 properties), so it is part of the body's own check, which runs off the event
+    loop for a large body (:mod:`proxy.http.body_check`)."""
+    _as_chat(body, chat_request)
+
+
+def _messages_only(chat: dict[str, Any]) -> None:
+    _check_messages(chat["messages"], chat)
+
+
+def chat_of(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses body that :func:`check_as_chat` passed, its input maybe grown by earlier
+    turns, as a chat request. Only its messages (the conversation) are checked here: the rest
+    was checked with the body, and checking a schema again would be on the event loop."""
+    return _as_chat(body, _messages_only)
 
 
 def _typed(value: Any, names: frozenset[str]) -> bool:

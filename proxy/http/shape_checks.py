@@ -8,9 +8,9 @@ it with the value (never None: an unset value is the driver's business) and the 
 failure is a :class:`BadRequest` whose ``param`` names the field in OpenAI's style, e.g.
 ``messages[2].content[0].text``.
 
-The small helpers (:func:`kind`, :func:`boolean`, :func:`string`, :func:`obj`, :func:`objects`,
-:func:`one_of`, :func:`function_or_custom`) check one member of an object and are the driver's
-and :mod:`proxy.http.tool_checks`' too.
+The small helpers (:func:`kind`, :func:`boolean`, :func:`string`, :func:`too_long`,
+:func:`obj`, :func:`objects`, :func:`one_of`, :func:`function_or_custom`) check one member of an
+object and are the driver's and :mod:`proxy.http.tool_checks`' too.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 from proxy.errors import BadRequest
 from proxy.http import shapes as s
+from proxy.logs import invisible
 
 Check = Callable[[Any, dict[str, Any]], None]
 
@@ -49,6 +50,16 @@ def string(holder: dict[str, Any], name: str, where: str) -> None:
     value = holder.get(name)
     if value is not None and not isinstance(value, str):
         raise BadRequest(f"'{where}' must be a string, got {kind(value)}", param=where)
+
+
+def too_long(where: str, limit: int, got: int) -> BadRequest:
+    """OpenAI's own error for a string past its length: ``string_above_max_length``."""
+    return BadRequest(
+        f"Invalid '{where}': string too long. Expected a string with maximum length {limit}, "
+        f"but got a string with length {got} instead.",
+        param=where,
+        code="string_above_max_length",
+    )
 
 
 def obj(value: Any, where: str) -> dict[str, Any]:
@@ -110,9 +121,12 @@ def _model(model: Any, _body: dict[str, Any]) -> None:
             f"'model' must be at most {s.MAX_MODEL_CHARS} characters, got {len(model)}",
             param="model",
         )
-    if not model.isprintable():
+    hidden = next((c for c in model if invisible(c)), None)
+    if hidden is not None:
         raise BadRequest(
-            "'model' must hold printable characters only (no control characters or line breaks)",
+            "'model' must hold visible characters only (no control, format, private-use or "
+            "unassigned characters, blank letters, or spaces other than ' '), got "
+            f"U+{ord(hidden):04X}",
             param="model",
         )
 
@@ -154,21 +168,28 @@ def _modalities(value: Any, _body: dict[str, Any]) -> None:
         raise BadRequest("'modalities' must be a list of 'text' and 'audio'", param="modalities")
 
 
-def _metadata(value: Any, _body: dict[str, Any]) -> None:
-    metadata = obj(value, "metadata")
-    if len(metadata) > s.METADATA_KEYS:
-        raise BadRequest(f"'metadata' may hold at most {s.METADATA_KEYS} keys", param="metadata")
-    for key, text in metadata.items():
-        if (
-            len(key) > s.METADATA_KEY_CHARS
-            or not isinstance(text, str)
-            or len(text) > s.METADATA_VALUE_CHARS
-        ):
-            raise BadRequest(
-                f"'metadata' maps keys of at most {s.METADATA_KEY_CHARS} characters to strings "
-                f"of at most {s.METADATA_VALUE_CHARS}",
-                param="metadata",
-            )
+def _string_map(name: str) -> Check:
+    """The check of a map of tags (``metadata``, ``client_metadata``): at most
+    ``METADATA_KEYS`` keys of ``METADATA_KEY_CHARS`` characters, each to a string of
+    ``METADATA_VALUE_CHARS``."""
+
+    def check(value: Any, _body: dict[str, Any]) -> None:
+        tags = obj(value, name)
+        if len(tags) > s.METADATA_KEYS:
+            raise BadRequest(f"'{name}' may hold at most {s.METADATA_KEYS} keys", param=name)
+        for key, text in tags.items():
+            if (
+                len(key) > s.METADATA_KEY_CHARS
+                or not isinstance(text, str)
+                or len(text) > s.METADATA_VALUE_CHARS
+            ):
+                raise BadRequest(
+                    f"'{name}' maps keys of at most {s.METADATA_KEY_CHARS} characters to strings "
+                    f"of at most {s.METADATA_VALUE_CHARS}",
+                    param=name,
+                )
+
+    return check
 
 
 # -- messages ----------------------------------------------------------------------------------
@@ -224,6 +245,9 @@ def _messages(messages: Any, _body: dict[str, Any]) -> None:
     for where, message in objects(messages, "messages"):
         role = one_of(message.get("role"), s.ROLES, f"{where}.role")
         string(message, "name", f"{where}.name")
+        name = message.get("name")
+        if isinstance(name, str) and len(name) > s.MESSAGE_NAME_CHARS:
+            raise too_long(f"{where}.name", s.MESSAGE_NAME_CHARS, len(name))
         _tool_calls(message.get("tool_calls"), f"{where}.tool_calls")
         fn_call = message.get("function_call")
         if fn_call is not None and (
@@ -295,7 +319,8 @@ CHECKS: dict[str, Check] = {
     "stream_options": _stream_options,
     "logit_bias": _logit_bias,
     "modalities": _modalities,
-    "metadata": _metadata,
+    "metadata": _string_map("metadata"),
+    "client_metadata": _string_map("client_metadata"),
     "prompt": _prompt,
     "input": _input,
 }

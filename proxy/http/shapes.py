@@ -39,6 +39,15 @@ TOOL_CHOICES = ("none", "auto", "required")
 FUNCTION_CALLS = ("none", "auto")
 MODALITIES = ("text", "audio")
 METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
+MESSAGE_NAME_CHARS = 64  # a message's participant name: a short identifier, as a function's
+
+
+STRING_MAP: Schema = {
+    "type": "object",
+    "maxProperties": METADATA_KEYS,
+    "propertyNames": {"maxLength": METADATA_KEY_CHARS},
+    "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_CHARS},
+}
 
 
 def _whole(pattern: str) -> str:
@@ -109,7 +118,7 @@ def _message(roles: list[str], required: list[str], extra: Schema | None = None)
     properties: Schema = {
         "role": {"enum": roles},
         "content": CONTENT if "content" in required else _nullable(CONTENT),
-        "name": {"type": "string"},
+        "name": {"type": "string", "maxLength": MESSAGE_NAME_CHARS},
         **(extra or {}),
     }
     return obj(required, properties)
@@ -208,12 +217,8 @@ SHAPES: dict[str, Schema] = {
     },
     "function_call": {"anyOf": [{"type": "string", "enum": list(FUNCTION_CALLS)}, NAMED]},
     "modalities": {"type": "array", "items": {"enum": list(MODALITIES)}},
-    "metadata": {
-        "type": "object",
-        "maxProperties": METADATA_KEYS,
-        "propertyNames": {"maxLength": METADATA_KEY_CHARS},
-        "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_CHARS},
-    },
+    "metadata": STRING_MAP,
+    "client_metadata": STRING_MAP,
     "prompt": {
         "anyOf": [
             {"type": "string"},

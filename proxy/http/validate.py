@@ -12,9 +12,9 @@ is generated from (:mod:`proxy.http.request_schema`):
    vendor extension such as ``top_k``, a typo) is a 400 naming it;
 2. each row in the table's order: a required one that is missing is a 400; an unset (or null)
    optional one is skipped; the :class:`proxy.params.Rule` rows on it (``top_logprobs`` needs
-   ``logprobs``...) run; then its value is checked: a scalar against the row's type, bounds and
-   enum, here, and a nested value by its shape's check (:mod:`proxy.http.shape_checks`,
-   :mod:`proxy.http.tool_checks`);
+   ``logprobs``...) run; then its value is checked: a scalar against the row's type, bounds,
+   enum and length (``max_chars``: OpenAI's ``string_above_max_length``), here, and a nested
+   value by its shape's check (:mod:`proxy.http.shape_checks`, :mod:`proxy.http.tool_checks`);
 3. what joins fields in ways the table does not say (``best_of`` against ``n`` and ``stream``).
 
 Which parameters the local engine honours, and which send a request to the API, is
@@ -25,13 +25,14 @@ Which parameters the local engine honours, and which send a request to the API, 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 from proxy import params
 from proxy.errors import BadRequest
 from proxy.http import responses_shapes, shape_checks, tool_checks
-from proxy.http.shape_checks import Check, kind
+from proxy.http.shape_checks import Check, kind, too_long
 from proxy.http.shapes import MAX_MODEL_CHARS
 from proxy.params import RESPONSES_NOT_YET, Param, Rule, check_parameters, handling_of
 
@@ -47,6 +48,8 @@ __all__ = [
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object; a 400 when it is not one, or when one of its strings is not
+    text (:func:`_lone_surrogate`)."""
     if not raw.strip():
         raise BadRequest("the request body is empty; expected a JSON object", code="invalid_json")
     try:
@@ -57,7 +60,49 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         ) from exc
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object", code="invalid_json")
+    if _SURROGATE.search(raw):  # rare: a pair (an escaped emoji) is fine, a lone half is not
+        where = _lone_surrogate(body)
+        if where is not None:
+            raise BadRequest(
+                f"'{where}' holds a lone UTF-16 surrogate (an escape from \\ud800 to \\udfff "
+                "without its pair), which is not Unicode text",
+                param=where,
+                code="invalid_value",
+            )
     return body
+
+
+# A surrogate as JSON can spell it: an escape, or its UTF-8 form (which json.loads lets through).
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def _text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lone_surrogate(body: dict[str, Any]) -> str | None:
+    """The path (``input[0].content[0].text``) of a string or key of ``body`` that holds
+    a lone surrogate, which Python keeps in a str but no UTF-8 writer takes (the ledger, a stored
+    response, the upstream's JSON): caught here, before anything is spent on the request."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            if not _text(value):
+                return where or "body"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                at = f"{where}.{key}" if where else str(key)
+                if not _text(str(key)):
+                    return where or "body"
+                stack.append((at, item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+    return None
 
 
 CHECKS: dict[str, Check] = {
@@ -106,6 +151,8 @@ def _scalar(param: Param) -> Check:
     def string(value: Any, _body: dict[str, Any]) -> None:
         if not isinstance(value, str):
             raise BadRequest(f"'{name}' must be a string, got {kind(value)}", param=name)
+        if param.max_chars is not None and len(value) > param.max_chars:
+            raise too_long(name, param.max_chars, len(value))
 
     def choice(value: Any, _body: dict[str, Any]) -> None:
         if value not in param.enum:

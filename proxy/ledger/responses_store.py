@@ -10,6 +10,18 @@ output items, oldest first. A link to a response deleted meanwhile ends the walk
 the app calls it at start, and the store calls it itself at a write at most once an hour
 (:data:`PRUNE_EVERY_S`), so a proxy that stores nothing does no work for it.
 
+A bound on what a key keeps (``migrations/0012_responses_quota.sql``): each row records what it
+costs its key in ``bytes`` (the UTF-8 bytes of its JSON), and :meth:`ResponseStore.put` refuses
+(:class:`QuotaFull`) a row that would take its key past ``max_bytes`` or ``max_count``, in the
+transaction that writes it, so two writers cannot both pass; :meth:`ResponseStore.usage` is
+what the HTTP side checks before it spends anything on a request. An answer's output items are
+kept once, however many responses carry them (a cache hit is the same answer under new ids): in
+``response_outputs``, under the sha256 of their JSON with the item ids left blank, while each
+response keeps its own ids. Only the row that stored an answer first counts its bytes; the last
+response that names an answer takes it along when it is deleted or pruned (on PostgreSQL under
+a lock per answer, so that a replica storing a response that names it and one deleting it
+cannot cross).
+
 Who may read what is the HTTP side's business (``proxy/http/responses_state.py``): this module
 reads and writes rows. Blocking methods: run them in a thread; a database that is not there
 raises :class:`~proxy.ledger.db.connections.Unavailable`.
@@ -17,13 +29,14 @@ raises :class:`~proxy.ledger.db.connections.Unavailable`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.ledger.db.connections import Pool
+from proxy.ledger.db.connections import Pool, Tx
 
 PRUNE_EVERY_S = 3600.0
 MAX_CHAIN = 1000  # turns walked back at most: a loop cannot be made, but a bound costs nothing
@@ -42,11 +55,82 @@ class StoredResponse:
     input_items: list[dict[str, Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What one key keeps: how many responses, and their bytes."""
+
+    count: int
+    bytes: int
+
+
+class QuotaFull(Exception):
+    """Storing the response would take its key past its quota; nothing was written."""
+
+    def __init__(self, usage: Usage, adding: int) -> None:
+        super().__init__(f"{usage.count} responses of {usage.bytes} bytes, adding {adding}")
+        self.usage = usage
+        self.adding = adding
+
+
 def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+def size(value: Any) -> int:
+    """The bytes ``value`` takes stored: its JSON's UTF-8 bytes."""
+    return len(_json(value).encode("utf-8"))
+
+
 _COLUMNS = "id, owner, key_name, created_at, previous_id, route, response, input_items"
+_READ = (
+    "SELECT "
+    + ", ".join(f"r.{column}" for column in _COLUMNS.split(", "))
+    + ", o.output FROM responses r LEFT JOIN response_outputs o ON o.digest = r.output_digest"
+)
+
+
+_ORPHANS = (
+    "DELETE FROM response_outputs WHERE NOT EXISTS "
+    "(SELECT 1 FROM responses WHERE output_digest = response_outputs.digest)"
+)
+
+
+def _hold_output(tx: Tx, digest: str) -> None:
+    """On PostgreSQL, the lock on the answer ``digest`` until the transaction ends, taken by
+    whoever stores a response that names it and whoever deletes it once unnamed: a replica
+    that finds the answer kept (and so writes no copy) cannot have it deleted under it by
+    another's delete or prune, whose check would not see the uncommitted response yet.
+    SQLite's one writer needs none."""
+    tx.rows("SELECT pg_advisory_xact_lock(hashtext(?))", (f"response-output:{digest}",))
+
+
+def _split(response: dict[str, Any]) -> tuple[dict[str, Any], str | None, str | None]:
+    """``response`` without its output items' bodies (each item keeps only its ``id``), the
+    bodies' JSON (ids blank) and its digest; a response without output is kept whole."""
+    output = response.get("output")
+    if not isinstance(output, list) or not output:
+        return response, None, None
+    bodies = [{**item, "id": ""} if _has_id(item) else item for item in output]
+    ids = [{"id": item["id"]} if _has_id(item) else {} for item in output]
+    text = _json(bodies)
+    return {**response, "output": ids}, text, hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _has_id(item: Any) -> bool:
+    return isinstance(item, dict) and "id" in item
+
+
+def _joined(response: dict[str, Any], output: str | None) -> dict[str, Any]:
+    """A stored ``response`` with its output items' bodies (``output``) back in place."""
+    if output is None:
+        return response
+    ids = response.get("output") or []
+    bodies = json.loads(output)
+    items = [
+        {**body, "id": ids[i]["id"]} if i < len(ids) and _has_id(ids[i]) else body
+        for i, body in enumerate(bodies)
+    ]
+    return {**response, "output": items}
 
 
 def _stored(row: tuple[Any, ...]) -> StoredResponse:
@@ -57,25 +141,83 @@ def _stored(row: tuple[Any, ...]) -> StoredResponse:
         created_at=float(row[3]),
         previous_id=row[4],
         route=row[5],
-        response=json.loads(row[6]),
+        response=_joined(json.loads(row[6]), row[8]),
         input_items=json.loads(row[7]),
     )
 
 
-class ResponseStore:
-    """``retention_days`` 0 keeps responses until they are deleted."""
+def _owned(owner: str | None) -> tuple[str, tuple[Any, ...]]:
+    """The WHERE clause (and its values) of one key's rows; None: the keyless proxy's."""
+    return ("owner IS NULL", ()) if owner is None else ("owner = ?", (owner,))
 
-    def __init__(self, pool: Pool, *, retention_days: float) -> None:
+
+class ResponseStore:
+    """``retention_days`` 0 keeps responses until they are deleted; a key keeps at most
+    ``max_count`` responses of ``max_bytes`` in all (``[responses] max_stored_per_key``,
+    ``max_stored_bytes_per_key``)."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        retention_days: float,
+        max_bytes: int = 2**62,
+        max_count: int = 2**62,
+    ) -> None:
         self.pool = pool
         self.retention_days = retention_days
+        self.max_bytes = max_bytes
+        self.max_count = max_count
         self._pruned_at: float | None = None
         self._lock = threading.Lock()
 
-    def put(self, stored: StoredResponse, *, now: float | None = None) -> None:
-        self._prune_if_due(time.time() if now is None else now)
+    def fits(self, usage: Usage, adding: int) -> bool:
+        """Whether one more response of ``adding`` bytes fits a key that keeps ``usage``."""
+        return usage.count < self.max_count and usage.bytes + adding <= self.max_bytes
+
+    def usage(self, owner: str | None) -> Usage:
+        """What the key ``owner`` keeps (None: the keyless proxy)."""
+        where, values = _owned(owner)
         with self.pool.transaction() as tx:
+            return self._usage(tx, where, values)
+
+    @staticmethod
+    def _usage(tx: Tx, where: str, values: tuple[Any, ...]) -> Usage:
+        row = tx.rows(
+            f"SELECT count(*), coalesce(sum(bytes), 0) FROM responses WHERE {where}", values
+        )
+        return Usage(count=int(row[0][0]), bytes=int(row[0][1]))
+
+    def put(self, stored: StoredResponse, *, now: float | None = None) -> int:
+        """Store ``stored``; the bytes it cost its key. Past the key's quota: :class:`QuotaFull`,
+        and nothing is written."""
+        self._prune_if_due(time.time() if now is None else now)
+        response, output, digest = _split(stored.response)
+        response_json, items_json = _json(response), _json(stored.input_items)
+        own = len(response_json.encode("utf-8")) + len(items_json.encode("utf-8"))
+        output_bytes = len(output.encode("utf-8")) if output is not None else 0
+        where, values = _owned(stored.owner)
+        with self.pool.transaction() as tx:
+            if tx.db.is_postgres:  # replicas: one writer per key at a time (SQLite: the lock)
+                tx.rows("SELECT pg_advisory_xact_lock(hashtext(?))", (f"responses:{stored.owner}",))
+                if digest is not None:
+                    _hold_output(tx, digest)
+            usage = self._usage(tx, where, values)
+            shared = digest is not None and bool(
+                tx.rows("SELECT 1 FROM response_outputs WHERE digest = ?", (digest,))
+            )
+            cost = own + (0 if shared or digest is None else output_bytes)
+            if not self.fits(usage, cost):
+                raise QuotaFull(usage, cost)
+            if digest is not None and not shared:
+                tx.run(
+                    "INSERT INTO response_outputs (digest, output, bytes) VALUES (?, ?, ?) "
+                    "ON CONFLICT (digest) DO NOTHING",  # another key's, written meanwhile
+                    (digest, output, output_bytes),
+                )
             tx.run(
-                f"INSERT INTO responses ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO responses ({_COLUMNS}, bytes, output_digest) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     stored.id,
                     stored.owner,
@@ -83,14 +225,17 @@ class ResponseStore:
                     stored.created_at,
                     stored.previous_id,
                     stored.route,
-                    _json(stored.response),
-                    _json(stored.input_items),
+                    response_json,
+                    items_json,
+                    cost,
+                    digest,
                 ),
             )
+        return cost
 
     def get(self, response_id: str) -> StoredResponse | None:
         with self.pool.transaction() as tx:
-            rows = tx.rows(f"SELECT {_COLUMNS} FROM responses WHERE id = ?", (response_id,))
+            rows = tx.rows(f"{_READ} WHERE r.id = ?", (response_id,))
         return _stored(rows[0]) if rows else None
 
     def chain(self, response_id: str) -> list[StoredResponse]:
@@ -102,7 +247,7 @@ class ResponseStore:
             at: str | None = response_id
             while at is not None and at not in seen and len(found) < MAX_CHAIN:
                 seen.add(at)
-                rows = tx.rows(f"SELECT {_COLUMNS} FROM responses WHERE id = ?", (at,))
+                rows = tx.rows(f"{_READ} WHERE r.id = ?", (at,))
                 if not rows:
                     break
                 found.append(_stored(rows[0]))
@@ -112,7 +257,18 @@ class ResponseStore:
 
     def delete(self, response_id: str) -> bool:
         with self.pool.transaction() as tx:
-            return tx.count("DELETE FROM responses WHERE id = ?", (response_id,)) > 0
+            found = tx.rows("SELECT output_digest FROM responses WHERE id = ?", (response_id,))
+            if not found:
+                return False
+            tx.run("DELETE FROM responses WHERE id = ?", (response_id,))
+            if found[0][0] is not None:
+                _hold_output(tx, found[0][0])
+                tx.run(
+                    "DELETE FROM response_outputs WHERE digest = ? AND NOT EXISTS "
+                    "(SELECT 1 FROM responses WHERE output_digest = ?)",
+                    (found[0][0], found[0][0]),
+                )
+            return True
 
     def prune(self, *, now: float | None = None) -> int:
         """Delete the responses older than ``retention_days``; how many."""
@@ -122,7 +278,15 @@ class ResponseStore:
             return 0
         cutoff = now - self.retention_days * _DAY_S
         with self.pool.transaction() as tx:
-            return tx.count("DELETE FROM responses WHERE created_at < ?", (cutoff,))
+            gone = tx.count("DELETE FROM responses WHERE created_at < ?", (cutoff,))
+            if gone and tx.db.is_postgres:  # each orphan under its lock, in one order
+                orphans = tx.rows(_ORPHANS.replace("DELETE", "SELECT digest", 1))
+                for (digest,) in sorted(orphans):
+                    _hold_output(tx, digest)
+                    tx.run(_ORPHANS + " AND digest = ?", (digest,))
+            elif gone:
+                tx.run(_ORPHANS)
+            return gone
 
     def _prune_if_due(self, now: float) -> None:
         with self._lock:

@@ -16,7 +16,8 @@
 The ``frugal models`` subcommands themselves are in :mod:`proxy.cli.models`.
 
 May import :mod:`proxy.engine` (the memory guard, the GGUF header), :mod:`quality` (the weights
-file's tag), :mod:`proxy.config` and :mod:`proxy.errors`; ``proxy.http`` and ``proxy.cli``
+file's tag), :mod:`proxy.config`, :mod:`proxy.errors` and :mod:`proxy.logs` (names from a hub
+printed escaped); ``proxy.http`` and ``proxy.cli``
 import it, never the other way.
 """
 
@@ -29,3 +30,8 @@ class ModelsError(UserError):
     """A ``frugal models`` request that cannot be done; its message says why and what to do."""
 
     label = "frugal models"
+
+
+class UntrustedDownload(ModelsError):
+    """A hub sent what it had not listed (more bytes, another redirect): what came of the file
+    is deleted, not kept for a later pull to resume."""

@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from proxy.logs import shown
 from proxy.models import ModelsError
 
 SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
@@ -83,7 +84,7 @@ def pick(repo: str, files: Iterable[RepoFile], quant: str) -> Pick:
     numbers = [int(m.group(1)) for p in parts if (m := SPLIT.search(p.name))]
     if numbers != list(range(1, total + 1)):
         raise ModelsError(
-            f"{repo}: {key} is split in {total} parts, and only parts "
+            f"{repo}: {shown(key)} is split in {total} parts, and only parts "
             f"{', '.join(map(str, numbers))} are there"
         )
     return Pick(quant.upper(), tuple(parts))

@@ -25,6 +25,7 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from proxy.config import Settings
+from proxy.config.secrets import Secrets
 from proxy.engine.fair_queue import KEYLESS
 from proxy.engine.gate import Gate
 from proxy.engine.local_engine import Ask, LocalEngine
@@ -189,6 +190,7 @@ class BackendPool:
     def build(cls, settings: Settings, engine: LocalEngine, lengths: AnswerLengths) -> BackendPool:
         local = settings.local
         backends: list[Backend] = [EngineBackend(engine, timeout_s=local.timeout_s)]
+        known = Secrets.known(settings)  # what no backend's refusal may carry on
         for entry in local.backends:
             backends.append(
                 RemoteBackend(
@@ -196,6 +198,7 @@ class BackendPool:
                     timeout_s=local.timeout_s,
                     default_max_tokens=local.default_max_tokens,
                     prior=lambda: engine.rates,
+                    secrets=known,
                 )
             )
         return cls(

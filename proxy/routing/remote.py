@@ -59,6 +59,7 @@ import httpx
 import structlog
 
 from proxy.config import BackendSettings
+from proxy.config.secrets import NO_SECRETS, Secrets
 from proxy.engine.gate import Gate
 from proxy.engine.local_engine import Ask
 from proxy.engine.rates import PendingWork, Rates, WorkTracker
@@ -156,8 +157,12 @@ class RemoteBackend(Backend):
         prior: Callable[[], Rates],
         transport: httpx.AsyncBaseTransport | None = None,
         gate: Gate | None = None,
+        secrets: Secrets | None = None,
     ) -> None:
         self.settings = settings
+        # What no refusal of this backend may carry on (its own key at least): the pool gives
+        # every backend all the secrets the proxy knows (proxy.config.secrets).
+        self.secrets = Secrets.of([settings.api_key()]) if secrets is None else secrets
         # The quality gate its answers are scored with: the pool gives every backend the one
         # the engine worker scores with (proxy.engine.gate); alone, the shipped weights.
         self.gate = gate or Gate()
@@ -470,7 +475,8 @@ class RemoteBackend(Backend):
             raise EngineCrashed(f"backend {self.name} answered HTTP {response.status}")
         if response.status != 200:
             self.stats.failures += 1
-            raise EngineCrashed(f"backend {self.name} refused the request: {response.error()}")
+            refused = self.secrets.scrub_tree(response.error())  # it may echo our key
+            raise EngineCrashed(f"backend {self.name} refused the request: {refused}")
         try:
             completion = response.json()
             # the shape is checked here: a chat message, or a legacy completion's text
@@ -578,7 +584,7 @@ class RemoteBackend(Backend):
                 return call.result()
             except Exception as exc:  # noqa: BLE001 - any client failure is a local failure
                 self.stats.failures += 1
-                failure = backend_failure(self.name, exc)
+                failure = backend_failure(self.name, exc, self.secrets)
                 if isinstance(failure, BackendDown):
                     self.mark_down(type(exc).__name__)
                 raise relay.after_first_token(failure) from exc
@@ -647,21 +653,22 @@ async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], grace_s: float = STOP_G
         await asyncio.wait(pending, timeout=grace_s)
 
 
-def backend_failure(name: str, exc: Exception) -> EngineCrashed:
+def backend_failure(name: str, exc: Exception, secrets: Secrets = NO_SECRETS) -> EngineCrashed:
     """What a failed call to remote backend ``name`` is to the router.
 
     This is not :func:`proxy.upstream.failures.translate`, which tells a client how the paid API
     failed: a local backend that fails is a reason to try another backend, or the API. An httpx
     transport error (refused, reset, timed out, cut off) is :class:`BackendDown`, and the caller
     marks the backend down; anything else (an answer past ``max_answer_bytes`` too) is
-    :class:`~proxy.errors.EngineCrashed`.
+    :class:`~proxy.errors.EngineCrashed`. What the backend said (a stream's error event) is
+    cleared of ``secrets`` first.
     """
     if isinstance(exc, httpx.TransportError):
         return BackendDown(f"backend {name} is unreachable: {exc!r}")
     if isinstance(exc, AnswerTooLarge):  # not marked down: another request's answer may fit
         return EngineCrashed(f"backend {name}'s answer was too large: {exc}")
     if isinstance(exc, StreamCut | ValueError):  # a cut stream, or an event that is not JSON
-        return EngineCrashed(f"backend {name}'s stream broke off: {exc}")
+        return EngineCrashed(f"backend {name}'s stream broke off: {secrets.scrub_tree(str(exc))}")
     return EngineCrashed(f"backend {name}: {type(exc).__name__}")
 
 

@@ -45,6 +45,11 @@ Failures become :mod:`proxy.errors` in one module, :mod:`proxy.upstream.failures
 ``UpstreamError`` (502), or ``UpstreamStatus`` carrying a 4xx and OpenAI's error body. No message
 carries a key or a prompt.
 
+No secret the proxy knows leaves through this client (:class:`~proxy.config.secrets.Secrets`,
+given by the app; by default the fallback's key and the secret-named variables of the
+environment): an answer's bytes, a refusal's body and a stream's events are scrubbed of them
+before they are relayed, stored or logged, whatever the API echoed.
+
 Streams: :meth:`Upstream.chat_stream` returns an :class:`~proxy.upstream.stream.UpstreamStream`
 once upstream has answered 200, so every error before the first byte is raised (and retried)
 there.
@@ -52,13 +57,16 @@ there.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from proxy.config import FallbackSettings
+from proxy.config import FallbackSettings, Settings
+from proxy.config.secrets import Secrets
+from proxy.errors import UpstreamError
 from proxy.params import (
     CHAT_PARAMETERS,
     COMPLETIONS_PARAMETERS,
@@ -121,7 +129,8 @@ class Upstream(Closing):
     """The client of the fallback API. ``await start()`` before use, ``await aclose()`` after.
 
     ``backoff_s`` is the first retry's backoff (tests make it small); ``kinds`` the routes and
-    which targets take them (:data:`KINDS`).
+    which targets take them (:data:`KINDS`); ``secrets`` what no body relayed may hold (by
+    default those :meth:`Secrets.known` finds for these settings alone).
     """
 
     def __init__(
@@ -130,8 +139,10 @@ class Upstream(Closing):
         *,
         backoff_s: float = BACKOFF_INITIAL_S,
         kinds: Kinds = KINDS,
+        secrets: Secrets | None = None,
     ) -> None:
         self._settings = settings
+        self._secrets = Secrets.known(Settings(fallback=settings)) if secrets is None else secrets
         self._direct = DirectRoute(settings)
         self._ways: dict[str, Route] = {DIRECT: self._direct}
         self._ways.update((name, make(settings)) for name, make in kinds.routes.items())
@@ -140,7 +151,10 @@ class Upstream(Closing):
             if way not in self._ways:
                 raise ValueError(f"no route named {way!r} (see proxy.upstream.client.KINDS)")
         self._retry = RetryPolicy(
-            max_retries=settings.max_retries, timeout_s=settings.timeout_s, backoff_s=backoff_s
+            max_retries=settings.max_retries,
+            timeout_s=settings.timeout_s,
+            backoff_s=backoff_s,
+            secrets=self._secrets,
         ).run
 
     # -- life cycle ----------------------------------------------------------------------------
@@ -279,6 +293,13 @@ class Upstream(Closing):
         """``attempt(*args)`` under the retry policy, its answer with its time and attempts."""
         started = time.perf_counter()
         (status, data, raw), tries = await self._retry(attempt, *args)
+        clean = self._secrets.scrub(raw)
+        if clean is not raw:  # the API echoed a secret in its answer: relay it without
+            try:
+                raw, data = clean, _parsed(clean)
+            except UpstreamError as exc:
+                exc.attempts = tries
+                raise
         return UpstreamResponse(
             body=data,
             status=status,
@@ -301,4 +322,16 @@ class Upstream(Closing):
             latency_s=time.perf_counter() - started,
             attempts=tries,
             max_event_bytes=self._settings.max_answer_bytes,
+            secrets=self._secrets,
         )
+
+
+def _parsed(raw: bytes) -> dict[str, Any]:
+    """An answer's JSON object again, once scrubbed."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise UpstreamError("the upstream API's answer held a secret and could not be cleared")
+    return data

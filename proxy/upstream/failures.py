@@ -8,9 +8,11 @@ as it is. (Failures of *local* backends are another matter: see
 
     _RetryableStatus        upstream answered 408, 429, 502, 503 or 504: worth another attempt
     retryable(exc)          that, and a connection that failed before the request was sent
-    status_error(...)       a non-2xx answer -> _RetryableStatus, UpstreamStatus or UpstreamError
+    status_error(...)       a non-2xx answer -> _RetryableStatus, _Refused (a 4xx whose body is
+                            relayed) or UpstreamError
     translate(exc, tries)   whatever is left after retrying -> the ProxyError the client sees,
-                            with ``attempts`` set to ``tries``
+                            with ``attempts`` set to ``tries``; a 4xx's body cleared of secrets
+    refusal(...)            a 4xx body, scrubbed, as the UpstreamStatus relayed
     maybe_billed(exc)       whether a failed call may still have been done (and billed)
 
 What is retried is what cannot have been done (and billed) by the API already:
@@ -28,8 +30,17 @@ The errors come from aiohttp (the OpenAI-compatible route), from litellm (other 
 errors carry the provider's ``httpx.Response``, and the transport's error in their
 ``__cause__``/``__context__`` chain), and from httpx. A 401/403 is the proxy's own key failing,
 so it becomes a 502 and its body (which may echo part of the key) is dropped. A 429 that is left
-after retrying is passed on as a 429 with the API's ``Retry-After``. No message carries a key or
-a prompt: only exception type names and status codes.
+after retrying is passed on as a 429 with the API's ``Retry-After``. No message of ours carries a
+key or a prompt: only exception type names and status codes.
+
+The one body relayed is another 4xx's (OpenAI's ``{"error": {...}}``: its message, type, param
+and code reach the client, and its code the ledger). An API or a gateway may echo the request's
+``Authorization`` in it, so :func:`refusal` clears it with
+:meth:`~proxy.config.secrets.Secrets.scrub_error` (every secret the proxy knows, in its plain,
+``Bearer``, URL-encoded and JSON-escaped forms, and anything shaped like a key), before it is
+parsed and again in each string once parsed. The secrets are the client's
+(:class:`~proxy.upstream.client.Upstream`), handed to :func:`translate`; so a route raises a 4xx
+as :class:`_Refused`, the body still raw, and it becomes the ``UpstreamStatus`` only there.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from typing import Any
 import aiohttp
 import httpx
 
+from proxy.config.secrets import NO_SECRETS, Secrets
 from proxy.errors import (
     ProxyError,
     UpstreamError,
@@ -75,6 +87,16 @@ class _RetryableStatus(Exception):
         self.retry_after = retry_after
 
 
+class _Refused(Exception):
+    """Upstream answered a 4xx (bar 401, 403 and the retryable ones) whose body is relayed; it
+    is parsed and scrubbed by :func:`translate`. Its message is the status alone."""
+
+    def __init__(self, status: int, content: bytes) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+        self.content = content
+
+
 def retryable_status(status: int) -> bool:
     return status in RETRYABLE_STATUSES
 
@@ -102,7 +124,7 @@ def retryable(exc: BaseException) -> bool:
     """Whether another attempt cannot make the API do (and bill) the work twice."""
     if isinstance(exc, _RetryableStatus):
         return True
-    if isinstance(exc, ProxyError):
+    if isinstance(exc, ProxyError | _Refused):
         return False
     if not_sent(exc):
         return True
@@ -126,15 +148,19 @@ def maybe_billed(exc: BaseException) -> bool:
 
 
 def status_error(status: int, headers: Mapping[str, str], content: bytes) -> Exception:
-    """The exception for a non-2xx answer: retryable, passed on (4xx), or a 502."""
+    """The exception for a non-2xx answer: retryable, passed on (4xx, its body kept for
+    :func:`translate` to scrub), or a 502."""
     if retryable_status(status):
         retry_after = parse_retry_after(headers) if status in (429, 503) else None
         return _RetryableStatus(status, retry_after)
-    return refusal(status, content)
+    if 400 <= status < 500 and status not in (401, 403):
+        return _Refused(status, content)
+    return refusal(status, b"")
 
 
-def refusal(status: int, content: bytes) -> ProxyError:
-    """A status retrying cannot fix; a 4xx is passed on with its body, bar the key's own."""
+def refusal(status: int, content: bytes, secrets: Secrets = NO_SECRETS) -> ProxyError:
+    """A status retrying cannot fix; a 4xx is passed on with its body cleared of ``secrets``
+    (and of key-shaped text), bar the key's own refusal (401, 403), whose body is dropped."""
     if status in (401, 403):
         return UpstreamError(
             f"the upstream API rejected the proxy's credentials (HTTP {status}); "
@@ -142,7 +168,7 @@ def refusal(status: int, content: bytes) -> ProxyError:
         )
     if 400 <= status < 500:
         try:
-            payload = json.loads(content)
+            payload = secrets.scrub_tree(json.loads(secrets.scrub_error(content)))
         except ValueError:
             payload = None
         return UpstreamStatus(
@@ -194,19 +220,28 @@ def describe(exc: BaseException) -> str:
     return f"HTTP {exc.status}" if isinstance(exc, _RetryableStatus) else type(exc).__name__
 
 
-def translate(exc: BaseException, attempts: int, *, streaming: bool = False) -> ProxyError:
+def translate(
+    exc: BaseException,
+    attempts: int,
+    *,
+    streaming: bool = False,
+    secrets: Secrets = NO_SECRETS,
+) -> ProxyError:
     """The one place a failed upstream call becomes the error the client sees.
 
-    The error's ``attempts`` is set to ``attempts``: the calls made to the API for it.
+    The error's ``attempts`` is set to ``attempts``: the calls made to the API for it. A body
+    that is relayed is cleared of ``secrets`` first.
     """
-    error = _translated(exc, attempts, streaming)
+    error = _translated(exc, attempts, streaming, secrets)
     error.attempts = attempts
     return error
 
 
-def _translated(exc: BaseException, attempts: int, streaming: bool) -> ProxyError:
+def _translated(exc: BaseException, attempts: int, streaming: bool, secrets: Secrets) -> ProxyError:
     if isinstance(exc, ProxyError):
         return exc
+    if isinstance(exc, _Refused):
+        return refusal(exc.status, exc.content, secrets)
     name = type(exc).__name__
     tried = f"{attempts} attempt" + ("s" if attempts != 1 else "")
     if isinstance(exc, _RetryableStatus):
@@ -236,7 +271,7 @@ def _translated(exc: BaseException, attempts: int, streaming: bool) -> ProxyErro
         return UpstreamError(f"the connection to the upstream API failed ({name})")
     response = getattr(exc, "response", None)  # litellm's errors carry the provider's answer
     if isinstance(response, httpx.Response):
-        return refusal(response.status_code, response.content)
+        return refusal(response.status_code, response.content, secrets)
     status = getattr(exc, "status_code", None)  # one that carries only the status
     if isinstance(status, int) and 400 <= status < 500 and status != 408:
         return refusal(status, b"")

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
+from proxy.config.secrets import NO_SECRETS, Secrets
 from proxy.errors import ProxyError
 from proxy.upstream.failures import describe, retry_after_of, retryable, translate
 
@@ -37,12 +38,19 @@ RETRY_AFTER_CAP_S = 20.0
 class RetryPolicy:
     """Run one upstream call's attempts: ``max_retries`` more at most, within ``timeout_s``.
 
-    ``backoff_s`` is the first retry's backoff (tests make it small).
+    ``backoff_s`` is the first retry's backoff (tests make it small); ``secrets`` are cleared
+    from a refusal's body (:func:`~proxy.upstream.failures.translate`).
     """
 
     def __init__(
-        self, *, max_retries: int, timeout_s: float, backoff_s: float = BACKOFF_INITIAL_S
+        self,
+        *,
+        max_retries: int,
+        timeout_s: float,
+        backoff_s: float = BACKOFF_INITIAL_S,
+        secrets: Secrets = NO_SECRETS,
     ) -> None:
+        self._secrets = secrets
         self._max_retries = max_retries
         self._timeout_s = timeout_s
         self._backoff_s = backoff_s
@@ -70,7 +78,7 @@ class RetryPolicy:
             raise
         except Exception as exc:
             if not retryable(exc):
-                raise translate(exc, 1) from exc
+                raise translate(exc, 1, secrets=self._secrets) from exc
             attempts = _Attempts(attempt, args, started, exc)
         try:
             return await self._retrying(attempts), attempts.tries
@@ -78,7 +86,7 @@ class RetryPolicy:
             exc.attempts = attempts.tries
             raise
         except Exception as exc:
-            raise translate(exc, attempts.tries) from exc
+            raise translate(exc, attempts.tries, secrets=self._secrets) from exc
 
     def _backoff(self, attempt: int) -> float:
         """Exponential from ``backoff_s``, doubled per attempt, capped at 5 s."""

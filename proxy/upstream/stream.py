@@ -14,6 +14,12 @@ One event is held until it is whole, and no longer than ``max_event_bytes`` (``[
 max_answer_bytes``): an event (a line without its end) that grows past it ends the stream with
 :class:`~proxy.errors.UpstreamError`. Its pieces are kept as they came and joined once, when
 its end arrives, so an event that grows read by read is not copied again at each read.
+
+Every event is cleared of the proxy's secrets before it is relayed or kept
+(:meth:`~proxy.config.secrets.Secrets.scrub`): an API or a gateway that echoes the request's
+``Authorization`` in an error event mid-stream hands the tenant nothing. An event that carries
+an error object is also cleared of anything shaped like a key
+(:meth:`~proxy.config.secrets.Secrets.scrub_error`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any, Self
 
 import anyio
 
+from proxy.config.secrets import NO_SECRETS, Secrets
 from proxy.upstream.failures import translate
 from proxy.upstream.route import too_large
 
@@ -37,6 +44,7 @@ MAX_EVENT_BYTES = 32 * 1024 * 1024
 """The default bound of one event (``[fallback] max_answer_bytes``)."""
 _USAGE_OBJECT = (b'"usage":{', b'"usage": {')
 _USAGE_NULL = b'"usage":null'
+_ERROR_OBJECT = (b'"error":{', b'"error": {')
 # The typed events of a Responses stream (the API's own /v1/responses) that carry generated text.
 _RESPONSES_DELTAS = frozenset(
     {
@@ -93,6 +101,7 @@ class UpstreamStream(Closing):
         "_ended",
         "_kept",
         "_kept_bytes",
+        "_secrets",
     )
 
     def __init__(
@@ -104,8 +113,10 @@ class UpstreamStream(Closing):
         latency_s: float,
         attempts: int,
         max_event_bytes: int = MAX_EVENT_BYTES,
+        secrets: Secrets = NO_SECRETS,
     ) -> None:
         self.usage: dict[str, Any] | None = None
+        self.service_tier: str | None = None  # the usage event's: the tier the call was billed at
         self.latency_s = latency_s
         """Seconds from the call to upstream's response headers, retries included."""
         self.attempts = attempts
@@ -121,6 +132,7 @@ class UpstreamStream(Closing):
         self._ended = False  # read to its end (not closed early, not broken off)
         self._kept: list[bytes] = []
         self._kept_bytes = 0
+        self._secrets = secrets
 
     @property
     def ended(self) -> bool:
@@ -184,6 +196,9 @@ class UpstreamStream(Closing):
 
     def _scan(self, data: bytes) -> bytes:
         self.received_bytes += len(data)
+        data = self._secrets.scrub(data)
+        if _ERROR_OBJECT[0] in data or _ERROR_OBJECT[1] in data:
+            data = self._secrets.scrub_error(data)
         if self._kept_bytes < KEPT_BYTES:  # references to bytes made anyway: no copy
             self._kept.append(data)
             self._kept_bytes += len(data)
@@ -206,12 +221,16 @@ class UpstreamStream(Closing):
                     parsed = None
                 if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict):
                     self.usage = parsed["usage"]
+                    tier = parsed.get("service_tier")
+                    self.service_tier = tier if isinstance(tier, str) else self.service_tier
                     if self._strip and parsed.get("choices") == []:
                         continue
                 elif isinstance(parsed, dict) and isinstance(parsed.get("response"), dict):
                     usage = parsed["response"].get("usage")  # a Responses stream's last event
                     if isinstance(usage, dict):
                         self.usage = usage
+                        tier = parsed["response"].get("service_tier")
+                        self.service_tier = tier if isinstance(tier, str) else self.service_tier
             kept.append(event)
         return b"\n\n".join(kept) if len(kept) != len(events) else data
 

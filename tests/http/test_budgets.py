@@ -18,7 +18,13 @@ from proxy.http.exchange import Exchange
 from proxy.http.quotas import worst_case_tokens
 from proxy.ledger.db.connections import Pool
 from proxy.ledger.db.location import Database, parse
-from proxy.ledger.pricing import PriceBook, load_price_map
+from proxy.ledger.pricing import (
+    AUDIO_INPUT_BOUND,
+    AUDIO_OUTPUT_BOUND,
+    Billed,
+    PriceBook,
+    load_price_map,
+)
 from proxy.ledger.tenants import keys
 from proxy.ledger.tenants.budgets import Budgets, month_of
 from tests import pg
@@ -387,3 +393,120 @@ async def test_every_choice_the_api_bills_is_in_the_row_and_the_keys_spend(
     spent, reserved = spend(db, "many")
     assert tokens == 6 * choices and cost > 0
     assert spent == cost and reserved == 0
+
+
+# -- issue 39: prices by tier, audio and web search ------------------------------------------------
+
+
+async def test_a_priority_call_with_audio_is_reserved_and_charged_at_its_own_rates(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    # gpt-4o-mini at priority ($0.25/M in, $1/M out), not its standard $0.15/M and $0.60/M;
+    # of the tokens the fake bills, 1 prompt and 4 completion tokens are audio, priced at the
+    # bound (the map gives gpt-4o-mini no audio rate), never as text.
+    audio = {
+        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 1},
+        "completion_tokens_details": {"audio_tokens": 4},
+    }
+    fake_api.set(reply="one two three four five six", usage=audio)
+    book = PriceBook(load_price_map())
+    body = {**ASK, "max_tokens": 6, "service_tier": "priority"}
+    prompt, completion = worst_case_tokens(
+        body, None, book.max_output_tokens("gpt-4o-mini"), book.max_input_tokens("gpt-4o-mini")
+    )
+    standard = book.cost("gpt-4o-mini", prompt, completion)
+    priority = book.cost("gpt-4o-mini", prompt, completion, billed=Billed(tier="priority"))
+    assert standard is not None and priority is not None and priority > standard
+    db = parse(str(tmp_path / "ledger.db"))
+    key = keys.create(db, "fast", monthly_budget_pusd=10**12)
+    tight = keys.create(db, "tight", monthly_budget_pusd=(standard + priority) // 2)
+    async with make_client(ledger_settings(tmp_path, fake_api, db)) as client:
+        refused = await client.post(
+            "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {tight}", **API}
+        )
+        response = await client.post(
+            "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}", **API}
+        )
+        await asyncio.sleep(0.3)  # the settle runs in the background
+        assert await services_of(client).ledger.flush(10)
+    assert refused.status_code == 429, refused.text[:300]  # the standard worst case would fit
+    assert response.status_code == 200, response.text[:300]
+    assert fake_api.requests[-1][2]["service_tier"] == "priority"  # forwarded as asked
+    usage = response.json()["usage"]
+    conn = sqlite3.connect(tmp_path / "ledger.db")
+    try:
+        [row] = conn.execute(
+            "SELECT service_tier, audio_prompt_tokens, audio_completion_tokens, api_cost_pusd, "
+            "counterfactual_cost_pusd FROM requests WHERE status = 200"
+        ).fetchall()
+    finally:
+        conn.close()
+    price = book.price("gpt-4o-mini", "priority")
+    assert price is not None and price.input == 250_000
+    text_in, text_out = usage["prompt_tokens"] - 1, usage["completion_tokens"] - 4
+    expected = (
+        text_in * price.input
+        + text_out * price.output
+        + 1 * AUDIO_INPUT_BOUND
+        + 4 * AUDIO_OUTPUT_BOUND
+    )
+    assert text_in > 0 and row == ("priority", 1, 4, expected, expected)
+    assert spend(db, "fast") == (expected, 0)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_the_tier_the_provider_says_it_served_is_the_one_charged(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any, stream: bool
+) -> None:
+    # Asked for priority, served (and billed) at the default tier, as OpenAI's answer says when
+    # it does not grant priority: the row and the key's spend are at the standard rate.
+    fake_api.set(reply="one two three four five six", served_tier="default")
+    book = PriceBook(load_price_map())
+    body = {**ASK, "max_tokens": 6, "service_tier": "priority", "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    db = parse(str(tmp_path / "ledger.db"))
+    key = keys.create(db, "asked", monthly_budget_pusd=10**12)
+    async with make_client(ledger_settings(tmp_path, fake_api, db)) as client:
+        response = await client.post(
+            "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}", **API}
+        )
+        await asyncio.sleep(0.3)  # the settle runs in the background
+        assert await services_of(client).ledger.flush(10)
+    assert response.status_code == 200, response.text[:300]
+    assert fake_api.requests[-1][2]["service_tier"] == "priority"
+    conn = sqlite3.connect(tmp_path / "ledger.db")
+    try:
+        [(tier, prompt, completion, cost)] = conn.execute(
+            "SELECT service_tier, prompt_tokens, completion_tokens, api_cost_pusd FROM requests"
+        ).fetchall()
+    finally:
+        conn.close()
+    standard = book.cost("gpt-4o-mini", prompt, completion)
+    assert completion == 6 and standard is not None
+    assert standard < (
+        book.cost("gpt-4o-mini", prompt, completion, billed=Billed(tier="priority")) or 0
+    )
+    assert (tier, cost) == (None, standard)
+    assert spend(db, "asked") == (standard, 0)
+
+
+async def test_an_input_audio_part_is_reserved_at_an_audio_rate_not_as_text(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    # One input_audio part is reserved a whole input window (128,000 tokens for gpt-4o-mini):
+    # $0.0192 as text, $12.80 at the audio bound ($100/M; the map gives gpt-4o-mini no audio
+    # rate). A $1 budget holds the text price, not the audio one.
+    said = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+    content = [{"type": "text", "text": "What is said?"}, said]
+    body = {**ASK, "max_tokens": 6, "messages": [{"role": "user", "content": content}]}
+    db = parse(str(tmp_path / "ledger.db"))
+    key = keys.create(db, "listener", monthly_budget_pusd=10**12)
+    async with make_client(ledger_settings(tmp_path, fake_api, db)) as client:
+        refused = await client.post(
+            "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}", **API}
+        )
+    assert refused.status_code == 429, refused.text[:300]
+    assert refused.json()["error"]["code"] == "insufficient_quota"
+    assert "$12.8" in refused.json()["error"]["message"]
+    assert fake_api.count == 0

@@ -1,11 +1,14 @@
 """``include``, ``truncation``, ``user`` and ``metadata`` on ``/v1/responses``, with the official
 ``openai`` SDK against the in-process app: accepted and echoed on the local route, passed to the
 upstream's own ``/v1/responses`` on the API route (and ``user`` to Chat Completions with
-``"translate"``), a 400 naming the field when malformed; and the ``x-frugal-*`` headers and
-``/metrics`` of each route."""
+``"translate"``), a 400 naming the field when malformed or past its length (``client_metadata``,
+Codex CLI's, too); the ``x-frugal-*`` headers and ``/metrics`` of each route; and a big body's
+tool schemas checked once, in the body checker's thread."""
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 
+from proxy.http.body_check import INLINE_BYTES
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows
@@ -121,6 +125,12 @@ async def test_with_translate_the_user_reaches_chat_and_the_rest_stays_here(
         ("user", 42),
         ("metadata", {"team": 1}),
         ("metadata", "team"),
+        ("user", "u" * 65),
+        ("safety_identifier", "s" * 65),
+        ("prompt_cache_key", "p" * 65),
+        ("client_metadata", {f"k{i}": "v" for i in range(17)}),
+        ("client_metadata", {"k": "v" * 513}),
+        ("client_metadata", {"k": 1}),
     ],
 )
 async def test_a_malformed_field_is_a_400_naming_it(
@@ -137,3 +147,48 @@ async def test_a_malformed_field_is_a_400_naming_it(
     assert fake_api.count == 0
     [row] = rows(tmp_path / "ledger.db")
     assert (row["endpoint"], row["status"]) == ("responses", 400)
+
+
+async def test_client_metadata_is_accepted_and_reaches_the_upstreams_own_responses(
+    sdk: Any, fake_api: FakeAPI
+) -> None:
+    """Codex CLI sends ``client_metadata``, a map of strings: accepted, bounded as
+    ``metadata`` (the 400s above), and sent on to the upstream's own /v1/responses."""
+    tags = {"session_id": "s-1", "originator": "codex_cli_rs"}
+    async with sdk() as (client, _http):
+        raw = await client.responses.with_raw_response.create(
+            model="gpt-4o-mini",
+            input=QUESTION,
+            extra_headers=API,
+            extra_body={"client_metadata": tags},
+        )
+    assert raw.status_code == 200
+    [(path, _headers, sent)] = fake_api.requests
+    assert path == "/v1/responses" and sent["client_metadata"] == tags
+
+
+async def test_a_big_bodys_tool_schemas_are_checked_once_and_off_the_event_loop(
+    sdk: Any, fake_api: FakeAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body past body_check's INLINE_BYTES is checked in a thread of its own pool; the tool's
+    JSON Schema (about 1 s of CPU at 60,000 properties) is checked there, once, and not again
+    on the event loop when the request becomes a chat request (issue 39, finding 5)."""
+    import quality
+
+    threads: list[str] = []
+    check = quality.check_schema
+
+    def spied(schema: Any) -> str | None:
+        threads.append(threading.current_thread().name)
+        return check(schema)
+
+    monkeypatch.setattr(quality, "check_schema", spied)
+    schema = {"type": "object", "properties": {f"p{i}": {} for i in range(10_000)}}
+    tool = {"type": "function", "name": "wide", "parameters": schema}
+    assert len(json.dumps(tool)) > INLINE_BYTES
+    async with sdk() as (client, _http):
+        raw = await client.responses.with_raw_response.create(
+            model="gpt-4o-mini", input=QUESTION, extra_headers=API, tools=[tool]
+        )
+    assert raw.status_code == 200
+    assert len(threads) == 1 and threads[0].startswith("frugal-body"), threads

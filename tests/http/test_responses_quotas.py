@@ -14,10 +14,12 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 
 from proxy.http.quotas import IMAGE_TOKENS, unmeasured_tokens, worst_case_tokens
 from proxy.ledger.db import access
 from proxy.ledger.db.location import Database
+from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.tenants import keys
 from tests.conftest import AppFactory
 from tests.fake_api import FakeAPI
@@ -297,3 +299,33 @@ async def test_with_translate_the_api_chat_answer_is_cached_as_a_response(
     assert first.headers["x-frugal-route"] == "api", first.text
     _assert_a_cached_copy(first, hit)
     assert [path for path, _h, _b in fake_api.requests] == ["/v1/chat/completions"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_web_search_is_charged_its_fee_from_the_price_map(
+    open_app: AppFactory, fake_api: FakeAPI, database: Database, stream: bool
+) -> None:
+    # gpt-4o-mini's web search: $0.025 a call in litellm's map (search_context_cost_per_query);
+    # the fake's answer holds one web_search_call item, as OpenAI's does after one search.
+    book = PriceBook(load_price_map())
+    fee = book.search_fee("gpt-4o-mini", "low")
+    assert fee == 25_000_000_000
+    auth = {**_auth(database, "searcher", monthly_budget_pusd=10**12), **API}
+    ask = {**ASK, "tools": [{"type": "web_search", "search_context_size": "low"}]}
+    async with open_app() as client:
+        reply = await client.post(RESPONSES, json={**ask, "stream": stream}, headers=auth)
+        text = reply.text
+        await asyncio.sleep(0.3)  # the settle runs in the background
+        assert await client.app.state.services.ledger.flush(10)
+    assert reply.status_code == 200, text[:300]
+    with access.connect(database) as conn:
+        [(searches, size, prompt, completion, cost)] = list(
+            conn.query(
+                "SELECT web_searches, search_context_size, prompt_tokens, completion_tokens, "
+                "api_cost_pusd FROM requests WHERE endpoint = 'responses'"
+            )
+        )
+    tokens = book.cost("gpt-4o-mini", int(prompt), int(completion))
+    assert tokens is not None
+    assert (searches, size, cost) == (1, "low", tokens + fee)
+    assert spend(database, "searcher") == (tokens + fee, 0)

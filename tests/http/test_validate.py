@@ -363,6 +363,55 @@ def test_unparseable_bodies_are_400s(raw: bytes) -> None:
     assert info.value.code == "invalid_json"
 
 
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "a \\ud800"}]}',
+            "messages[0].content",
+        ),
+        (
+            b'{"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", '
+            b'"text": "\\udfff"}]}]}',
+            "input[0].content[0].text",
+        ),
+        (b'{"model": "m", "metadata": {"\\ud83d": "x"}}', "metadata"),
+        (b'{"model": "m", "user": "\xed\xa0\x80"}', "user"),  # the UTF-8 form of \ud800
+    ],
+)
+def test_a_lone_surrogate_anywhere_is_a_400_naming_its_field(raw: bytes, param: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        parse_json(raw)
+    assert info.value.param == param
+    assert "surrogate" in str(info.value)
+
+
+def test_an_escaped_surrogate_pair_is_text() -> None:
+    body = parse_json(b'{"model": "m", "input": "\\ud83d\\ude00 \\uD7FF"}')
+    assert body["input"] == "\U0001f600 \ud7ff"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "service_tier"],
+)
+def test_a_free_text_identifier_past_64_characters_is_openais_400(name: str) -> None:
+    body = {"model": "m", "messages": MSG, name: "u" * 64}
+    chat_request(body)
+    with pytest.raises(BadRequest) as info:
+        chat_request({**body, name: "u" * 65})
+    assert (info.value.param, info.value.code) == (name, "string_above_max_length")
+    assert "maximum length 64, but got a string with length 65" in str(info.value)
+
+
+def test_a_message_name_past_64_characters_is_a_400_naming_it() -> None:
+    message = {"role": "user", "content": "hi", "name": "n" * 64}
+    chat_request({"model": "m", "messages": [message]})
+    with pytest.raises(BadRequest) as info:
+        chat_request({"model": "m", "messages": [{**message, "name": "n" * 65}]})
+    assert info.value.param == "messages[0].name"
+
+
 # -- grammars and the tool prompt ------------------------------------------------------------
 
 

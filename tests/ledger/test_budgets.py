@@ -1,10 +1,11 @@
 """Budgets, rpm limits and the response cache in the ledger database
 (proxy/ledger/tenants/budgets.py, limits.py, cache.py), on SQLite and on a real PostgreSQL:
-reservations are atomic under concurrency, always released (settle or expiry), and the cache keeps
-its TTL and size bound."""
+reservations are atomic under concurrency, renewed while held, always released (settle or
+expiry), and the cache keeps its TTL and size bound."""
 
 from __future__ import annotations
 
+import gc
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -43,6 +44,48 @@ def test_an_expired_reservation_is_released_and_never_blocks_the_key(pool: Pool)
     budgets.settle(later, 3)
     usage = budgets.usage(month_of(NOW))["bob"]
     assert (usage.spent_pusd, usage.reserved_pusd) == (10, 0)
+
+
+def test_a_held_reservation_is_renewed_until_settled_and_a_crashed_one_expires(
+    pool: Pool,
+) -> None:
+    replica = Budgets(pool)  # renews what it holds
+    crashed = Budgets(pool)  # a replica that died: nobody renews its reservations
+    lost = crashed.reserve("fay", 100, 40, ttl_s=30, now=NOW)
+    held = replica.reserve("fay", 100, 40, ttl_s=30, now=NOW)
+    settled = replica.reserve("fay", 100, 20, ttl_s=30, now=NOW)
+    assert lost is not None and held is not None and settled is not None
+    replica.settle(settled, 20)
+    assert replica.renew(30, now=NOW + 20) == (1, 0)  # one statement; the settled one is gone
+    assert replica.renew(30, now=NOW + 40) == (1, 0)  # a call running past its first lease
+    assert replica.sweep(now=NOW + 60) == 1  # the crashed replica's, not the running call's
+    usage = replica.usage(month_of(NOW))["fay"]
+    assert (usage.spent_pusd, usage.reserved_pusd) == (20, 40)
+    assert replica.reserve("fay", 100, 41, ttl_s=30, now=NOW + 60) is None  # still held
+    replica.settle(held, 35)
+    assert replica.renew(30, now=NOW + 65) == (0, 0)  # nothing held any more
+    usage = replica.usage(month_of(NOW))["fay"]
+    assert (usage.spent_pusd, usage.reserved_pusd) == (55, 0)
+
+
+def test_a_reservation_swept_while_held_is_reported_lost_once(pool: Pool) -> None:
+    budgets = Budgets(pool)
+    held = budgets.reserve("gus", 100, 50, ttl_s=30, now=NOW)
+    assert held is not None
+    assert budgets.sweep(now=NOW + 31) == 1  # the database was out of reach for a whole lease
+    assert budgets.renew(30, now=NOW + 32) == (0, 1)
+    assert budgets.renew(30, now=NOW + 33) == (0, 0)  # no longer renewed
+    budgets.settle(held, 45)  # its cost still counts, once
+    usage = budgets.usage(month_of(NOW))["gus"]
+    assert (usage.spent_pusd, usage.reserved_pusd) == (45, 0)
+
+
+def test_a_reservation_dropped_unsettled_stops_being_renewed(pool: Pool) -> None:
+    budgets = Budgets(pool)
+    assert budgets.reserve("hal", 100, 50, ttl_s=30, now=NOW) is not None  # kept by no one
+    gc.collect()
+    assert budgets.renew(30, now=NOW + 20) == (0, 0)
+    assert budgets.sweep(now=NOW + 31) == 1
 
 
 def test_concurrent_reservations_never_pass_the_budget(pool: Pool) -> None:

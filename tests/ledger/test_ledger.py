@@ -176,6 +176,7 @@ REQUIRES = {
     "0008_budgets_cache.sql": {"0003_keys.sql"},  # it adds columns to api_keys
     "0009_key_concurrency.sql": {"0003_keys.sql"},  # a column of api_keys
     "0010_key_scope.sql": {"0003_keys.sql"},  # a column of api_keys
+    "0012_responses_quota.sql": {"0011_responses.sql"},  # columns of responses
 }
 
 

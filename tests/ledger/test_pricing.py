@@ -15,12 +15,18 @@ import tiktoken
 from proxy import config
 from proxy.errors import ConfigError
 from proxy.ledger.pricing import (
+    AUDIO_INPUT_BOUND,
+    AUDIO_OUTPUT_BOUND,
     MAX_CACHED_PRICES,
+    SEARCH_BOUND,
+    Billed,
     Price,
     PriceBook,
     apply_costs,
     load_price_map,
     pico_per_token,
+    requested_billing,
+    service_tier,
 )
 from proxy.ledger.writing.tokens import CountJob, TokenCounter
 
@@ -57,6 +63,98 @@ def test_litellm_map_prices_are_exact_pico_dollars_per_token(price_map: dict[str
     assert book.price("openai/gpt-4o-mini") == book.price("gpt-4o-mini")
     # 1,000,000 prompt and 1,000,000 completion tokens cost exactly $0.75.
     assert book.cost("gpt-4o-mini", 1_000_000, 1_000_000) == 750_000 * 10**6
+
+
+def test_a_service_tier_is_priced_at_its_own_rates(price_map: dict[str, Any]) -> None:
+    book = PriceBook(price_map)
+    mini = price_map["gpt-4o-mini"]
+    # priority: the map's rates ($0.25/M input against $0.15/M), never the standard ones
+    assert book.price("gpt-4o-mini", "priority") == Price(
+        input=250_000,
+        output=pico_per_token(mini["output_cost_per_token_priority"] * 1e6),
+        cached_input=pico_per_token(mini["cache_read_input_token_cost_priority"] * 1e6),
+    )
+    assert book.cost("gpt-4o-mini", 1000, 100, billed=Billed(tier="priority")) == (
+        1000 * 250_000 + 100 * 1_000_000
+    )
+    # flex where the map has it (gpt-5), batch from the map's "_batches" fields
+    gpt5 = price_map["gpt-5"]
+    assert book.price("gpt-5", "flex") == Price(
+        input=pico_per_token(gpt5["input_cost_per_token_flex"] * 1e6),
+        output=pico_per_token(gpt5["output_cost_per_token_flex"] * 1e6),
+        cached_input=pico_per_token(gpt5["cache_read_input_token_cost_flex"] * 1e6),
+    )
+    assert book.price("gpt-4o-mini", "batch") == Price(
+        input=75_000, output=300_000, cached_input=75_000 // 2
+    )
+    # where the map has no rate of the tier: flex half the standard, priority twice it
+    assert "input_cost_per_token_flex" not in mini
+    assert book.price("gpt-4o-mini", "flex") == Price(
+        input=75_000, output=300_000, cached_input=37_500
+    )
+    custom = PriceBook(price_map, {"my-model": Price(input=1_000, output=4_000)})
+    assert custom.price("my-model", "priority") == Price(input=2_000, output=8_000)
+    assert custom.price("my-model", "flex") == Price(input=500, output=2_000)
+    assert custom.price("unknown-model", "priority") is None  # unpriced stays unpriced
+    # the tiers a request can name; the rest is the standard rate
+    assert [service_tier(v) for v in ("priority", "flex", "auto", "default", None, 3)] == [
+        "priority",
+        "flex",
+        None,
+        None,
+        None,
+        None,
+    ]
+    assert book.cost("gpt-4o-mini", 1000, 100, billed=Billed(tier=None)) == book.cost(
+        "gpt-4o-mini", 1000, 100
+    )
+
+
+def test_audio_tokens_cost_the_audio_rate_or_a_bound_never_the_text_rate(
+    price_map: dict[str, Any],
+) -> None:
+    book = PriceBook(price_map)
+    audio = price_map["gpt-audio"]
+    rate_in = pico_per_token(audio["input_cost_per_audio_token"] * 1e6)
+    rate_out = pico_per_token(audio["output_cost_per_audio_token"] * 1e6)
+    assert rate_out == 64_000_000  # $64/M, not the $10/M of its text
+    billed = Billed(audio_prompt_tokens=300, audio_completion_tokens=200)
+    text = book.price("gpt-audio")
+    assert text is not None
+    assert book.cost("gpt-audio", 1000, 500, billed=billed) == (
+        700 * text.input + 300 * rate_in + 300 * text.output + 200 * rate_out
+    )
+    # a model the map gives no audio rate: the bound, above every audio rate in the map
+    highest = max(
+        (e.get(f) or 0)
+        for e in price_map.values()
+        if isinstance(e, dict)
+        for f in ("input_cost_per_audio_token",)
+    )
+    assert AUDIO_INPUT_BOUND > pico_per_token(highest * 1e6)
+    mini = book.price("gpt-4o-mini")
+    assert mini is not None
+    assert book.cost("gpt-4o-mini", 1000, 500, billed=billed) == (
+        700 * mini.input + 300 * AUDIO_INPUT_BOUND + 300 * mini.output + 200 * AUDIO_OUTPUT_BOUND
+    )
+
+
+def test_web_searches_cost_the_maps_fee_per_context_size_or_a_bound(
+    price_map: dict[str, Any],
+) -> None:
+    book = PriceBook(price_map)
+    fees = price_map["gpt-4o-search-preview"]["search_context_cost_per_query"]
+    base = book.cost("gpt-4o-search-preview", 100, 10)
+    assert base is not None
+    for size in ("low", "medium", "high"):
+        fee = pico_per_token(fees[f"search_context_size_{size}"] * 1e6)  # USD a call
+        two = Billed(web_searches=2, search_context_size=size)
+        assert book.cost("gpt-4o-search-preview", 100, 10, billed=two) == base + 2 * fee
+    assert book.search_fee("gpt-4o-search-preview", "bogus") == book.search_fee(
+        "gpt-4o-search-preview", "medium"
+    )
+    assert "search_context_cost_per_query" not in price_map["gpt-4o"]
+    assert book.search_fee("gpt-4o") == SEARCH_BOUND
 
 
 def test_cached_prompt_tokens_cost_the_cached_rate_only_where_one_exists() -> None:
@@ -255,6 +353,73 @@ def test_row_costs(price_map: dict[str, Any]) -> None:
     ) == (0, 1_500_000)
     # The model "local" never had an API counterpart.
     assert costed(book, route="local", requested_model="local", api_model=None) == (0, 0)
+
+
+def test_row_costs_at_the_rows_tier_audio_and_searches(price_map: dict[str, Any]) -> None:
+    book = PriceBook(price_map)
+    # A local answer to a flex request: its counterfactual at the flex rate (half, here).
+    assert costed(
+        book,
+        route="local",
+        service_tier="flex",
+        counterfactual_prompt_tokens=20,
+        counterfactual_completion_tokens=4,
+    ) == (0, 20 * 75_000 + 4 * 300_000)
+    # A priority API answer that searched the web twice (gpt-4o-search-preview, high context).
+    model = "gpt-4o-search-preview"
+    fee = book.search_fee(model, "high")
+    price = book.price(model, "priority")
+    assert price is not None and fee == 25_000_000_000
+    paid = 100 * price.input + 10 * price.output + 2 * fee
+    assert costed(
+        book,
+        route="api",
+        requested_model=model,
+        api_model=model,
+        service_tier="priority",
+        web_searches=2,
+        search_context_size="high",
+        prompt_tokens=100,
+        completion_tokens=10,
+        counterfactual_prompt_tokens=100,
+        counterfactual_completion_tokens=10,
+    ) == (paid, paid)
+    # Audio tokens of gpt-audio at its audio rates, the rest as text.
+    audio = book.price("gpt-audio")
+    rate_in, rate_out = book.audio_rates("gpt-audio")
+    assert audio is not None and rate_out == 64_000_000
+    paid = 60 * audio.input + 40 * rate_in + 5 * audio.output + 20 * rate_out
+    assert costed(
+        book,
+        route="api",
+        requested_model="gpt-audio",
+        api_model="gpt-audio",
+        audio_prompt_tokens=40,
+        audio_completion_tokens=20,
+        prompt_tokens=100,
+        completion_tokens=25,
+        counterfactual_prompt_tokens=100,
+        counterfactual_completion_tokens=25,
+    ) == (paid, paid)
+
+
+def test_a_reservation_is_billed_for_the_tier_audio_and_searches_a_request_asks_for() -> None:
+    chat = {"model": "gpt-4o-mini", "messages": [], "service_tier": "priority"}
+    assert requested_billing(chat, 100) == Billed(tier="priority")
+    spoken = {**chat, "service_tier": "auto", "modalities": ["text", "audio"]}
+    assert requested_billing(spoken, 100) == Billed(audio_completion_tokens=100)
+    searching = {**chat, "web_search_options": {"search_context_size": "low"}}
+    assert requested_billing(searching, 5) == Billed(
+        tier="priority", web_searches=1, search_context_size="low"
+    )
+    tools = [{"type": "web_search", "search_context_size": "high"}, {"type": "function"}]
+    assert requested_billing({"tools": tools}, 5) == Billed(
+        web_searches=1, search_context_size="high"
+    )
+    assert requested_billing({"tools": tools, "max_tool_calls": 6}, 5).web_searches == 6
+    said = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    heard = {"messages": [{"role": "user", "content": [said, said]}]}
+    assert requested_billing(heard, 5, 1000) == Billed(audio_prompt_tokens=2000)
 
 
 def test_rows_that_cannot_be_costed_stay_null_never_zero(price_map: dict[str, Any]) -> None:

@@ -638,7 +638,7 @@ def test_a_closed_pipe_ends_the_report_quietly(ledger: Path, tmp_path: Path) -> 
 # -- what clients chose is escaped ----------------------------------------------------------------
 
 
-HOSTILE_MODEL = "evil\x1b[2J\x1b[31m\r\nfake | row\u2028"
+HOSTILE_MODEL = "evil\x1b[2J\x1b[31m\r\nfake | row\u2028\u3164"  # U+3164: a blank letter
 FORMULA_MODEL = '=HYPERLINK("http://x","y")'
 HOSTILE_KEY = "-2+3\u202e\t"
 HOSTILE_REASON = "@sum|<b>"
@@ -667,13 +667,13 @@ def test_client_chosen_names_are_escaped_in_table_markdown_and_csv(
     for fmt in ("table", "markdown", "csv"):
         code, out, _ = report(capsys, "--month", "2026-10", "--by", by, "--format", fmt)
         assert code == 0, fmt
-        for raw in ("\x1b", "\r", "\u2028", "\u202e", "\t"):
+        for raw in ("\x1b", "\r", "\u2028", "\u202e", "\t", "\u3164"):
             assert raw not in out, (fmt, raw)
     _, table, _ = report(capsys, "--month", "2026-10", "--by", by)
     boxed = [line for line in table.splitlines() if line.startswith("│")][:4]
     assert len({line.count("│") for line in boxed}) == 1, boxed  # no line broken in two
     if by == "model":
-        assert "│ evil\\x1b[2J\\x1b[31m\\x0d\\x0afake | row\\u2028 │" in table
+        assert "│ evil\\x1b[2J\\x1b[31m\\x0d\\x0afake | row\\u2028\\u3164 │" in table
     _, markdown, _ = report(capsys, "--month", "2026-10", "--by", by, "--format", "markdown")
     header, *rows = [line for line in markdown.splitlines() if line.startswith("| ")][:4]
     columns = header.count(" | ")
@@ -684,7 +684,7 @@ def test_client_chosen_names_are_escaped_in_table_markdown_and_csv(
     _, text, _ = report(capsys, "--month", "2026-10", "--by", by, "--format", "csv")
     names = [cells[2] for cells in csv.reader(io.StringIO(text))][1:-1]
     expected = {
-        "model": {"'" + FORMULA_MODEL, "evil\\x1b[2J\\x1b[31m\\x0d\\x0afake | row\\u2028"},
+        "model": {"'" + FORMULA_MODEL, "evil\\x1b[2J\\x1b[31m\\x0d\\x0afake | row\\u2028\\u3164"},
         "key": {"ci", "'-2+3\\u202e\\x09"},
         "reason": {"accepted", "'@sum|<b>"},
     }[by]

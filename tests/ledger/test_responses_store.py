@@ -1,12 +1,17 @@
 """Stored Responses in the ledger database (proxy/ledger/responses_store.py), on SQLite and on a
 real PostgreSQL: a response and its input items come back as stored, a chain is walked back to
-its first turn, deletion and retention remove rows, and two pools (two replicas) share them."""
+its first turn, deletion and retention remove rows, and two pools (two replicas) share them; an
+answer carried by several responses is kept once, and a key's quota holds."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from proxy.ledger.db.connections import Pool
 from proxy.ledger.db.location import Database
-from proxy.ledger.responses_store import PRUNE_EVERY_S, ResponseStore, StoredResponse
+from proxy.ledger.responses_store import PRUNE_EVERY_S, QuotaFull, ResponseStore, StoredResponse
 
 NOW = 1_790_000_000.0
 DAY = 86400.0
@@ -81,3 +86,80 @@ def test_two_replicas_share_the_stored_responses(database: Database, pool: Pool)
         ]
     finally:
         other.close()
+
+
+def _with_ids(n: int, output_ids: list[str]) -> StoredResponse:
+    """turn(1)'s answer again, as a cache hit stores it: a new response id, new item ids."""
+    first = turn(1)
+    output = [
+        {"id": item_id, "type": "message", "role": "assistant", "content": "answer 1 é"}
+        for item_id in output_ids
+    ]
+    return StoredResponse(
+        id=f"resp_{n}",
+        owner=first.owner,
+        key_name=first.key_name,
+        created_at=first.created_at,
+        previous_id=None,
+        route="cache",
+        response={**first.response, "id": f"resp_{n}", "output": output},
+        input_items=first.input_items,
+    )
+
+
+def _answers(pool: Pool) -> int:
+    with pool.transaction() as tx:
+        return int(tx.rows("SELECT count(*) FROM response_outputs")[0][0])
+
+
+def test_an_answer_carried_by_several_responses_is_kept_once(pool: Pool) -> None:
+    store = ResponseStore(pool, retention_days=30)
+    first = store.put(_with_ids(1, ["msg_a", "msg_b"]), now=NOW)
+    again = store.put(_with_ids(2, ["msg_c", "msg_d"]), now=NOW)
+    assert _answers(pool) == 1
+    assert again < first  # the second pays for its ids and input items, not for the answer
+    assert store.usage("id:1").bytes == first + again
+    got = store.get("resp_2")
+    assert got is not None and got == _with_ids(2, ["msg_c", "msg_d"])
+    assert [item["id"] for item in got.response["output"]] == ["msg_c", "msg_d"]
+    store.delete("resp_1")
+    assert _answers(pool) == 1 and store.get("resp_2") == _with_ids(2, ["msg_c", "msg_d"])
+    store.delete("resp_2")
+    assert _answers(pool) == 0
+
+
+def test_retention_takes_an_answer_along_with_its_last_response(pool: Pool) -> None:
+    store = ResponseStore(pool, retention_days=7)
+    store.put(_with_ids(1, ["msg_a"]), now=NOW - 8 * DAY)
+    assert _answers(pool) == 1
+    assert store.prune(now=NOW + 8 * DAY) == 1
+    assert _answers(pool) == 0
+
+
+def test_a_key_at_its_quota_stores_nothing_more_and_other_keys_are_not_held(pool: Pool) -> None:
+    one = ResponseStore(pool, retention_days=30, max_bytes=10_000_000, max_count=1000).put(
+        turn(1), now=NOW
+    )
+    store = ResponseStore(pool, retention_days=30, max_bytes=3 * one, max_count=1000)
+    stored, refused = 1, 0
+    for n in range(2, 8):
+        try:
+            store.put(turn(n), now=NOW)
+            stored += 1
+        except QuotaFull as exc:
+            refused += 1
+            assert exc.usage == store.usage("id:1")
+    usage = store.usage("id:1")
+    assert usage.count == stored and usage.bytes <= store.max_bytes
+    assert refused > 0 and store.get(f"resp_{stored + 1}") is None
+    store.put(turn(20, owner="id:2"), now=NOW)  # another key has its own quota
+    keyless = turn(21)
+    store.put(StoredResponse(**{**_fields(keyless), "owner": None}), now=NOW)
+    assert store.usage(None).count == 1 and store.usage("id:2").count == 1
+    counted = ResponseStore(pool, retention_days=30, max_count=usage.count)
+    with pytest.raises(QuotaFull):
+        counted.put(turn(30), now=NOW)
+
+
+def _fields(stored: StoredResponse) -> dict[str, Any]:
+    return {name: getattr(stored, name) for name in StoredResponse.__dataclass_fields__}

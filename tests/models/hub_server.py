@@ -20,6 +20,15 @@ as the hub does it: its listing is public, and its files answer 401 with ``X-Err
 GatedRepo`` to a request without ``Authorization: Bearer token``. A file may advertise a size of
 its own (``size=``, say 40 GB) and is then never expected to be asked for.
 
+Knobs of a hub that lies or misbehaves: ``overrun[file] = n`` answers the file's GET with no
+``Content-Length`` and sends ``n`` bytes more than it listed, as long as the client reads;
+``stall_at[file] = n`` stops after ``n`` bytes and then sends nothing, or one byte every
+``drip_s`` seconds when that is set, until the client goes (at most ``STALL_LIMIT_S``);
+``redirect[file] = base`` answers the file's HEAD and GET with a 302 to the same path on
+``base``, and ``redirect_listing[repo] = base`` does the same for the repository's listing;
+``redirect_other = base`` for every other path (the hub client's own requests).
+File names in request paths are percent-decoded, so a name may hold any character.
+
 What it saw: ``requests`` (method, path, Range header, Authorization header) and
 ``served[file]``, the body bytes written for each file.
 """
@@ -29,14 +38,19 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import select
+import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 COMMIT = "c0ffee" + "0" * 34
 CHUNK = 1 << 16
+STALL_LIMIT_S = 120.0
 NO_REPO = b'{"error": "Repository not found"}'
 _API = re.compile(r"^/api/models/([^/]+/[^/]+)(?:/revision/[^/]+)?$")
 _RESOLVE = re.compile(r"^/([^/]+/[^/]+)/resolve/[^/]+/(.+)$")
@@ -63,6 +77,12 @@ class StandInHub:
     cut_at: dict[str, int] = field(default_factory=dict)
     flip_at: dict[str, int] = field(default_factory=dict)
     gated: dict[str, str] = field(default_factory=dict)  # repo -> the token that may read it
+    overrun: dict[str, int] = field(default_factory=dict)
+    stall_at: dict[str, int] = field(default_factory=dict)
+    drip_s: float | None = None
+    redirect: dict[str, str] = field(default_factory=dict)
+    redirect_listing: dict[str, str] = field(default_factory=dict)
+    redirect_other: str | None = None
     down_after_cut: bool = False
     down: bool = False
     requests: list[Request] = field(default_factory=list)
@@ -77,6 +97,12 @@ class StandInHub:
     def reset(self) -> None:
         self.cut_at.clear()
         self.flip_at.clear()
+        self.overrun.clear()
+        self.stall_at.clear()
+        self.drip_s = None
+        self.redirect.clear()
+        self.redirect_listing.clear()
+        self.redirect_other = None
         self.down_after_cut = self.down = False
         self.requests.clear()
         self.served.clear()
@@ -125,9 +151,13 @@ class StandInHub:
         if self.down:
             return _send(h, 503, b'{"error": "down"}', head=head)
         if m := _API.match(path):
+            if base := self.redirect_listing.get(m.group(1)):
+                return _redirect(h, base + h.path, head=head)
             return self._info(h, m.group(1), head=head)
         if m := _RESOLVE.match(path):
-            return self._file(h, m.group(1), m.group(2), head=head)
+            return self._file(h, m.group(1), unquote(m.group(2)), head=head)
+        if self.redirect_other:
+            return _redirect(h, self.redirect_other + h.path, head=head)
         return _send(h, 404, b'{"error": "not found"}', head=head)
 
     def _info(self, h: BaseHTTPRequestHandler, repo: str, *, head: bool) -> None:
@@ -162,6 +192,11 @@ class StandInHub:
         entry = files.get(name)
         if entry is None:
             return _send(h, 404, b'{"error": "Entry not found"}', head=head, code="EntryNotFound")
+        if base := self.redirect.get(name):
+            linked = {"X-Linked-Etag": f'"{entry.sha256}"', "X-Linked-Size": str(entry.size)}
+            return _redirect(h, base + h.path, head=head, headers=linked)
+        if not head and name in self.overrun:
+            return self._overrun(h, entry, self.overrun[name], name)
         start = 0
         if not head and (r := h.headers.get("Range")):
             start = int(re.fullmatch(r"bytes=(\d+)-", r.strip()).group(1))  # type: ignore[union-attr]
@@ -180,6 +215,8 @@ class StandInHub:
         if head:
             return
         cut = self.cut_at.pop(name, None)
+        if name in self.stall_at:
+            return self._stall(h, entry, start, self.stall_at.pop(name), name)
         flip = self.flip_at.get(name)
         with entry.path.open("rb") as f:
             f.seek(start)
@@ -200,6 +237,63 @@ class StandInHub:
                     h.close_connection = True  # the rest never comes: the client sees a cut
                     self.down = self.down_after_cut
                     return
+
+    def _overrun(self, h: BaseHTTPRequestHandler, entry: Entry, extra: int, name: str) -> None:
+        """The listed bytes, then ``extra`` more, with no length given: the body ends when the
+        connection does, so only the client's own count can stop it."""
+        h.send_response(200)
+        h.send_header("Content-Type", "application/octet-stream")
+        h.send_header("ETag", f'"{entry.sha256}"')
+        h.send_header("Connection", "close")
+        h.end_headers()
+        h.close_connection = True
+        body = entry.path.read_bytes()[: entry.size]
+        try:
+            for pos in range(0, len(body), CHUNK):
+                self._write(h, body[pos : pos + CHUNK], name)
+            left = extra
+            while left > 0:
+                self._write(h, b"\0" * min(CHUNK, left), name)
+                left -= CHUNK
+        except OSError:
+            pass  # the client stopped reading
+
+    def _stall(
+        self, h: BaseHTTPRequestHandler, entry: Entry, start: int, at: int, name: str
+    ) -> None:
+        """Bytes up to ``at``, then silence, or a byte every ``drip_s``, until the client goes."""
+        data = entry.path.read_bytes()
+        try:
+            self._write(h, data[start:at], name)
+            h.wfile.flush()
+            pos, until = at, time.monotonic() + STALL_LIMIT_S
+            while time.monotonic() < until and pos < entry.size:
+                ready, _, _ = select.select([h.connection], [], [], self.drip_s or 0.2)
+                if ready and not h.connection.recv(1, socket.MSG_PEEK):
+                    break  # the client has closed the connection
+                if self.drip_s is not None:
+                    self._write(h, data[pos : pos + 1], name)
+                    h.wfile.flush()
+                    pos += 1
+        except OSError:
+            pass  # the client gave up
+        h.close_connection = True
+
+    def _write(self, h: BaseHTTPRequestHandler, data: bytes, name: str) -> None:
+        h.wfile.write(data)
+        self.served[name] = self.served.get(name, 0) + len(data)
+
+
+def _redirect(
+    h: BaseHTTPRequestHandler, location: str, *, head: bool, headers: dict[str, str] | None = None
+) -> None:
+    h.send_response(302)
+    h.send_header("Location", location)
+    h.send_header("Content-Length", "0")
+    h.send_header("X-Repo-Commit", COMMIT)
+    for key, value in (headers or {}).items():
+        h.send_header(key, value)
+    h.end_headers()
 
 
 def _send(

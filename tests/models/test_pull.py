@@ -167,8 +167,8 @@ def test_a_cut_download_is_resumed_by_the_next_pull(
     assert "frugal models: " in err and "answered 503" in err
     sha = hub.repos[MINI][MINI_FILE].sha256
     partial = _cache(tmp_path, MINI) / "blobs" / f"{sha}.incomplete"
-    # What was written before the cut is kept: the client writes whole 10 MiB chunks, so up to
-    # the last chunk boundary before the cut (it then asked for the rest once, and got a 503).
+    # What was written before the cut is kept, up to the cut (it then asked for the rest once,
+    # and got a 503).
     kept = partial.stat().st_size
     assert 0 < kept <= half
     assert [g.range for g in hub.gets(MINI_FILE)] == [None, f"bytes={kept}-"]
@@ -254,6 +254,47 @@ def test_the_fit_line_says_the_headroom_the_guard_s_estimate_leaves(hub: StandIn
     pull.pull(ModelName.parse(f"{MINI}:Q8_0"), local, available=(room, "a test box"), out=sink)
     assert f"memory: fits: about {needed.total / (1 << 20):.0f} MiB at n_ctx=4096, " in sink.text
     assert "available " in sink.text and "; headroom about 300 MiB" in sink.text
+
+
+def test_a_pull_asks_for_each_file_once(hub: StandInHub, tmp_path: Path) -> None:
+    """The listing, then one HEAD and one GET per part, and nothing more: no second look at a
+    file after its bytes are checked, which a hub could answer with another ETag (and the hub
+    client would then fetch it again, with no bound of ours)."""
+    pull.pull(ModelName.parse(f"{SPLIT}:Q8_0"), LocalSettings(), out=_Sink())
+    asked = [
+        (r.method, r.path.rsplit("/", 1)[-1])
+        for r in hub.requests
+        if r.path.startswith("/api/models/") or "/resolve/" in r.path
+    ]  # not the hub client's own daily /api/agent-harnesses
+    assert asked == [
+        ("GET", SPLIT.rsplit("/", 1)[-1]),
+        *[(m, n) for n in SPLIT_FILES for m in ("HEAD", "GET")],
+    ]
+    snapshot = _cache(tmp_path, SPLIT) / "snapshots" / COMMIT
+    assert (_cache(tmp_path, SPLIT) / "refs" / "main").read_text() == COMMIT
+    assert all((snapshot / n).is_symlink() for n in SPLIT_FILES)
+
+
+def test_the_fit_is_checked_again_on_the_bytes_in_the_cache(hub: StandInHub) -> None:
+    """A blob already in the cache is not bounded by a new listing: a hub that now lists the
+    same file (same SHA-256) at 1 MB has it judged by its real size, which does not fit."""
+    pull.pull(ModelName.parse(f"{MINI}:Q8_0"), LocalSettings(), out=_Sink())  # the real file
+    entry = hub.repos[MINI][MINI_FILE]
+    real = entry.size
+    hub.repos[MINI][MINI_FILE] = type(entry)(entry.path, 10**6, entry.sha256)
+    try:
+        local = LocalSettings(memory_guard="refuse")  # no shrinking to make it fit
+        room = fit.plan(10**6, local, available=(1 << 40, "t")).estimate.total
+        box = (room + (1 << 20), "a box with room for the listed 1 MB only")
+        sink = _Sink()
+        with pytest.raises(ModelsError) as refused:
+            pull.pull(ModelName.parse(f"{MINI}:Q8_0"), local, available=box, out=sink)
+        assert f"its files in the cache hold {real / 1e9:.2f} GB, not the 0.00 GB" in str(
+            refused.value
+        )
+        assert "memory: fits: " in sink.text and f"the files hold {real} bytes" in sink.text
+    finally:
+        hub.repos[MINI][MINI_FILE] = entry
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from proxy import config
+from proxy.config.secrets import MARK
 from proxy.engine.local_engine import Ask, LocalEngine
 from proxy.engine.rates import Rates
 from proxy.errors import ConfigError, EngineCrashed, EngineTimeout
@@ -624,3 +625,40 @@ async def test_a_big_answer_under_the_bound_is_scored_off_the_loop_and_by_the_de
     )
     assert elapsed < budget_s + 5  # the score went on in its thread; the call did not wait
     assert state == "up"
+
+
+# -- issue 39: a backend that echoes its key ------------------------------------------------------
+
+BACKEND_KEY = "sk-backend+i39/key=0123456789abcdef"
+
+
+def _echo(request: httpx.Request) -> str:
+    sent = request.headers.get("authorization", "")
+    return f"you sent {sent!r}, key {sent[7:]}"
+
+
+async def test_a_backends_refusal_or_error_event_is_told_without_its_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("I39_BACKEND", BACKEND_KEY)
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"error": {"message": _echo(request)}})
+
+    def stream_then_fail(request: httpx.Request) -> httpx.Response:
+        chunk = {"choices": [{"index": 0, "delta": {"content": "Paris"}, "finish_reason": None}]}
+        events = [f"data: {json.dumps(chunk)}", f"data: {json.dumps({'error': _echo(request)})}"]
+        return httpx.Response(200, text="\n\n".join(events) + "\n\n")
+
+    told = []
+    for handler, live in ((refuse, False), (stream_then_fail, True)):
+        async with remote(models_or(handler), api_key_env="I39_BACKEND") as backend:
+            with pytest.raises(EngineCrashed) as caught:
+                await backend.chat(
+                    {**REQUEST, "stream": live},
+                    deadline=time.monotonic() + 10,
+                    on_token=(lambda piece: None) if live else None,
+                )
+        told.append(str(caught.value))
+    print(told)
+    assert all("0123456789abcdef" not in text and MARK in text for text in told), told

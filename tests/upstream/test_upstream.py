@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from proxy.config import FallbackSettings
+from proxy.config.secrets import MARK
 from proxy.errors import UpstreamError, UpstreamRateLimited, UpstreamStatus, UpstreamTimeout
 from proxy.upstream import responses_api
 from proxy.upstream.client import Upstream, UpstreamStream
@@ -734,3 +735,53 @@ async def test_an_answer_whose_content_length_is_past_the_bound_is_refused_unrea
         api.set(reply="Paris.")
         assert (await client.chat(CHAT, request_id="r")).body["choices"][0]["message"]["content"]
     assert api.count == 2
+
+
+# -- issue 39: an upstream that echoes the request's Authorization --------------------------------
+
+ECHOED_KEY = "sk-echo+i39/key=0123456789abcdef"
+ECHOED_TAIL = "0123456789abcdef"  # the part of the key no mark or prefix shares
+
+
+@pytest.mark.parametrize("status", [400, 404, 422])
+async def test_a_refusal_that_echoes_the_key_is_passed_on_without_it(
+    api: FakeAPI, monkeypatch: pytest.MonkeyPatch, status: int
+) -> None:
+    monkeypatch.setenv(KEY_ENV, ECHOED_KEY)
+    api.set(fail_status=status, echo_auth=True)
+    async with upstream(api) as client:
+        with pytest.raises(UpstreamStatus) as caught:
+            await client.chat(CHAT, request_id="echo")
+    assert api.requests[0].headers["authorization"] == f"Bearer {ECHOED_KEY}"
+    told = json.dumps(caught.value.body())
+    print(f"HTTP {status} relayed as {told}")
+    assert caught.value.status == status
+    assert ECHOED_TAIL not in told and "%2F" not in told
+    assert (caught.value.param, caught.value.code) == (MARK, MARK)
+    assert caught.value.message.count(MARK) == 3  # the header, the bare key, the query form
+
+
+async def test_a_stream_error_event_that_echoes_the_key_is_relayed_without_it(
+    api: FakeAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KEY_ENV, ECHOED_KEY)
+    api.set(echo_auth=True, reply="Paris is big")
+    async with upstream(api) as client:
+        stream = await client.chat_stream({**CHAT, "stream": True}, request_id="echo")
+        raw = b"".join(await read_all(stream))
+    print(raw.decode())
+    error = [p for p in payloads(raw) if "error" in p]
+    assert len(error) == 1 and error[0]["error"]["code"] == MARK
+    assert ECHOED_TAIL.encode() not in raw and MARK.encode() in raw
+    assert raw.endswith(b"data: [DONE]\n\n")
+
+
+async def test_an_answer_that_echoes_the_key_is_relayed_without_it(
+    api: FakeAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KEY_ENV, ECHOED_KEY)
+    api.set(reply=f"your key is {ECHOED_KEY}")
+    async with upstream(api) as client:
+        reply = await client.chat(CHAT, request_id="echo")
+    assert ECHOED_TAIL.encode() not in reply.raw
+    assert reply.body["choices"][0]["message"]["content"] == f"your key is {MARK}"

@@ -13,35 +13,25 @@ from __future__ import annotations
 import csv
 import io
 import json
-import unicodedata
 from collections.abc import Callable, Iterable
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
+
+from proxy.logs import shown
 
 # What a client chose (model names, key names, reasons) is escaped in every text format, so a
 # ledger row cannot rewrite the terminal (ANSI escapes), forge lines (\r, \n, U+2028), break a
 # markdown table (|) or run a formula in a spreadsheet (=, +, -, @ first: OWASP's CSV injection).
 # JSON is left exact: json.dumps escapes control characters and every non-ASCII character.
-_INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 _MARKDOWN_SPECIAL = frozenset("\\|<>[]`*")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def visible(text: str) -> str:
-    """``text`` with control, format and line-separator characters as Python escapes."""
-    if text.isprintable():
-        return text
-    out = []
-    for char in text:
-        if unicodedata.category(char) not in _INVISIBLE:
-            out.append(char)
-        elif ord(char) < 0x100:
-            out.append(f"\\x{ord(char):02x}")
-        elif ord(char) < 0x10000:
-            out.append(f"\\u{ord(char):04x}")
-        else:
-            out.append(f"\\U{ord(char):08x}")
-    return "".join(out)
+    """``text`` with every character that would not show as itself (controls, format and
+    separator characters, blank letters such as U+3164...) as a Python escape
+    (:func:`proxy.logs.shown`): a model or key name in a report cannot pass for another."""
+    return shown(text)
 
 
 def markdown_cell(text: str) -> str:

@@ -68,6 +68,12 @@ class LedgerRow:
     # 0006_attempts
     upstream_attempts: int | None = field(default=None, metadata=COUNT)
     usage_invalid: str | None = None  # the writer's
+    # 0013_billed: what the call is billed for besides text at the standard rate
+    service_tier: str | None = None  # priority | flex | batch; None: the standard rate
+    audio_prompt_tokens: int = field(default=0, metadata=COUNT)
+    audio_completion_tokens: int = field(default=0, metadata=COUNT)
+    web_searches: int = field(default=0, metadata=COUNT)
+    search_context_size: str | None = None  # None: medium
 
     def as_dict(self) -> dict[str, Any]:
         """Every column by name, for the writer, the pricing and the router."""
