@@ -213,3 +213,31 @@ async def test_a_forced_local_answer_past_its_deadline_is_failed_not_incomplete(
         assert made["usage"]["output_tokens"] < 400
     assert events[-1]["type"] == "response.failed"
     assert fake_api.count == 0
+
+
+async def test_a_translated_api_answer_and_its_tool_call_stream_follow_the_schema(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """``[fallback] responses = "translate"``: the upstream's chat answers are built into the
+    Responses object and events here (a text answer as JSON, a function call as a stream), with
+    the API's documented sampling defaults echoed (1 and 1) where none was asked."""
+    settings = settings_for(tmp_path, fake_api, fallback={"responses": "translate"})
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    asked = {"model": "gpt-4o-mini", "input": QUESTION}
+    async with make_client(settings) as http:
+        plain = await _post(http, asked, API)
+        fake_api.set(tool_call={"name": "get_weather", "arguments": {"city": "Paris"}})
+        called = await _post(http, {**asked, "tools": tools, "stream": True}, API)
+    response = plain.json()
+    events = sse_events(called.content)
+    assert [path for path, _h, _b in fake_api.requests] == ["/v1/chat/completions"] * 2
+    assert not (errors := response_errors(response)), errors
+    assert not (errors := event_errors(events)), errors
+    assert (response["temperature"], response["top_p"], response["max_output_tokens"]) == (
+        1.0,
+        1.0,
+        None,
+    )
+    kinds = [e["type"] for e in events]
+    assert "response.function_call_arguments.done" in kinds
+    assert events[-1]["response"]["output"][0]["name"] == "get_weather"
