@@ -17,6 +17,7 @@ import jsonschema
 
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
+from tests.http.test_app import rows
 
 SCHEMA = Path(__file__).parent.parent / "data" / "responses_schema.json"
 LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}  # any answer is sent
@@ -213,6 +214,8 @@ async def test_a_forced_local_answer_past_its_deadline_is_failed_not_incomplete(
         assert made["usage"]["output_tokens"] < 400
     assert events[-1]["type"] == "response.failed"
     assert fake_api.count == 0
+    logged = rows(tmp_path / "ledger.db")
+    assert [(r["route"], r["error"]) for r in logged] == [("local", "local_timeout")] * 2
 
 
 async def test_a_translated_api_answer_and_its_tool_call_stream_follow_the_schema(
