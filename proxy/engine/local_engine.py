@@ -177,6 +177,7 @@ class LocalEngine(Answering):
             "seed": self.settings.seed,
             "speculative": self.settings.speculative,
             "default_max_tokens": self.settings.default_max_tokens,
+            "thinking_budget": self.settings.thinking_budget,
             "draft_model_path": self.settings.draft_model_path,
             "draft_max_tokens": self.settings.draft_max_tokens,
             "lookup_ngram": self.settings.lookup_ngram,
