@@ -258,6 +258,18 @@ def _usage(usage: dict[str, Any]) -> dict[str, Any]:
 
 def _output(message: dict[str, Any], status: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
+    thinking = message.get("reasoning_content")
+    if thinking is not None:  # a local model that thinks (proxy.engine.reasoning)
+        items.append(
+            {
+                "id": _id("rs"),
+                "type": "reasoning",
+                "status": status,
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": thinking}],
+                "encrypted_content": None,
+            }
+        )
     content = message.get("content")
     refusal = message.get("refusal")
     calls = message.get("tool_calls") or []
@@ -341,6 +353,9 @@ def _sse(name: str, payload: dict[str, Any]) -> bytes:
 
 def _item_events(item: dict[str, Any], index: int) -> Iterator[tuple[str, dict[str, Any]]]:
     at = {"output_index": index, "item_id": item["id"]}
+    if item["type"] == "reasoning" and item.get("content"):
+        yield from _reasoning_events(item, index)
+        return
     if item["type"] not in ("message", "function_call"):  # a cached API answer's own items
         yield "response.output_item.added", {"output_index": index, "item": item}
         yield "response.output_item.done", {"output_index": index, "item": item}
@@ -385,6 +400,24 @@ def _item_events(item: dict[str, Any], index: int) -> Iterator[tuple[str, dict[s
             for piece in _PIECE.findall(part["text"]):
                 yield "response.output_text.delta", {**at_part, "delta": piece, "logprobs": []}
             yield "response.output_text.done", {**at_part, "text": part["text"], "logprobs": []}
+        yield "response.content_part.done", {**at_part, "part": part}
+    yield "response.output_item.done", {"output_index": index, "item": item}
+
+
+def _reasoning_events(item: dict[str, Any], index: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A local model's thinking as OpenAI streams a reasoning item's text: the item, then each
+    ``reasoning_text`` part's deltas and its end."""
+    at = {"output_index": index, "item_id": item["id"]}
+    yield (
+        "response.output_item.added",
+        {"output_index": index, "item": {**item, "status": "in_progress", "content": []}},
+    )
+    for k, part in enumerate(item["content"]):
+        at_part = {**at, "content_index": k}
+        yield "response.content_part.added", {**at_part, "part": {**part, "text": ""}}
+        for piece in _PIECE.findall(part["text"]):
+            yield "response.reasoning_text.delta", {**at_part, "delta": piece}
+        yield "response.reasoning_text.done", {**at_part, "text": part["text"]}
         yield "response.content_part.done", {**at_part, "part": part}
     yield "response.output_item.done", {"output_index": index, "item": item}
 
