@@ -13,6 +13,8 @@
                                    and (when nothing was) answers
     completion_of(response)        a Responses answer (the API's own) as a chat completion, for
                                    an audit's reference
+    effort_only(body)              the ``reasoning.effort`` of a body that asks nothing else of
+                                   ``reasoning``: chat's ``reasoning_effort``
 
 The stream is made from the finished answer (as a ``verify`` chat stream is): the cascade judges
 the whole answer first, and with ``[fallback] responses = "translate"`` the API is asked for
@@ -116,6 +118,18 @@ def _response_format(fmt: dict[str, Any]) -> dict[str, Any] | None:
         return {"type": "json_object"}
     schema = _set(fmt, "name", "schema", "description", "strict")
     return {"type": "json_schema", "json_schema": schema}
+
+
+def effort_only(body: dict[str, Any]) -> str | None:
+    """The effort of a ``reasoning`` that asks for nothing else (no summary): chat's
+    ``reasoning_effort``, which a local model that thinks serves; None otherwise."""
+    reasoning = body.get("reasoning")
+    if not isinstance(reasoning, dict) or set(reasoning) - {"effort", "summary"}:
+        return None
+    effort = reasoning.get("effort")
+    if reasoning.get("summary") is not None or not isinstance(effort, str):
+        return None
+    return effort
 
 
 def _translated(body: dict[str, Any]) -> dict[str, Any]:
@@ -327,7 +341,7 @@ def response_of(completion: dict[str, Any], body: dict[str, Any]) -> dict[str, A
         "output": _output(choice.get("message") or {}, status),
         "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
         "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": effort_only(body), "summary": None},
         "store": False,  # True once proxy.http.responses has stored it
         "temperature": body.get("temperature"),
         "text": {

@@ -190,3 +190,25 @@ async def test_a_live_responses_stream_sends_the_reasoning_item_first(
     assert final.response.output[0].id == added[0].item.id
     assert final.response.usage is not None
     assert final.response.usage.output_tokens_details.reasoning_tokens == 5
+
+
+async def test_responses_reasoning_effort_turns_thinking_off_or_on_locally(
+    tmp_path: Path, thinker: LocalEngine
+) -> None:
+    asked = {"model": "gpt-4o-mini", "input": "What is 2+2?", "max_output_tokens": 5}
+    async with in_process(settings_for(tmp_path), thinker) as http:
+        client = openai.AsyncOpenAI(
+            api_key="sk-unused", base_url="http://localhost/v1", http_client=http, max_retries=0
+        )
+        off = await client.responses.create(
+            **asked, reasoning={"effort": "none"}, temperature=0, extra_headers=LOCAL
+        )
+        high = await client.responses.create(
+            **asked, reasoning={"effort": "high"}, temperature=0, extra_headers=LOCAL
+        )
+    print(off.output, high.output)
+    assert [item.type for item in off.output] == ["message"]
+    assert off.usage is not None and off.usage.output_tokens_details.reasoning_tokens == 0
+    assert off.reasoning is not None and off.reasoning.effort == "none"
+    assert [item.type for item in high.output] == ["reasoning", "message"]
+    assert high.usage is not None and high.usage.output_tokens_details.reasoning_tokens == 5
