@@ -37,6 +37,7 @@ __all__ = [
     "budget_of",
     "detect",
     "enable_thinking",
+    "opens_thinking",
     "split",
 ]
 

@@ -23,7 +23,7 @@ from proxy.engine.batch.decode import BatchEngine
 from proxy.engine.gate import Gate
 from proxy.engine.generate import LocalModel
 from proxy.engine.local_engine import LocalEngine
-from proxy.engine.reasoning import ReasoningText, split
+from proxy.engine.reasoning import ReasoningText, Splitter, ThinkFormat, split
 from tests.thinking_model import thinking_gguf
 
 # A few words of thinking, the closing tag, then a one-sentence answer.
@@ -203,9 +203,31 @@ def test_a_grammar_answer_is_written_with_thinking_off(thinker: LocalModel) -> N
     assert completion["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
 
 
-def test_split_reads_an_answer_that_opens_its_own_block() -> None:
-    from proxy.engine.reasoning import ThinkFormat
+@pytest.mark.parametrize(
+    ("text", "opened"),
+    [
+        ("\nI add them.\n</think>\n\nFour.", True),
+        ("  <think>sums  \n</think>Four. </thi", False),
+        ("Four < five, and <b>", False),
+        ("still < thinking </", True),
+        (" <thi", False),
+    ],
+)
+def test_a_streamed_answer_splits_as_the_whole_text_does(text: str, opened: bool) -> None:
+    fmt = ThinkFormat()
+    thinking, answer, _ = split(text, fmt, opened)
+    for size in (1, 2, 3, 5):
+        streamed: list[str] = []
+        splitter = Splitter(fmt, opened, streamed.append)
+        for start in range(0, len(text), size):
+            splitter.feed(text[start : start + size])
+        splitter.close()
+        said_thinking, said_answer, kinds = _pieces(streamed)
+        assert (said_thinking or None, said_answer) == (thinking or None, answer), size
+        assert kinds == sorted(kinds, reverse=True)
 
+
+def test_split_reads_an_answer_that_opens_its_own_block() -> None:
     fmt = ThinkFormat()
     assert split("<think>\nsums</think>\n\nFour.", fmt, opened=False) == ("sums", "Four.", True)
     assert split("Four.", fmt, opened=False) == (None, "Four.", True)
