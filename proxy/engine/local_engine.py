@@ -332,6 +332,7 @@ class LocalEngine(Answering):
             "rates_source": self.stats.rates_source,
             "calibration": self.info.get("calibration"),
             "relevance": self.info.get("relevance"),
+            "thinking": self.info.get("thinking"),  # the model's thinking format (reasoning.py)
             "pending": pending.as_dict(),
             "predicted_wait_s": _round(self.predicted_wait_s(), 2),
             "speculative": {

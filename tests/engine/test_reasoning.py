@@ -244,6 +244,12 @@ async def test_the_worker_streams_thinking_as_reasoning_pieces(
     await engine.start()
     try:
         assert engine.info["thinking"]["switch"] is True
+        assert engine.health()["thinking"] == {
+            "open_tag": "<think>",
+            "close_tag": "</think>",
+            "switch": True,
+            "special_tokens": False,
+        }
         streamed: list[str] = []
         request = {**QUESTION, "max_tokens": 6}
         deadline = time.monotonic() + 120.0
