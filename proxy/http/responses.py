@@ -64,6 +64,7 @@ from proxy.http.responses_translate import (
     chat_of,
     check_as_chat,
     completion_of,
+    effort_only,
     events,
     response_of,
     stand_in,
@@ -146,6 +147,12 @@ class ResponsesHandler(ChatHandler):
         given = conversation if earlier else asked["input"]
         stand, taken = stand_in({**asked, "input": given}, API_ONLY)
         body = chat_of(stand)
+        effort = effort_only(asked)
+        if effort is not None:
+            # Only an effort: chat's reasoning_effort, which the router serves locally when it
+            # can (proxy.routing.servable), and otherwise sends to the API's own, as asked.
+            body["reasoning_effort"] = effort
+            taken = [t for t in taken if t != "'reasoning'"]
         if self.services.settings.server.log_content:
             ex.content_out = []
             ex.content_in = body["messages"]
