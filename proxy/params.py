@@ -262,8 +262,9 @@ CHAT: tuple[Param, ...] = (
     _ignored("prompt_cache_options", "object"),
     Param(
         name="reasoning_effort",
-        handling=DEPENDS,  # none / minimal locally: the local model does not reason
-        doc="none and minimal are answered locally; others by the API.",
+        handling=DEPENDS,  # none / minimal locally; the others when the local model thinks
+        doc="none and minimal are answered locally; the others locally when the local model "
+        "thinks (within [local] thinking_budget), else by the API.",
         type="string",
         max_chars=ID_CHARS,
     ),

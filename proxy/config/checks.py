@@ -67,6 +67,7 @@ def validate(settings: Settings) -> Settings:
     _check_range("[local] n_ctx", s.local.n_ctx, 256)
     _check_range("[local] timeout_s", s.local.timeout_s, 0.1)
     _check_range("[local] default_max_tokens", s.local.default_max_tokens, 1)
+    _check_range("[local] thinking_budget", s.local.thinking_budget, 1)
     _check_range("[local] max_queue", s.local.max_queue, 1)
     _check_range("[local] parallel", s.local.parallel, 1, 16)
     if s.local.speculative not in SPECULATIVE_MODES:

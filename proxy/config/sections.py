@@ -105,6 +105,7 @@ class LocalSettings:
     speculative: str = "prompt-lookup"  # the design's default; "off" turns it off
     draft_model_path: str = ""
     default_max_tokens: int = 512
+    thinking_budget: int = 1024  # tokens a thinking model's answer may think for (reasoning.py)
     max_queue: int = 16
     parallel: int = 4  # sequences decoded together in one llama.cpp context (batch/decode.py)
     seed: int = 0

@@ -14,6 +14,8 @@
     sampling        a request's sampling parameters; bias, penalties, picking and logprobs on
                     one row of logits
     messages        a chat request's messages as chat templates take them
+    reasoning       a thinking model's format: its thinking told apart from its answer,
+                    counted, budgeted, and turned off for ``reasoning_effort`` none
     answer          the ``chat.completion`` either decoding path returns
     batch/          several sequences in one llama.cpp context (continuous batching): its
                     sub-room (see ``proxy/engine/batch/__init__.py``)

@@ -73,9 +73,14 @@ class Gate:
         ``stop_cause``). CPU-bound: never call it on the event loop."""
         import quality
 
-        if (completion.get("frugal") or {}).get("stop_cause") == "cancelled":
+        frugal = completion.get("frugal") or {}
+        if frugal.get("stop_cause") == "cancelled":
             # Its client is gone: answer at once, nobody will read a score.
             return {"value": None, "reasons": ["cancelled"], "signals": {}}
+        if (frugal.get("thinking") or {}).get("finished") is False:
+            # Cut while thinking (proxy.engine.reasoning): there is no answer to score, and
+            # whatever the threshold, no score means it is never accepted.
+            return {"value": None, "reasons": ["thinking_unfinished"], "signals": {}}
         combiner = self.weights.current() if self.weights is not None else None
         verdict = quality.score(request, completion, embedder=self.embedder, combiner=combiner)
         return {"value": verdict.value, "reasons": verdict.reasons, "signals": verdict.signals}

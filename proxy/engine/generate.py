@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from proxy.engine import reasoning
 from proxy.engine.answer import chat_completion
 from proxy.engine.measure import Calibration
 from proxy.engine.measure import calibrate as run_calibration
@@ -103,6 +104,10 @@ class LocalModel:
             bos_token=llm._model.token_get_text(bos) if bos != -1 else "",
         )
         self.model_name = os.path.basename(path)
+        # A model that thinks before it answers (reasoning.py), and the most tokens an answer
+        # may think for (``[local] thinking_budget``, set by load()).
+        self.thinking = reasoning.detect(template, self._count_tokens)
+        self.thinking_budget = reasoning.DEFAULT_BUDGET
 
     @classmethod
     def load(
@@ -121,11 +126,14 @@ class LocalModel:
         calibrate: bool = True,
         adaptive: bool = True,
         flash_attn: bool = True,
+        thinking_budget: int = 0,
     ) -> LocalModel:
         """Load a GGUF. Speculation is done by our own batch loop (see ``speculative.py``):
         no ``draft_model`` is given to ``Llama``, which would force ``logits_all``."""
         llm = load_llama(path, n_ctx=n_ctx, n_threads=n_threads, seed=seed, flash_attn=flash_attn)
         model = cls(llm, path=path, default_max_tokens=default_max_tokens)
+        if thinking_budget > 0:
+            model.thinking_budget = thinking_budget
         drafter: Any = None
         if speculative == "prompt-lookup":
             drafter = PromptLookup(ngram_max=lookup_ngram)
@@ -201,13 +209,33 @@ class LocalModel:
 
     # -- prompt -----------------------------------------------------------------------------
 
-    def prompt_tokens(self, request: dict[str, Any]) -> list[int]:
+    def _count_tokens(self, text: str) -> int:
+        return len(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+
+    def _render(self, request: dict[str, Any]) -> Any:
         messages: Any = template_messages(request.get("messages") or [])
-        rendered = self._formatter(messages=messages)
+        if self.thinking is not None and self.thinking.switch:
+            thinks = reasoning.enable_thinking(request)
+            return self._formatter(messages=messages, enable_thinking=thinks)
+        return self._formatter(messages=messages)
+
+    def prompt_tokens(self, request: dict[str, Any]) -> list[int]:
+        rendered = self._render(request)
         tokens: list[int] = self.llm.tokenize(
             rendered.prompt.encode("utf-8"), add_bos=not rendered.added_special, special=True
         )
         return tokens
+
+    def watch_thinking(
+        self, request: dict[str, Any], on_token: TokenCallback | None
+    ) -> reasoning.Watch | None:
+        """The watch over this chat request's thinking (``reasoning.Watch``), or None when the
+        model does not think."""
+        if self.thinking is None:
+            return None
+        opened = reasoning.opens_thinking(self._render(request).prompt, self.thinking)
+        budget = reasoning.budget_of(request, self.thinking_budget)
+        return reasoning.Watch(self.thinking, opened, budget, on_token)
 
     def _prefill(self, tokens: list[int], should_stop: StopCheck | None) -> tuple[int, str | None]:
         """Evaluate all but the last prompt token, reusing the cached prefix, step by step.
@@ -288,6 +316,9 @@ class LocalModel:
         if params.logit_bias:
             processors.append(bias_processor(params.logit_bias))
 
+        watch = self.watch_thinking(request, on_token) if prompt is None else None
+        if watch is not None:
+            on_token = watch.on_token
         cached, stop_cause = self._prefill(tokens, should_stop)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         text = ""
@@ -346,6 +377,10 @@ class LocalModel:
                     stop_cause = "max_tokens" if budget == params.max_tokens else "context_full"
                     finish_reason = "length"
                     break
+                if watch is not None and watch.over_budget(text, len(generated)):
+                    stop_cause = "thinking_budget"
+                    finish_reason = "length"
+                    break
                 if should_stop is not None:
                     reason = should_stop()
                     if reason:
@@ -360,7 +395,7 @@ class LocalModel:
             on_token(text[emitted:])
         done = time.perf_counter()
         first = first_token_at or done
-        return chat_completion(
+        completion = chat_completion(
             model=self.model_name,
             text=text,
             entries=entries,
@@ -374,6 +409,10 @@ class LocalModel:
             decode_s=done - first,
             speculative=spec.as_dict() if spec is not None else None,
         )
+        if watch is not None:
+            watch.close()
+            watch.apply(completion)
+        return completion
 
     def complete(
         self,

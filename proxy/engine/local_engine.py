@@ -177,6 +177,7 @@ class LocalEngine(Answering):
             "seed": self.settings.seed,
             "speculative": self.settings.speculative,
             "default_max_tokens": self.settings.default_max_tokens,
+            "thinking_budget": self.settings.thinking_budget,
             "draft_model_path": self.settings.draft_model_path,
             "draft_max_tokens": self.settings.draft_max_tokens,
             "lookup_ngram": self.settings.lookup_ngram,
@@ -331,6 +332,7 @@ class LocalEngine(Answering):
             "rates_source": self.stats.rates_source,
             "calibration": self.info.get("calibration"),
             "relevance": self.info.get("relevance"),
+            "thinking": self.info.get("thinking"),  # the model's thinking format (reasoning.py)
             "pending": pending.as_dict(),
             "predicted_wait_s": _round(self.predicted_wait_s(), 2),
             "speculative": {

@@ -122,6 +122,7 @@ def chat(model: LocalModel, request: dict[str, Any], hooks: Hooks) -> dict[str, 
         if answer["frugal"]["stop_cause"] == "repeated_call":
             choice["finish_reason"] = "stop"  # the answer is whole: the repeat is dropped
         message, is_call = tools.to_message(choice["message"].get("content") or "", plan)
+        keep_reasoning(choice["message"], message)
         choice["message"] = message
         if is_call and plan is not None and choice["finish_reason"] == "stop":
             choice["finish_reason"] = tools.finish_reason(plan, request)
@@ -130,6 +131,13 @@ def chat(model: LocalModel, request: dict[str, Any], hooks: Hooks) -> dict[str, 
         if answer["frugal"]["stop_cause"] in ABORTING:
             break
     return merge(answers)
+
+
+def keep_reasoning(old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Carry a thinking model's ``reasoning_content`` (``reasoning.py``) into the message made
+    again from the answer's text."""
+    if old.get("reasoning_content") is not None:
+        new["reasoning_content"] = old["reasoning_content"]
 
 
 def complete(model: LocalModel, request: dict[str, Any], hooks: Hooks) -> dict[str, Any]:
@@ -172,6 +180,11 @@ def _prompt_tokens_of(model: LocalModel, prompt: Any) -> int:
     return len(legacy.prompt_of(model.llm, prompt)[0])
 
 
+def _score_of(verdict: dict[str, Any]) -> float:
+    value = verdict.get("value")
+    return float(value) if value is not None else -1.0
+
+
 def merge(answers: list[dict[str, Any]], *, prompt_tokens: int | None = None) -> dict[str, Any]:
     """One completion holding every answer as a choice; its score is the worst answer's.
 
@@ -190,7 +203,12 @@ def merge(answers: list[dict[str, Any]], *, prompt_tokens: int | None = None) ->
         completion_tokens += int(answer["usage"]["completion_tokens"])
     if prompt_tokens is None:
         prompt_tokens = int(first["usage"]["prompt_tokens"])
-    worst = min(answers, key=lambda a: a["frugal"]["quality"]["value"])
+    thinking = sum(
+        int((a["usage"].get("completion_tokens_details") or {}).get("reasoning_tokens") or 0)
+        for a in answers
+    )
+    # No score (an answer cut while thinking, proxy.engine.reasoning) is the worst of all.
+    worst = min(answers, key=lambda a: _score_of(a["frugal"]["quality"]))
     aborted = next((a for a in answers if a["frugal"]["stop_cause"] in ABORTING), None)
     info = dict(first["frugal"])
     info.update(
@@ -207,6 +225,11 @@ def merge(answers: list[dict[str, Any]], *, prompt_tokens: int | None = None) ->
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
+            **(
+                {"completion_tokens_details": {"reasoning_tokens": thinking}}
+                if "completion_tokens_details" in first["usage"]
+                else {}
+            ),
         },
         "frugal": info,
     }

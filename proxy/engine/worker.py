@@ -66,6 +66,7 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
             prefix_cache_mb=options.get("prefix_cache_mb", 0),
             flash_attn=options.get("flash_attn", True),
             calibrate=options.get("calibrate", True),
+            thinking_budget=options.get("thinking_budget", 0),
         )
     except ModelLoadError as exc:
         conn.send(("fatal", str(exc)))
@@ -117,6 +118,7 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
                 "relevance": _gate.relevance,
                 "weights": _gate.weights_info(),
                 "parallel": parallel,
+                "thinking": model.thinking.as_dict() if model.thinking is not None else None,
             },
         )
     )
@@ -204,7 +206,9 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
             return
         completion = batch.completion(seq)
         choice = completion["choices"][0]
-        choice["message"], _ = tools.to_message(choice["message"].get("content") or "", None)
+        message, _ = tools.to_message(choice["message"].get("content") or "", None)
+        tasks.keep_reasoning(choice["message"], message)
+        choice["message"] = message
         completion["frugal"]["quality"] = _score(request, completion)
         completion["frugal"]["batch"]["engine"] = batch.health()
         conn.send(("done", job_id, completion))

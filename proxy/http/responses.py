@@ -69,6 +69,7 @@ from proxy.http.responses_translate import (
     completed_item,
     completed_part,
     completion_of,
+    effort_only,
     events,
     local_used,
     response_of,
@@ -153,6 +154,12 @@ class ResponsesHandler(ChatHandler):
         given = conversation if earlier else asked["input"]
         stand, taken = stand_in({**asked, "input": given}, API_ONLY)
         body = chat_of(stand)
+        effort = effort_only(asked)
+        if effort is not None:
+            # Only an effort: chat's reasoning_effort, which the router serves locally when it
+            # can (proxy.routing.servable), and otherwise sends to the API's own, as asked.
+            body["reasoning_effort"] = effort
+            taken = [t for t in taken if t != "'reasoning'"]
         if self.services.settings.server.log_content:
             ex.content_out = []
             ex.content_in = body["messages"]

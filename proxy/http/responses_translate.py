@@ -23,6 +23,8 @@
                                    and (when nothing was) answers
     completion_of(response)        a Responses answer (the API's own) as a chat completion, for
                                    an audit's reference
+    effort_only(body)              the ``reasoning.effort`` of a body that asks nothing else of
+                                   ``reasoning``: chat's ``reasoning_effort``
 
 The stream is made from the finished answer (as a ``verify`` chat stream is): the cascade judges
 the whole answer first, and with ``[fallback] responses = "translate"`` the API is asked for
@@ -129,6 +131,18 @@ def _response_format(fmt: dict[str, Any]) -> dict[str, Any] | None:
         return {"type": "json_object"}
     schema = _set(fmt, "name", "schema", "description", "strict")
     return {"type": "json_schema", "json_schema": schema}
+
+
+def effort_only(body: dict[str, Any]) -> str | None:
+    """The effort of a ``reasoning`` that asks for nothing else (no summary): chat's
+    ``reasoning_effort``, which a local model that thinks serves; None otherwise."""
+    reasoning = body.get("reasoning")
+    if not isinstance(reasoning, dict) or set(reasoning) - {"effort", "summary"}:
+        return None
+    effort = reasoning.get("effort")
+    if reasoning.get("summary") is not None or not isinstance(effort, str):
+        return None
+    return effort
 
 
 def _translated(body: dict[str, Any]) -> dict[str, Any]:
@@ -311,6 +325,18 @@ def _usage(usage: dict[str, Any]) -> dict[str, Any]:
 
 def _output(message: dict[str, Any], status: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
+    thinking = message.get("reasoning_content")
+    if thinking is not None:  # a local model that thinks (proxy.engine.reasoning)
+        items.append(
+            {
+                "id": _id("rs"),
+                "type": "reasoning",
+                "status": status,
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": thinking}],
+                "encrypted_content": None,
+            }
+        )
     content = message.get("content")
     refusal = message.get("refusal")
     calls = message.get("tool_calls") or []
@@ -375,7 +401,7 @@ def response_of(
         "output": _output(choice.get("message") or {}, status),
         "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
         "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": effort_only(body), "summary": None},
         "store": False,  # True once proxy.http.responses has stored it
         "temperature": _number(body.get("temperature"), used.temperature),
         "text": {
@@ -515,6 +541,9 @@ def _sse(name: str, payload: dict[str, Any]) -> bytes:
 
 def _item_events(item: dict[str, Any], index: int) -> Iterator[tuple[str, dict[str, Any]]]:
     at = {"output_index": index, "item_id": item["id"]}
+    if item["type"] == "reasoning" and item.get("content"):
+        yield from _reasoning_events(item, index)
+        return
     if item["type"] not in ("message", "function_call"):  # a cached API answer's own items
         yield "response.output_item.added", {"output_index": index, "item": item}
         yield "response.output_item.done", {"output_index": index, "item": item}
@@ -559,6 +588,24 @@ def _item_events(item: dict[str, Any], index: int) -> Iterator[tuple[str, dict[s
             for piece in _PIECE.findall(part["text"]):
                 yield "response.output_text.delta", {**at_part, "delta": piece, "logprobs": []}
             yield "response.output_text.done", {**at_part, "text": part["text"], "logprobs": []}
+        yield "response.content_part.done", {**at_part, "part": part}
+    yield "response.output_item.done", {"output_index": index, "item": item}
+
+
+def _reasoning_events(item: dict[str, Any], index: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A local model's thinking as OpenAI streams a reasoning item's text: the item, then each
+    ``reasoning_text`` part's deltas and its end."""
+    at = {"output_index": index, "item_id": item["id"]}
+    yield (
+        "response.output_item.added",
+        {"output_index": index, "item": {**item, "status": "in_progress", "content": []}},
+    )
+    for k, part in enumerate(item["content"]):
+        at_part = {**at, "content_index": k}
+        yield "response.content_part.added", {**at_part, "part": {**part, "text": ""}}
+        for piece in _PIECE.findall(part["text"]):
+            yield "response.reasoning_text.delta", {**at_part, "delta": piece}
+        yield "response.reasoning_text.done", {**at_part, "text": part["text"]}
         yield "response.content_part.done", {**at_part, "part": part}
     yield "response.output_item.done", {"output_index": index, "item": item}
 

@@ -24,6 +24,8 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from proxy.engine.reasoning import ReasoningText
+
 DONE = b"data: [DONE]\n\n"
 ARGUMENT_PIECE = 32  # characters of a tool call's arguments per chunk
 
@@ -141,6 +143,10 @@ class ChunkWriter:
         return self.chunk({"role": "assistant", "content": "", "refusal": None}, index=index)
 
     def text(self, text: str, logprobs: dict[str, Any] | None = None, index: int = 0) -> bytes:
+        """A piece of the answer, or of a thinking model's thinking (a ``ReasoningText``,
+        sent as ``reasoning_content``, as llama-server and vLLM send it)."""
+        if isinstance(text, ReasoningText):
+            return self.chunk({"reasoning_content": str(text)}, index=index)
         return self.chunk({"content": text}, logprobs=logprobs, index=index)
 
     def finish(self, reason: str, index: int = 0) -> bytes:
@@ -189,6 +195,9 @@ def _replay_text(
     writer: ChunkWriter, choice: dict[str, Any], index: int, with_logprobs: bool
 ) -> Iterator[bytes]:
     yield writer.role(index)
+    thinking = choice["message"].get("reasoning_content")
+    if thinking:
+        yield writer.text(ReasoningText(thinking), index=index)
     entries = ((choice.get("logprobs") or {}).get("content")) or []
     content = choice["message"].get("content") or ""
     sent = 0
@@ -265,8 +274,11 @@ def replay_text_completion(
 
 
 def public_usage(usage: dict[str, Any]) -> dict[str, Any]:
-    return {
+    public = {
         "prompt_tokens": usage.get("prompt_tokens", 0),
         "completion_tokens": usage.get("completion_tokens", 0),
         "total_tokens": usage.get("total_tokens", 0),
     }
+    if usage.get("completion_tokens_details"):
+        public["completion_tokens_details"] = usage["completion_tokens_details"]
+    return public

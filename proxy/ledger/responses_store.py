@@ -262,7 +262,8 @@ class ResponseStore:
                 return False
             tx.run("DELETE FROM responses WHERE id = ?", (response_id,))
             if found[0][0] is not None:
-                _hold_output(tx, found[0][0])
+                if tx.db.is_postgres:
+                    _hold_output(tx, found[0][0])
                 tx.run(
                     "DELETE FROM response_outputs WHERE digest = ? AND NOT EXISTS "
                     "(SELECT 1 FROM responses WHERE output_digest = ?)",

@@ -48,6 +48,11 @@ class Backend(Answering):
         """Up, not full, and able to serve this kind of request."""
         raise NotImplementedError
 
+    def thinks(self) -> bool:
+        """Whether the model here thinks before it answers (``proxy.engine.reasoning``): then
+        a ``reasoning_effort`` above ``minimal`` is served here, within a thinking budget."""
+        return False
+
     def cannot_fit(self, request: dict[str, Any]) -> str | None:
         """Why the request certainly cannot fit this backend's context, or None when it may.
 

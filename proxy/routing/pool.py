@@ -64,6 +64,9 @@ class EngineBackend(Backend):
     def admits(self, request: dict[str, Any], kind: str) -> bool:
         return self.ready() and self.engine.queue_depth < self.engine.settings.max_queue
 
+    def thinks(self) -> bool:
+        return bool(self.engine.info.get("thinking"))
+
     def cannot_fit(self, request: dict[str, Any]) -> str | None:
         engine = self.engine
         too_long = engine.work.certainly_too_long(request, engine.n_ctx, engine.max_token_bytes)
@@ -221,6 +224,10 @@ class BackendPool:
     async def close(self) -> None:
         for backend in self.backends:
             await backend.close()
+
+    def thinks(self) -> bool:
+        """Whether the bundled engine's model thinks (its worker said so when it was ready)."""
+        return self.backends[0].thinks()
 
     def expected_tokens(self, request: dict[str, Any], kind: str = "chat") -> float:
         cap = answer_cap(request, self.default_max_tokens, kind)

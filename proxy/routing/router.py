@@ -111,7 +111,7 @@ class Router:
             )
         if forced == "api":
             return Plan(route="api", reason=Reason.FORCED, local_only=False, forced=True)
-        blocker = local_blocker(body)
+        blocker = local_blocker(body, thinks=self.pool.thinks())
         if blocker is not None:
             if local_only or forced == "local":
                 raise BadRequest(

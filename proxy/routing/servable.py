@@ -4,7 +4,8 @@
 parameter marked ``api``, a value the engine lacks: audio, custom tools, ``n`` above
 :data:`MAX_LOCAL_N`, token ids of another tokenizer...) and, for a structured answer, asks
 :mod:`proxy.engine.grammar` whether its grammar can be built within bounds. It returns the
-reason in words, or None when the engine can serve the request.
+reason in words, or None when the engine can serve the request. A ``reasoning_effort`` above
+``minimal`` is served locally only by a model that thinks (``proxy.engine.reasoning``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ def _own_tokens(body: dict[str, Any]) -> bool:
     return body.get("model") == "local"
 
 
-def chat_blocker(body: dict[str, Any]) -> str | None:
-    """Why the local engine cannot serve this chat request, or None when it can."""
+def chat_blocker(body: dict[str, Any], *, thinks: bool = False) -> str | None:
+    """Why the local engine cannot serve this chat request, or None when it can. ``thinks``:
+    the local model thinks before it answers, so every ``reasoning_effort`` is served."""
     for name, handling in CHAT_PARAMETERS.items():
         if handling == API and _set(body, name):
             return name
@@ -38,7 +40,7 @@ def chat_blocker(body: dict[str, Any]) -> str | None:
     if body.get("logit_bias") and not _own_tokens(body):
         return "logit_bias (token ids of the API model's tokenizer)"
     effort = body.get("reasoning_effort")
-    if effort is not None and effort not in LOCAL_REASONING:
+    if effort is not None and effort not in LOCAL_REASONING and not thinks:
         return f"reasoning_effort {effort}"
     verbosity = body.get("verbosity")
     if verbosity is not None and verbosity != "medium":
@@ -88,11 +90,12 @@ def completions_blocker(body: dict[str, Any]) -> str | None:
     return None
 
 
-def local_blocker(body: dict[str, Any]) -> str | None:
-    """Why the local engine cannot serve this request (chat, or legacy with a ``prompt``)."""
+def local_blocker(body: dict[str, Any], *, thinks: bool = False) -> str | None:
+    """Why the local engine cannot serve this request (chat, or legacy with a ``prompt``);
+    ``thinks`` as in :func:`chat_blocker`."""
     if "messages" not in body and "prompt" in body:
         return completions_blocker(body)
-    return chat_blocker(body)
+    return chat_blocker(body, thinks=thinks)
 
 
 def uses_tools(body: dict[str, Any]) -> bool:

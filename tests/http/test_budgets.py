@@ -412,7 +412,7 @@ async def test_a_priority_call_with_audio_is_reserved_and_charged_at_its_own_rat
     book = PriceBook(load_price_map())
     body = {**ASK, "max_tokens": 6, "service_tier": "priority"}
     prompt, completion = worst_case_tokens(
-        body, None, book.max_output_tokens("gpt-4o-mini"), book.max_input_tokens("gpt-4o-mini")
+        body, book.max_output_tokens("gpt-4o-mini"), book.max_input_tokens("gpt-4o-mini")
     )
     standard = book.cost("gpt-4o-mini", prompt, completion)
     priority = book.cost("gpt-4o-mini", prompt, completion, billed=Billed(tier="priority"))

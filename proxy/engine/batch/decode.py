@@ -154,6 +154,9 @@ class BatchEngine:
         if not self.fits():
             return None
         sampler = self._grammars.new(grammar) if grammar is not None else None
+        watch = self.model.watch_thinking(request, on_token) if prompt is None else None
+        if watch is not None:
+            on_token = watch.on_token
         rng = None
         if params.temperature > 0:
             rng = np.random.default_rng(params.seed)
@@ -175,6 +178,7 @@ class BatchEngine:
             drafter=drafter,
             tiled=tiled_until(n_prompt, self.chunk),
             deadline=deadline,
+            watch=watch,
         )
         self.streams.place(seq, self.active)
         self.active.append(seq)

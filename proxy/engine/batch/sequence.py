@@ -21,6 +21,7 @@ from proxy.engine.answer import chat_completion
 from proxy.engine.draft_policy import DraftPolicy
 from proxy.engine.generate import StopCheck, TokenCallback
 from proxy.engine.rates import ewma
+from proxy.engine.reasoning import Watch
 from proxy.engine.sampling import SamplingParams, held_back, logprob_entry
 from proxy.engine.speculative import PromptLookup
 
@@ -68,6 +69,7 @@ class Sequence:
     draft: list[int] = field(default_factory=list)  # this step's drafted tokens
     drafted: int = 0
     accepted: int = 0
+    watch: Watch | None = None  # a thinking model's answer (proxy/engine/reasoning.py)
     _history: npt.NDArray[np.intc] | None = field(default=None, repr=False)
     _in_history: int = field(default=0, repr=False)
 
@@ -138,6 +140,9 @@ class Sequence:
             full = self.budget == self.params.max_tokens
             self.stop_cause = "max_tokens" if full else "context_full"
             self.finish_reason = "length"
+        elif self.watch is not None and self.watch.over_budget(self.text, len(self.generated)):
+            self.stop_cause = "thinking_budget"
+            self.finish_reason = "length"
 
     def completion(self, model: str) -> dict[str, Any]:
         """The OpenAI ``chat.completion`` of this finished sequence, shaped as ``LocalModel.chat``
@@ -146,11 +151,13 @@ class Sequence:
         if self.on_token is not None and len(self.text) > self.emitted:
             self.on_token(self.text[self.emitted :])
             self.emitted = len(self.text)
+        if self.watch is not None:
+            self.watch.close()
         done = time.perf_counter()
         first = self.first_token_at or done
         n_prompt = len(self.prompt)
         n_out = len(self.generated)
-        return chat_completion(
+        completion = chat_completion(
             model=model,
             text=self.text,
             entries=self.entries,
@@ -179,6 +186,9 @@ class Sequence:
                 else None,
             },
         )
+        if self.watch is not None:
+            self.watch.apply(completion)
+        return completion
 
 
 @dataclass
