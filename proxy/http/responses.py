@@ -61,13 +61,20 @@ from proxy.http.handler import aiter_of
 from proxy.http.responses_live import live_events
 from proxy.http.responses_state import ResponsesState, input_items
 from proxy.http.responses_translate import (
+    API_USED,
+    Used,
     chat_of,
     check_as_chat,
+    completed,
+    completed_item,
+    completed_part,
     completion_of,
     effort_only,
     events,
+    local_used,
     response_of,
     stand_in,
+    timed_out,
 )
 from proxy.http.validate import responses_request
 from proxy.routing.reasons import Reason
@@ -170,7 +177,10 @@ class ResponsesHandler(ChatHandler):
             usage = response.get("usage")
             if ex.route == "local" and isinstance(usage, dict):
                 # The prefix the engine reused (chat's public usage leaves its details out).
-                usage["input_tokens_details"] = {"cached_tokens": ex.cached_tokens}
+                usage["input_tokens_details"] = {
+                    "cached_tokens": ex.cached_tokens,
+                    "cache_write_tokens": 0,  # the engine's prefix cache is not billed
+                }
             if (
                 cache_key is not None
                 and self.services.quotas is not None
@@ -210,7 +220,24 @@ class ResponsesHandler(ChatHandler):
         answer = await self._local(body, plan, threshold, ex, sent, tried)
         if answer is None:
             return await self._api(turn, sent)
-        return await self._send_kept(response_of(answer, asked), turn)
+        return await self._send_kept(self._answered(answer, asked, ex), turn)
+
+    def _answered(
+        self, answer: dict[str, Any], asked: dict[str, Any], ex: Exchange
+    ) -> dict[str, Any]:
+        """The chat ``answer`` as a ``response``; a local one the deadline cut as ``failed``."""
+        response = response_of(answer, asked, self._used(ex))
+        frugal = (ex.local_completion or {}).get("frugal") or {}
+        if ex.route == "local" and frugal.get("stop_cause") == "deadline":
+            ex.error = Reason.LOCAL_TIMEOUT.value
+            return timed_out(response)
+        return response
+
+    def _used(self, ex: Exchange) -> Used:
+        """The sampling values the route that answered used where the request named none."""
+        if ex.route == "local":
+            return local_used(self.services.settings.local.default_max_tokens)
+        return API_USED
 
     async def _send_kept(self, response: dict[str, Any], turn: _Turn) -> Response:
         """Keep ``response`` (stored, cached), then send it: as JSON, or replayed as events."""
@@ -229,7 +256,7 @@ class ResponsesHandler(ChatHandler):
             return Response()  # not sent: the answer is stored first, then sent below
 
         await self._json(turn.body, plan, threshold, turn.ex, take, local_tried=tried)
-        return await self._send_kept(response_of(answers[0], turn.asked), turn)
+        return await self._send_kept(self._answered(answers[0], turn.asked, turn.ex), turn)
 
     async def _local(
         self,
@@ -267,8 +294,9 @@ class ResponsesHandler(ChatHandler):
         async def replay(kept: dict[str, Any]) -> Response:  # kept, but it came without a token
             answer = public_answer(kept, body)
             ex.keep(answer)
-            return await self._send_kept(response_of(answer, asked), turn)
+            return await self._send_kept(self._answered(answer, asked, ex), turn)
 
+        used = local_used(self.services.settings.local.default_max_tokens)
         return await self._live(
             body,
             plan,
@@ -276,7 +304,7 @@ class ResponsesHandler(ChatHandler):
             ex,
             False,
             replay=replay,
-            chunks=lambda task, queue: live_events(task, queue, ex, asked, turn.keep),
+            chunks=lambda task, queue: live_events(task, queue, ex, asked, turn.keep, used),
         )
 
     # -- the API's own /v1/responses ------------------------------------------------------------
@@ -351,14 +379,35 @@ def _renewed(cached: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
 def _ours(
     response: dict[str, Any], asked: dict[str, Any], our_id: str | None = None
 ) -> dict[str, Any]:
-    """The API's ``response`` as ours: our id, the request's metadata, not yet stored."""
+    """The API's ``response`` as ours: our id, the request's metadata, not yet stored, and
+    what the published schema requires and it left out filled in (:func:`completed`)."""
     return {
-        **response,
+        **completed(response, asked),
         "id": our_id or f"resp_{uuid.uuid4().hex}",
         "metadata": asked.get("metadata") or {},
         "previous_response_id": asked.get("previous_response_id"),
         "store": False,  # True once stored
     }
+
+
+def _mended(payload: dict[str, Any], names: dict[str, str]) -> None:
+    """A relayed event with what the published schema requires and the upstream left out
+    filled in: an item's and a part's fields (:func:`completed_item`), a text event's
+    ``logprobs``, the function's ``name`` on ``response.function_call_arguments.done`` (from
+    its ``output_item.added``, kept in ``names`` by item id)."""
+    kind = payload.get("type")
+    item = payload.get("item")
+    if isinstance(item, dict):
+        status = "in_progress" if kind == "response.output_item.added" else "completed"
+        payload["item"] = item = completed_item(item, status)
+        if item.get("type") == "function_call" and isinstance(item.get("id"), str):
+            names[item["id"]] = str(item.get("name") or "")
+    if "part" in payload:
+        payload["part"] = completed_part(payload["part"])
+    if kind in ("response.output_text.delta", "response.output_text.done"):
+        payload.setdefault("logprobs", [])
+    if kind == "response.function_call_arguments.done" and "name" not in payload:
+        payload["name"] = names.get(str(payload.get("item_id")), "")
 
 
 def _event(payload: dict[str, Any]) -> bytes:
@@ -374,10 +423,12 @@ async def _relayed(
     asked: dict[str, Any],
 ) -> AsyncGenerator[bytes, None]:
     """The upstream's events as they come, each with our response id and its place in our
-    numbering; the finished response stored before its last event is sent. A stream that
+    numbering, and what the published schema requires filled in (:func:`_mended`,
+    :func:`_ours`); the finished response stored before its last event is sent. A stream that
     breaks off ends with an ``error`` event."""
     our_id = f"resp_{uuid.uuid4().hex}"
     sequence = 0
+    names: dict[str, str] = {}  # a function call's name by its item id
 
     def numbered(payload: dict[str, Any]) -> bytes:
         nonlocal sequence
@@ -401,6 +452,7 @@ async def _relayed(
                     continue
                 if not isinstance(payload, dict):
                     continue
+                _mended(payload, names)
                 response = payload.get("response")
                 if isinstance(response, dict):
                     payload["response"] = response = _ours(response, asked, our_id)

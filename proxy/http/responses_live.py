@@ -1,6 +1,6 @@
 """``[router] stream_mode = "live"`` on ``/v1/responses``: local tokens sent as they come.
 
-    live_events(task, queue, ex, asked, keep)
+    live_events(task, queue, ex, asked, keep, used)
                     the Responses stream of a live local generation: ``response.created``,
                     ``response.in_progress``, the message item and its text part opened, one
                     ``response.output_text.delta`` a token as the model makes it, then the item
@@ -28,7 +28,7 @@ from typing import Any
 from proxy.engine.reasoning import ReasoningText
 from proxy.http.chat import cancel, live_tokens
 from proxy.http.exchange import Exchange
-from proxy.http.responses_translate import response_of
+from proxy.http.responses_translate import Used, response_of, timed_out
 from proxy.routing.reasons import Reason
 from proxy.routing.router import LocalAttempt
 
@@ -104,9 +104,11 @@ async def live_events(
     ex: Exchange,
     asked: dict[str, Any],
     keep: Keep,
+    used: Used,
 ) -> AsyncGenerator[bytes, None]:
     """The typed events of the live generation ``task`` (its tokens in ``queue``) for the
-    checked request ``asked``, each with its ``sequence_number``."""
+    checked request ``asked``, each with its ``sequence_number``; ``used``: the engine's
+    sampling values where the request named none."""
     sequence = 0
 
     def sent(name: str, payload: dict[str, Any]) -> bytes:
@@ -115,7 +117,13 @@ async def live_events(
         sequence += 1
         return f"event: {name}\ndata: {data}\n\n".encode()
 
-    started = {**response_of({}, asked), "status": "in_progress", "output": [], "usage": None}
+    started = {
+        **response_of({}, asked, used),
+        "status": "in_progress",
+        "completed_at": None,
+        "output": [],
+        "usage": None,
+    }
     message = {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
@@ -170,15 +178,21 @@ async def live_events(
         ex.keep(completion)
         if attempt.reason == Reason.LOCAL_TIMEOUT:
             ex.reason = Reason.LOCAL_TIMEOUT
-        final = {**response_of(completion, asked), "id": started["id"]}
+        final = {**response_of(completion, asked, used), "id": started["id"]}
         said_item = next(i for i in final["output"] if i["type"] == "message")
         item = {**said_item, "id": message["id"], "content": [_text_part(text)]}
         final["output"] = [*([thought.item(item["status"])] if thought else []), item]
         yield sent("response.output_text.done", {**at, "text": text, "logprobs": []})
         yield sent("response.content_part.done", {**at, "part": _text_part(text)})
+        if attempt.reason == Reason.LOCAL_TIMEOUT:  # an error, not a limit it reached
+            ex.error = attempt.reason
+            final = timed_out(final)
+            item = final["output"][-1]
         yield sent("response.output_item.done", {"output_index": at["output_index"], "item": item})
         await keep(final)
-        last = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        last = {"incomplete": "response.incomplete", "failed": "response.failed"}.get(
+            final["status"], "response.completed"
+        )
         yield sent(last, {"response": final})
     finally:
         await cancel(task)

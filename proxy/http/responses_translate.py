@@ -5,8 +5,16 @@
                                    Responses path): part of the body's check, off the loop
     chat_of(body)                  a checked body, earlier turns and all, as the chat request
                                    the cascade answers (its messages checked as chat)
-    response_of(completion, body)  the chat completion (local or the API's) as OpenAI's
-                                   ``response`` object, usage in the Responses' shape
+    response_of(completion, body, used)
+                                   the chat completion (local or the API's) as OpenAI's
+                                   ``response`` object, usage in the Responses' shape, every
+                                   field the published schema requires, with the sampling
+                                   values ``used`` (:func:`local_used`, :data:`API_USED`)
+    timed_out(response)            a local response the deadline cut, as ``failed``
+    completed(response, body)      an upstream's ``response`` with what the schema requires and
+                                   it left out filled in (:data:`FILLED`), from the request;
+                                   ``completed_item`` and ``completed_part`` do the same for
+                                   the items and parts of its stream's events
     events(response)               that response as the typed events of a Responses stream,
                                    each with its ``sequence_number``
     stand_in(body)                 the body without what only OpenAI's own /v1/responses can
@@ -32,6 +40,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.errors import BadRequest
@@ -279,6 +288,26 @@ def completion_of(response: dict[str, Any]) -> dict[str, Any]:
 # -- the answer --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Used:
+    """The sampling values a route uses when the request names none, echoed as the published
+    schema asks (numbers, never null): the local engine samples greedily (temperature 0, top_p
+    1, :class:`proxy.engine.sampling.SamplingParams`) up to ``[local] default_max_tokens``; the
+    API's documented defaults are 1 and 1, its limit its own (null)."""
+
+    temperature: float
+    top_p: float
+    max_output_tokens: int | None = None
+
+
+API_USED = Used(temperature=1.0, top_p=1.0)
+
+
+def local_used(default_max_tokens: int) -> Used:
+    """What the local engine uses: greedy sampling, ``[local] default_max_tokens``."""
+    return Used(temperature=0.0, top_p=1.0, max_output_tokens=default_max_tokens)
+
+
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
@@ -287,7 +316,7 @@ def _usage(usage: dict[str, Any]) -> dict[str, Any]:
     prompt, completion, cached, reasoning, total = usage_figures(usage, "prompt", "completion")
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": total,
@@ -341,8 +370,11 @@ def _output(message: dict[str, Any], status: str) -> list[dict[str, Any]]:
     return items
 
 
-def response_of(completion: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
-    """The chat ``completion`` (to the Responses ``body``) as OpenAI's ``response`` object."""
+def response_of(
+    completion: dict[str, Any], body: dict[str, Any], used: Used = API_USED
+) -> dict[str, Any]:
+    """The chat ``completion`` (to the Responses ``body``) as OpenAI's ``response`` object, with
+    the values ``used`` where the request named none."""
     choice = (completion.get("choices") or [{}])[0]
     finish = choice.get("finish_reason")
     incomplete = {"length": "max_output_tokens", "content_filter": "content_filter"}.get(
@@ -350,16 +382,20 @@ def response_of(completion: dict[str, Any], body: dict[str, Any]) -> dict[str, A
     )
     status = "incomplete" if incomplete else "completed"
     text = body.get("text") or {}
+    created = int(completion.get("created") or time.time())
+    asked_limit = body.get("max_output_tokens")
     return {
         "id": _id("resp"),
         "object": "response",
-        "created_at": int(completion.get("created") or time.time()),
+        "created_at": created,
+        "completed_at": max(created, int(time.time())) if status == "completed" else None,
         "status": status,
         "background": False,
         "error": None,
         "incomplete_details": {"reason": incomplete} if incomplete else None,
         "instructions": body.get("instructions"),
-        "max_output_tokens": body.get("max_output_tokens"),
+        "max_output_tokens": used.max_output_tokens if asked_limit is None else asked_limit,
+        "max_tool_calls": body.get("max_tool_calls"),
         "metadata": body.get("metadata") or {},
         "model": completion.get("model") or body["model"],
         "output": _output(choice.get("message") or {}, status),
@@ -367,18 +403,132 @@ def response_of(completion: dict[str, Any], body: dict[str, Any]) -> dict[str, A
         "previous_response_id": None,
         "reasoning": {"effort": effort_only(body), "summary": None},
         "store": False,  # True once proxy.http.responses has stored it
-        "temperature": body.get("temperature"),
+        "temperature": _number(body.get("temperature"), used.temperature),
         "text": {
             "format": text.get("format") or {"type": "text"},
             "verbosity": text.get("verbosity") or "medium",
         },
         "tool_choice": body.get("tool_choice") or "auto",
-        "tools": [{"strict": None, **tool} for tool in body.get("tools") or []],
-        "top_p": body.get("top_p"),
+        "tools": [{"strict": None, "parameters": None, **tool} for tool in body.get("tools") or []],
+        "top_p": _number(body.get("top_p"), used.top_p),
+        "presence_penalty": 0.0,  # not a Responses parameter: never applied
+        "frequency_penalty": 0.0,
+        "top_logprobs": body.get("top_logprobs") or 0,
         "truncation": body.get("truncation") or "disabled",
         "usage": _usage(completion.get("usage") or {}),
         "user": body.get("user"),
+        "service_tier": completion.get("service_tier") or "default",
+        "safety_identifier": body.get("safety_identifier"),
+        "prompt_cache_key": body.get("prompt_cache_key"),
     }
+
+
+def timed_out(response: dict[str, Any]) -> dict[str, Any]:
+    """A local ``response`` that the deadline (``[local] timeout_s``) cut, as the error it is:
+    ``failed``, ``error.code`` ``server_error``, what was said kept (its items ``incomplete``),
+    never ``incomplete`` with ``max_output_tokens``, a limit it did not reach."""
+    said = (response.get("usage") or {}).get("output_tokens", 0)
+    message = f"the local model's deadline ([local] timeout_s) passed after {said} output tokens"
+    return {
+        **response,
+        "status": "failed",
+        "completed_at": None,
+        "incomplete_details": None,
+        "error": {"code": "server_error", "message": message},
+        "output": [{**item, "status": "incomplete"} for item in response.get("output") or []],
+    }
+
+
+def _number(value: Any, default: float) -> float:
+    return default if value is None else float(value)
+
+
+# What an upstream's response may leave out (llama-server and vLLM leave out many), and what
+# takes its place: the request's own value, else what OpenAI documents as the default. A field
+# of a type that excludes null is filled when null, too (the first group).
+_Fill = Callable[[dict[str, Any], dict[str, Any]], Any]
+FILLED: dict[str, _Fill] = {
+    "temperature": lambda _r, body: _number(body.get("temperature"), API_USED.temperature),
+    "top_p": lambda _r, body: _number(body.get("top_p"), API_USED.top_p),
+    "presence_penalty": lambda _r, _b: 0.0,
+    "frequency_penalty": lambda _r, _b: 0.0,
+    "top_logprobs": lambda _r, body: body.get("top_logprobs") or 0,
+    "service_tier": lambda _r, body: "default",
+    "parallel_tool_calls": lambda _r, body: body.get("parallel_tool_calls") is not False,
+    "tools": lambda _r, body: body.get("tools") or [],
+    "output": lambda _r, _b: [],
+    "metadata": lambda _r, body: body.get("metadata") or {},
+    "background": lambda _r, _b: False,
+    "store": lambda _r, _b: False,
+    "created_at": lambda _r, _b: int(time.time()),
+    "tool_choice": lambda _r, body: body.get("tool_choice") or "auto",
+    "truncation": lambda _r, body: body.get("truncation") or "disabled",
+    "text": lambda _r, body: {"format": {"type": "text"}, **(body.get("text") or {})},
+    # These may be null: filled only when left out.
+    "completed_at": lambda r, _b: int(time.time()) if r.get("status") == "completed" else None,
+    "error": lambda _r, _b: None,
+    "incomplete_details": lambda _r, _b: None,
+    "instructions": lambda _r, body: body.get("instructions"),
+    "previous_response_id": lambda _r, _b: None,
+    "reasoning": lambda _r, body: body.get("reasoning"),
+    "usage": lambda _r, _b: None,
+    "user": lambda _r, body: body.get("user"),
+    "max_output_tokens": lambda _r, body: body.get("max_output_tokens"),
+    "max_tool_calls": lambda _r, body: body.get("max_tool_calls"),
+    "safety_identifier": lambda _r, body: body.get("safety_identifier"),
+    "prompt_cache_key": lambda _r, body: body.get("prompt_cache_key"),
+}
+_NOT_NULL = frozenset(list(FILLED)[: list(FILLED).index("completed_at")])
+
+
+def completed(response: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """An upstream's ``response`` to the Responses ``body`` with each field of :data:`FILLED`
+    it left out (or, where the schema excludes null, sent as null) filled in; a ``message``
+    item's text parts get the ``annotations`` and ``logprobs`` the schema requires, a function
+    tool its ``strict`` and ``parameters`` (null), the usage
+    its token details (0 where not said). Nothing it sent is changed."""
+    out = dict(response)
+    out.setdefault("object", "response")
+    out.setdefault("status", "completed")
+    for name, fill in FILLED.items():
+        if name not in out or (out[name] is None and name in _NOT_NULL):
+            out[name] = fill(out, body)
+    if isinstance(out.get("output"), list):
+        out["output"] = [completed_item(item) for item in out["output"]]
+    if isinstance(out.get("tools"), list):
+        out["tools"] = [
+            {"strict": None, "parameters": None, **t}
+            if isinstance(t, dict) and t.get("type") == "function"
+            else t
+            for t in out["tools"]
+        ]
+    usage = out.get("usage")
+    if isinstance(usage, dict):
+        usage = out["usage"] = {**usage}
+        for name, detail in (("input", "cached_tokens"), ("output", "reasoning_tokens")):
+            details = usage.get(f"{name}_tokens_details")
+            usage[f"{name}_tokens_details"] = {detail: 0, **(details or {})}
+        usage["input_tokens_details"].setdefault("cache_write_tokens", 0)
+    return out
+
+
+def completed_item(item: Any, status: str = "completed") -> Any:
+    """An upstream's output ``item`` with what the schema requires of a ``message`` (its
+    ``status``, and each text part's ``annotations`` and ``logprobs``) filled in."""
+    if not isinstance(item, dict) or item.get("type") != "message":
+        return item
+    content = item.get("content")
+    if not isinstance(content, list):
+        return item
+    return {"status": status, **item, "content": [completed_part(p) for p in content]}
+
+
+def completed_part(part: Any) -> Any:
+    """An upstream's ``output_text`` part with the ``annotations`` and ``logprobs`` the schema
+    requires (empty when it sent none)."""
+    if isinstance(part, dict) and part.get("type") == "output_text":
+        return {"annotations": [], "logprobs": [], **part}
+    return part
 
 
 # -- the stream --------------------------------------------------------------------------------
@@ -464,7 +614,7 @@ def events(response: dict[str, Any]) -> Iterator[bytes]:
     """The finished ``response`` as OpenAI streams one: created, in_progress, each item's
     events, then completed (or incomplete)."""
     started = {**response, "status": "in_progress", "output": [], "usage": None}
-    started["incomplete_details"] = None
+    started["incomplete_details"] = started["completed_at"] = None
     sequence = 0
 
     def sent(name: str, payload: dict[str, Any]) -> bytes:
@@ -478,5 +628,7 @@ def events(response: dict[str, Any]) -> Iterator[bytes]:
     for index, item in enumerate(response["output"]):
         for name, payload in _item_events(item, index):
             yield sent(name, payload)
-    last = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+    last = {"incomplete": "response.incomplete", "failed": "response.failed"}.get(
+        response["status"], "response.completed"
+    )
     yield sent(last, {"response": response})

@@ -1,0 +1,246 @@
+"""The published Responses schema on every route: real answers of ``/v1/responses`` (the real
+SmolLM2 on the local route, the fake upstream's own ``/v1/responses`` on the API route, which
+leaves out fields as llama-server and vLLM do), as JSON and as streams, each object and event
+validated with ``jsonschema`` against ``tests/data/responses_schema.json`` (OpenAI's OpenAPI
+``Response`` and event schemas, with the fields Open Responses requires; the file says where
+each came from). The conformance table of ``docs/openai-compatibility.md`` lists what these
+tests check."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from tests.conftest import settings_for
+from tests.fake_api import FakeAPI
+from tests.http.test_app import rows
+
+SCHEMA = Path(__file__).parent.parent / "data" / "responses_schema.json"
+LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}  # any answer is sent
+API = {"x-frugal-route": "api"}
+QUESTION = "What is the capital of France?"
+
+
+@cache
+def _document() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(SCHEMA.read_text())
+    return loaded
+
+
+@cache
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    """The validator of the schema ``$defs[name]``."""
+    schema = {"$defs": _document()["$defs"], "$ref": f"#/$defs/{name}"}
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _errors(name: str, value: Any) -> list[str]:
+    return [
+        f"{name} at {'/'.join(map(str, e.absolute_path)) or '.'}: {e.message[:300]}"
+        for e in _validator(name).iter_errors(value)
+    ]
+
+
+def response_errors(response: Any) -> list[str]:
+    """What in ``response`` breaks the published ``Response`` schema (empty: nothing)."""
+    return _errors("Response", response)
+
+
+def event_errors(events: list[dict[str, Any]]) -> list[str]:
+    """What in a stream's ``events`` breaks the schema of its type (an unknown type too)."""
+    found: list[str] = []
+    for event in events:
+        ref = _document()["events"].get(event.get("type"))
+        if ref is None:
+            found.append(f"an event of unknown type {event.get('type')!r}")
+            continue
+        found += _errors(ref["$ref"].rsplit("/", 1)[1], event)
+    return found
+
+
+def sse_events(body: bytes) -> list[dict[str, Any]]:
+    """The JSON payloads of a Responses stream's events, in order."""
+    events = []
+    for block in body.split(b"\n\n"):
+        lines = block.split(b"\n")
+        data = b"".join(line[5:].strip() for line in lines if line.startswith(b"data:"))
+        if data.startswith(b"{"):
+            events.append(json.loads(data))
+    return events
+
+
+async def _post(http: Any, body: dict[str, Any], headers: dict[str, str]) -> Any:
+    made = await http.post("/v1/responses", json=body, headers=headers)
+    assert made.status_code == 200, made.text
+    return made
+
+
+async def test_a_local_answer_and_its_stream_follow_the_published_schema(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """No temperature nor top_p asked: the values the engine used are echoed (greedy: 0 and
+    1), in the object and in every event (the default limit: the test below)."""
+    settings = settings_for(tmp_path, fake_api)
+    asked = {"model": "gpt-4o-mini", "input": QUESTION, "max_output_tokens": 24}
+    async with make_client(settings) as http:
+        plain = await _post(http, asked, LOCAL)
+        streamed = await _post(http, {**asked, "stream": True}, LOCAL)
+    response = plain.json()
+    events = sse_events(streamed.content)
+    assert (plain.headers["x-frugal-route"], streamed.headers["x-frugal-route"]) == (
+        "local",
+        "local",
+    )
+    assert not (errors := response_errors(response)), errors
+    assert not (errors := event_errors(events)), errors
+    final = events[-1]["response"]
+    assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
+    for made in (response, final):
+        assert (made["temperature"], made["top_p"]) == (0.0, 1.0)
+        assert made["max_output_tokens"] == 24
+        assert (made["presence_penalty"], made["frequency_penalty"], made["top_logprobs"]) == (
+            0.0,
+            0.0,
+            0,
+        )
+        if made["status"] == "completed":
+            assert made["completed_at"] >= made["created_at"]
+    assert events[0]["response"]["completed_at"] is None
+    assert fake_api.count == 0
+
+
+async def test_a_live_local_stream_follows_the_published_schema(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    settings = settings_for(tmp_path, fake_api, router={"stream_mode": "live"})
+    asked = {"model": "gpt-4o-mini", "input": QUESTION, "max_output_tokens": 12, "stream": True}
+    async with make_client(settings) as http:
+        streamed = await _post(http, {**asked, "temperature": 0.5}, {})
+    events = sse_events(streamed.content)
+    assert (streamed.headers["x-frugal-route"], streamed.headers["x-frugal-reason"]) == (
+        "local",
+        "live",
+    )
+    assert not (errors := event_errors(events)), errors
+    for event in (events[0], events[-1]):
+        made = event["response"]
+        assert (made["temperature"], made["top_p"], made["max_output_tokens"]) == (0.5, 1.0, 12)
+
+
+async def test_an_answer_cut_by_the_default_limit_echoes_that_limit(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """``[local] default_max_tokens`` cut the answer: ``incomplete``, ``max_output_tokens`` that
+    limit (not null beside a reason that names it)."""
+    settings = settings_for(tmp_path, fake_api, local={"default_max_tokens": 4, "parallel": 1})
+    asked = {"model": "gpt-4o-mini", "input": "Write a long story about a lighthouse keeper."}
+    async with make_client(settings, own_engine=True) as http:
+        plain = await _post(http, asked, LOCAL)
+    response = plain.json()
+    assert plain.headers["x-frugal-route"] == "local"
+    assert not (errors := response_errors(response)), errors
+    assert (response["status"], response["incomplete_details"]) == (
+        "incomplete",
+        {"reason": "max_output_tokens"},
+    )
+    assert response["max_output_tokens"] == 4 == response["usage"]["output_tokens"]
+    assert response["completed_at"] is None
+
+
+async def test_an_api_answer_that_leaves_fields_out_is_completed(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """The fake upstream's ``response`` lacks ``temperature``, ``top_p``, ``tool_choice``,
+    ``parallel_tool_calls`` and more, its text parts ``logprobs``, its stream's deltas
+    ``logprobs`` and its ``function_call_arguments.done`` the ``name``: the proxy fills them in
+    (JSON and stream, a text answer and a tool call), and keeps what it sent."""
+    fake_api.set(reply="Paris is the capital.")
+    settings = settings_for(tmp_path, fake_api)
+    asked = {"model": "gpt-4o-mini", "input": QUESTION, "temperature": 0.25}
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    async with make_client(settings) as http:
+        plain = await _post(http, asked, API)
+        streamed = await _post(http, {**asked, "stream": True}, API)
+        fake_api.set(tool_call={"name": "get_weather", "arguments": {"city": "Paris"}})
+        called = await _post(http, {**asked, "tools": tools, "stream": True}, API)
+    upstream = [body for path, _h, body in fake_api.requests if path == "/v1/responses"]
+    assert len(upstream) == 3
+    response = plain.json()
+    assert plain.headers["x-frugal-route"] == "api"
+    assert not (errors := response_errors(response)), errors
+    assert (response["temperature"], response["top_p"], response["tool_choice"]) == (
+        0.25,
+        1.0,
+        "auto",
+    )
+    assert response["output"][0]["content"][0]["text"] == "Paris is the capital."
+    events = sse_events(streamed.content)
+    tool_events = sse_events(called.content)
+    assert not (errors := event_errors(events)), errors
+    assert not (errors := event_errors(tool_events)), errors
+    assert events[-1]["response"]["temperature"] == 0.25
+    [done] = [e for e in tool_events if e["type"] == "response.function_call_arguments.done"]
+    assert (done["name"], json.loads(done["arguments"])) == ("get_weather", {"city": "Paris"})
+
+
+async def test_a_forced_local_answer_past_its_deadline_is_failed_not_incomplete(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """``model: "local"`` and a deadline (``[local] timeout_s``) far too short for the answer:
+    ``failed`` with ``error.code`` ``server_error`` (JSON, and a stream ending with
+    ``response.failed``), never ``incomplete`` with ``max_output_tokens``, a limit not reached."""
+    settings = settings_for(tmp_path, fake_api, local={"timeout_s": 0.1})
+    asked = {
+        "model": "local",
+        "input": "Write a very long story about a lighthouse keeper.",
+        "max_output_tokens": 400,
+    }
+    async with make_client(settings) as http:
+        plain = await _post(http, asked, {})
+        streamed = await _post(http, {**asked, "stream": True}, {})
+    response = plain.json()
+    events = sse_events(streamed.content)
+    assert plain.headers["x-frugal-route"] == "local"
+    assert not (errors := response_errors(response)), errors
+    assert not (errors := event_errors(events)), errors
+    for made in (response, events[-1]["response"]):
+        assert (made["status"], made["incomplete_details"]) == ("failed", None)
+        assert made["error"]["code"] == "server_error"
+        assert "deadline" in made["error"]["message"]
+        assert made["usage"]["output_tokens"] < 400
+    assert events[-1]["type"] == "response.failed"
+    assert fake_api.count == 0
+    logged = rows(tmp_path / "ledger.db")
+    assert [(r["route"], r["error"]) for r in logged] == [("local", "local_timeout")] * 2
+
+
+async def test_a_translated_api_answer_and_its_tool_call_stream_follow_the_schema(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """``[fallback] responses = "translate"``: the upstream's chat answers are built into the
+    Responses object and events here (a text answer as JSON, a function call as a stream), with
+    the API's documented sampling defaults echoed (1 and 1) where none was asked."""
+    settings = settings_for(tmp_path, fake_api, fallback={"responses": "translate"})
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    asked = {"model": "gpt-4o-mini", "input": QUESTION}
+    async with make_client(settings) as http:
+        plain = await _post(http, asked, API)
+        fake_api.set(tool_call={"name": "get_weather", "arguments": {"city": "Paris"}})
+        called = await _post(http, {**asked, "tools": tools, "stream": True}, API)
+    response = plain.json()
+    events = sse_events(called.content)
+    assert [path for path, _h, _b in fake_api.requests] == ["/v1/chat/completions"] * 2
+    assert not (errors := response_errors(response)), errors
+    assert not (errors := event_errors(events)), errors
+    assert (response["temperature"], response["top_p"], response["max_output_tokens"]) == (
+        1.0,
+        1.0,
+        None,
+    )
+    kinds = [e["type"] for e in events]
+    assert "response.function_call_arguments.done" in kinds
+    assert events[-1]["response"]["output"][0]["name"] == "get_weather"
