@@ -28,12 +28,15 @@ from proxy.params import RESPONSES_PARAMETERS
 from proxy.upstream.client import RESPONSES_PATH, Upstream, UpstreamResponse
 from proxy.upstream.stream import UpstreamStream
 
-__all__ = ["API_ONLY", "chat_usage", "create", "open_stream", "upstream_body"]
+__all__ = ["API_ONLY", "PARTLY_LOCAL", "chat_usage", "create", "open_stream", "upstream_body"]
 
 PATH = RESPONSES_PATH
 API_ONLY = ("reasoning", "max_tool_calls", "top_logprobs")
 """Parameters that only the API's own ``/v1/responses`` can honour: forwarded there (reason
 ``unsupported``), a 400 when the fallback is Chat Completions."""
+PARTLY_LOCAL = frozenset({"reasoning"})
+"""Of :data:`API_ONLY`, those a local answer may still serve in part: a ``reasoning`` that holds
+only an ``effort`` is chat's ``reasoning_effort`` (``proxy/http/responses.py``)."""
 # The proxy's own: the conversation is sent whole and never stored upstream.
 _OURS = frozenset({"previous_response_id", "store", "input", "model"})
 _FORWARDED = tuple(name for name in (*RESPONSES_PARAMETERS, *API_ONLY) if name not in _OURS)
