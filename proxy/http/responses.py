@@ -59,6 +59,7 @@ from proxy.http.chat import ChatHandler
 from proxy.http.exchange import Exchange
 from proxy.http.handler import aiter_of
 from proxy.http.responses_live import live_events
+from proxy.http.responses_shapes import asks
 from proxy.http.responses_state import ResponsesState, input_items
 from proxy.http.responses_translate import (
     chat_of,
@@ -120,6 +121,10 @@ class ResponsesHandler(ChatHandler):
             if taken and "a 'item_reference' item" not in taken:  # names an upstream-stored item
                 responses_request(stand)
                 return body
+            # an API-only parameter that asks for nothing (Codex's ``reasoning: {}``) is no
+            # reason to refuse, nor to skip the local model
+            responses_request({k: v for k, v in body.items() if k not in API_ONLY or asks(v)})
+            return body
         return responses_request(body)
 
     async def handle(self, request: Request, ex: Exchange) -> Response:

@@ -88,6 +88,16 @@ FORMATS = ("text", "json_object", "json_schema")
 VERBOSITIES = ("low", "medium", "high")
 
 
+def asks(value: Any) -> bool:
+    """Whether a parameter's value asks for anything: not null, and not an object whose every
+    member is null (``reasoning: {}``, which Codex CLI sends when it wants no reasoning
+    summary, asks for nothing the local model lacks). With ``[fallback] responses =
+    "translate"`` any ``reasoning`` stays a 400, as before."""
+    if isinstance(value, dict):
+        return any(member is not None for member in value.values())
+    return value is not None
+
+
 def not_yet(what: str, where: str) -> BadRequest:
     """The 400 of something OpenAI serves and this proxy does not yet."""
     return BadRequest(

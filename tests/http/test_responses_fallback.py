@@ -398,3 +398,20 @@ async def test_an_unknown_tool_type_is_a_400_that_lists_the_real_allowed_set(
     assert {t["type"] for t in AGENT_TOOLS} | {"function", "web_search", "custom"} <= set(listed)
     assert "'telepathy'" in error["message"]
     assert fake_api.count == 0
+
+
+@pytest.mark.parametrize(
+    "reasoning", [{}, {"effort": None, "summary": None}], ids=["empty", "nulls"]
+)
+async def test_a_reasoning_that_asks_for_nothing_leaves_the_request_local(
+    sdk: Any, fake_api: FakeAPI, tmp_path: Path, reasoning: dict[str, Any]
+) -> None:
+    """Codex CLI sends ``reasoning: {}`` when it wants no summary: the local model answers."""
+    body = {"model": "gpt-4o-mini", "input": QUESTION, "max_output_tokens": 16}
+    async with sdk() as (_client, http):
+        r = await http.post("/v1/responses", json={**body, "reasoning": reasoning}, headers=LOCAL)
+    assert r.status_code == 200, r.text
+    assert (r.headers["x-frugal-route"], r.headers["x-frugal-reason"]) == ("local", "forced")
+    assert fake_api.count == 0
+    [row] = rows(tmp_path / "ledger.db")
+    assert (row["route"], row["status"]) == ("local", 200)
