@@ -68,7 +68,7 @@ class LedgerRow:
     # 0006_attempts
     upstream_attempts: int | None = field(default=None, metadata=COUNT)
     usage_invalid: str | None = None  # the writer's
-    # 0012_local_model: the model the local attempt ran (an answer names the asked one)
+    # 0014_local_model: the model the local attempt ran (an answer names the asked one)
     local_model: str | None = None
 
     def as_dict(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 -- Names a client can rely on (issue 42): a local answer's `model` is the model the client asked
 -- for, so the model that really answered is kept here. PostgreSQL's twin is
--- postgres/0012_local_model.sql.
+-- postgres/0014_local_model.sql.
 
 -- The model the local attempt ran: the GGUF file's name for the bundled engine, or the model a
 -- [[local.backends]] server reported. Set whenever the local model answered, whether the gate
