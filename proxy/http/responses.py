@@ -138,8 +138,11 @@ class ResponsesHandler(ChatHandler):
                 check_as_chat(stand)
                 return body
             # an API-only parameter that asks for nothing (Codex's ``reasoning: {}``) is no
-            # reason to refuse, nor to skip the local model
-            body = {k: v for k, v in body.items() if k not in API_ONLY or asks(v)}
+            # reason to refuse, nor to skip the local model; the API is still sent it
+            checked = {k: v for k, v in body.items() if k not in API_ONLY or asks(v)}
+            responses_request(checked)
+            check_as_chat(stand_in(checked, API_ONLY)[0])
+            return body
         responses_request(body)
         check_as_chat(stand_in(body, API_ONLY)[0])
         return body
