@@ -8,7 +8,7 @@
     prerouter     from the request alone, will the local answer be rejected
                   (``predicted_reject``), learned from the audits' verdicts
     estimator     the predicted finish of a request on a backend, and what it is learned from;
-                  the ``predicted_slow`` decision (``Predictor``), as in seed 000
+                  the ``predicted_slow`` decision (``Predictor``), finish-time routing
     prefix_memory the share of a prompt a backend has probably cached (``PrefixMemory``)
     base          what a local backend is to the router (``Backend``, ``Choice``)
     pool          the bundled engine as a backend, and the choice between backends

@@ -363,7 +363,7 @@ class RemoteBackend(Backend):
         return self.work.pending(self.rates)
 
     def predict(self, request: dict[str, Any], completion_tokens: float) -> Prediction:
-        """Seed 000's finish time here, counting the requests other clients have on the server
+        """The predicted finish time here, counting the requests other clients have on the server
         when it publishes them (:func:`~proxy.routing.remote_load.with_foreign`)."""
         prompt = self.work.estimate_prompt_tokens(request)
         prompt *= 1.0 - self.memory.cached_share(request)
