@@ -158,6 +158,8 @@ def engine(
                 counts["repeat_accepted"] += accepted
                 scores.append(float(verdict["value"] or 0.0))
             counts["accepted"] += accepted
+            for reason in verdict.get("reasons") or ():
+                counts[f"reason:{reason}"] += 1
         took = time.perf_counter() - started
         print(f"   tool_choice {choice!r} ({took:.0f} s):")
         for kind in ("answer", "next_call", "chain", "error"):
@@ -170,6 +172,8 @@ def engine(
             + (f" (scores {min(scores):.3f}..{max(scores):.3f})" if scores else "")
         )
         print(f"     all answers accepted: {counts['accepted']} of {len(rows)}")
+        reasons = {k[7:]: v for k, v in counts.items() if k.startswith("reason:")}
+        print(f"     the gate's reasons: {dict(sorted(reasons.items()))}")
     model.close()
 
 
