@@ -32,8 +32,12 @@ forgets the recorded requests):
   ``reply``); :class:`DevSetOracle` answers the dev set's prompts with their right answers and
   plays the audit judge (``docs/audit.md``) with the dev set's graders, strict or content-only
 - ``tool_call``: ``{"name": ..., "arguments": {...}}``: a plain chat request that offers tools and
-  ends with the user's message gets that call (``finish_reason: "tool_calls"``); once a tool's
-  result follows, the ``reply`` text, as a model that used one tool
+  ends with the user's message gets that call (``finish_reason: "tool_calls"``), each time with
+  a new call id, and streamed as OpenAI streams a call (``delta.tool_calls``: the id and name
+  first, then the arguments in pieces); once a tool's result follows, the ``reply`` text, as a
+  model that used one tool, so an agent loop ends
+- ``tool_call_loop``: with ``tool_call``, make the call again after its result too, as a small
+  model stuck in an agent loop does (what the gate must not accept from a local backend)
 - ``served_tier``: the ``service_tier`` a chat answer (and each of its stream's chunks) says it
   was served at, as OpenAI's do (None: the field is left out)
 - ``failed_response``: a message: a streamed ``/v1/responses`` answer ends with
@@ -117,6 +121,7 @@ DEFAULTS: dict[str, Any] = {
     "models": ("gpt-4o-mini", "gpt-4o"),
     "oracle": None,
     "tool_call": None,
+    "tool_call_loop": False,
     "failed_response": None,
     "huge_reply_bytes": None,
     "echo_auth": False,
@@ -486,7 +491,7 @@ class FakeAPI:
             return None
         if not messages or not isinstance(messages[-1], dict):
             return None
-        if messages[-1].get("role") != "user":
+        if messages[-1].get("role") != "user" and not self.tool_call_loop:
             return None
         arguments = json.dumps(self.tool_call["arguments"])
         function = {"name": self.tool_call["name"], "arguments": arguments}
@@ -522,6 +527,13 @@ class FakeAPI:
             return JSONResponse(
                 {**base, "choices": [{**choice, "finish_reason": "tool_calls"}], "usage": usage}
             )
+        if call is not None:
+            usage = self._usage(body, len(words(call["function"]["arguments"])))
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            events = list(self._call_chunks(base, call, usage if include_usage else None))
+            return _SSE(
+                events, per_token_s=self.per_token_s, cut_after=self.cut_stream_after, api=self
+            )
         if not body.get("stream"):
             message = {"role": "assistant", "content": "".join(pieces), "refusal": None}
             choices = [
@@ -540,6 +552,33 @@ class FakeAPI:
                 b"data: [DONE]\n\n",
             ]
         return _SSE(events, per_token_s=self.per_token_s, cut_after=self.cut_stream_after, api=self)
+
+    @staticmethod
+    def _call_chunks(
+        base: dict[str, Any], call: dict[str, Any], usage: dict[str, int] | None
+    ) -> Iterator[bytes]:
+        """A tool call as OpenAI streams one: role, the call's id and name with empty
+        arguments, the arguments in pieces, finish ``tool_calls``, [usage], [DONE]."""
+        base = {**base, "object": "chat.completion.chunk"}
+        tail = {"usage": None} if usage is not None else {}
+
+        def event(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            payload = {**base, "choices": [choice], **tail}
+            return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+        yield event({"role": "assistant", "content": None, "refusal": None})
+        head = {**call, "index": 0, "function": {**call["function"], "arguments": ""}}
+        yield event({"tool_calls": [head]})
+        arguments = call["function"]["arguments"]
+        for at in range(0, len(arguments), 8):
+            piece = {"index": 0, "function": {"arguments": arguments[at : at + 8]}}
+            yield event({"tool_calls": [piece]})
+        yield event({}, "tool_calls")
+        if usage is not None:
+            payload = {**base, "choices": [], "usage": usage}
+            yield b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
 
     @staticmethod
     def _chunks(

@@ -361,13 +361,14 @@ def _output(message: dict[str, Any], status: str) -> list[dict[str, Any]]:
                 "content": [part],
             }
         )
-    for call in calls:
+    for i, call in enumerate(calls):
         function = call.get("function") or {}
         items.append(
             {
                 "id": _id("fc"),
                 "type": "function_call",
-                "status": "completed",
+                # max_output_tokens cuts the last call only: its arguments are as far as they came
+                "status": status if i == len(calls) - 1 else "completed",
                 "call_id": call.get("id") or _id("call"),
                 "name": function.get("name") or "",
                 "arguments": function.get("arguments") or "",
