@@ -266,6 +266,14 @@ class InternalError(ProxyError):
         self.request_id = request_id
 
 
+class CountUnavailable(ProxyError):
+    """``/v1/responses/input_tokens``: the token counter did not count within its bound."""
+
+    status = 503
+    type = "server_error"
+    code = "count_unavailable"
+
+
 class LocalUnavailable(ProxyError):
     status = 503
     type = "server_error"
