@@ -14,6 +14,7 @@ from typing import Any
 
 from proxy.http import report
 from proxy.http.endpoints import ENDPOINTS
+from proxy.http.responses_compact import COMPACTED
 from proxy.http.responses_tokens import INPUT_TOKENS
 from proxy.http.shapes import TOOL_CALL, Schema, obj
 from proxy.routing.reasons import Reason
@@ -326,6 +327,7 @@ ANSWERS: dict[str, Schema] = {
     "Embeddings": EMBEDDINGS,
     "Response": RESPONSE,
     "ResponseInputTokens": INPUT_TOKENS,
+    "CompactedResponse": COMPACTED,
 }
 
 

@@ -211,7 +211,8 @@ class ResponsesHandler(ChatHandler):
         if api_own:
             target = self.services.upstream.target(asked["model"])
             sent = responses_api.upstream_body(asked, conversation, target)
-        only_api = [t for t in taken if "item" not in t]  # earlier built-in calls: said already
+        # Earlier built-in calls are said already; a compaction only the API can read.
+        only_api = [t for t in taken if "item" not in t or "'compaction'" in t]
         if sent is not None and only_api:
             if plan.local_only or not self.router.fallback_enabled:
                 raise BadRequest(

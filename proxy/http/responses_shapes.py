@@ -31,6 +31,7 @@ LATER_ITEMS = frozenset(
     {
         "reasoning",
         "item_reference",
+        "compaction",  # only the API that made it can read it: always sent there
         "file_search_call",
         "web_search_call",
         "computer_call",
