@@ -4,6 +4,7 @@ call; with ``[fallback] responses = "translate"``, a 400 naming the parameter.""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,14 @@ from typing import Any
 import openai
 import pytest
 
+from proxy.ledger.db.location import Database
+from proxy.ledger.tenants import keys
+from tests.conftest import AppFactory
 from tests.fake_api import FakeAPI
+from tests.http.test_budgets import spend
 from tests.http.test_responses import API, QUESTION
 from tests.http.test_responses_state import sdk  # noqa: F401 - fixture
+from tests.ledger.conftest import database, pg_server  # noqa: F401 - fixtures
 
 OWN = {"fallback": {"responses": "responses"}}
 
@@ -95,3 +101,33 @@ async def test_with_translate_compaction_is_a_400_naming_the_parameter(
         params.append(item.value.body["param"])  # type: ignore[index]
     assert params == ["model", "input[0].type"]
     assert fake_api.requests == []
+
+
+async def test_a_compaction_past_the_keys_budget_is_refused_before_the_call(
+    open_app: AppFactory,
+    fake_api: FakeAPI,
+    database: Database,  # noqa: F811
+) -> None:
+    # A compaction asks for no output bound: its worst case is gpt-4o-mini's own, 16,384
+    # output tokens ($0.0098). 20,000 words (100,000 bytes) add 50,000 prompt tokens ($0.0075):
+    # more than the $0.015 budget; a short input adds a few micro-dollars and fits.
+    budget = 15_000_000_000
+    auth = {"authorization": f"Bearer {keys.create(database, 'small', monthly_budget_pusd=budget)}"}
+    async with open_app() as client:
+        long = await client.post(
+            "/v1/responses/compact",
+            json={"model": "gpt-4o-mini", "input": "word " * 20_000},
+            headers=auth,
+        )
+        short = await client.post(
+            "/v1/responses/compact",
+            json={"model": "gpt-4o-mini", "input": QUESTION},
+            headers=auth,
+        )
+        await asyncio.sleep(0.3)  # the settles run in the background
+    assert long.status_code == 429, long.text
+    assert long.json()["error"]["code"] == "insufficient_quota"
+    assert short.status_code == 200, short.text
+    assert [path for path, _h, _b in fake_api.requests] == ["/v1/responses/compact"]
+    spent, reserved = spend(database, "small")
+    assert 0 < spent <= budget and reserved == 0
