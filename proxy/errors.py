@@ -21,6 +21,7 @@
     │   ├── StoreUnavailable        503 server_error           store_unavailable (stored Responses)
     │   ├── StatusError             4xx/5xx any other status the web framework raised
     │   ├── InternalError           500 server_error           internal_error (the request id)
+    │   ├── CountUnavailable        503 server_error           count_unavailable (input_tokens)
     │   ├── LocalUnavailable        503 server_error           local_unavailable
     │   ├── UpstreamError           502 upstream_error         upstream_failed
     │   │   ├── UpstreamTimeout     504 upstream_error         upstream_timeout
