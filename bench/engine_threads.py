@@ -1,5 +1,6 @@
 """Benchmark 4: prefill and decode tok/s for each thread count from 1 to the number of cores,
-to check seed 004's "threads = cores - 1" rule on this machine.
+to check the "threads = cores - 1" rule of the production account this project started from
+(an 8B Q4_K_M model on a 4-core VPS) on this machine.
 
 One SmolLM2 per thread count in this process; the runs are interleaved (1, 2, ..., 1, 2, ...)
 so that a neighbour's burst hits every count alike. EOS is banned so every answer is full length.

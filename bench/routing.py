@@ -1,10 +1,10 @@
-"""Predictive routing against the naive cascade, on seed 000's burst, side by side in one run.
+"""Predictive routing against the naive cascade, on the long-prompt burst, side by side in one run.
 
     .venv/bin/python bench/routing.py                       # 16 requests, timeout auto
     .venv/bin/python bench/routing.py --rounds 2 --timeout 40 --json /tmp/routing.json
     .venv/bin/python bench/routing.py --parallel 1 4 --rounds 2  # batching, both predictive
 
-The burst (seed 000): ``--requests`` chat requests of about ``--prompt-tokens`` prompt tokens
+The long-prompt burst: ``--requests`` chat requests of about ``--prompt-tokens`` prompt tokens
 (each its own text, so no prompt is served from the prefix cache) asking for ``--max-tokens``
 answer tokens, sent ``--gap-ms`` apart. Each runs against an in-process app (the real
 ``create_app``, ledger on) sharing one real engine (the bundled SmolLM2, ``--threads``):

@@ -1,4 +1,4 @@
-"""Seed 000's burst with a backend beside the bundled engine, against the bundled engine alone,
+"""The long-prompt burst with a backend beside the bundled engine, against the bundled engine alone,
 side by side in one run (issue 28).
 
     .venv/bin/python bench/routing_backends.py                      # starts llama_cpp.server
@@ -23,11 +23,11 @@ server, kind ``llama-cpp-python``, one request at a time) serving the bundled Sm
 with ``--backend-threads`` threads (1 by default), started as the tests start it
 (``tests/llama_cpp_server.py``) and killed at the end.
 
-The backend is profiled before the bursts, as the engine is (seed 002: measure first, then
-route): two requests alone, sent to it directly. Its prefill and decode rates go into the
-backend's config (``prefill_tok_s``, ``decode_tok_s``), from the answer's ``timings`` when the
-server gives them (llama-server), else from its wall time and usage, split as the engine's
-rates are. The router refines them from every answer, as it does in production.
+The backend is profiled before the bursts, as the engine is (profiling-informed scheduling:
+measure first, then route): two requests alone, sent to it directly. Its prefill and decode
+rates go into the backend's config (``prefill_tok_s``, ``decode_tok_s``), from the answer's
+``timings`` when the server gives them (llama-server), else from its wall time and usage, split
+as the engine's rates are. The router refines them from every answer, as it does in production.
 
 The local deadline (``--timeout auto``) is 3.5 times the bundled engine's lone request, the same
 for both variants. Rounds alternate the variants' order. Printed per variant: burst time, mean,

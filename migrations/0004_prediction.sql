@@ -4,7 +4,7 @@
 
 -- Milliseconds the router predicted the local answer would take from the request's arrival:
 -- the work queued and running ahead of it on the chosen local backend plus its own prefill and
--- decode (seed 000's estimate). Recorded for requests that went local and for those sent to
+-- decode (the finish-time estimate). Recorded for requests that went local and for those sent to
 -- the API because of it (reason predicted_slow); NULL when no prediction was made (the request
 -- was forced to the API, the local model cannot serve it, or the rates were not known yet).
 ALTER TABLE requests ADD COLUMN predicted_local_ms REAL;

@@ -463,8 +463,8 @@ RESPONSES: tuple[Param, ...] = (
     Param(
         name="client_metadata",
         handling=IGNORED,
-        doc="The client's own tags (Codex CLI sends them): bounded as `metadata`; ignored "
-        "locally, sent to the API's own /v1/responses.",
+        doc="The client's own tags (Codex CLI sends them): at most 16 keys of 64 characters, "
+        "values of 4,096; ignored locally, sent to the API's own /v1/responses.",
         type="object",
         shape="client_metadata",
     ),

@@ -25,6 +25,7 @@ from quality.instructions import instruction_compliance
 from quality.relevance import Embedder, relevance
 from quality.schema import check_schema
 from quality.task import task
+from quality.tool_use import tool_use
 from quality.verify import verify
 
 __all__ = ["Embedder", "Score", "Signal", "check_schema", "score", "signals"]
@@ -38,6 +39,7 @@ SIGNALS = (
     verify,
     code_check,
     task,
+    tool_use,
 )
 
 

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from quality.turns import answered_calls, last_results
+
 
 def _text_of(content: Any) -> str:
     """Message content as text: a string, or the text parts of a list of parts."""
@@ -53,6 +55,11 @@ class View:
     tool_choice: Any
     parallel_tool_calls: bool = True
     """False when the request allows one tool call at most."""
+    answered_calls: frozenset[str] = frozenset()
+    """The calls made since the user's last message whose results (not errors) are in the
+    request (:func:`quality.turns.answered_calls`)."""
+    tool_results: tuple[str, ...] = ()
+    """The tool results that end the request's messages (:func:`quality.turns.last_results`)."""
 
 
 def view_of(request: dict[str, Any], completion: dict[str, Any]) -> View:
@@ -126,4 +133,6 @@ def view_of(request: dict[str, Any], completion: dict[str, Any]) -> View:
         tools=tuple(t for t in tools if isinstance(t, dict)) if isinstance(tools, list) else (),
         tool_choice=request.get("tool_choice"),
         parallel_tool_calls=request.get("parallel_tool_calls") is not False,
+        answered_calls=answered_calls(messages),
+        tool_results=last_results(messages),
     )

@@ -8,6 +8,8 @@ something its parser rejects is worse off than with the API, which would have ke
 - ``tools``: every call must name a tool that exists, with arguments that parse and validate
   against its ``parameters``; ``tool_choice`` ``required`` (or a named function) needs a call.
   Several calls in one answer are each checked so; ``parallel_tool_calls: false`` allows one.
+  A call cut off by ``max_tokens`` (calls with ``finish_reason: "length"``) is ``tool_call_cut``:
+  it is not a call a client can run, even where its arguments happen to parse.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def _tool_failures(view: View) -> list[str]:
         return failures
     if choice == "none" or not view.tools:
         return ["tool_unexpected"]
+    if view.finish_reason == "length":
+        failures.append("tool_call_cut")
     if len(view.tool_calls) > 1 and not view.parallel_tool_calls:
         failures.append("tool_parallel")
     for call in view.tool_calls:

@@ -32,8 +32,18 @@ forgets the recorded requests):
   ``reply``); :class:`DevSetOracle` answers the dev set's prompts with their right answers and
   plays the audit judge (``docs/audit.md``) with the dev set's graders, strict or content-only
 - ``tool_call``: ``{"name": ..., "arguments": {...}}``: a plain chat request that offers tools and
-  ends with the user's message gets that call (``finish_reason: "tool_calls"``); once a tool's
-  result follows, the ``reply`` text, as a model that used one tool
+  ends with the user's message gets that call (``finish_reason: "tool_calls"``), each time with
+  a new call id, and streamed as OpenAI streams a call (``delta.tool_calls``: the id and name
+  first, then the arguments in pieces); once a tool's result follows, the ``reply`` text, as a
+  model that used one tool, so an agent loop ends
+- ``tool_call_loop``: with ``tool_call``, make the call again after its result too, as a small
+  model stuck in an agent loop does (what the gate must not accept from a local backend)
+- ``tool_script``: a list of such calls, made in order, one per request, as a model that uses
+  several tools in turn (an agent that hands off, then calls the specialist's tool): a request
+  (chat or ``/v1/responses``) that offers a function named as the next call gets that call,
+  whatever its input ends with, and the script moves on; a request that does not offer it is
+  answered as without the knob (``tool_call``, or the ``reply``). Every call has a new call id;
+  ``set`` copies the list, and what is left of it is ``tool_script``
 - ``served_tier``: the ``service_tier`` a chat answer (and each of its stream's chunks) says it
   was served at, as OpenAI's do (None: the field is left out)
 - ``failed_response``: a message: a streamed ``/v1/responses`` answer ends with
@@ -117,6 +127,8 @@ DEFAULTS: dict[str, Any] = {
     "models": ("gpt-4o-mini", "gpt-4o"),
     "oracle": None,
     "tool_call": None,
+    "tool_call_loop": False,
+    "tool_script": (),
     "failed_response": None,
     "huge_reply_bytes": None,
     "echo_auth": False,
@@ -366,13 +378,13 @@ class FakeAPI:
         if unknown:
             raise TypeError(f"unknown FakeAPI knob {unknown[0]!r}; known: {', '.join(DEFAULTS)}")
         for name, value in knobs.items():
-            setattr(self, name, value)
+            setattr(self, name, list(value) if name == "tool_script" else value)
 
     def reset(self) -> None:
         """Default knobs, no recorded requests."""
         with self._lock:
             for name, value in DEFAULTS.items():
-                setattr(self, name, value)
+                setattr(self, name, list(value) if name == "tool_script" else value)
             self.disconnects = self.resets = self.huge_sent = 0
             self.requests.clear()
             self.request_times.clear()
@@ -479,19 +491,32 @@ class FakeAPI:
         return pieces, "stop"
 
     def _tool_call(self, body: dict[str, Any]) -> dict[str, Any] | None:
-        """The knob ``tool_call`` (``{"name": ..., "arguments": {...}}``): a plain request that
+        """The knob ``tool_call`` (``{"name": ..., "arguments": {...}}``): a request that
         offers tools and whose last message is the user's is answered with that call, as a
         model that decides to use a tool; once the tool's result is in, the text reply."""
         messages = body.get("messages")
+        tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
+        scripted = self._scripted([(t.get("function") or {}).get("name") for t in tools])
+        if scripted is not None:
+            return {"id": self._next_id("call"), "type": "function", "function": scripted}
         if self.tool_call is None or not body.get("tools") or not isinstance(messages, list):
             return None
         if not messages or not isinstance(messages[-1], dict):
             return None
-        if messages[-1].get("role") != "user":
+        if messages[-1].get("role") != "user" and not self.tool_call_loop:
             return None
         arguments = json.dumps(self.tool_call["arguments"])
         function = {"name": self.tool_call["name"], "arguments": arguments}
         return {"id": self._next_id("call"), "type": "function", "function": function}
+
+    def _scripted(self, offered: list[Any]) -> dict[str, str] | None:
+        """The knob ``tool_script``: its next call (name and JSON arguments) if the request
+        offers that function, taken off the script; else None."""
+        with self._lock:
+            if not self.tool_script or self.tool_script[0]["name"] not in offered:
+                return None
+            call = self.tool_script.pop(0)
+        return {"name": call["name"], "arguments": json.dumps(call["arguments"])}
 
     def _usage(self, body: dict[str, Any], completion_tokens: int) -> dict[str, Any]:
         """The usage an answer reports, as the knobs ``bill_prompt_bytes`` and ``usage`` say."""
@@ -516,7 +541,13 @@ class FakeAPI:
         if self.huge_reply_bytes is not None:
             return _Huge(self, base, int(self.huge_reply_bytes), stream=bool(body.get("stream")))
         call = self._tool_call(body)
-        if call is not None and not body.get("stream"):
+        if call is not None and body.get("stream"):
+            usage = self._usage(body, len(words(call["function"]["arguments"])))
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            events = list(self._call_chunks(base, call, usage if include_usage else None))
+            cut = self.cut_stream_after
+            return _SSE(events, per_token_s=self.per_token_s, cut_after=cut, api=self)
+        if call is not None:
             message = {"role": "assistant", "content": None, "tool_calls": [call]}
             choice = {"index": 0, "message": message, "logprobs": None}
             usage = self._usage(body, len(words(call["function"]["arguments"])))
@@ -541,6 +572,33 @@ class FakeAPI:
                 b"data: [DONE]\n\n",
             ]
         return _SSE(events, per_token_s=self.per_token_s, cut_after=self.cut_stream_after, api=self)
+
+    @staticmethod
+    def _call_chunks(
+        base: dict[str, Any], call: dict[str, Any], usage: dict[str, int] | None
+    ) -> Iterator[bytes]:
+        """A tool call as OpenAI streams one: role, the call's id and name with empty
+        arguments, the arguments in pieces, finish ``tool_calls``, [usage], [DONE]."""
+        base = {**base, "object": "chat.completion.chunk"}
+        tail = {"usage": None} if usage is not None else {}
+
+        def event(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            payload = {**base, "choices": [choice], **tail}
+            return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+        yield event({"role": "assistant", "content": None, "refusal": None})
+        head = {**call, "index": 0, "function": {**call["function"], "arguments": ""}}
+        yield event({"tool_calls": [head]})
+        arguments = call["function"]["arguments"]
+        for at in range(0, len(arguments), 8):
+            piece = {"index": 0, "function": {"arguments": arguments[at : at + 8]}}
+            yield event({"tool_calls": [piece]})
+        yield event({}, "tool_calls")
+        if usage is not None:
+            payload = {**base, "choices": [], "usage": usage}
+            yield b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
 
     @staticmethod
     def _chunks(
@@ -649,16 +707,22 @@ class FakeAPI:
         given = body.get("input")
         last = given[-1] if isinstance(given, list) and given else {"role": "user"}
         functions = [t for t in tools if t.get("type") == "function"]
-        if self.tool_call is not None and functions and last.get("role") == "user":
-            arguments = json.dumps(self.tool_call["arguments"])
+        scripted = self._scripted([t.get("name") for t in functions])
+        if scripted is not None or (
+            self.tool_call is not None and functions and last.get("role") == "user"
+        ):
+            call = scripted or {
+                "name": self.tool_call["name"],
+                "arguments": json.dumps(self.tool_call["arguments"]),
+            }
             output.append(
                 {
                     "id": self._next_id("fc"),
                     "type": "function_call",
                     "status": "completed",
                     "call_id": self._next_id("call"),
-                    "name": self.tool_call["name"],
-                    "arguments": arguments,
+                    "name": call["name"],
+                    "arguments": call["arguments"],
                 }
             )
             return output

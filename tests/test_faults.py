@@ -2621,3 +2621,134 @@ def test_issue39_row3_streams_longer_than_the_lease_keep_spend_within_the_budget
         assert json.loads(text)["error"]["code"] == "insufficient_quota", text[:300]
     assert spent == billed and reserved == 0
     assert 0 < spent <= _I39_MONEY_TIME_BUDGET_PUSD
+
+
+# -- issue 42, rows 3 and 4: no grammar text reaches a client, and agent loops end ---------------
+# Helpers of this block start with _i42_agent_gate_ (branch agent-gate).
+
+
+def _i42_agent_gate_weather_tool() -> dict[str, Any]:
+    from tests.tool_turns import weather_tool
+
+    return weather_tool("The current weather in a city")
+
+
+_I42_AGENT_GATE_QUESTION = {"role": "user", "content": "Weather in Paris?"}
+_I42_AGENT_GATE_RESULT = "18C and sunny"
+_I42_AGENT_GATE_STEPS = 4  # the agent's step limit: call, result, answer, and one to spare
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "responses"], ids=lambda e: f"i42row3-{e}")
+def test_issue42_row3_a_call_cut_by_max_tokens_is_a_cut_call_not_grammar_text(
+    main: Lazy, endpoint: str
+) -> None:
+    """Finding 3: ``max_tokens: 8`` with a required call used to answer the grammar's own JSON
+    as text (``content: '{ "name": "get_'``); now a call with its arguments cut, as OpenAI's."""
+    served = main.get()
+    tool = _i42_agent_gate_weather_tool()
+    if endpoint == "chat":
+        body = chat_body(
+            messages=[_I42_AGENT_GATE_QUESTION], tools=[tool], tool_choice="required", max_tokens=8
+        )
+        got = post(served, body, headers=TO_LOCAL, timeout=120)
+        assert got.status_code == 200, got.text
+        choice = got.json()["choices"][0]
+        print(f"issue42 row3 chat: {choice}")
+        assert choice["finish_reason"] == "length"
+        assert choice["message"]["content"] is None
+        [call] = choice["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+        return
+    flat = {"type": "function", **tool["function"]}
+    body = {
+        "model": "gpt-4o-mini",
+        "input": "Weather in Paris?",
+        "tools": [flat],
+        "tool_choice": "required",
+        "max_output_tokens": 8,
+    }
+    got = post(served, body, headers=TO_LOCAL, timeout=120, path="/v1/responses")
+    assert got.status_code == 200, got.text
+    response = got.json()
+    print(f"issue42 row3 responses: {response['output']}")
+    assert response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert [i["type"] for i in response["output"]] == ["function_call"]
+    [item] = response["output"]
+    assert (item["name"], item["status"]) == ("get_weather", "incomplete")
+
+
+def _i42_agent_gate_run(served: Served, headers: dict[str, str]) -> list[dict[str, Any]]:
+    """An agent loop as the frameworks run one: ask, run each call the answer makes and send
+    its result back, until an answer makes no call or the step limit is reached. The first step
+    requires a call (``tool_choice`` ``required``), later ones leave it to the model (``auto``),
+    as the Agents SDK resets it after a tool use. Returns the answers' messages."""
+    messages: list[dict[str, Any]] = [_I42_AGENT_GATE_QUESTION]
+    answers: list[dict[str, Any]] = []
+    for step in range(_I42_AGENT_GATE_STEPS):
+        body = chat_body(
+            messages=messages,
+            tools=[_i42_agent_gate_weather_tool()],
+            tool_choice="required" if step == 0 else "auto",
+            max_tokens=60,
+        )
+        got = post(served, body, headers=headers, timeout=120)
+        assert got.status_code == 200, got.text
+        message = got.json()["choices"][0]["message"]
+        route = got.headers["x-frugal-route"]
+        answers.append({**message, "route": route, "q": got.headers["x-frugal-quality"]})
+        if not message.get("tool_calls"):
+            return answers
+        messages.append({k: message[k] for k in ("role", "content", "tool_calls")})
+        for call in message["tool_calls"]:
+            messages.append(
+                {"role": "tool", "tool_call_id": call["id"], "content": _I42_AGENT_GATE_RESULT}
+            )
+    return answers
+
+
+@pytest.mark.parametrize("route", ["default", "local"], ids=lambda r: f"i42row4-{r}")
+def test_issue42_row4_an_agent_loop_ends_within_its_step_limit(
+    main: Lazy, api: FakeAPI, route: str
+) -> None:
+    """Finding 4: after get_weather's result the local model called get_weather(Paris) again,
+    the gate accepted it (0.63), and the agent looped until its step limit. The fake API, where
+    a fallback goes, calls the tool and then answers in text, as OpenAI's model does."""
+    served = main.get()
+    api.set(tool_call={"name": "get_weather", "arguments": {"city": "Paris"}})
+    headers = {} if route == "default" else TO_LOCAL
+    answers = _i42_agent_gate_run(served, headers)
+    print(f"issue42 row4 {route}: {answers}")
+    assert not answers[-1].get("tool_calls"), f"no end in {_I42_AGENT_GATE_STEPS} steps"
+    assert answers[-1]["content"] and not answers[-1]["content"].lstrip().startswith("{")
+    made = [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for a in answers
+        for c in a.get("tool_calls") or ()
+    ]
+    assert len(made) == len({json.dumps(m, sort_keys=True) for m in made})  # no call made twice
+    if route == "local":
+        assert {a["route"] for a in answers} == {"local"} and api.count == 0
+
+
+def test_issue42_row4_a_remote_backends_repeated_call_goes_to_the_api(
+    remote: Lazy, remote_api: FakeAPI, api: FakeAPI
+) -> None:
+    """A remote backend (scored by the gate in the proxy) that makes the answered call again is
+    rejected (``tool_call_repeated``), and the API's text answer ends the loop."""
+    served = remote.get()
+    call = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    remote_api.set(tool_call=call, tool_call_loop=True)
+    from tests.tool_turns import weather_turns
+
+    messages = [_I42_AGENT_GATE_QUESTION, *weather_turns(_I42_AGENT_GATE_RESULT)]
+    body = chat_body(messages=messages, tools=[_i42_agent_gate_weather_tool()], max_tokens=60)
+    got = post(served, body, timeout=120)
+    print(f"issue42 row4 remote: {dict(got.headers)} {got.text[:300]}")
+    assert got.status_code == 200, got.text
+    asked = [r for r in remote_api.requests if r.path.endswith("/chat/completions")]
+    assert asked, "the remote backend was not asked"
+    assert (got.headers["x-frugal-route"], got.headers["x-frugal-reason"]) == ("api", "low_quality")
+    assert float(got.headers["x-frugal-quality"]) <= 0.1
+    message = got.json()["choices"][0]["message"]
+    assert message["content"] == REPLY and not message.get("tool_calls")

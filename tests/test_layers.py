@@ -6,15 +6,21 @@ The contracts live in pyproject.toml ([tool.importlinter], with no exception car
 graph of the installed tree. The docstrings are held to the code here: each room (a package of
 proxy/, or a folder inside one, and quality/dev) names every module and folder it holds, and
 each room of proxy/ names every other room or shared module its code imports, and never one
-it says it does not.
+it says it does not. And the docstrings and comments of proxy/ and quality/ speak of this
+repository: none cites by number (:data:`PRIVATE_SOURCES`) the articles the project was first
+drawn from, which a reader of the repository does not have; the ideas are named instead
+(finish-time routing, profiling-informed scheduling, the production account the project
+started from).
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import re
 import subprocess
 import sys
+import tokenize
 import tomllib
 from pathlib import Path
 
@@ -28,6 +34,7 @@ FOLDERS = sorted(
     if p.parent != ROOT / "proxy"
 )
 SHARED = ["proxy.config", "proxy.errors", "proxy.logs", "proxy.params", "quality"]
+PRIVATE_SOURCES = re.compile(r"\bseeds?[ _-]?00[024]\b", re.IGNORECASE)
 
 
 def _doc(folder: Path) -> str:
@@ -106,3 +113,23 @@ def test_the_old_flat_modules_are_gone() -> None:
     """A module left at the top of proxy/ beside its room would be a second home for it."""
     top = sorted(p.stem for p in (ROOT / "proxy").glob("*.py"))
     assert top == ["__init__", "__main__", "errors", "logs", "params"]
+
+
+def _prose(source: str) -> list[str]:
+    """The docstrings (of the module, its classes and functions) and the comments of ``source``."""
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    nodes = [n for n in ast.walk(ast.parse(source)) if isinstance(n, kinds)]
+    docs = [d for n in nodes if (d := ast.get_docstring(n, clean=False))]
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return docs + [tok.string for tok in tokens if tok.type == tokenize.COMMENT]
+
+
+def test_no_docstring_or_comment_cites_a_private_article() -> None:
+    cited = [
+        f"{path.relative_to(ROOT)}: {match.group(0)}"
+        for room in ("proxy", "quality")
+        for path in sorted((ROOT / room).rglob("*.py"))
+        for text in _prose(path.read_text())
+        for match in PRIVATE_SOURCES.finditer(text)
+    ]
+    assert cited == []

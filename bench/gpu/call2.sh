@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device call 2 of 2 (bench/gpu/README.md), right after call 1 on the same warm machine: join
 # the GGUF's two parts (.gpu2/ carries the second) and check its SHA-256, start the CUDA
-# llama-server call 1 built (all layers on the GPU, -ngl 99) on loopback, and run seed 000's
+# llama-server call 1 built (all layers on the GPU, -ngl 99) on loopback, and run the long-prompt
 # burst (bench/routing_backends.py): the bundled engine alone on the CPU, against the same
 # engine plus that llama-server as a [[local.backends]] entry (kind llama-server), side by side.
 #
@@ -91,7 +91,7 @@ grep -iE 'CUDA0|offloaded|device|build' "$DIR/llama-server.log" | head -8 || tru
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader
 
 {
-    echo "seed 000's burst, bundled engine (CPU, $THREADS threads) alone vs + llama-server backend"
+    echo "the long-prompt burst, bundled engine (CPU, $THREADS threads) alone vs + llama-server backend"
     echo "device: $(nproc) CPUs; $(command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name --format=csv,noheader || echo 'no GPU')"
     echo "llama-server: $("$DIR/bin/llama-server" --version 2>&1 | grep -m1 -i version || true); -ngl ${NGL[1]:-0} --parallel $SLOTS -c $((SLOTS * 2048)) -t $THREADS"
     echo "command: bench/routing_backends.py --backend-url http://127.0.0.1:$PORT/v1 --backend-kind llama-server --backend-concurrency $SLOTS --threads $THREADS --requests $REQUESTS --rounds $ROUNDS $BENCH_ARGS"

@@ -4,6 +4,7 @@
     response_format json_schema   ->  JSON fitting the schema (llama.cpp's schema converter)
     tools, a call required        ->  {"name": <one of the tools>, "arguments": <its schema>}
     tools, tool_choice "auto"     ->  such a call, or text that does not start with "{"
+    an answered call redone       ->  text that does not start with "{" (TEXT_GBNF)
     parallel_tool_calls not false ->  one to MAX_CALLS such calls, one per line, in place of one
 
 The text is pure Python (``llama_cpp.llama_grammar`` converts schemas without touching a model),
@@ -35,6 +36,9 @@ from proxy.engine.grammar_size import MAX_GRAMMAR_CHARS, TEXT_RULE, call_schema,
 from proxy.engine.tools import call_plan
 
 JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
+TEXT_GBNF = "root ::= " + TEXT_RULE
+"""A text answer where a call was allowed: what the engine asks for when its model made again
+a call already answered (:mod:`proxy.engine.tasks`), so that it cannot be a call either."""
 MAX_CACHED_SPEC = 64 * 1024
 """Longest spec (the schemas as JSON) whose grammar is cached: 128 keys of 8 MiB in all at most."""
 

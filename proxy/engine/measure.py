@@ -1,4 +1,4 @@
-"""Start-up calibration (seed 002: measure the real costs first, then decide).
+"""Start-up calibration, as in profiling-informed scheduling: measure the real costs, then decide.
 
 A few decodes on the freshly loaded model measure, on this machine and with these threads:
 

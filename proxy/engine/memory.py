@@ -1,8 +1,9 @@
 """The memory guard: will the engine fit in RAM, and at which context size?
 
-Seed 004 saw a Q8_0 8B model swap and crawl on a 7.8 GB VPS. Before the worker starts, the engine
-estimates what it will hold resident and compares it with what the machine (or its cgroup) can
-give; it then lowers ``parallel``, then shrinks ``n_ctx``, or refuses to start, rather than swap.
+The production account this project started from saw a Q8_0 8B model swap and crawl on a
+7.8 GB VPS. Before the worker starts, the engine estimates what it will hold resident and
+compares it with what the machine (or its cgroup) can give; it then lowers ``parallel``, then
+shrinks ``n_ctx``, or refuses to start, rather than swap.
 
     weights         the GGUF file size (it is mmap'd, and every page is read for each token)
     KV cache        n_ctx x n_layer x n_head_kv x (head_dim_k + head_dim_v) x 2 bytes (f16)

@@ -1,9 +1,10 @@
 """``frugal quantize IN.gguf OUT.gguf [--type Q4_K_M]``: requantize a GGUF with llama.cpp.
 
 Q4_K_M is the recommended format for a CPU box: about 4.8 bits a weight, close to Q8_0 in
-quality at 60% of its size, and faster wherever decoding is bound by memory bandwidth (seed 004
-saw an 8B Q8_0 swap on a 7.8 GB VPS). Quantize from F16/BF16/F32 when you can; requantizing an
-already quantized file works but loses a little more quality.
+quality at 60% of its size, and faster wherever decoding is bound by memory bandwidth (the
+production account this project started from saw an 8B Q8_0 swap on a 7.8 GB VPS). Quantize
+from F16/BF16/F32 when you can; requantizing an already quantized file works but loses a little
+more quality.
 
 Progress comes from llama.cpp's own log lines (one per tensor), counted while it works.
 """

@@ -1,14 +1,16 @@
 """What the engine can do and what it still has to do, for routing by predicted finish time.
 
 * :class:`Rates`: prefill and decode tok/s, measured at start-up (calibration) and then kept
-  current from real requests (EWMA), as seed 002 asks: measure first, then decide.
+  current from real requests (EWMA), as profiling-informed scheduling asks: measure first, then
+  decide.
 * :class:`WorkTracker`: the work queued and running, in tokens. The proxy has no tokenizer, so a
   prompt's length is estimated from its UTF-8 bytes and the bytes-per-token ratio learned from
   the engine's own answers; the answer's length is bounded by ``max_tokens`` and expected from
   the mean answer length seen so far.
 
-Seed 000 predicts a backend's finish time as remaining prefill / prefill rate + decode tokens /
-decode rate, counting the work already running and queued; :meth:`PendingWork.seconds` is that.
+Finish-time routing predicts a backend's finish time as remaining prefill / prefill rate + decode
+tokens / decode rate, counting the work already running and queued; :meth:`PendingWork.seconds`
+is that.
 """
 
 from __future__ import annotations

@@ -7,6 +7,13 @@ An answer that may make several tool calls is watched as it grows: a small model
 a call it has made instead of ending, so the answer ends at the first repeated call (stop cause
 ``repeated_call``), which :func:`proxy.engine.tools.to_message` then drops.
 
+An answer of calls that makes again a call already answered in the conversation
+(:func:`quality.turns.answered_calls`: same name, same arguments, a result that is not an error)
+loses that call; when that leaves no call and the request lets the model answer in text
+(``tool_choice`` ``"auto"``), the model is asked again for text (:func:`_text_instead`), so an
+agent loop that has its result gets an answer from it rather than the same call until its step
+limit. A call the client requires is left as it is, for the gate to judge.
+
 Every answer is scored by the quality gate here, in the worker, so that its CPU stays off the
 proxy's event loop. With several answers (``n`` > 1, or several prompts) the request's score is
 the worst one's: the client gets all of them, so all of them must be good enough.
@@ -23,6 +30,7 @@ from typing import Any
 from proxy.engine import grammar as grammar_mod
 from proxy.engine import legacy, tools
 from proxy.engine.generate import LocalModel, StopCheck, TokenCallback
+from quality.turns import answered_calls
 
 Scorer = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
 # Stop causes that end a job early: the remaining answers are not generated.
@@ -121,7 +129,17 @@ def chat(model: LocalModel, request: dict[str, Any], hooks: Hooks) -> dict[str, 
         choice = answer["choices"][0]
         if answer["frugal"]["stop_cause"] == "repeated_call":
             choice["finish_reason"] = "stop"  # the answer is whole: the repeat is dropped
-        message, is_call = tools.to_message(choice["message"].get("content") or "", plan)
+        cut = choice["finish_reason"] == "length"
+        message, is_call = tools.to_message(choice["message"].get("content") or "", plan, cut=cut)
+        answered = answered_calls(request.get("messages")) if is_call else frozenset()
+        kept = tools.without_calls(message, answered) if answered else message
+        aborted = answer["frugal"]["stop_cause"] in ABORTING
+        if kept is None and plan is not None and plan.optional and not aborted:
+            answer = _text_instead(model, one, request, should_stop, answer)
+            choice = answer["choices"][0]
+            message, is_call = choice["message"], False
+        elif kept is not None:
+            message = kept
         keep_reasoning(choice["message"], message)
         choice["message"] = message
         if is_call and plan is not None and choice["finish_reason"] == "stop":
@@ -138,6 +156,30 @@ def keep_reasoning(old: dict[str, Any], new: dict[str, Any]) -> None:
     again from the answer's text."""
     if old.get("reasoning_content") is not None:
         new["reasoning_content"] = old["reasoning_content"]
+
+
+def _text_instead(
+    model: LocalModel,
+    one: dict[str, Any],
+    request: dict[str, Any],
+    should_stop: StopCheck | None,
+    first: dict[str, Any],
+) -> dict[str, Any]:
+    """A text answer in place of ``first``, whose calls had all been answered already: the
+    conversation asked again with ``tool_choice: "none"`` and a grammar that lets no call in.
+    The tokens spent on ``first`` are counted in the usage."""
+    text = tools.text_request(
+        {**request, **{k: one[k] for k in ("temperature", "seed") if k in one}}
+    )
+    grammar = _grammar(model, grammar_mod.TEXT_GBNF)
+    answer = model.chat(text, on_token=None, should_stop=should_stop, grammar=grammar)
+    spent = int(first["usage"]["completion_tokens"])
+    usage = answer["usage"]
+    usage["completion_tokens"] += spent
+    usage["total_tokens"] += spent
+    answer["frugal"]["answered_call_dropped"] = True
+    answer["frugal"]["decode_s"] += first["frugal"]["decode_s"]
+    return answer
 
 
 def complete(model: LocalModel, request: dict[str, Any], hooks: Hooks) -> dict[str, Any]:

@@ -23,16 +23,28 @@ uses one of its own, the same for every model:
   ``tool_calls``, one entry with its own ``call_...`` id per call (or ``function_call`` for a
   ``functions`` request). Text that is not wholly a run of valid calls stays text, for the
   quality gate to judge.
+- **A call cut off.** When ``max_tokens`` ends the answer inside a call, the grammar's JSON is
+  never handed out as text: the answer is what OpenAI returns then, the calls made so far and
+  the last one with its arguments as far as they came (``finish_reason`` stays ``"length"``).
+  The grammar only lets a call name one of the tools, so a name cut short still says which one
+  when one tool's name starts so; when it fits several (or none came), that call is dropped, and
+  an answer left with no call has empty content.
+- **Calls already answered.** :func:`answered_calls` lists the calls of the current turn (since
+  the user's last message) whose results are in the conversation and are not errors; the engine
+  (:mod:`proxy.engine.tasks`) does not hand back such a call again, since an agent that gets the
+  same call for the same result loops until its step limit.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.engine.messages import text_of
+from quality.turns import call_key
 
 MAX_CALLS = 8
 """Most calls one local answer may make, which keeps the grammar and the answer bounded."""
@@ -165,9 +177,9 @@ def prompt_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _objects(text: str, most: int) -> tuple[list[Any], bool]:
+def _values(text: str, most: int) -> tuple[list[Any], int]:
     """The JSON values ``text`` starts with, one after another (at most ``most`` + 1), and
-    whether they are all of it (white space aside)."""
+    where the first text that is not one of them starts (``len(text)`` when none is left)."""
     decoder = json.JSONDecoder()
     found: list[Any] = []
     at = len(text) - len(text.lstrip())
@@ -175,10 +187,17 @@ def _objects(text: str, most: int) -> tuple[list[Any], bool]:
         try:
             data, end = decoder.raw_decode(text, at)
         except ValueError:
-            return found, False
+            return found, at
         found.append(data)
         rest = text[end:]
         at = end + len(rest) - len(rest.lstrip())
+    return found, at
+
+
+def _objects(text: str, most: int) -> tuple[list[Any], bool]:
+    """The JSON values ``text`` starts with (at most ``most`` + 1), and whether they are all of
+    it (white space aside)."""
+    found, at = _values(text, most)
     return found, at >= len(text)
 
 
@@ -186,19 +205,81 @@ def _key(data: Any) -> str:
     return json.dumps(data, sort_keys=True, ensure_ascii=False)
 
 
-def _calls(text: str, plan: CallPlan) -> list[tuple[str, Any]] | None:
-    """The (name, arguments) of each call that ``text`` is made of, repeats dropped, or None
-    when it is not wholly a run of at most ``plan.most`` calls to the plan's functions."""
+def _whole(found: list[Any], plan: CallPlan) -> list[tuple[str, Any]] | None:
+    """The (name, arguments) of each of the complete calls ``found``, repeats dropped, or None
+    when one of them is not a call to one of the plan's functions."""
     names = {name for name, _ in plan.functions}
-    found, whole = _objects(text, plan.most)
-    if not whole or not found or len(found) > plan.most:
-        return None
     calls: dict[str, tuple[str, Any]] = {}
     for data in found:
         if not (isinstance(data, dict) and data.get("name") in names and "arguments" in data):
             return None
         calls.setdefault(_key(data), (str(data["name"]), data["arguments"]))
     return list(calls.values())
+
+
+def _calls(text: str, plan: CallPlan) -> list[tuple[str, Any]] | None:
+    """The (name, arguments) of each call that ``text`` is made of, repeats dropped, or None
+    when it is not wholly a run of at most ``plan.most`` calls to the plan's functions."""
+    found, whole = _objects(text, plan.most)
+    if not whole or not found or len(found) > plan.most:
+        return None
+    return _whole(found, plan)
+
+
+@dataclass(frozen=True)
+class _CutArguments:
+    """The arguments of a call cut off by ``max_tokens``: the text that came, handed out as is."""
+
+    text: str
+
+
+_NAME_SO_FAR = re.compile(r'\{\s*"name"\s*:\s*"([A-Za-z0-9_-]*)(")?')
+_ARGUMENTS_KEY = re.compile(r'\s*,\s*"arguments"\s*:\s*')
+
+
+def _cut_call(text: str, plan: CallPlan) -> tuple[str, _CutArguments] | None:
+    """(name, arguments as far as they came) of the call that a cut-off ``text`` (one call's
+    beginning, as the grammar writes it) starts, or None when its name could be more than one
+    of the plan's functions."""
+    so_far = _NAME_SO_FAR.match(text)
+    if so_far is None:  # cut before the name: '{', '{"na'...
+        if not '{"name":"'.startswith(re.sub(r"\s", "", text)):
+            return None
+        name, closed, rest = "", False, ""
+    else:
+        name, closed, rest = so_far[1], so_far[2] is not None, text[so_far.end() :]
+    names = [n for n, _ in plan.functions if (n == name if closed else n.startswith(name))]
+    if len(names) != 1:
+        return None
+    key = _ARGUMENTS_KEY.match(rest)
+    if key is None:  # cut before the arguments (or in their key)
+        if not ',"arguments":'.startswith(re.sub(r"\s", "", rest)):
+            return None
+        return names[0], _CutArguments("")
+    arguments = rest[key.end() :]
+    try:  # complete arguments (only the call's closing brace was cut) are written as usual
+        data, end = json.JSONDecoder().raw_decode(arguments)
+    except ValueError:
+        return names[0], _CutArguments(arguments)
+    if arguments[end:].strip():
+        return None
+    return names[0], _CutArguments(json.dumps(data, ensure_ascii=False))
+
+
+def _cut_calls(text: str, plan: CallPlan) -> list[tuple[str, Any]] | None:
+    """The calls of an answer cut off by ``max_tokens``: the complete ones, then the cut one
+    (its arguments a string, as far as they came) when its function is known; None when
+    ``text`` is not the beginning of a run of calls."""
+    found, at = _values(text, plan.most)
+    whole = _whole(found[: plan.most], plan)
+    if whole is None:
+        return None
+    if len(found) >= plan.most or at >= len(text):
+        return whole
+    cut = _cut_call(text[at:], plan)
+    if cut is None:
+        return whole
+    return [*whole, cut]
 
 
 def repeats(text: str) -> bool:
@@ -211,24 +292,100 @@ def repeats(text: str) -> bool:
     return len(keys) > 1 and keys[-1] in keys[:-1]
 
 
-def to_message(text: str, plan: CallPlan | None) -> tuple[dict[str, Any], bool]:
-    """The assistant message for generated ``text``; True when it is a call (or several)."""
-    calls = _calls(text, plan) if plan is not None and text.lstrip().startswith("{") else None
+def _arguments_text(arguments: Any) -> str:
+    if isinstance(arguments, _CutArguments):
+        return arguments.text
+    return json.dumps(arguments, ensure_ascii=False)
+
+
+def to_message(
+    text: str, plan: CallPlan | None, *, cut: bool = False
+) -> tuple[dict[str, Any], bool]:
+    """The assistant message for generated ``text``; True when it is a call (or several).
+
+    ``cut``: ``max_tokens`` ended the answer, so a call may be cut off (see the module
+    docstring); the last call's arguments are then a string, as far as they came.
+    """
+    is_calls = plan is not None and text.lstrip().startswith("{")
+    calls = _calls(text, plan) if plan is not None and is_calls else None
+    if plan is not None and is_calls and calls is None and cut:
+        calls = _cut_calls(text.lstrip(), plan)
+        if not calls:  # grammar text that names no call is no answer
+            return {"role": "assistant", "content": "", "refusal": None}, False
     if plan is None or calls is None:
         return {"role": "assistant", "content": text, "refusal": None}, False
     if plan.legacy:
         name, arguments = calls[0]
-        call = {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}
+        call = {"name": name, "arguments": _arguments_text(arguments)}
         return {"role": "assistant", "content": None, "function_call": call, "refusal": None}, True
     tool_calls = [
         {
             "id": "call_" + uuid.uuid4().hex[:24],
             "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+            "function": {"name": name, "arguments": _arguments_text(arguments)},
         }
         for name, arguments in calls
     ]
     return {"role": "assistant", "content": None, "tool_calls": tool_calls, "refusal": None}, True
+
+
+def without_calls(message: dict[str, Any], keys: frozenset[str]) -> dict[str, Any] | None:
+    """``message`` (a call, or several) without the calls whose :func:`quality.turns.call_key`
+    is in ``keys``; None when no call is left."""
+    legacy = message.get("function_call")
+    if isinstance(legacy, dict):
+        key = call_key(str(legacy.get("name") or ""), legacy.get("arguments"))
+        return None if key in keys else message
+    kept = [
+        call
+        for call in message.get("tool_calls") or ()
+        if call_key(call["function"]["name"], call["function"]["arguments"]) not in keys
+    ]
+    return {**message, "tool_calls": kept} if kept else None
+
+
+ANSWER_FROM_RESULTS = "Answer the user's question in plain sentences, using the tool results given."
+
+
+def text_request(request: dict[str, Any]) -> dict[str, Any]:
+    """``request`` asking for text where it allowed calls (``tool_choice: "none"``), for a
+    model that made again a call whose result it has. The current turn (since the user's last
+    message) is written as the results alone, each naming its call, in one user turn, with an
+    instruction to answer from them: written back as JSON, as :func:`prompt_messages` writes
+    them, the earlier calls lead a small model to write one more in place of an answer."""
+    plan = call_plan(request)
+    legacy = plan is not None and plan.legacy
+    plain = {**request, ("function_call" if legacy else "tool_choice"): "none"}
+    messages = [m for m in request.get("messages") or () if isinstance(m, dict)]
+    start = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1) + 1
+    out = prompt_messages({**plain, "messages": messages[:start]})
+    made: dict[str, str] = {}
+    results: list[str] = []
+    for message in messages[start:]:
+        if message.get("role") == "assistant":
+            for call in message.get("tool_calls") or ():
+                fn = call.get("function") or {}
+                made[str(call.get("id"))] = _call_text(str(fn.get("name", "")), fn.get("arguments"))
+            old = message.get("function_call")
+            if isinstance(old, dict):
+                made[str(old.get("name"))] = _call_text(
+                    str(old.get("name", "")), old.get("arguments")
+                )
+        elif message.get("role") in ("tool", "function"):
+            key = (
+                message.get("tool_call_id")
+                if message.get("role") == "tool"
+                else message.get("name")
+            )
+            label = made.get(str(key), str(message.get("name") or "a tool"))
+            results.append(f"Result of {label}:\n{text_of(message.get('content'))}")
+    if results:
+        out.append({"role": "user", "content": "\n\n".join(results)})
+    if out and out[0]["role"] == "system":
+        out[0]["content"] = (out[0]["content"] + "\n\n" + ANSWER_FROM_RESULTS).strip()
+    else:
+        out.insert(0, {"role": "system", "content": ANSWER_FROM_RESULTS})
+    return {**plain, "messages": out}
 
 
 def finish_reason(plan: CallPlan, request: dict[str, Any]) -> str:

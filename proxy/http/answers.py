@@ -18,13 +18,16 @@ def public_answer(
     completion: dict[str, Any], body: dict[str, Any], *, text: bool = False
 ) -> dict[str, Any]:
     """The engine's completion as OpenAI sends it: private fields removed, usage in OpenAI's
-    keys, logprobs only as ``body`` asked for them.
+    keys, logprobs only as ``body`` asked for them, and ``model`` the one ``body`` asked for
+    (the local model's own name is the ``x-frugal-local-model`` header and the ledger's).
 
     ``text``: a legacy text completion, where ``logprobs`` is a count (0: the chosen tokens'
     logprobs without the top ones); else a chat completion, where ``logprobs`` is a flag and
     ``top_logprobs`` the count (0 or absent: every entry's ``top_logprobs`` empty).
     """
     out = {k: v for k, v in completion.items() if k != "frugal"}
+    if isinstance(body.get("model"), str):  # the asked model, as llama-server's aliases answer
+        out["model"] = body["model"]
     out["usage"] = public_usage(completion.get("usage") or {})
     out["choices"] = [_public_choice(choice, body, text) for choice in completion["choices"]]
     return out

@@ -154,12 +154,23 @@ async def _openapi(request: Request) -> Response:
 
 
 async def _models(request: Request) -> Response:
-    """``GET /v1/models``: the local alias, then the upstream's models."""
+    """``GET /v1/models``: ``local``, then each model the config names (the fallback's
+    mappings, the per-model thresholds, ``[pricing]``), then the upstream's own list when it
+    can be read (:mod:`proxy.upstream.model_list`: cached, bounded), each name once."""
     services = services_of(request)
+    settings = services.settings
     created = int(services.started_at)
+    named = [
+        *services.upstream.model_ids(),
+        *settings.quality.models,
+        *settings.pricing,
+    ]
     data = [{"id": LOCAL_ALIAS, "object": "model", "created": created, "owned_by": "frugal"}]
-    for name in services.upstream.model_ids():
-        data.append({"id": name, "object": "model", "created": created, "owned_by": "api"})
+    seen = {LOCAL_ALIAS}
+    for name in [*named, *await services.upstream.listed_models()]:
+        if name not in seen:
+            seen.add(name)
+            data.append({"id": name, "object": "model", "created": created, "owned_by": "api"})
     return JSONResponse({"object": "list", "data": data})
 
 

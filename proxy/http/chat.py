@@ -28,6 +28,7 @@ from proxy.http.exchange import Exchange
 from proxy.http.handler import Handler, aiter_of
 from proxy.http.render import sse_event
 from proxy.http.validate import chat_request
+from proxy.params import LOCAL_ALIAS
 from proxy.routing.reasons import Reason
 from proxy.routing.router import LocalAttempt, Plan
 from proxy.routing.servable import live_streamable
@@ -248,7 +249,7 @@ async def _live_chunks(
     include_usage: bool,
 ) -> AsyncGenerator[bytes, None]:
     """The live tokens as chunks, then the finish (or the local failure) and ``[DONE]``."""
-    writer = sse.ChunkWriter("chatcmpl-live-" + ex.request_id[:16], "local")
+    writer = sse.ChunkWriter("chatcmpl-live-" + ex.request_id[:16], ex.model or LOCAL_ALIAS)
     yield writer.role()
     try:
         async for token in live_tokens(task, queue):

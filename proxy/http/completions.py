@@ -82,7 +82,9 @@ class CompletionsHandler(Handler):
         # prompt and the text in chat form.
         ex.body, ex.local_completion = legacy.chat_view(body, kept)
         if ex.stream:  # one chunk per token, as OpenAI streams: keep them for that
-            return self._replay(public_answer(kept, {"logprobs": 5}, text=True), ex, body)
+            return self._replay(
+                public_answer(kept, {"logprobs": 5, "model": body["model"]}, text=True), ex, body
+            )
         return JSONResponse(public_answer(kept, body, text=True), headers=ex.headers())
 
     def _replay(self, answer: dict[str, Any], ex: Exchange, body: dict[str, Any]) -> Response:

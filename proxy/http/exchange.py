@@ -62,6 +62,9 @@ class Exchange:
     predicted_local_ms: float | None = None  # the router's prediction (proxy.routing)
     actual_local_ms: float | None = None
     backend: str | None = None
+    # The model the local attempt ran (the GGUF's name, or a remote backend's model): named in
+    # the x-frugal-local-model header and the ledger, since the answer's ``model`` is the asked one.
+    local_model: str | None = None
     predicted_completion_tokens: int | None = None
     upstream_attempts: int | None = None  # HTTP attempts made upstream, retries included
     # Where the API call's tokens come from when not the provider's usage (proxy.http.charges):
@@ -94,7 +97,7 @@ class Exchange:
             "x-frugal-route": self.route,
             "x-frugal-reason": self.reason,
             "x-frugal-quality": "none" if self.quality is None else f"{self.quality:.3f}",
-        }
+        } | ({} if self.local_model is None else {"x-frugal-local-model": self.local_model})
 
     def take_plan(self, plan: Plan) -> None:
         if plan.choice is not None:
@@ -112,6 +115,9 @@ class Exchange:
             self.take_prediction(attempt.prediction)
         if attempt.choice is not None:
             self.backend = attempt.choice.backend.name  # where it ran, if it was moved
+        ran = (attempt.completion or {}).get("model")
+        if isinstance(ran, str) and ran:
+            self.local_model = ran
         if attempt.actual_s is not None:
             self.actual_local_ms = round(attempt.actual_s * 1000, 2)
         self.local_completion = attempt.completion

@@ -241,6 +241,12 @@ ROUTING_HEADERS: Schema = {
         "description": "The local answer's score in [0, 1], or `none`.",
         "schema": {"type": "string"},
     },
+    "x-frugal-local-model": {
+        "description": "The local model that answered (its file, or a backend's model), also "
+        "when the gate rejected its answer; absent when it did not answer. The answer's own "
+        "`model` is the one asked for.",
+        "schema": {"type": "string"},
+    },
 }
 
 REQUEST_HEADERS: list[Schema] = [
@@ -444,7 +450,9 @@ def openapi_spec() -> dict[str, Any]:
                     "summary": "The models that can be asked for",
                     "responses": {
                         "200": {
-                            "description": "`local`, then the configured mapping's names.",
+                            "description": "`local`, the models the config names "
+                            "(`[fallback] models`, `[quality] models`, `[pricing]`), then "
+                            "the upstream's own list (cached, bounded), each once.",
                             "content": {"application/json": {"schema": _ref("Models")}},
                         },
                         **_errors(401),

@@ -55,6 +55,7 @@ _KEPT = (
     "predicted_local_ms",
     "actual_local_ms",
     "backend",
+    "local_model",
     "predicted_completion_tokens",
     "upstream_attempts",
     "token_source",

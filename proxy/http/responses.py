@@ -59,6 +59,7 @@ from proxy.http.chat import ChatHandler
 from proxy.http.exchange import Exchange
 from proxy.http.handler import aiter_of
 from proxy.http.responses_live import live_events
+from proxy.http.responses_shapes import asks
 from proxy.http.responses_state import (
     ResponsesState,
     check_references,
@@ -147,6 +148,12 @@ class ResponsesHandler(ChatHandler):
                 responses_request(stand)
                 check_as_chat(stand)
                 return body
+            # an API-only parameter that asks for nothing (Codex's ``reasoning: {}``) is no
+            # reason to refuse, nor to skip the local model; the API is still sent it
+            checked = {k: v for k, v in body.items() if k not in API_ONLY or asks(v)}
+            responses_request(checked)
+            check_as_chat(stand_in(checked, API_ONLY)[0])
+            return body
         responses_request(body)
         check_as_chat(stand_in(body, API_ONLY)[0])
         return body

@@ -46,6 +46,17 @@ LATER_ITEMS = frozenset(
         "mcp_approval_response",
         "custom_tool_call",
         "custom_tool_call_output",
+        "shell_call",
+        "shell_call_output",
+        "apply_patch_call",
+        "apply_patch_call_output",
+        "tool_search_call",
+        "tool_search_output",
+        "additional_tools",
+        "configuration_update",
+        "compaction_trigger",
+        "program",
+        "program_output",
     }
 )
 LATER_TOOLS = frozenset(
@@ -61,10 +72,31 @@ LATER_TOOLS = frozenset(
         "mcp",
         "local_shell",
         "custom",
+        # the types a coding agent (Codex CLI) sends: its tools run on the client, but the
+        # local model cannot call them
+        "computer",
+        "shell",
+        "apply_patch",
+        "namespace",
+        "tool_search",
+        "programmatic_tool_calling",
     }
 )
+"""Every built-in (not ``function``) tool type of the openai SDK's ``ToolParam``: sent to the
+upstream's own ``/v1/responses`` with reason ``unsupported``."""
+TOOLS = frozenset({"function"}) | LATER_TOOLS
 FORMATS = ("text", "json_object", "json_schema")
 VERBOSITIES = ("low", "medium", "high")
+
+
+def asks(value: Any) -> bool:
+    """Whether a parameter's value asks for anything: not null, and not an object whose every
+    member is null (``reasoning: {}``, which Codex CLI sends when it wants no reasoning
+    summary, asks for nothing the local model lacks). With ``[fallback] responses =
+    "translate"`` any ``reasoning`` stays a 400, as before."""
+    if isinstance(value, dict):
+        return any(member is not None for member in value.values())
+    return value is not None
 
 
 def not_yet(what: str, where: str) -> BadRequest:
@@ -137,16 +169,30 @@ SHAPES: dict[str, Schema] = {
     },
     "responses_tools": {
         "type": "array",
-        "items": schema_obj(
-            ["type", "name"],
-            {
-                "type": {"const": "function"},
-                "name": {"type": "string", "pattern": f"^{NAME_PATTERN}$"},
-                "description": _OPTIONAL_STRING,
-                "parameters": {"type": ["object", "null"], "description": "A JSON Schema."},
-                "strict": {"type": ["boolean", "null"]},
-            },
-        ),
+        "items": {
+            "anyOf": [
+                schema_obj(
+                    ["type", "name"],
+                    {
+                        "type": {"const": "function"},
+                        "name": {"type": "string", "pattern": f"^{NAME_PATTERN}$"},
+                        "description": _OPTIONAL_STRING,
+                        "parameters": {
+                            "type": ["object", "null"],
+                            "description": "A JSON Schema.",
+                        },
+                        "strict": {"type": ["boolean", "null"]},
+                    },
+                ),
+                {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {"type": {"enum": sorted(LATER_TOOLS)}},
+                    "description": "A built-in tool: the request goes to the API's own "
+                    "/v1/responses (a 400 with [fallback] responses = translate).",
+                },
+            ]
+        },
     },
     "responses_tool_choice": {
         "anyOf": [
@@ -241,7 +287,7 @@ def _input(value: Any, _body: dict[str, Any]) -> None:
         item_type = item.get("type", "message")
         if isinstance(item_type, str) and item_type in LATER_ITEMS:
             raise not_yet(f"a '{item_type}' item", f"{at}.type")
-        one_of(item_type, ITEMS, f"{at}.type")
+        one_of(item_type, ITEMS | LATER_ITEMS, f"{at}.type")
         if item_type == "message":
             _message(item, at)
         elif item_type == "function_call":
@@ -257,7 +303,7 @@ def _tools(value: Any, _body: dict[str, Any]) -> None:
         tool_type = tool.get("type")
         if isinstance(tool_type, str) and tool_type in LATER_TOOLS:
             raise not_yet(f"the built-in tool '{tool_type}'", f"{at}.type")
-        one_of(tool_type, frozenset({"function"}), f"{at}.type")
+        one_of(tool_type, TOOLS, f"{at}.type")  # an unknown type: the 400 lists them all
         name = tool.get("name")
         if not isinstance(name, str) or not NAME.fullmatch(name):
             raise BadRequest(

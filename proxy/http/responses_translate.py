@@ -44,7 +44,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.errors import BadRequest
-from proxy.http.responses_shapes import LATER_ITEMS, LATER_PARTS, LATER_TOOLS, TEXT_PARTS
+from proxy.http.responses_shapes import (
+    LATER_ITEMS,
+    LATER_PARTS,
+    LATER_TOOLS,
+    TEXT_PARTS,
+    asks,
+)
 from proxy.http.shape_checks import CHECKS as _SHAPE_CHECKS
 from proxy.http.validate import chat_request
 from proxy.upstream.responses_api import usage_figures
@@ -230,7 +236,7 @@ def stand_in(body: dict[str, Any], api_only: tuple[str, ...]) -> tuple[dict[str,
     """``body`` without what only OpenAI's own ``/v1/responses`` can do (the parameters
     ``api_only``, built-in tools and a tool_choice naming one, image, file and audio parts,
     built-in tool and reasoning items), and what was taken out, said for an error or a log."""
-    taken = [f"'{name}'" for name in api_only if body.get(name) is not None]
+    taken = [f"'{name}'" for name in api_only if asks(body.get(name))]
     out = {k: v for k, v in body.items() if k not in api_only}
     tools = body.get("tools")
     if isinstance(tools, list):
@@ -355,13 +361,14 @@ def _output(message: dict[str, Any], status: str) -> list[dict[str, Any]]:
                 "content": [part],
             }
         )
-    for call in calls:
+    for i, call in enumerate(calls):
         function = call.get("function") or {}
         items.append(
             {
                 "id": _id("fc"),
                 "type": "function_call",
-                "status": "completed",
+                # max_output_tokens cuts the last call only: its arguments are as far as they came
+                "status": status if i == len(calls) - 1 else "completed",
                 "call_id": call.get("id") or _id("call"),
                 "name": function.get("name") or "",
                 "arguments": function.get("arguments") or "",

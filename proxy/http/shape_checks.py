@@ -168,10 +168,10 @@ def _modalities(value: Any, _body: dict[str, Any]) -> None:
         raise BadRequest("'modalities' must be a list of 'text' and 'audio'", param="modalities")
 
 
-def _string_map(name: str) -> Check:
+def _string_map(name: str, value_chars: int = s.METADATA_VALUE_CHARS) -> Check:
     """The check of a map of tags (``metadata``, ``client_metadata``): at most
     ``METADATA_KEYS`` keys of ``METADATA_KEY_CHARS`` characters, each to a string of
-    ``METADATA_VALUE_CHARS``."""
+    ``value_chars``."""
 
     def check(value: Any, _body: dict[str, Any]) -> None:
         tags = obj(value, name)
@@ -181,11 +181,11 @@ def _string_map(name: str) -> Check:
             if (
                 len(key) > s.METADATA_KEY_CHARS
                 or not isinstance(text, str)
-                or len(text) > s.METADATA_VALUE_CHARS
+                or len(text) > value_chars
             ):
                 raise BadRequest(
                     f"'{name}' maps keys of at most {s.METADATA_KEY_CHARS} characters to strings "
-                    f"of at most {s.METADATA_VALUE_CHARS}",
+                    f"of at most {value_chars}",
                     param=name,
                 )
 
@@ -320,7 +320,7 @@ CHECKS: dict[str, Check] = {
     "logit_bias": _logit_bias,
     "modalities": _modalities,
     "metadata": _string_map("metadata"),
-    "client_metadata": _string_map("client_metadata"),
+    "client_metadata": _string_map("client_metadata", s.CLIENT_METADATA_VALUE_CHARS),
     "prompt": _prompt,
     "input": _input,
 }

@@ -39,15 +39,22 @@ TOOL_CHOICES = ("none", "auto", "required")
 FUNCTION_CALLS = ("none", "auto")
 MODALITIES = ("text", "audio")
 METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
+# Codex CLI's client_metadata carries its turn's metadata as one JSON string of about 750
+# characters: OpenAI's API takes it, so its values get more room than metadata's 512.
+CLIENT_METADATA_VALUE_CHARS = 4096
 MESSAGE_NAME_CHARS = 64  # a message's participant name: a short identifier, as a function's
 
 
-STRING_MAP: Schema = {
-    "type": "object",
-    "maxProperties": METADATA_KEYS,
-    "propertyNames": {"maxLength": METADATA_KEY_CHARS},
-    "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_CHARS},
-}
+def _string_map(value_chars: int) -> Schema:
+    return {
+        "type": "object",
+        "maxProperties": METADATA_KEYS,
+        "propertyNames": {"maxLength": METADATA_KEY_CHARS},
+        "additionalProperties": {"type": "string", "maxLength": value_chars},
+    }
+
+
+STRING_MAP = _string_map(METADATA_VALUE_CHARS)
 
 
 def _whole(pattern: str) -> str:
@@ -218,7 +225,7 @@ SHAPES: dict[str, Schema] = {
     "function_call": {"anyOf": [{"type": "string", "enum": list(FUNCTION_CALLS)}, NAMED]},
     "modalities": {"type": "array", "items": {"enum": list(MODALITIES)}},
     "metadata": STRING_MAP,
-    "client_metadata": STRING_MAP,
+    "client_metadata": _string_map(CLIENT_METADATA_VALUE_CHARS),
     "prompt": {
         "anyOf": [
             {"type": "string"},

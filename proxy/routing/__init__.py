@@ -8,13 +8,14 @@
     prerouter     from the request alone, will the local answer be rejected
                   (``predicted_reject``), learned from the audits' verdicts
     estimator     the predicted finish of a request on a backend, and what it is learned from;
-                  the ``predicted_slow`` decision (``Predictor``), as in seed 000
+                  the ``predicted_slow`` decision (``Predictor``), finish-time routing
     prefix_memory the share of a prompt a backend has probably cached (``PrefixMemory``)
     base          what a local backend is to the router (``Backend``, ``Choice``)
     pool          the bundled engine as a backend, and the choice between backends
     remote        other llama.cpp / OpenAI-compatible servers used as local backends: their
-                  life cycle, health probes, and one call with its deadline
-    remote_wire   what a remote server is sent, and how its answer is read
+                  life cycle, prediction, and one call with its deadline
+    remote_probe  a remote server's health probes: when it is up, marked down, and up again
+    remote_wire   what a remote server is sent, and how its answer is read (one bounded POST)
     remote_stream a live stream from a remote server: relayed token by token, put together
     remote_kinds  what each kind of server (llama-server, llama-cpp-python, vLLM, ...) is sent
                   and refuses

@@ -1,6 +1,7 @@
 """Predicted finish time of a local answer, and what the predictions are learned from.
 
-Seed 000's estimate for a backend, counting the work already running and queued on it::
+Finish-time routing: each request goes to the backend where it is predicted to finish first,
+and the estimate for a backend counts the work already running and queued on it::
 
     finish = (prefill tokens ahead + own uncached prompt tokens) / prefill rate
            + (decode tokens ahead + own expected answer tokens)  / decode rate
@@ -100,7 +101,7 @@ def predict(
     slots: int = 1,
     overhead_s: float = 0.0,
 ) -> Prediction:
-    """Seed 000's finish time on one backend. With ``slots`` requests served at once, a new one
+    """The predicted finish time on one backend. With ``slots`` requests served at once, a new one
     waits only when every slot is taken, and then for the work ahead shared among the slots."""
     own = rates.seconds(prompt_tokens, completion_tokens)
     ahead = pending.seconds(rates)

@@ -1,4 +1,4 @@
-"""Every local backend, and the choice between them by predicted finish time (seed 000).
+"""Every local backend, and the choice between them by predicted finish time (finish-time routing).
 
     EngineBackend    the bundled engine (``proxy.engine.local_engine.LocalEngine``: one job at a
     time,

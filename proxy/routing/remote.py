@@ -24,31 +24,24 @@ like any other (another backend, or the API); after it, the failure is
 ends with an error event. A stream that ends without a finish reason was cut (llama-cpp-python
 ends a stream with ``[DONE]`` when another request arrives) and is a failure too.
 
-Faults: a backend is used only after a health probe (``GET {api_base}/models``) has answered.
-A call that fails to connect marks it down at once; a call that runs past twice its predicted
-time (and at least 2 s more) or past its deadline triggers a probe, and a failed probe marks it
-down. Marking a backend down fails its queued and running calls with
-:class:`~proxy.routing.base.BackendDown`, which the pool turns into a move to another backend
-that can still make the request's deadline, or into a local failure the router sends to the
-API. A down backend is probed again with backoff (0.5 s doubling to 30 s) and used again once a
-probe answers. No wait ever outlives the request's deadline. A server that answers wrongly (an
-answer that is not JSON, a model list without the configured model, another model's answer:
-:mod:`proxy.routing.remote_health`) is marked down too, with the reason in ``/healthz``.
+Faults: a backend is used only after a health probe has answered; one that stops answering, or
+answers wrongly, is marked down (its queued and running calls fail with
+:class:`~proxy.routing.base.BackendDown`, and move on) and probed again until it answers
+(:mod:`proxy.routing.remote_probe`).
 
 Size: an answer is read chunk by chunk, never past ``max_answer_bytes`` (a JSON body, a
 stream's bytes with a line that never ends, a probe's model list): past it the connection is
 dropped and the call fails (:class:`~proxy.routing.remote_stream.AnswerTooLarge`, an
 :class:`~proxy.errors.EngineCrashed`: the request goes to the API). A body over
-:data:`PARSE_IN_THREAD_BYTES` is parsed in a thread, inside the call's deadline; the answer is
-scored in a thread, and a score not done by the request's deadline is an
-:class:`~proxy.errors.EngineTimeout` (the thread finishes on its own, on an answer that the
-bound keeps small).
+:data:`~proxy.routing.remote_wire.PARSE_IN_THREAD_BYTES` is parsed in a thread, inside the
+call's deadline (:func:`~proxy.routing.remote_wire.post`); the answer is scored in a thread,
+and a score not done by the request's deadline is an :class:`~proxy.errors.EngineTimeout` (the
+thread finishes on its own, on an answer that the bound keeps small).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
@@ -56,7 +49,6 @@ from functools import partial
 from typing import Any
 
 import httpx
-import structlog
 
 from proxy.config import BackendSettings
 from proxy.config.secrets import NO_SECRETS, Secrets
@@ -67,58 +59,28 @@ from proxy.errors import EngineBusy, EngineCrashed, EngineTimeout
 from proxy.routing.base import Backend, BackendDown, left, rounded
 from proxy.routing.estimator import Prediction, answer_cap, answers_per_request, predict
 from proxy.routing.prefix_memory import PrefixMemory
-from proxy.routing.remote_health import answer_problem, listing_problem
+from proxy.routing.remote_health import answer_problem
 from proxy.routing.remote_kinds import KINDS
 from proxy.routing.remote_load import SOURCES, Load, LoadWatch, read_load, with_foreign
+from proxy.routing.remote_probe import WRONG_ANSWER_PAUSE_S, Probing
 from proxy.routing.remote_rates import RemoteRates
-from proxy.routing.remote_stream import (
-    AnswerTooLarge,
-    Relay,
-    StreamCut,
-    bounded_lines,
-    read_bounded,
-)
+from proxy.routing.remote_stream import AnswerTooLarge, Relay, StreamCut
 from proxy.routing.remote_wire import (
+    Reply,
     Wire,
     completion_body,
-    error_of,
     merge_answers,
+    post,
     request_body,
     split_n,
     stop_cause,
 )
 from proxy.routing.slots import Slots
 
-log = structlog.get_logger(__name__)
-
-PROBE_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 STOP_GRACE_S = 1.0  # how long a cancelled call or watch may take to end
 # An idle connection is not reused after this: llama-server and uvicorn close theirs after 5 s
 # (the race is told at proxy.upstream.direct_route.KEEPALIVE_S)
 _KEEPALIVE_S = 4.0
-WRONG_ANSWER_PAUSE_S = 2.0  # a backend that answered wrongly is probed again after this
-PARSE_IN_THREAD_BYTES = 256 * 1024  # a JSON answer (or stream line) this big is parsed in a thread
-ERROR_BODY_BYTES = 64 * 1024  # the most read of a refusal's body (for its message)
-_NOT_PARSED = object()
-
-
-@dataclass(frozen=True)
-class _Reply:
-    """A server's answer to one POST: its ``status``, its ``body`` (a refusal's, cut to
-    :data:`ERROR_BODY_BYTES`), and the JSON a 200 parsed to (or ``_NOT_PARSED``)."""
-
-    status: int
-    body: bytes = b""
-    parsed: Any = _NOT_PARSED
-
-    def json(self) -> Any:
-        if self.parsed is _NOT_PARSED:
-            raise ValueError("the answer is not JSON")
-        return self.parsed
-
-    def error(self) -> str:
-        """A refusal's status and message, for the log (remote_wire.error_of)."""
-        return error_of(httpx.Response(self.status, content=self.body))
 
 
 @dataclass(frozen=True)
@@ -143,7 +105,7 @@ class RemoteStats:
     streamed_pieces: int = 0  # their text pieces (about one token each) handed on
 
 
-class RemoteBackend(Backend):
+class RemoteBackend(Probing, Backend):
     """Another OpenAI-compatible llama.cpp server; see the module docstring."""
 
     kind = "remote"
@@ -183,7 +145,7 @@ class RemoteBackend(Backend):
             prefill_tok_s=settings.prefill_tok_s, decode_tok_s=settings.decode_tok_s, prior=prior
         )
         self._slots = Slots(settings.max_concurrency)
-        self._calls: set[asyncio.Task[_Reply]] = set()  # POSTs in flight
+        self._calls: set[asyncio.Task[Reply]] = set()  # POSTs in flight
         self._client: httpx.AsyncClient | None = None
         self._prober: asyncio.Task[None] | None = None
         self._checks: set[asyncio.Task[None]] = set()
@@ -231,128 +193,6 @@ class RemoteBackend(Backend):
             return False
         return self.server.refuses(request, kind) is None
 
-    def _probe_url(self) -> str:
-        """``GET {api_base}/models``, or a path from the server's root for a kind whose
-        ``/models`` waits behind its model lock (llama-cpp-python: ``/docs``)."""
-        path = self.server.probe_path
-        if not path.startswith("/"):
-            return path
-        root = self.settings.api_base.rstrip("/")
-        root = root.removesuffix("/v1")
-        return root + path
-
-    async def probe(self) -> bool:
-        """One health probe: does the kind's probe (``GET {api_base}/models``) answer in time?"""
-        if self._client is None:
-            return False
-        try:
-            # asyncio.timeout, not wait_for: on Python 3.11, wait_for can lose a cancellation
-            # that arrives just as the probe's answer does, and the caller then never stops.
-            async with asyncio.timeout(self.settings.probe_timeout_s):
-                response = await self._get(self._probe_url())
-        except (httpx.HTTPError, TimeoutError, AnswerTooLarge) as exc:
-            self.error = f"health probe: {type(exc).__name__}"
-            return False
-        if response.status_code >= 500:
-            self.error = f"health probe: HTTP {response.status_code}"
-            return False
-        problem = await self._listing_problem(response)
-        if problem is not None:
-            self.error = f"health probe: {problem}"
-            return False
-        self._hint_kind(response)
-        return True
-
-    async def _listing_problem(self, probe: httpx.Response) -> str | None:
-        """What is wrong with the server's model list (remote_health.py): the probe's answer
-        when the probe reads the list, else, for a kind that serves only the models it lists,
-        the list read now."""
-        if self.server.probe_path == "models":
-            if probe.status_code != 200:
-                return None
-            return listing_problem(self.server, probe, self.settings.model)
-        if not self.server.names_model or self._client is None:
-            return None
-        try:
-            async with asyncio.timeout(self.settings.probe_timeout_s):
-                response = await self._get("models")
-        except (httpx.HTTPError, TimeoutError, AnswerTooLarge) as exc:
-            return f"its model list: {type(exc).__name__}"
-        if response.status_code != 200:
-            return f"its model list: HTTP {response.status_code}"
-        return listing_problem(self.server, response, self.settings.model)
-
-    async def _get(self, url: str) -> httpx.Response:
-        """``GET url``, its body read up to ``max_answer_bytes`` (else AnswerTooLarge)."""
-        assert self._client is not None
-        async with self._client.stream("GET", url) as response:
-            raw = await read_bounded(response.aiter_bytes(), self.settings.max_answer_bytes)
-        return httpx.Response(response.status_code, content=raw)
-
-    def _hint_kind(self, response: httpx.Response) -> None:
-        """Once: say so when a backend left as ``openai-compatible`` is llama-cpp-python's server,
-        whose model list says ``owned_by: "me"``; its /models probe would cut its streams."""
-        if self._hinted or self.settings.kind != "openai-compatible":
-            return
-        self._hinted = True
-        try:
-            owners = {m.get("owned_by") for m in response.json().get("data") or ()}
-        except (ValueError, AttributeError, TypeError):
-            return
-        if "me" in owners:
-            log.warning(
-                "backend_kind_hint",
-                backend=self.name,
-                hint='this looks like python -m llama_cpp.server: set kind = "llama-cpp-python"',
-            )
-
-    def _probe_until_up(self, pause_s: float = 0.0) -> None:
-        if self._prober is None or self._prober.done():
-            self._prober = asyncio.create_task(self._probe_loop(pause_s), name=f"probe-{self.name}")
-
-    async def _probe_loop(self, pause_s: float = 0.0) -> None:
-        if pause_s > 0:
-            await asyncio.sleep(pause_s)
-        attempt = 0
-        while self.state != "closed":
-            if await self.probe() and self.state != "closed":
-                if self.state in ("down", "probing"):
-                    log.info("backend_up", backend=self.name, after_probes=attempt + 1)
-                self.state = "up"
-                self.error = None
-                return
-            if self.state == "probing":
-                self.state = "down"
-                self.last_down = self.error
-                log.warning("backend_down", backend=self.name, why=self.error)
-            await asyncio.sleep(PROBE_BACKOFF_S[min(attempt, len(PROBE_BACKOFF_S) - 1)])
-            attempt += 1
-
-    def mark_down(self, why: str, *, pause_s: float = 0.0) -> None:
-        """Stop using the backend: fail what waits for it and what runs on it, probe again
-        (after ``pause_s``: a server that answered wrongly may well pass the probe)."""
-        if self.state in ("down", "closed"):
-            return
-        self.state = "down"
-        self.error = self.last_down = why
-        self.stats.downs += 1
-        log.warning("backend_down", backend=self.name, why=why, queued=self._slots.waiting)
-        self._slots.fail_all(lambda: BackendDown(f"backend {self.name} is down ({why})"))
-        for call in list(self._calls):
-            call.cancel()
-        self._probe_until_up(pause_s)
-
-    def _check_soon(self, why: str) -> None:
-        """Probe now, in the background; mark the backend down if the probe fails."""
-
-        async def check() -> None:
-            if self.state == "up" and not await self.probe():
-                self.mark_down(f"{why}; {self.error}" if self.error else why)
-
-        task = asyncio.create_task(check(), name=f"check-{self.name}")
-        self._checks.add(task)
-        task.add_done_callback(self._checks.discard)
-
     # -- prediction --------------------------------------------------------------------------
 
     @property
@@ -363,7 +203,7 @@ class RemoteBackend(Backend):
         return self.work.pending(self.rates)
 
     def predict(self, request: dict[str, Any], completion_tokens: float) -> Prediction:
-        """Seed 000's finish time here, counting the requests other clients have on the server
+        """The predicted finish time here, counting the requests other clients have on the server
         when it publishes them (:func:`~proxy.routing.remote_load.with_foreign`)."""
         prompt = self.work.estimate_prompt_tokens(request)
         prompt *= 1.0 - self.memory.cached_share(request)
@@ -426,6 +266,13 @@ class RemoteBackend(Backend):
             raise
         finally:
             self.work.finish(ticket, request, completion)
+
+    async def _send(
+        self, body: dict[str, Any], relay: Relay, path: str = "chat/completions"
+    ) -> Reply:
+        """POST ``body`` to ``path`` (:func:`~proxy.routing.remote_wire.post`)."""
+        assert self._client is not None
+        return await post(self._client, path, body, relay, self.settings.max_answer_bytes)
 
     def _body(
         self, request: dict[str, Any], cap: int, stream: bool, kind: str = "chat"
@@ -526,46 +373,13 @@ class RemoteBackend(Backend):
         completion.pop("timings", None)
         return dict(completion)
 
-    async def _send(
-        self, body: dict[str, Any], relay: Relay, path: str = "chat/completions"
-    ) -> _Reply:
-        """POST ``body`` to ``path``, the answer read up to ``max_answer_bytes``; a stream is
-        read to its end here, its text handed to ``relay`` as it comes, and its answer
-        returned as the JSON a non-streamed call would have had."""
-        assert self._client is not None
-        limit = self.settings.max_answer_bytes
-        async with self._client.stream("POST", path, json=body) as response:
-            if response.status_code != 200:
-                refusal = await read_bounded(response.aiter_bytes(), ERROR_BODY_BYTES, cut=True)
-                return _Reply(response.status_code, refusal)
-            if not body.get("stream"):
-                raw = await read_bounded(response.aiter_bytes(), limit)
-                try:
-                    parsed = await _parse(raw)
-                except ValueError:
-                    return _Reply(200)  # not JSON: the caller says so
-                return _Reply(200, parsed=parsed)
-            answer = relay.start()
-            async for line in bounded_lines(response.aiter_bytes(), limit):
-                if line.startswith("data:"):
-                    data = line[5:].strip()
-                    if len(data) > PARSE_IN_THREAD_BYTES:
-                        piece = await asyncio.to_thread(answer.feed, data)
-                    else:
-                        piece = answer.feed(data)
-                    relay.say(piece)
-                    if answer.done:
-                        break
-            completion = answer.completion()  # StreamCut when it ended without a finish
-        return _Reply(200, parsed=completion)
-
     async def _call(
         self,
-        send: Coroutine[Any, Any, _Reply],
+        send: Coroutine[Any, Any, Reply],
         deadline: float,
         expected_s: float,
         relay: Relay,
-    ) -> _Reply:
+    ) -> Reply:
         """Run ``send``; ends early with BackendDown when the backend is found dead, and with
         EngineTimeout at the deadline. Once ``relay`` has handed on a token, a failure is
         EngineCrashed: the request cannot move to another backend mid-answer."""
@@ -593,22 +407,6 @@ class RemoteBackend(Backend):
         self.stats.timeouts += 1
         self._check_soon("no answer before the deadline")
         raise EngineTimeout(f"backend {self.name} did not answer before the deadline")
-
-    async def _watch(self, expected_s: float, call: asyncio.Task[_Reply]) -> None:
-        """Returns when the backend is found dead while ``call`` runs: after twice the call's
-        predicted time (at least 2 s more), then at doubling intervals, a probe must answer.
-        It also returns as soon as ``call`` is over, so that a cancellation it never received
-        cannot leave it probing."""
-        wait = max(2 * expected_s, expected_s + 2.0)
-        while not call.done():
-            await asyncio.sleep(wait)
-            if self.state != "up" or call.done():
-                return
-            if not await self.probe():
-                if not call.done():
-                    self.mark_down("no answer to a health probe during a call")
-                return
-            wait *= 2
 
     def health(self) -> dict[str, Any]:
         rates = self.rates
@@ -670,10 +468,3 @@ def backend_failure(name: str, exc: Exception, secrets: Secrets = NO_SECRETS) ->
     if isinstance(exc, StreamCut | ValueError):  # a cut stream, or an event that is not JSON
         return EngineCrashed(f"backend {name}'s stream broke off: {secrets.scrub_tree(str(exc))}")
     return EngineCrashed(f"backend {name}: {type(exc).__name__}")
-
-
-async def _parse(raw: bytes) -> Any:
-    """JSON of ``raw``: in a thread when it is big, so that the loop is not held meanwhile."""
-    if len(raw) > PARSE_IN_THREAD_BYTES:
-        return await asyncio.to_thread(json.loads, raw)
-    return json.loads(raw)

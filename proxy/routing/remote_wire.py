@@ -7,10 +7,18 @@ asked for when the backend gives them (for the quality gate), in the words of th
 (:mod:`proxy.routing.remote_kinds`). The answer's stop reason is said
 in the engine's words (:func:`stop_cause`); the answer is scored by the engine's own gate
 (:class:`proxy.engine.gate.Gate`, run in a thread by the caller).
+
+One POST (:func:`post`) reads the answer chunk by chunk, never past ``max_answer_bytes``
+(:mod:`proxy.routing.remote_stream`'s bounded reads), a refusal's body only up to
+:data:`ERROR_BODY_BYTES`; a body (or a stream's line) over :data:`PARSE_IN_THREAD_BYTES` is
+parsed in a thread, so that the event loop is not held meanwhile. What it read is a
+:class:`Reply`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -18,13 +26,18 @@ from typing import Any
 import httpx
 
 from proxy.routing.remote_kinds import KINDS, Kind
+from proxy.routing.remote_stream import Relay, bounded_lines, read_bounded
 
 __all__ = [
+    "ERROR_BODY_BYTES",
     "NOT_FORWARDED",
+    "PARSE_IN_THREAD_BYTES",
+    "Reply",
     "Wire",
     "completion_body",
     "error_of",
     "merge_answers",
+    "post",
     "request_body",
     "split_n",
     "stop_cause",
@@ -32,6 +45,9 @@ __all__ = [
 
 # Fields of a chat request a remote llama.cpp server is not sent (the proxy's own business).
 NOT_FORWARDED = ("stream", "stream_options", "user", "metadata", "store", "service_tier")
+PARSE_IN_THREAD_BYTES = 256 * 1024  # a JSON answer (or stream line) this big is parsed in a thread
+ERROR_BODY_BYTES = 64 * 1024  # the most read of a refusal's body (for its message)
+_NOT_PARSED = object()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,3 +157,61 @@ def error_of(response: httpx.Response) -> str:
     except (ValueError, KeyError, TypeError):
         message = ""
     return f"HTTP {response.status_code} {str(message)[:200]}".strip()
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A server's answer to one POST: its ``status``, its ``body`` (a refusal's, cut to
+    :data:`ERROR_BODY_BYTES`), and the JSON a 200 parsed to (or ``_NOT_PARSED``)."""
+
+    status: int
+    body: bytes = b""
+    parsed: Any = _NOT_PARSED
+
+    def json(self) -> Any:
+        if self.parsed is _NOT_PARSED:
+            raise ValueError("the answer is not JSON")
+        return self.parsed
+
+    def error(self) -> str:
+        """A refusal's status and message, for the log (:func:`error_of`)."""
+        return error_of(httpx.Response(self.status, content=self.body))
+
+
+async def post(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], relay: Relay, limit: int
+) -> Reply:
+    """POST ``body`` to ``path``, the answer read up to ``limit`` bytes (``max_answer_bytes``); a
+    stream is read to its end here, its text handed to ``relay`` as it comes, and its answer
+    returned as the JSON a non-streamed call would have had."""
+    async with client.stream("POST", path, json=body) as response:
+        if response.status_code != 200:
+            refusal = await read_bounded(response.aiter_bytes(), ERROR_BODY_BYTES, cut=True)
+            return Reply(response.status_code, refusal)
+        if not body.get("stream"):
+            raw = await read_bounded(response.aiter_bytes(), limit)
+            try:
+                parsed = await _parse(raw)
+            except ValueError:
+                return Reply(200)  # not JSON: the caller says so
+            return Reply(200, parsed=parsed)
+        answer = relay.start()
+        async for line in bounded_lines(response.aiter_bytes(), limit):
+            if line.startswith("data:"):
+                data = line[5:].strip()
+                if len(data) > PARSE_IN_THREAD_BYTES:
+                    piece = await asyncio.to_thread(answer.feed, data)
+                else:
+                    piece = answer.feed(data)
+                relay.say(piece)
+                if answer.done:
+                    break
+        completion = answer.completion()  # StreamCut when it ended without a finish
+    return Reply(200, parsed=completion)
+
+
+async def _parse(raw: bytes) -> Any:
+    """JSON of ``raw``: in a thread when it is big, so that the loop is not held meanwhile."""
+    if len(raw) > PARSE_IN_THREAD_BYTES:
+        return await asyncio.to_thread(json.loads, raw)
+    return json.loads(raw)

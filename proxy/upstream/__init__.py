@@ -13,6 +13,8 @@
     stream          an upstream SSE stream that has started: relayed event by event, usage noted
     responses_api   the upstream's own ``/v1/responses`` (direct route): the body it is sent
                     (``store: false``, the whole conversation, none of our ids), its usage
+    model_list      ``ModelList``: the upstream's own ``GET /models``, for ``/v1/models``,
+                    cached and bounded in time, bytes and ids
     failures        ``translate``: every aiohttp, litellm or status failure becomes a
                     ``ProxyError`` here, once
 

@@ -197,6 +197,13 @@ class Upstream(Closing):
         """The names the mapping knows, for ``GET /v1/models``."""
         return list(self._settings.models)
 
+    async def listed_models(self) -> list[str]:
+        """The upstream's own model ids, for ``GET /v1/models``: cached and bounded
+        (:mod:`proxy.upstream.model_list`); none without a fallback or when it cannot be read."""
+        if not self.enabled or not self._settings.api_base:
+            return []
+        return await self._direct.models.ids()
+
     # -- calls ---------------------------------------------------------------------------------
 
     def _model(self, body: dict[str, Any]) -> tuple[str, str]:

@@ -35,6 +35,7 @@ from yarl import URL
 from proxy.config import FallbackSettings
 from proxy.errors import UpstreamError
 from proxy.upstream.failures import status_error
+from proxy.upstream.model_list import ModelList
 from proxy.upstream.route import Answer, Opened, too_large
 
 MAX_CONNECTIONS = 64
@@ -64,6 +65,8 @@ class DirectRoute:
         self._urls: dict[str, URL] = {}
         self._session: aiohttp.ClientSession | None = None
         self._proxy: str | None = None
+        self.models = ModelList(self._base + "/models", self._ready, proxy=lambda: self._proxy)
+        """The upstream's own model list (``GET api_base/models``), cached and bounded."""
 
     async def start(self) -> None:
         """Open the connection pool (once)."""

@@ -251,3 +251,131 @@ def test_a_model_that_repeats_its_call_is_stopped_at_the_repeat(model: LocalMode
     assert json.loads(call["function"]["arguments"])["city"] == "Paris"
     assert choice["finish_reason"] == "tool_calls"
     assert "truncated" not in completion["frugal"]["quality"]["reasons"]
+
+
+# -- a call cut off by max_tokens (issue 42) ---------------------------------------------------
+
+
+def cut_plan(*functions: dict[str, Any], **extra: Any) -> tools.CallPlan:
+    plan = tools.call_plan(body(tools=list(functions or (WEATHER, TIME)), **extra))
+    assert plan is not None
+    return plan
+
+
+@pytest.mark.parametrize(
+    ("text", "arguments"),
+    [
+        ('{"name": "get_weather", "arguments": {"city": "Par', '{"city": "Par'),
+        ('{ "name": "get_weather", "arguments": ', ""),
+        ('{ "name": "get_weather", "argu', ""),
+        ('{ "name": "get_w', ""),
+        ('{"name": "get_weather", "arguments": {"city": "Paris"}', '{"city": "Paris"}'),
+    ],
+)
+def test_a_call_cut_by_max_tokens_is_a_call_with_its_arguments_as_far_as_they_came(
+    text: str, arguments: str
+) -> None:
+    message, is_call = tools.to_message(text, cut_plan(), cut=True)
+    assert is_call and message["content"] is None
+    [call] = message["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": arguments}
+    assert call["id"].startswith("call_")
+    # Without the cut (a stop of the model's own), the same text is not a call: it stays text.
+    assert tools.to_message(text, cut_plan()) == (
+        {"role": "assistant", "content": text, "refusal": None},
+        False,
+    )
+
+
+@pytest.mark.parametrize("text", ['{ "name": "get_', "{", '{"na'])
+def test_a_cut_call_that_could_be_either_tool_gives_no_grammar_text(text: str) -> None:
+    message, is_call = tools.to_message(text, cut_plan(), cut=True)
+    assert (message["content"], message.get("tool_calls"), is_call) == ("", None, False)
+    # With one tool, the grammar could only have been calling it.
+    message, is_call = tools.to_message(text, cut_plan(WEATHER), cut=True)
+    assert is_call and message["tool_calls"][0]["function"] == {
+        "name": "get_weather",
+        "arguments": "",
+    }
+
+
+def test_several_calls_cut_by_max_tokens_keep_the_whole_ones() -> None:
+    text = PARIS + '\n{"name": "get_weather", "arguments": {"ci'
+    message, is_call = tools.to_message(text, cut_plan(), cut=True)
+    assert is_call
+    assert [c["function"]["arguments"] for c in message["tool_calls"]] == [
+        json.dumps({"city": "Paris"}),
+        '{"ci',
+    ]
+    ambiguous = PARIS + '\n{"name": "get_'
+    message, is_call = tools.to_message(ambiguous, cut_plan(), cut=True)
+    assert is_call and len(message["tool_calls"]) == 1
+
+
+def test_a_deprecated_function_call_cut_by_max_tokens_is_a_cut_function_call() -> None:
+    plan = tools.call_plan({"messages": [], "functions": [WEATHER["function"]]})
+    assert plan is not None
+    message, is_call = tools.to_message('{"name": "get_weather", "arguments": {"ci', plan, cut=True)
+    assert is_call and message["function_call"] == {"name": "get_weather", "arguments": '{"ci'}
+
+
+def test_a_required_call_cut_by_max_tokens_reaches_the_client_as_a_cut_call(
+    model: LocalModel,
+) -> None:
+    """Issue 42, finding 3: ``max_tokens: 8`` used to hand out '{ "name": "get_' as text."""
+    request = {
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "max_tokens": 8,
+    }
+    completion = answer(model, request)
+    choice = completion["choices"][0]
+    print(choice["message"])
+    assert choice["finish_reason"] == "length"
+    assert choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert "{" not in call["function"]["name"]
+    quality_ = completion["frugal"]["quality"]
+    assert "tool_call_cut" in quality_["reasons"] and quality_["value"] <= 0.1
+
+
+# -- a call whose result is in (issue 42) ------------------------------------------------------
+
+
+def agent_turn(**extra: Any) -> dict[str, Any]:
+    from tests.tool_turns import weather_turns
+
+    return {
+        "model": "gpt-4o-mini",
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            *weather_turns("18C and sunny"),
+        ],
+        "tools": [WEATHER],
+        "max_tokens": 60,
+        **extra,
+    }
+
+
+def test_a_call_whose_result_is_in_is_not_made_again_the_model_answers_in_text(
+    model: LocalModel,
+) -> None:
+    """Issue 42, finding 4: greedy SmolLM2 calls get_weather(Paris) again after its result; the
+    engine asks it for text instead, so an agent loop ends on the local route too."""
+    repeated = answer(model, agent_turn(tool_choice="required"))
+    [again] = repeated["choices"][0]["message"]["tool_calls"]
+    assert json.loads(again["function"]["arguments"]) == {"city": "Paris"}  # what it would do
+    assert "tool_call_repeated" in repeated["frugal"]["quality"]["reasons"]
+    completion = answer(model, agent_turn())
+    choice = completion["choices"][0]
+    print(choice["message"], completion["frugal"]["quality"])
+    assert completion["frugal"]["answered_call_dropped"] is True
+    assert "tool_calls" not in choice["message"]
+    content = choice["message"]["content"]
+    assert content and not content.lstrip().startswith("{")
+    assert choice["finish_reason"] in ("stop", "length")
+    # The usage counts the dropped call's tokens besides the text's.
+    assert completion["usage"]["completion_tokens"] > len(choice["logprobs"]["content"])

@@ -185,6 +185,35 @@ def test_openai_agents_sdk_runs_its_tool_from_a_local_answer(served: Served, api
     assert [(r["route"], r["status"]) for r in rows] == [("local", 200)]
 
 
+@pytest.mark.parametrize("route", ["default", "local"])
+def test_openai_agents_sdk_agent_loop_ends_within_its_turn_limit(
+    served: Served, api: FakeAPI, route: str
+) -> None:
+    """Issue 42: after the tool's result SmolLM2 made the same call again, and the run ended in
+    ``MaxTurnsExceeded``. Now the local engine answers the result in text (the local route, the
+    client's own choice of no gate), or the gate sends an answer it rejects to the API, whose
+    model answers in text (the default route): the run ends within its turns either way."""
+    import agents
+
+    headers = {"x-frugal-route": "local"} if route == "local" else {}
+
+    async def run() -> Any:
+        async with async_client(served) as client:
+            agent = agents_sdk_agent(client, headers, tool_choice="required")
+            return await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=4)
+
+    result = asyncio.run(run())
+    calls = [item for item in result.new_items if item.type == "tool_call_item"]
+    print(route, [(c.raw_item.name, c.raw_item.arguments) for c in calls], result.final_output)
+    assert calls and calls[0].raw_item.name == "get_weather"
+    assert isinstance(result.final_output, str) and result.final_output
+    assert not result.final_output.lstrip().startswith("{")
+    made = [(c.raw_item.name, json.loads(c.raw_item.arguments)) for c in calls]
+    assert len(made) == len({json.dumps(m, sort_keys=True) for m in made})  # none made twice
+    if route == "local":
+        assert api.requests == []
+
+
 # -- pydantic-ai ---------------------------------------------------------------------------------
 
 

@@ -345,3 +345,73 @@ async def test_without_a_fallback_what_only_the_api_can_do_is_a_400(
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["code"] == "unsupported_locally" and "web_search" in error["message"]
+
+
+# Issue 42: the official tool types a coding agent sends (each in the openai SDK's ToolParam),
+# with the members each carries; Codex CLI sends `namespace` and `web_search` on every turn.
+AGENT_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "namespace",
+        "name": "multi_agent",
+        "description": "Agents to hand work to.",
+        "tools": [{"type": "function", "name": "spawn", "parameters": {"type": "object"}}],
+    },
+    {"type": "tool_search"},
+    {"type": "apply_patch"},
+    {"type": "shell"},
+    {"type": "computer", "display_width": 1024, "display_height": 768, "environment": "linux"},
+]
+
+
+@pytest.mark.parametrize("tool", AGENT_TOOLS, ids=[t["type"] for t in AGENT_TOOLS])
+async def test_every_official_tool_type_goes_to_the_apis_responses_as_unsupported(
+    sdk: Any, fake_api: FakeAPI, tmp_path: Path, tool: dict[str, Any]
+) -> None:
+    """Beside a function tool, as Codex sends them: the local model is not asked, the API's
+    own /v1/responses gets every tool as it was given."""
+    tools = [WEATHER]
+    body = {"model": "gpt-4o-mini", "input": QUESTION, "tools": [*tools, tool], "stream": True}
+    async with sdk() as (_client, http):
+        raw = await http.post("/v1/responses", json=body)
+    assert raw.status_code == 200, raw.text
+    assert raw.headers["x-frugal-route"] == "api"
+    assert raw.headers["x-frugal-reason"] == "unsupported"
+    assert "event: response.completed" in raw.text
+    [(path, _headers, sent)] = fake_api.requests
+    assert path == "/v1/responses"
+    assert sent["tools"] == [*tools, tool]
+    [row] = rows(tmp_path / "ledger.db")
+    assert (row["route"], row["reason"], row["status"]) == ("api", "unsupported", 200)
+
+
+@pytest.mark.parametrize("mode", [None, "translate"])
+async def test_an_unknown_tool_type_is_a_400_that_lists_the_real_allowed_set(
+    sdk: Any, fake_api: FakeAPI, mode: str | None
+) -> None:
+    body = {"model": "gpt-4o-mini", "input": QUESTION, "tools": [{"type": "telepathy"}]}
+    async with sdk(mode) as (_client, http):
+        r = await http.post("/v1/responses", json=body, headers=API)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "tools[0].type"
+    listed = error["message"].split("must be one of ")[1].split(", got")[0].split(", ")
+    assert {t["type"] for t in AGENT_TOOLS} | {"function", "web_search", "custom"} <= set(listed)
+    assert "'telepathy'" in error["message"]
+    assert fake_api.count == 0
+
+
+@pytest.mark.parametrize(
+    "reasoning", [{}, {"effort": None, "summary": None}], ids=["empty", "nulls"]
+)
+async def test_a_reasoning_that_asks_for_nothing_leaves_the_request_local(
+    sdk: Any, fake_api: FakeAPI, tmp_path: Path, reasoning: dict[str, Any]
+) -> None:
+    """Codex CLI sends ``reasoning: {}`` when it wants no summary: the local model answers."""
+    body = {"model": "gpt-4o-mini", "input": QUESTION, "max_output_tokens": 16}
+    async with sdk() as (_client, http):
+        r = await http.post("/v1/responses", json={**body, "reasoning": reasoning}, headers=LOCAL)
+    assert r.status_code == 200, r.text
+    assert (r.headers["x-frugal-route"], r.headers["x-frugal-reason"]) == ("local", "forced")
+    assert fake_api.count == 0
+    [row] = rows(tmp_path / "ledger.db")
+    assert (row["route"], row["status"]) == ("local", 200)

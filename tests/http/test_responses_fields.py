@@ -129,7 +129,7 @@ async def test_with_translate_the_user_reaches_chat_and_the_rest_stays_here(
         ("safety_identifier", "s" * 65),
         ("prompt_cache_key", "p" * 65),
         ("client_metadata", {f"k{i}": "v" for i in range(17)}),
-        ("client_metadata", {"k": "v" * 513}),
+        ("client_metadata", {"k": "v" * 4097}),
         ("client_metadata", {"k": 1}),
     ],
 )

@@ -64,7 +64,7 @@ def test_a_batched_engine_predicts_from_the_rows_ahead_and_its_step_costs() -> N
     assert p.seconds == pytest.approx(20 * 0.05 + 0.5 + 10 * 0.05)
     assert p.own_s == pytest.approx(p.seconds - p.wait_s)
     assert p.jobs_ahead == 4 and p.rates_source == "batch"
-    # seed 000's serial formula would say 400 / 10 + ...: the batch is not a queue
+    # the serial finish-time formula would say 400 / 10 + ...: the batch is not a queue
     serial = predict("engine", rates=RATES, pending=ahead, prompt_tokens=50, completion_tokens=10)
     assert serial.seconds is not None and serial.seconds > 10 * p.seconds
 

@@ -1,7 +1,7 @@
 """When a request would finish on the batched engine (``[local] parallel`` > 1), for routing.
 
-Seed 000's estimate (work ahead / rate + own work / rate) treats the engine as one queue. A batch
-is not one: up to ``slots`` sequences run at once, a decode step gives each running answer a
+The finish-time estimate (work ahead / rate + own work / rate) treats the engine as one queue.
+A batch is not one: up to ``slots`` sequences run at once, a decode step gives each running answer a
 token (more when a drafted token is accepted) and costs more the more sequences it has, and a
 joining prompt is prefilled in steps of its own that take turns with the decode steps
 (``batch/turns.py``: a prefill step of t seconds, of ``CHUNK`` tokens at most, is followed by up

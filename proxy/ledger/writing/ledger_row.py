@@ -74,6 +74,8 @@ class LedgerRow:
     audio_completion_tokens: int = field(default=0, metadata=COUNT)
     web_searches: int = field(default=0, metadata=COUNT)
     search_context_size: str | None = None  # None: medium
+    # 0014_local_model: the model the local attempt ran (an answer names the asked one)
+    local_model: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Every column by name, for the writer, the pricing and the router."""
