@@ -21,6 +21,7 @@
     │   ├── StoreUnavailable        503 server_error           store_unavailable (stored Responses)
     │   ├── StatusError             4xx/5xx any other status the web framework raised
     │   ├── InternalError           500 server_error           internal_error (the request id)
+    │   ├── CountUnavailable        503 server_error           count_unavailable (input_tokens)
     │   ├── LocalUnavailable        503 server_error           local_unavailable
     │   ├── UpstreamError           502 upstream_error         upstream_failed
     │   │   ├── UpstreamTimeout     504 upstream_error         upstream_timeout
@@ -264,6 +265,14 @@ class InternalError(ProxyError):
             headers={"x-request-id": request_id} if request_id else None,
         )
         self.request_id = request_id
+
+
+class CountUnavailable(ProxyError):
+    """``/v1/responses/input_tokens``: the token counter did not count within its bound."""
+
+    status = 503
+    type = "server_error"
+    code = "count_unavailable"
 
 
 class LocalUnavailable(ProxyError):

@@ -365,6 +365,7 @@ class FakeAPI:
                 Route("/v1/embeddings", self._embeddings, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/v1/responses", self._responses, methods=["POST"]),
+                Route("/v1/responses/compact", self._compact, methods=["POST"]),
             ]
         )
 
@@ -730,6 +731,9 @@ class FakeAPI:
         output.append({**message, "status": status, "content": [text]})
         return output
 
+    async def _compact(self, request: Request) -> Response:
+        return await _fake_compact(self, request)
+
     async def _responses(self, request: Request) -> Response:
         body, early = await self._enter(request)
         if early is not None:
@@ -777,6 +781,39 @@ class FakeAPI:
             response = {**response, "status": "failed", "error": error}
         events = list(_response_events(response, pieces))
         return _SSE(events, per_token_s=self.per_token_s, cut_after=self.cut_stream_after, api=self)
+
+
+async def _fake_compact(api: FakeAPI, request: Request) -> Response:
+    """``POST /v1/responses/compact`` as OpenAI answers it: the input's user messages, then one
+    ``compaction`` item (its ``encrypted_content`` the count of items compacted), usage billed
+    as one input token a word and one output token."""
+    body, early = await api._enter(request)
+    if early is not None:
+        return early
+    given = body.get("input") or []
+    kept = [i for i in given if i.get("type", "message") == "message" and i.get("role") == "user"]
+    prompt = sum(len(words(t)) for t in api._input_texts(body))
+    usage = {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 1,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + 1,
+    }
+    compaction = {
+        "id": api._next_id("cmp"),
+        "type": "compaction",
+        "encrypted_content": f"compacted:{len(given)}",
+    }
+    return JSONResponse(
+        {
+            "id": api._next_id("resp"),
+            "object": "response.compaction",
+            "created_at": int(time.time()),
+            "output": [*kept, compaction],
+            "usage": usage,
+        }
+    )
 
 
 def _response_events(response: dict[str, Any], pieces: list[str]) -> Iterator[bytes]:

@@ -21,6 +21,7 @@ from proxy.errors import (
     BadRequest,
     BudgetExhausted,
     BudgetUnavailable,
+    CountUnavailable,
     Forbidden,
     InternalError,
     LocalUnavailable,
@@ -66,6 +67,7 @@ CASES: dict[type[ProxyError], Callable[[], ProxyError]] = {
     BudgetExhausted: lambda: BudgetExhausted("the budget is spent"),
     BudgetUnavailable: lambda: BudgetUnavailable("no budget database"),
     StoreUnavailable: lambda: StoreUnavailable("no responses database"),
+    CountUnavailable: lambda: CountUnavailable("not counted in time"),
     StoreFull: lambda: StoreFull("this key keeps too much", param="store"),
     StatusError: lambda: StatusError(400, "malformed"),
     InternalError: lambda: InternalError("req-1"),
@@ -96,6 +98,7 @@ BODIES: dict[type[ProxyError], tuple[int, str, str, str | None, str | None]] = {
     BudgetExhausted: (429, "the budget is spent", "insufficient_quota", "insufficient_quota", None),
     BudgetUnavailable: (503, "no budget database", "server_error", "budget_unavailable", None),
     StoreUnavailable: (503, "no responses database", "server_error", "store_unavailable", None),
+    CountUnavailable: (503, "not counted in time", "server_error", "count_unavailable", None),
     StoreFull: (400, "this key keeps too much", INVALID, "store_quota_exceeded", "store"),
     StatusError: (400, "malformed", INVALID, None, None),
     InternalError: (

@@ -27,6 +27,10 @@
                  shapes and their checks are responses_shapes
     responses_state  stored Responses: ``store``, ``previous_response_id``, and
                  ``GET``/``DELETE /v1/responses/{id}`` and its ``input_items``
+    responses_tokens  ``POST /v1/responses/input_tokens``: a Responses request's input counted
+                 with the model's tokenizer (the ledger's counter), no ledger row
+    responses_compact  ``POST /v1/responses/compact``: the conversation sent to the
+                 upstream's own compaction, its answer relayed, billed as an API call
     responses_live  ``stream_mode = "live"`` on ``/v1/responses``: local tokens as typed events
     sse          Server-Sent Events: chunks, the response that writes a stream's row once
     validate     cheap validation of request bodies (OpenAI's shapes), errors naming ``param``;

@@ -25,6 +25,8 @@ from proxy.http.request_schema import (
     RESPONSES_REQUEST,
 )
 from proxy.http.responses import ResponsesHandler
+from proxy.http.responses_compact import COMPACT_REQUEST, CompactHandler
+from proxy.http.responses_tokens import INPUT_TOKENS_REQUEST, InputTokensHandler
 from proxy.http.services import Services
 from proxy.http.shapes import Schema
 
@@ -83,6 +85,30 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         events="With `stream: true`: the typed events (`event: response.created` ... "
         "`response.completed`, `response.incomplete` or `response.failed`), each with its "
         "`sequence_number`; no `[DONE]`.",
+        also=(404,),  # previous_response_id: not stored, or another key's
+    ),
+    Endpoint(
+        name="responses_input_tokens",
+        path="/v1/responses/input_tokens",
+        make=InputTokensHandler,
+        summary="The input tokens of a Responses request, counted with the model's tokenizer "
+        "(no ledger row)",
+        request=("ResponsesInputTokensRequest", INPUT_TOKENS_REQUEST),
+        response="ResponseInputTokens",
+        cascade=False,
+        stream=False,
+        also=(404,),  # previous_response_id: not stored, or another key's
+    ),
+    Endpoint(
+        name="responses_compact",
+        path="/v1/responses/compact",
+        make=CompactHandler,
+        summary="A conversation compacted by the upstream's own Responses API (always the "
+        "API; a 400 when the fallback translates to chat)",
+        request=("ResponsesCompactRequest", COMPACT_REQUEST),
+        response="CompactedResponse",
+        cascade=False,
+        stream=False,
         also=(404,),  # previous_response_id: not stored, or another key's
     ),
 )

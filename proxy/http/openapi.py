@@ -14,6 +14,8 @@ from typing import Any
 
 from proxy.http import report
 from proxy.http.endpoints import ENDPOINTS
+from proxy.http.responses_compact import COMPACTED
+from proxy.http.responses_tokens import INPUT_TOKENS
 from proxy.http.shapes import TOOL_CALL, Schema, obj
 from proxy.routing.reasons import Reason
 
@@ -330,6 +332,8 @@ ANSWERS: dict[str, Schema] = {
     "TextCompletion": TEXT_COMPLETION,
     "Embeddings": EMBEDDINGS,
     "Response": RESPONSE,
+    "ResponseInputTokens": INPUT_TOKENS,
+    "CompactedResponse": COMPACTED,
 }
 
 

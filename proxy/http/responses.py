@@ -60,7 +60,12 @@ from proxy.http.exchange import Exchange
 from proxy.http.handler import aiter_of
 from proxy.http.responses_live import live_events
 from proxy.http.responses_shapes import asks
-from proxy.http.responses_state import ResponsesState, input_items
+from proxy.http.responses_state import (
+    ResponsesState,
+    check_references,
+    input_items,
+    references,
+)
 from proxy.http.responses_translate import (
     API_USED,
     Used,
@@ -130,10 +135,16 @@ class ResponsesHandler(ChatHandler):
         """The checks of :func:`responses_request`, then the chat check of what the cascade
         is asked (:func:`check_as_chat`: the schemas), both where the body is read, off the
         event loop when it is large; with the API's own as the fallback, what only it can do
-        is let through (its own checks are the API's)."""
+        is let through (its own checks are the API's). A body with ``item_reference`` items
+        has only those checked here: the rest is checked once they are put in place
+        (:meth:`_resolved`)."""
+        at = references(body)
+        if at:
+            check_references(body, at)
+            return body
         if isinstance(body, dict) and self._api_own(body.get("model")):
             stand, taken = stand_in(body, API_ONLY)
-            if taken and "a 'item_reference' item" not in taken:  # names an upstream-stored item
+            if taken:
                 responses_request(stand)
                 check_as_chat(stand)
                 return body
@@ -150,6 +161,8 @@ class ResponsesHandler(ChatHandler):
     async def handle(self, request: Request, ex: Exchange) -> Response:
         asked = await self.services.bodies.read(request, self._checked)
         state = self._state()
+        if references(asked):
+            asked = await self._resolved(request, asked, state)
         previous = asked.get("previous_response_id")
         items = input_items(asked["input"])
         earlier = await state.history(request, previous) if previous is not None else []
@@ -205,7 +218,8 @@ class ResponsesHandler(ChatHandler):
         if api_own:
             target = self.services.upstream.target(asked["model"])
             sent = responses_api.upstream_body(asked, conversation, target)
-        only_api = [t for t in taken if "item" not in t]  # earlier built-in calls: said already
+        # Earlier built-in calls are said already; a compaction only the API can read.
+        only_api = [t for t in taken if "item" not in t or "'compaction'" in t]
         if sent is not None and only_api:
             if plan.local_only or not self.router.fallback_enabled:
                 raise BadRequest(
@@ -228,6 +242,14 @@ class ResponsesHandler(ChatHandler):
         if answer is None:
             return await self._api(turn, sent)
         return await self._send_kept(self._answered(answer, asked, ex), turn)
+
+    async def _resolved(
+        self, request: Request, asked: dict[str, Any], state: ResponsesState
+    ) -> dict[str, Any]:
+        """``asked`` with its item references put in place, then checked as any body is (off
+        the event loop: the items put in place may make it large)."""
+        resolved = await state.resolved(request, asked)
+        return await asyncio.to_thread(self._checked, resolved)
 
     def _answered(
         self, answer: dict[str, Any], asked: dict[str, Any], ex: Exchange

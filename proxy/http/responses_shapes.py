@@ -7,10 +7,11 @@ into the validator (:mod:`proxy.http.validate`). Every failure is a :class:`BadR
 ``param`` names the field in OpenAI's style (``input[2].content[0].text``).
 
 What the local model and Chat Completions cannot do (image and file parts, built-in tools,
-reasoning items, item references) is a 400 with code ``unsupported_parameter`` that says so,
+reasoning items) is a 400 with code ``unsupported_parameter`` that says so,
 never an unknown field. With ``[fallback] responses = "responses"`` (the default) the handler
 (:mod:`proxy.http.responses`) takes those out before these checks and sends the request to the
-upstream's own ``/v1/responses`` instead (item references stay a 400).
+upstream's own ``/v1/responses`` instead. An item reference never reaches these checks: the
+handler puts the stored item it names in its place first (:mod:`proxy.http.responses_state`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ LATER_ITEMS = frozenset(
     {
         "reasoning",
         "item_reference",
+        "compaction",  # only the API that made it can read it: always sent there
         "file_search_call",
         "web_search_call",
         "computer_call",
@@ -52,7 +54,6 @@ LATER_ITEMS = frozenset(
         "tool_search_output",
         "additional_tools",
         "configuration_update",
-        "compaction",
         "compaction_trigger",
         "program",
         "program_output",

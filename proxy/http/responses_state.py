@@ -16,6 +16,12 @@ key at its bound with a 400 ``store_quota_exceeded`` naming ``store``, before an
 on it; an answer that would still pass the bound (the request's own was not known before) is
 sent with ``store: false``, as is one whose JSON cannot be written.
 
+An ``item_reference`` input item (``{"type": "item_reference", "id": ...}``) is put in place by
+:meth:`ResponsesState.resolved` before the request is checked and routed: the stored input or
+output item with that id, among the responses its key may read (the rule above; another key's
+item is the same 400 as one that does not exist, naming ``input[i].id``). A request names at
+most :data:`MAX_REFERENCES` of them.
+
 A database that cannot be reached: storing a new response is skipped (its answer says
 ``store: false``, and a warning without content is logged); reading or deleting one is a 503
 ``store_unavailable``. Stored content never goes to the logs.
@@ -45,6 +51,8 @@ log = structlog.get_logger("frugal.responses")
 
 T = TypeVar("T")
 MAX_LIMIT = 100
+MAX_REFERENCES = 100
+"""Most ``item_reference`` items one request may name (each one is a lookup in the store)."""
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
 
 
@@ -66,6 +74,41 @@ def input_items(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         item.setdefault("id", f"{_ID_PREFIX.get(item_type, 'item')}_{uuid.uuid4().hex}")
         items.append(item)
     return items
+
+
+def references(body: Any) -> list[int]:
+    """Where the ``item_reference`` items of a request body's ``input`` list are."""
+    given = body.get("input") if isinstance(body, dict) else None
+    if not isinstance(given, list):
+        return []
+    return [
+        i
+        for i, item in enumerate(given)
+        if isinstance(item, dict) and item.get("type") == "item_reference"
+    ]
+
+
+def check_references(body: dict[str, Any], at: list[int]) -> None:
+    """The item references of ``body`` at the indexes ``at``: at most :data:`MAX_REFERENCES`,
+    each with a string ``id`` and nothing else."""
+    if len(at) > MAX_REFERENCES:
+        raise BadRequest(
+            f"'input' names {len(at)} item_reference items; at most {MAX_REFERENCES} are "
+            "served in one request",
+            param="input",
+        )
+    for i in at:
+        item = body["input"][i]
+        if not isinstance(item.get("id"), str) or not item["id"]:
+            raise BadRequest(
+                f"'input[{i}].id' must be the id of a stored item", param=f"input[{i}].id"
+            )
+        extra = sorted(set(item) - {"type", "id"})
+        if extra:
+            raise BadRequest(
+                f"'input[{i}].{extra[0]}': an item_reference has only 'type' and 'id'",
+                param=f"input[{i}].{extra[0]}",
+            )
 
 
 def _not_found(response_id: str, param: str) -> NotFound:
@@ -117,6 +160,26 @@ class ResponsesState:
             items.extend(turn.input_items)
             items.extend(turn.response.get("output") or [])
         return items
+
+    async def resolved(self, request: Request, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` with each ``item_reference`` of its ``input`` (checked by
+        :func:`check_references`) replaced by the stored item it names. Not stored, or not
+        the request's key's to read: a 400 naming ``input[i].id``."""
+        key = own_key(request.scope)
+        owner = key.identity if key is not None else None
+        given = list(body["input"])
+        for i in references(body):
+            item_id = given[i]["id"]
+            found = await self._call(self._item, item_id, owner)
+            if found is None:
+                raise BadRequest(
+                    f"Item with id '{item_id}' not found.", param=f"input[{i}].id", code="not_found"
+                )
+            given[i] = found
+        return {**body, "input": given}
+
+    def _item(self, item_id: str, owner: str | None) -> dict[str, Any] | None:
+        return self.store.item(item_id, owner, anyone=owner is None)  # None: sees everything
 
     async def admit(self, request: Request, items: list[dict[str, Any]]) -> None:
         """Refuse (a 400 :class:`StoreFull` naming ``store``) a request that asks to store a

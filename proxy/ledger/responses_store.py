@@ -22,6 +22,11 @@ response that names an answer takes it along when it is deleted or pruned (on Po
 a lock per answer, so that a replica storing a response that names it and one deleting it
 cannot cross).
 
+:meth:`ResponseStore.item` finds one stored item by its id, for an ``item_reference`` input
+item: among the input and output items of the responses one key keeps (its index on ``owner``
+narrows the rows; a ``LIKE`` on the item's JSON id picks the few that may hold it, and those are
+read to be sure). No index on item ids: what a key keeps is bounded by its quota.
+
 Who may read what is the HTTP side's business (``proxy/http/responses_state.py``): this module
 reads and writes rows. Blocking methods: run them in a thread; a database that is not there
 raises :class:`~proxy.ledger.db.connections.Unavailable`.
@@ -254,6 +259,26 @@ class ResponseStore:
                 at = found[-1].previous_id
         found.reverse()
         return found
+
+    def item(self, item_id: str, owner: str | None, *, anyone: bool) -> dict[str, Any] | None:
+        """The newest stored input or output item whose id is ``item_id``, among the responses
+        of the key ``owner`` (None: the keyless proxy's), or of every key with ``anyone``."""
+        quoted = _json(item_id).replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        pattern = f'%"id":{quoted}%'
+        where, values = ("1 = 1", ()) if anyone else _owned(owner)
+        where = where.replace("owner", "r.owner")
+        with self.pool.transaction() as tx:
+            rows = tx.rows(
+                f"{_READ} WHERE {where} AND (r.input_items LIKE ? ESCAPE '\\' "
+                "OR r.response LIKE ? ESCAPE '\\') ORDER BY r.created_at DESC",
+                (*values, pattern, pattern),
+            )
+        for row in rows:
+            stored = _stored(row)
+            for found in [*stored.input_items, *(stored.response.get("output") or [])]:
+                if isinstance(found, dict) and found.get("id") == item_id:
+                    return found
+        return None
 
     def delete(self, response_id: str) -> bool:
         with self.pool.transaction() as tx:

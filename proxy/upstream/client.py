@@ -101,6 +101,7 @@ CHAT_PATH = "/chat/completions"
 COMPLETIONS_PATH = "/completions"
 EMBEDDINGS_PATH = "/embeddings"
 RESPONSES_PATH = "/responses"
+COMPACT_PATH = "/responses/compact"
 # The JSON endpoints of post_json and the parameters each may carry.
 _POST_PARAMETERS: dict[str, frozenset[str]] = {
     COMPLETIONS_PATH: frozenset(COMPLETIONS_PARAMETERS),
@@ -220,7 +221,8 @@ class Upstream(Closing):
         ``/chat/completions`` (its allow-list, the mapped model, ``stream`` and the usage chunk
         asked for), ``/completions`` and ``/embeddings`` (theirs, a mapped model on the direct
         route), ``/responses`` (the body :mod:`proxy.upstream.responses_api` built, with its
-        ``stream`` flag). Each call below posts what this returns, and a key's budget reserves
+        ``stream`` flag) and ``/responses/compact`` (the body it built, as it is). Each call
+        below posts what this returns, and a key's budget reserves
         its worst case from the same (:mod:`proxy.http.quotas`), so the two cannot differ."""
         if path == CHAT_PATH:
             forward = forwarded(body, _CHAT)
@@ -235,6 +237,8 @@ class Upstream(Closing):
             return forward
         if path == RESPONSES_PATH:
             return {**body, "stream": stream}
+        if path == COMPACT_PATH:  # built by responses_api.compact_body; never streamed
+            return dict(body)
         allowed = _POST_PARAMETERS.get(path)
         if allowed is None:
             raise ValueError(f"no upstream call posts to {path!r}")

@@ -9,6 +9,9 @@
                     one JSON call (an :class:`UpstreamResponse` whose body is a ``response``)
     open_stream(upstream, body, request_id)
                     a streamed call (an :class:`UpstreamStream` of typed events)
+    compact_body(asked, conversation, model), compact(upstream, body, request_id)
+                    ``POST /v1/responses/compact``: the whole conversation, its items without
+                    ids, sent for the upstream to compact (a ``response.compaction`` object)
     chat_usage(usage)
                     the Responses' usage (``input_tokens``...) as the chat usage the ledger
                     prices (``prompt_tokens``...)
@@ -25,10 +28,19 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.params import RESPONSES_PARAMETERS
-from proxy.upstream.client import RESPONSES_PATH, Upstream, UpstreamResponse
+from proxy.upstream.client import COMPACT_PATH, RESPONSES_PATH, Upstream, UpstreamResponse
 from proxy.upstream.stream import UpstreamStream
 
-__all__ = ["API_ONLY", "PARTLY_LOCAL", "chat_usage", "create", "open_stream", "upstream_body"]
+__all__ = [
+    "API_ONLY",
+    "PARTLY_LOCAL",
+    "chat_usage",
+    "compact",
+    "compact_body",
+    "create",
+    "open_stream",
+    "upstream_body",
+]
 
 PATH = RESPONSES_PATH
 API_ONLY = ("reasoning", "max_tool_calls", "top_logprobs")
@@ -64,6 +76,25 @@ def upstream_body(
         body.pop("stream", None)
         body.pop("stream_options", None)
     return body
+
+
+def compact_body(
+    asked: dict[str, Any], conversation: list[dict[str, Any]], model: str
+) -> dict[str, Any]:
+    """The body of the upstream's ``/v1/responses/compact`` for the checked request ``asked``
+    (``instructions``, ``prompt_cache_key``) whose whole conversation is ``conversation``."""
+    body: dict[str, Any] = {
+        k: asked[k] for k in ("instructions", "prompt_cache_key") if asked.get(k) is not None
+    }
+    body["model"] = model
+    body["input"] = [sent for item in conversation if (sent := _sendable(item)) is not None]
+    return body
+
+
+async def compact(upstream: Upstream, body: dict[str, Any], *, request_id: str) -> UpstreamResponse:
+    """The upstream's ``response.compaction`` object for ``body``."""
+    sent = upstream.sent(COMPACT_PATH, body)
+    return await upstream.post_direct(COMPACT_PATH, sent, request_id=request_id)
 
 
 async def create(upstream: Upstream, body: dict[str, Any], *, request_id: str) -> UpstreamResponse:
