@@ -2752,3 +2752,61 @@ def test_issue42_row4_a_remote_backends_repeated_call_goes_to_the_api(
     assert float(got.headers["x-frugal-quality"]) <= 0.1
     message = got.json()["choices"][0]["message"]
     assert message["content"] == REPLY and not message.get("tool_calls")
+
+
+# -- issue 39, row 7 on the litellm route: its answer read only up to the bound -------------------
+#
+# The `main` server maps LITELLM_MODEL to `hosted_vllm/fake-claude`, which litellm reads with the
+# route's bounded client. Before, litellm read the whole answer and the size was checked after.
+
+_I39_LITELLM_BOUND_HUGE = 200 * MB
+_I39_LITELLM_BOUND_LIMIT = 32 * 1024 * 1024  # [fallback] max_answer_bytes' default
+_I39_LITELLM_BOUND_RSS = 100 * MB
+_I39_LITELLM_BOUND_DEADLINE_S = 3.0 * BOUND_MARGIN  # MAIN_CONFIG's [fallback] timeout_s
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["row7-litellm-json", "row7-litellm-stream"])
+def test_issue39_row7_the_litellm_route_reads_a_huge_answer_only_up_to_its_bound(
+    main: Lazy, api: FakeAPI, stream: bool
+) -> None:
+    """A 200 MB answer (one JSON body, or a stream whose one event is a 200 MB line) from a
+    litellm provider is cut at ``[fallback] max_answer_bytes``: a 502 (or the stream's final
+    error event) that says it was too large, one attempt, one ledger row, the proxy's RSS
+    growing less than 100 MB, and the fake having sent far less than the whole answer."""
+    served = main.get()
+    api.set(huge_reply_bytes=_I39_LITELLM_BOUND_HUGE)
+    request_id = rid(f"i39r7-litellm-{stream}")
+    body = chat_body(model=LITELLM_MODEL, stream=True) if stream else chat_body(model=LITELLM_MODEL)
+    with RssWatch([served.proc.pid], kill_above=RSS_KILL) as watch:
+        started = time.perf_counter()
+        try:
+            response: httpx.Response | None = post(
+                served, body, headers={**TO_API, "x-request-id": request_id}, timeout=120
+            )
+        except httpx.HTTPError:  # a timeout, or the server killed by the watch
+            response = None
+        elapsed = time.perf_counter() - started
+    grown = watch.growth(served.proc.pid)
+    status = response.status_code if response is not None else "no answer"
+    print(
+        f"\nissue39 row7 litellm {'stream' if stream else 'json'}: a "
+        f"{_I39_LITELLM_BOUND_HUGE // MB} MB answer ({api.huge_sent / MB:.0f} MB of it sent "
+        f"before the proxy left): HTTP {status} in {elapsed:.2f} s, proxy RSS +{grown / MB:.1f} MB"
+    )
+    assert not watch.killed, f"RSS passed {RSS_KILL // MB} MB: killed {watch.killed}"
+    assert response is not None, "no answer within 120 s"
+    assert grown < _I39_LITELLM_BOUND_RSS
+    assert api.huge_sent <= _I39_LITELLM_BOUND_LIMIT + 32 * MB  # the bound and socket buffers
+    assert elapsed < _I39_LITELLM_BOUND_DEADLINE_S
+    assert api.count == 1  # not retried: the API did the work
+    if response.status_code == 502:
+        error = response.json()["error"]
+    else:  # the stream had started: its last event is the error, then [DONE]
+        assert stream and response.status_code == 200, response.text[:500]
+        events = [e for e in response.text.split("\n\n") if e.startswith("data: {")]
+        error = json.loads(events[-1][6:])["error"]
+        assert response.text.rstrip().endswith("data: [DONE]")
+    assert error["type"] == "upstream_error", error
+    assert "too large" in error["message"] and "max_answer_bytes" in error["message"], error
+    row = one_row(served, request_id)
+    assert row["error"] == "upstream_failed", row

@@ -28,7 +28,10 @@ twice; the client gets the error and its SDK may choose to retry. Nor a ``ProxyE
 
 The errors come from aiohttp (the OpenAI-compatible route), from litellm (other providers; its
 errors carry the provider's ``httpx.Response``, and the transport's error in their
-``__cause__``/``__context__`` chain), and from httpx. A 401/403 is the proxy's own key failing,
+``__cause__``/``__context__`` chain), and from httpx. A :class:`~proxy.errors.ProxyError` of
+ours raised inside a library's read (the litellm route's byte bound, raised by its transport)
+comes back wrapped in the library's errors: it is found in that chain, passed on as it is, and
+never retried. A 401/403 is the proxy's own key failing,
 so it becomes a 502 and its body (which may echo part of the key) is dropped. A 429 that is left
 after retrying is passed on as a 429 with the API's ``Retry-After``. No message of ours carries a
 key or a prompt: only exception type names and status codes.
@@ -124,7 +127,7 @@ def retryable(exc: BaseException) -> bool:
     """Whether another attempt cannot make the API do (and bill) the work twice."""
     if isinstance(exc, _RetryableStatus):
         return True
-    if isinstance(exc, ProxyError | _Refused):
+    if isinstance(exc, _Refused) or any(isinstance(e, ProxyError) for e in _chain(exc)):
         return False
     if not_sent(exc):
         return True
@@ -238,8 +241,9 @@ def translate(
 
 
 def _translated(exc: BaseException, attempts: int, streaming: bool, secrets: Secrets) -> ProxyError:
-    if isinstance(exc, ProxyError):
-        return exc
+    for cause in _chain(exc):  # ours, raised inside a library's read and wrapped by it
+        if isinstance(cause, ProxyError):
+            return cause
     if isinstance(exc, _Refused):
         return refusal(exc.status, exc.content, secrets)
     name = type(exc).__name__

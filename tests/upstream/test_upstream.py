@@ -785,3 +785,31 @@ async def test_an_answer_that_echoes_the_key_is_relayed_without_it(
         reply = await client.chat(CHAT, request_id="echo")
     assert ECHOED_TAIL.encode() not in reply.raw
     assert reply.body["choices"][0]["message"]["content"] == f"your key is {MARK}"
+
+
+# -- the litellm route's answer read up to the bound ----------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_litellm_answer_past_max_answer_bytes_is_cut_as_it_is_read(
+    api: FakeAPI, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """litellm reads a hosted_vllm answer with the route's bounded client: a 64 MiB answer
+    against a 1 MiB bound is cut soon after the bound (what the fake counts as sent includes
+    what loopback's socket buffers took, a few MiB), a 502 that says so, not retried."""
+    monkeypatch.setenv("HOSTED_VLLM_API_BASE", api.url)
+    api.set(huge_reply_bytes=64 * 1024 * 1024)  # a MiB a write, no Content-Length
+    models = {"gpt-4o-mini": "hosted_vllm/served-model"}
+    async with upstream(api, models=models, max_answer_bytes=1024 * 1024, max_retries=2) as client:
+        with pytest.raises(UpstreamError) as caught:
+            if stream:
+                await read_all(await client.chat_stream({**CHAT, "stream": True}, request_id="r"))
+            else:
+                await client.chat(CHAT, request_id="r")
+    print(f"litellm {'stream' if stream else 'json'}: sent {api.huge_sent} of 64 MiB")
+    assert caught.value.status == 502 and caught.value.attempts == 1
+    what = "stream event" if stream else "answer"
+    assert f"{what} was too large: more than 1048576 bytes" in caught.value.message
+    assert "[fallback] max_answer_bytes" in caught.value.message
+    assert api.count == 1
+    assert api.huge_sent <= 16 * 1024 * 1024  # read whole, it would be all 64 MiB
