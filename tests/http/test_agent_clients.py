@@ -196,6 +196,7 @@ def test_openai_agents_sdk_agent_loop_ends_within_its_turn_limit(
     import agents
 
     headers = {"x-frugal-route": "local"} if route == "local" else {}
+    before = len(responses_rows(served))
 
     async def run() -> Any:
         async with async_client(served) as client:
@@ -203,6 +204,8 @@ def test_openai_agents_sdk_agent_loop_ends_within_its_turn_limit(
             return await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=4)
 
     result = asyncio.run(run())
+    # every turn's row is written before the next test counts the rows it starts with
+    wait_for_rows(served, before + len(result.raw_responses))
     calls = [item for item in result.new_items if item.type == "tool_call_item"]
     print(route, [(c.raw_item.name, c.raw_item.arguments) for c in calls], result.final_output)
     assert calls and calls[0].raw_item.name == "get_weather"
