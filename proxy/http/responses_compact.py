@@ -31,17 +31,14 @@ from proxy.http.handler import Handler
 from proxy.http.request_schema import RESPONSES_REQUEST
 from proxy.http.responses_state import (
     ResponsesState,
-    check_references,
+    fields_checked,
     input_items,
     references,
 )
-from proxy.http.responses_translate import stand_in
 from proxy.http.shapes import Schema
-from proxy.http.validate import responses_request
 from proxy.routing.reasons import Reason
 from proxy.upstream import responses_api
 from proxy.upstream.client import COMPACT_PATH
-from proxy.upstream.responses_api import API_ONLY
 
 FIELDS = ("model", "input", "instructions", "previous_response_id", "prompt_cache_key")
 """OpenAI's parameters of a compaction that this endpoint takes."""
@@ -70,21 +67,7 @@ COMPACTED: Schema = {
 
 
 def _checked(body: dict[str, Any]) -> dict[str, Any]:
-    """The fields of :data:`FIELDS` only, then the Responses checks of them (those with item
-    references: only the references, the rest once they are in place)."""
-    for name in body:
-        if name not in FIELDS:
-            raise BadRequest(
-                f"Unrecognized request argument supplied: {name}",
-                param=name,
-                code="unknown_parameter",
-            )
-    at = references(body)
-    if at:
-        check_references(body, at)
-        return body
-    responses_request(stand_in(body, API_ONLY)[0])
-    return body
+    return fields_checked(body, FIELDS)
 
 
 class CompactHandler(Handler):

@@ -42,10 +42,13 @@ from starlette.responses import JSONResponse, Response
 from proxy.config import Settings
 from proxy.errors import BadRequest, NotFound, StoreFull, StoreUnavailable
 from proxy.http.auth import own_key
+from proxy.http.responses_translate import stand_in
 from proxy.http.services import services_of
+from proxy.http.validate import responses_request
 from proxy.ledger.db.connections import Pool, Unavailable
 from proxy.ledger.db.location import Database
 from proxy.ledger.responses_store import QuotaFull, ResponseStore, StoredResponse, size
+from proxy.upstream.responses_api import API_ONLY
 
 log = structlog.get_logger("frugal.responses")
 
@@ -74,6 +77,26 @@ def input_items(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         item.setdefault("id", f"{_ID_PREFIX.get(item_type, 'item')}_{uuid.uuid4().hex}")
         items.append(item)
     return items
+
+
+def fields_checked(body: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """``body``, of a side endpoint of ``/v1/responses`` that takes only ``fields``
+    (``/compact``, ``/input_tokens``): any other field is a 400 naming it, then the Responses
+    checks of those it has (with item references, only the references: the rest is checked
+    once they are in place)."""
+    for name in body:
+        if name not in fields:
+            raise BadRequest(
+                f"Unrecognized request argument supplied: {name}",
+                param=name,
+                code="unknown_parameter",
+            )
+    at = references(body)
+    if at:
+        check_references(body, at)
+        return body
+    responses_request(stand_in(body, API_ONLY)[0])
+    return body
 
 
 def references(body: Any) -> list[int]:

@@ -29,18 +29,17 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from proxy.errors import BadRequest, CountUnavailable
+from proxy.errors import CountUnavailable
 from proxy.http.request_schema import RESPONSES_REQUEST
 from proxy.http.responses_state import (
     ResponsesState,
-    check_references,
+    fields_checked,
     input_items,
     references,
 )
 from proxy.http.responses_translate import chat_of, stand_in
 from proxy.http.services import Services
 from proxy.http.shapes import Schema
-from proxy.http.validate import responses_request
 from proxy.ledger.writing.tokens import CountJob
 from proxy.upstream.responses_api import API_ONLY
 
@@ -81,21 +80,7 @@ INPUT_TOKENS: Schema = {
 
 
 def _checked(body: dict[str, Any]) -> dict[str, Any]:
-    """The fields of :data:`FIELDS` only, then the Responses checks of them (those with item
-    references: only the references, the rest once they are in place)."""
-    for name in body:
-        if name not in FIELDS:
-            raise BadRequest(
-                f"Unrecognized request argument supplied: {name}",
-                param=name,
-                code="unknown_parameter",
-            )
-    at = references(body)
-    if at:
-        check_references(body, at)
-        return body
-    responses_request(stand_in(body, API_ONLY)[0])
-    return body
+    return fields_checked(body, FIELDS)
 
 
 class InputTokensHandler:
