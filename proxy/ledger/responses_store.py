@@ -14,7 +14,9 @@ A bound on what a key keeps (``migrations/0012_responses_quota.sql``): each row 
 costs its key in ``bytes`` (the UTF-8 bytes of its JSON), and :meth:`ResponseStore.put` refuses
 (:class:`QuotaFull`) a row that would take its key past ``max_bytes`` or ``max_count``, in the
 transaction that writes it, so two writers cannot both pass; :meth:`ResponseStore.usage` is
-what the HTTP side checks before it spends anything on a request. An answer's output items are
+what the HTTP side checks before it spends anything on a request. Both read the key's running
+tally in ``response_usage`` (``migrations/0015_responses_usage.sql``), kept in step with its rows
+by every write, delete and prune, so the check costs the same however much the key has stored. An answer's output items are
 kept once, however many responses carry them (a cache hit is the same answer under new ids): in
 ``response_outputs``, under the sha256 of their JSON with the item ids left blank, while each
 response keeps its own ids. Only the row that stored an answer first counts its bytes; the last
@@ -156,6 +158,23 @@ def _owned(owner: str | None) -> tuple[str, tuple[Any, ...]]:
     return ("owner IS NULL", ()) if owner is None else ("owner = ?", (owner,))
 
 
+def _tally_owner(owner: str | None) -> str:
+    """The key's name in ``response_usage`` (``migrations/0015_responses_usage.sql``): its
+    identity, or ``""`` for the keyless proxy."""
+    return "" if owner is None else owner
+
+
+def _count(tx: Tx, owner: str | None, count: int, size: int) -> None:
+    """Add ``count`` responses of ``size`` bytes (both negative for a delete) to the key's
+    tally, in the transaction that writes or deletes them."""
+    tx.run(
+        "INSERT INTO response_usage (owner, count, bytes) VALUES (?, ?, ?) "
+        "ON CONFLICT (owner) DO UPDATE SET count = response_usage.count + excluded.count, "
+        "bytes = response_usage.bytes + excluded.bytes",
+        (_tally_owner(owner), count, size),
+    )
+
+
 class ResponseStore:
     """``retention_days`` 0 keeps responses until they are deleted; a key keeps at most
     ``max_count`` responses of ``max_bytes`` in all (``[responses] max_stored_per_key``,
@@ -182,16 +201,15 @@ class ResponseStore:
 
     def usage(self, owner: str | None) -> Usage:
         """What the key ``owner`` keeps (None: the keyless proxy)."""
-        where, values = _owned(owner)
         with self.pool.transaction() as tx:
-            return self._usage(tx, where, values)
+            return self._usage(tx, owner)
 
     @staticmethod
-    def _usage(tx: Tx, where: str, values: tuple[Any, ...]) -> Usage:
+    def _usage(tx: Tx, owner: str | None) -> Usage:
         row = tx.rows(
-            f"SELECT count(*), coalesce(sum(bytes), 0) FROM responses WHERE {where}", values
+            "SELECT count, bytes FROM response_usage WHERE owner = ?", (_tally_owner(owner),)
         )
-        return Usage(count=int(row[0][0]), bytes=int(row[0][1]))
+        return Usage(count=int(row[0][0]), bytes=int(row[0][1])) if row else Usage(0, 0)
 
     def put(self, stored: StoredResponse, *, now: float | None = None) -> int:
         """Store ``stored``; the bytes it cost its key. Past the key's quota: :class:`QuotaFull`,
@@ -201,13 +219,12 @@ class ResponseStore:
         response_json, items_json = _json(response), _json(stored.input_items)
         own = len(response_json.encode("utf-8")) + len(items_json.encode("utf-8"))
         output_bytes = len(output.encode("utf-8")) if output is not None else 0
-        where, values = _owned(stored.owner)
         with self.pool.transaction() as tx:
             if tx.db.is_postgres:  # replicas: one writer per key at a time (SQLite: the lock)
                 tx.rows("SELECT pg_advisory_xact_lock(hashtext(?))", (f"responses:{stored.owner}",))
                 if digest is not None:
                     _hold_output(tx, digest)
-            usage = self._usage(tx, where, values)
+            usage = self._usage(tx, stored.owner)
             shared = digest is not None and bool(
                 tx.rows("SELECT 1 FROM response_outputs WHERE digest = ?", (digest,))
             )
@@ -236,6 +253,7 @@ class ResponseStore:
                     digest,
                 ),
             )
+            _count(tx, stored.owner, 1, cost)
         return cost
 
     def get(self, response_id: str) -> StoredResponse | None:
@@ -282,10 +300,13 @@ class ResponseStore:
 
     def delete(self, response_id: str) -> bool:
         with self.pool.transaction() as tx:
-            found = tx.rows("SELECT output_digest FROM responses WHERE id = ?", (response_id,))
+            found = tx.rows(
+                "DELETE FROM responses WHERE id = ? RETURNING output_digest, owner, bytes",
+                (response_id,),
+            )
             if not found:
                 return False
-            tx.run("DELETE FROM responses WHERE id = ?", (response_id,))
+            _count(tx, found[0][1], -1, -int(found[0][2]))
             if found[0][0] is not None:
                 if tx.db.is_postgres:
                     _hold_output(tx, found[0][0])
@@ -304,7 +325,17 @@ class ResponseStore:
             return 0
         cutoff = now - self.retention_days * _DAY_S
         with self.pool.transaction() as tx:
-            gone = tx.count("DELETE FROM responses WHERE created_at < ?", (cutoff,))
+            rows = tx.rows(
+                "DELETE FROM responses WHERE created_at < ? RETURNING owner, bytes", (cutoff,)
+            )
+            gone = len(rows)
+            freed: dict[str | None, list[int]] = {}
+            for owner, size in rows:
+                tally = freed.setdefault(owner, [0, 0])
+                tally[0] += 1
+                tally[1] += int(size)
+            for owner, (count, size) in sorted(freed.items(), key=lambda kv: kv[0] or ""):
+                _count(tx, owner, -count, -size)
             if gone and tx.db.is_postgres:  # each orphan under its lock, in one order
                 orphans = tx.rows(_ORPHANS.replace("DELETE", "SELECT digest", 1))
                 for (digest,) in sorted(orphans):

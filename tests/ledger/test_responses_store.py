@@ -11,7 +11,13 @@ import pytest
 
 from proxy.ledger.db.connections import Pool
 from proxy.ledger.db.location import Database
-from proxy.ledger.responses_store import PRUNE_EVERY_S, QuotaFull, ResponseStore, StoredResponse
+from proxy.ledger.responses_store import (
+    PRUNE_EVERY_S,
+    QuotaFull,
+    ResponseStore,
+    StoredResponse,
+    Usage,
+)
 
 NOW = 1_790_000_000.0
 DAY = 86400.0
@@ -163,3 +169,32 @@ def test_a_key_at_its_quota_stores_nothing_more_and_other_keys_are_not_held(pool
 
 def _fields(stored: StoredResponse) -> dict[str, Any]:
     return {name: getattr(stored, name) for name in StoredResponse.__dataclass_fields__}
+
+
+def test_a_keys_tally_stays_the_sum_of_its_rows_through_writes_deletes_and_prunes(
+    pool: Pool,
+) -> None:
+    """What the quota reads (``response_usage``) is what the key's rows hold, whatever was
+    written, deleted or pruned, for a key, another key and the keyless proxy."""
+    store = ResponseStore(pool, retention_days=7)
+
+    def summed(owner: str | None) -> Usage:
+        where = "owner IS NULL" if owner is None else "owner = ?"
+        with pool.transaction() as tx:
+            row = tx.rows(
+                f"SELECT count(*), coalesce(sum(bytes), 0) FROM responses WHERE {where}",
+                () if owner is None else (owner,),
+            )
+        return Usage(count=int(row[0][0]), bytes=int(row[0][1]))
+
+    for n in range(1, 7):
+        store.put(turn(n, age_days=10 if n % 3 == 0 else 0), now=NOW)
+    store.put(turn(7, owner="id:2"), now=NOW)
+    store.put(StoredResponse(**{**_fields(turn(8, age_days=10)), "owner": None}), now=NOW)
+    store.put(StoredResponse(**{**_fields(turn(9)), "owner": None}), now=NOW)
+    assert store.delete("resp_2") and store.delete("resp_7")
+    assert store.prune(now=NOW) == 3  # resp_3, resp_6 and the keyless resp_8
+    for owner in ("id:1", "id:2", None):
+        assert store.usage(owner) == summed(owner), owner
+    assert store.usage("id:1").count == 3 and store.usage("id:2") == Usage(0, 0)
+    assert store.usage(None).count == 1
