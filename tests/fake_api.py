@@ -46,6 +46,8 @@ forgets the recorded requests):
   ``set`` copies the list, and what is left of it is ``tool_script``
 - ``served_tier``: the ``service_tier`` a chat answer (and each of its stream's chunks) says it
   was served at, as OpenAI's do (None: the field is left out)
+- ``refusal``: a text: a plain chat answer refuses, as OpenAI's does (its message's ``content``
+  null and ``refusal`` that text; a stream and a tool call are as without the knob)
 - ``failed_response``: a message: a streamed ``/v1/responses`` answer ends with
   ``response.failed`` (``status: failed``, ``error.code: server_error``, that message)
 - ``huge_reply_bytes``: a chat answer whose text is that many bytes (``a``), sent 1 MiB at a
@@ -129,6 +131,7 @@ DEFAULTS: dict[str, Any] = {
     "tool_call": None,
     "tool_call_loop": False,
     "tool_script": (),
+    "refusal": None,
     "failed_response": None,
     "huge_reply_bytes": None,
     "echo_auth": False,
@@ -339,6 +342,7 @@ class FakeAPI:
     require_key: str | None
     models: tuple[str, ...]
     echo_auth: bool
+    refusal: str | None
 
     def __init__(
         self, *, host: str = "127.0.0.1", port: int = 0, record: bool = True, **knobs: Any
@@ -556,6 +560,8 @@ class FakeAPI:
             )
         if not body.get("stream"):
             message = {"role": "assistant", "content": "".join(pieces), "refusal": None}
+            if self.refusal is not None:
+                message = {"role": "assistant", "content": None, "refusal": self.refusal}
             choices = [
                 {"index": i, "message": message, "logprobs": None, "finish_reason": finish}
                 for i in range(_count(body, "n"))
