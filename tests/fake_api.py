@@ -48,6 +48,8 @@ forgets the recorded requests):
   was served at, as OpenAI's do (None: the field is left out)
 - ``refusal``: a text: a plain chat answer refuses, as OpenAI's does (its message's ``content``
   null and ``refusal`` that text; a stream and a tool call are as without the knob)
+- ``thinking``: a text: a plain chat answer's message carries it as ``reasoning_content``, as
+  vLLM's and DeepSeek's do for a model that thinks (a stream is as without the knob)
 - ``failed_response``: a message: a streamed ``/v1/responses`` answer ends with
   ``response.failed`` (``status: failed``, ``error.code: server_error``, that message)
 - ``huge_reply_bytes``: a chat answer whose text is that many bytes (``a``), sent 1 MiB at a
@@ -132,6 +134,7 @@ DEFAULTS: dict[str, Any] = {
     "tool_call_loop": False,
     "tool_script": (),
     "refusal": None,
+    "thinking": None,
     "failed_response": None,
     "huge_reply_bytes": None,
     "echo_auth": False,
@@ -343,6 +346,7 @@ class FakeAPI:
     models: tuple[str, ...]
     echo_auth: bool
     refusal: str | None
+    thinking: str | None
 
     def __init__(
         self, *, host: str = "127.0.0.1", port: int = 0, record: bool = True, **knobs: Any
@@ -562,6 +566,8 @@ class FakeAPI:
             message = {"role": "assistant", "content": "".join(pieces), "refusal": None}
             if self.refusal is not None:
                 message = {"role": "assistant", "content": None, "refusal": self.refusal}
+            if self.thinking is not None:
+                message = {**message, "reasoning_content": self.thinking}
             choices = [
                 {"index": i, "message": message, "logprobs": None, "finish_reason": finish}
                 for i in range(_count(body, "n"))
