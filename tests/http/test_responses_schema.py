@@ -9,15 +9,21 @@ tests check."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 
+from proxy.config import LocalSettings
+from proxy.engine.local_engine import LocalEngine
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows
+from tests.in_process import in_process
+from tests.thinking_model import thinking_gguf
 
 SCHEMA = Path(__file__).parent.parent / "data" / "responses_schema.json"
 LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}  # any answer is sent
@@ -402,3 +408,87 @@ async def test_a_live_local_stream_past_its_deadline_ends_failed(
     assert (made["status"], made["error"]["code"]) == ("failed", "server_error")
     assert made["usage"] is None or made["usage"]["output_tokens"] < 400
     assert fake_api.count == 0
+
+
+@pytest.fixture(scope="module")
+async def thinker(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalEngine]:
+    """The bundled SmolLM2 with a template that opens a ``<think>`` block
+    (``tests/thinking_model.py``), as ``tests/http/test_reasoning.py`` runs it."""
+    path = thinking_gguf(tmp_path_factory.mktemp("thinking"))
+    engine = LocalEngine(LocalSettings(model_path=str(path), n_threads=1, parallel=1))
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+async def test_a_local_reasoning_item_and_its_events_follow_the_schema(
+    tmp_path: Path, thinker: LocalEngine
+) -> None:
+    """A local model that thinks: its ``reasoning`` item (JSON), and its
+    ``response.reasoning_text.delta`` and ``.done`` events in a ``verify`` stream and in a
+    ``live`` one (the item streamed as the tokens come, before the message)."""
+    asked = {"model": "gpt-4o-mini", "input": "What is 2+2?", "max_output_tokens": 5}
+    answers = []
+    for mode in ("verify", "live"):
+        (tmp_path / mode).mkdir()
+        settings = settings_for(tmp_path / mode, router={"stream_mode": mode})
+        async with in_process(settings, thinker) as http:
+            if mode == "verify":
+                answers.append(await _post(http, asked, LOCAL))
+            answers.append(await _post(http, {**asked, "stream": True}, LOCAL))
+    plain, verify, live = answers
+    assert [a.headers["x-frugal-route"] for a in answers] == ["local"] * 3
+    assert live.headers["x-frugal-reason"] == "forced"  # a forced-local live stream says so
+    response = plain.json()
+    assert not (errors := response_errors(response)), errors
+    assert response["output"][0]["type"] == "reasoning"
+    for streamed in (verify, live):
+        events = sse_events(streamed.content)
+        assert not (errors := event_errors(events)), errors
+        kinds = _kinds(events)
+        assert "response.reasoning_text.delta" in kinds
+        [done] = [e for e in events if e["type"] == "response.reasoning_text.done"]
+        deltas = [e["delta"] for e in events if e["type"] == "response.reasoning_text.delta"]
+        assert "".join(deltas) == done["text"]
+        added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
+        assert added[0] == "reasoning"
+        assert events[-1]["response"]["output"][0]["type"] == "reasoning"
+
+
+async def test_a_reasoning_item_on_the_api_routes_follows_the_schema(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """The API's own ``/v1/responses`` asked for ``reasoning``: the upstream's ``reasoning``
+    item (a summary, no text), relayed; and on the translate route (which refuses
+    ``reasoning``) a chat answer with ``reasoning_content`` (as vLLM sends a thinking
+    model's): a ``reasoning`` item with its ``reasoning_text`` part, JSON and streamed with
+    ``response.reasoning_text.delta`` and ``.done``."""
+    thought = "The user asks for a capital. Paris."
+    asked = {"model": "gpt-4o-mini", "input": QUESTION, "reasoning": {"effort": "low"}}
+    (tmp_path / "own").mkdir()
+    (tmp_path / "chat").mkdir()
+    async with make_client(settings_for(tmp_path / "own", fake_api)) as http:
+        own = await _post(http, asked, API)
+        own_streamed = await _post(http, {**asked, "stream": True}, API)
+    fake_api.set(thinking=thought)
+    translate = settings_for(tmp_path / "chat", fake_api, fallback={"responses": "translate"})
+    async with make_client(translate) as http:
+        chat = {"model": "gpt-4o-mini", "input": QUESTION}  # translate takes no reasoning
+        plain = await _post(http, chat, API)
+        streamed = await _post(http, {**chat, "stream": True}, API)
+    paths = [path for path, _h, _b in fake_api.requests]
+    assert paths == ["/v1/responses"] * 2 + ["/v1/chat/completions"] * 2
+    for made in (own.json(), plain.json()):
+        assert not (errors := response_errors(made)), errors
+        assert made["output"][0]["type"] == "reasoning"
+    own_events = sse_events(own_streamed.content)
+    events = sse_events(streamed.content)
+    assert not (errors := event_errors(own_events)), errors
+    assert not (errors := event_errors(events)), errors
+    for stream in (own_events, events):
+        added = [e["item"]["type"] for e in stream if e["type"] == "response.output_item.added"]
+        assert added[0] == "reasoning"
+    assert plain.json()["output"][0]["content"] == [{"type": "reasoning_text", "text": thought}]
+    [done] = [e for e in events if e["type"] == "response.reasoning_text.done"]
+    deltas = [e["delta"] for e in events if e["type"] == "response.reasoning_text.delta"]
+    assert ("".join(deltas), done["text"]) == (thought, thought)
