@@ -47,7 +47,9 @@ forgets the recorded requests):
 - ``served_tier``: the ``service_tier`` a chat answer (and each of its stream's chunks) says it
   was served at, as OpenAI's do (None: the field is left out)
 - ``refusal``: a text: a plain chat answer refuses, as OpenAI's does (its message's ``content``
-  null and ``refusal`` that text; a stream and a tool call are as without the knob)
+  null and ``refusal`` that text; a chat stream and a tool call are as without the knob), and
+  so does a ``/v1/responses`` answer (its message's one part a ``refusal``, streamed with
+  ``response.refusal.delta`` and ``.done``)
 - ``thinking``: a text: a plain chat answer's message carries it as ``reasoning_content``, as
   vLLM's and DeepSeek's do for a model that thinks (a stream is as without the knob)
 - ``failed_response``: a message: a streamed ``/v1/responses`` answer ends with
@@ -738,7 +740,9 @@ class FakeAPI:
                 }
             )
             return output
-        text = {"type": "output_text", "text": "".join(pieces), "annotations": []}
+        text: dict[str, Any] = {"type": "output_text", "text": "".join(pieces), "annotations": []}
+        if self.refusal is not None:
+            text = {"type": "refusal", "refusal": self.refusal}
         message = {"id": self._next_id("msg"), "type": "message", "role": "assistant"}
         output.append({**message, "status": status, "content": [text]})
         return output
@@ -843,7 +847,18 @@ def _response_events(response: dict[str, Any], pieces: list[str]) -> Iterator[by
     yield event("response.in_progress", response=started)
     for index, item in enumerate(response["output"]):
         at = {"output_index": index, "item_id": item["id"]}
-        if item["type"] == "message":
+        parts = item.get("content") or [{}]
+        if item["type"] == "message" and parts[0].get("type") == "refusal":
+            yield event(
+                "response.output_item.added", output_index=index, item={**item, "content": []}
+            )
+            said = item["content"][0]
+            empty = {"type": "refusal", "refusal": ""}
+            yield event("response.content_part.added", **at, content_index=0, part=empty)
+            yield event("response.refusal.delta", **at, content_index=0, delta=said["refusal"])
+            yield event("response.refusal.done", **at, content_index=0, refusal=said["refusal"])
+            yield event("response.content_part.done", **at, content_index=0, part=said)
+        elif item["type"] == "message":
             yield event(
                 "response.output_item.added", output_index=index, item={**item, "content": []}
             )
