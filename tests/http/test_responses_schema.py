@@ -492,3 +492,26 @@ async def test_a_reasoning_item_on_the_api_routes_follows_the_schema(
     [done] = [e for e in events if e["type"] == "response.reasoning_text.done"]
     deltas = [e["delta"] for e in events if e["type"] == "response.reasoning_text.delta"]
     assert ("".join(deltas), done["text"]) == (thought, thought)
+
+
+async def test_the_apis_own_refusal_follows_the_schema(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """The API's own ``/v1/responses`` refuses: its ``refusal`` part (JSON) and its
+    ``response.refusal.delta`` and ``.done`` events, relayed and mended."""
+    said = "I can't help with that."
+    fake_api.set(refusal=said)
+    asked = {"model": "gpt-4o-mini", "input": QUESTION}
+    async with make_client(settings_for(tmp_path, fake_api)) as http:
+        plain = await _post(http, asked, API)
+        streamed = await _post(http, {**asked, "stream": True}, API)
+    assert [path for path, _h, _b in fake_api.requests] == ["/v1/responses"] * 2
+    response = plain.json()
+    events = sse_events(streamed.content)
+    assert not (errors := response_errors(response)), errors
+    assert not (errors := event_errors(events)), errors
+    for made in (response, events[-1]["response"]):
+        assert made["output"][0]["content"] == [{"type": "refusal", "refusal": said}]
+    [done] = [e for e in events if e["type"] == "response.refusal.done"]
+    deltas = [e["delta"] for e in events if e["type"] == "response.refusal.delta"]
+    assert ("".join(deltas), done["refusal"]) == (said, said)
