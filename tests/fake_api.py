@@ -51,7 +51,9 @@ forgets the recorded requests):
   so does a ``/v1/responses`` answer (its message's one part a ``refusal``, streamed with
   ``response.refusal.delta`` and ``.done``)
 - ``thinking``: a text: a plain chat answer's message carries it as ``reasoning_content``, as
-  vLLM's and DeepSeek's do for a model that thinks (a stream is as without the knob)
+  vLLM's and DeepSeek's do for a model that thinks (a chat stream is as without the knob); a
+  ``/v1/responses`` answer's ``reasoning`` item (asked with ``reasoning``) carries it as its
+  ``reasoning_text`` part, streamed with ``response.reasoning_text.delta`` and ``.done``
 - ``failed_response``: a message: a streamed ``/v1/responses`` answer ends with
   ``response.failed`` (``status: failed``, ``error.code: server_error``, that message)
 - ``huge_reply_bytes``: a chat answer whose text is that many bytes (``a``), sent 1 MiB at a
@@ -712,7 +714,14 @@ class FakeAPI:
         output: list[dict[str, Any]] = []
         tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
         if isinstance(body.get("reasoning"), dict):
-            output.append({"id": self._next_id("rs"), "type": "reasoning", "summary": []})
+            thought: dict[str, Any] = {
+                "id": self._next_id("rs"),
+                "type": "reasoning",
+                "summary": [],
+            }
+            if self.thinking is not None:
+                thought["content"] = [{"type": "reasoning_text", "text": self.thinking}]
+            output.append(thought)
         for tool in tools:
             if tool.get("type") not in ("function", None):
                 kind = str(tool["type"]).removesuffix("_preview")
@@ -858,6 +867,18 @@ def _response_events(response: dict[str, Any], pieces: list[str]) -> Iterator[by
             yield event("response.refusal.delta", **at, content_index=0, delta=said["refusal"])
             yield event("response.refusal.done", **at, content_index=0, refusal=said["refusal"])
             yield event("response.content_part.done", **at, content_index=0, part=said)
+        elif item["type"] == "reasoning" and item.get("content"):
+            yield event(
+                "response.output_item.added", output_index=index, item={**item, "content": []}
+            )
+            text = item["content"][0]["text"]
+            empty = {"type": "reasoning_text", "text": ""}
+            yield event("response.content_part.added", **at, content_index=0, part=empty)
+            yield event("response.reasoning_text.delta", **at, content_index=0, delta=text)
+            yield event("response.reasoning_text.done", **at, content_index=0, text=text)
+            yield event(
+                "response.content_part.done", **at, content_index=0, part=item["content"][0]
+            )
         elif item["type"] == "message":
             yield event(
                 "response.output_item.added", output_index=index, item={**item, "content": []}
