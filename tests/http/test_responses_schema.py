@@ -459,10 +459,10 @@ async def test_a_reasoning_item_on_the_api_routes_follows_the_schema(
     tmp_path: Path, fake_api: FakeAPI, make_client: Any
 ) -> None:
     """The API's own ``/v1/responses`` asked for ``reasoning``: the upstream's ``reasoning``
-    item (a summary, no text), relayed; and on the translate route (which refuses
-    ``reasoning``) a chat answer with ``reasoning_content`` (as vLLM sends a thinking
-    model's): a ``reasoning`` item with its ``reasoning_text`` part, JSON and streamed with
-    ``response.reasoning_text.delta`` and ``.done``."""
+    item, relayed (a summary and no text, then with its text streamed); and on the translate
+    route (which refuses ``reasoning``) a chat answer with ``reasoning_content`` (as vLLM
+    sends a thinking model's): a ``reasoning`` item with its ``reasoning_text`` part, JSON and
+    streamed with ``response.reasoning_text.delta`` and ``.done``."""
     thought = "The user asks for a capital. Paris."
     asked = {"model": "gpt-4o-mini", "input": QUESTION, "reasoning": {"effort": "low"}}
     (tmp_path / "own").mkdir()
@@ -470,28 +470,32 @@ async def test_a_reasoning_item_on_the_api_routes_follows_the_schema(
     async with make_client(settings_for(tmp_path / "own", fake_api)) as http:
         own = await _post(http, asked, API)
         own_streamed = await _post(http, {**asked, "stream": True}, API)
-    fake_api.set(thinking=thought)
+        fake_api.set(thinking=thought)
+        thinking = await _post(http, {**asked, "stream": True}, API)
     translate = settings_for(tmp_path / "chat", fake_api, fallback={"responses": "translate"})
     async with make_client(translate) as http:
         chat = {"model": "gpt-4o-mini", "input": QUESTION}  # translate takes no reasoning
         plain = await _post(http, chat, API)
         streamed = await _post(http, {**chat, "stream": True}, API)
     paths = [path for path, _h, _b in fake_api.requests]
-    assert paths == ["/v1/responses"] * 2 + ["/v1/chat/completions"] * 2
+    assert paths == ["/v1/responses"] * 3 + ["/v1/chat/completions"] * 2
     for made in (own.json(), plain.json()):
         assert not (errors := response_errors(made)), errors
         assert made["output"][0]["type"] == "reasoning"
     own_events = sse_events(own_streamed.content)
+    thinking_events = sse_events(thinking.content)
     events = sse_events(streamed.content)
     assert not (errors := event_errors(own_events)), errors
+    assert not (errors := event_errors(thinking_events)), errors
     assert not (errors := event_errors(events)), errors
-    for stream in (own_events, events):
+    for stream in (own_events, thinking_events, events):
         added = [e["item"]["type"] for e in stream if e["type"] == "response.output_item.added"]
         assert added[0] == "reasoning"
     assert plain.json()["output"][0]["content"] == [{"type": "reasoning_text", "text": thought}]
-    [done] = [e for e in events if e["type"] == "response.reasoning_text.done"]
-    deltas = [e["delta"] for e in events if e["type"] == "response.reasoning_text.delta"]
-    assert ("".join(deltas), done["text"]) == (thought, thought)
+    for stream in (thinking_events, events):
+        [done] = [e for e in stream if e["type"] == "response.reasoning_text.done"]
+        deltas = [e["delta"] for e in stream if e["type"] == "response.reasoning_text.delta"]
+        assert ("".join(deltas), done["text"]) == (thought, thought)
 
 
 async def test_the_apis_own_refusal_follows_the_schema(
