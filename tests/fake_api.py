@@ -46,6 +46,14 @@ forgets the recorded requests):
   ``set`` copies the list, and what is left of it is ``tool_script``
 - ``served_tier``: the ``service_tier`` a chat answer (and each of its stream's chunks) says it
   was served at, as OpenAI's do (None: the field is left out)
+- ``refusal``: a text: a plain chat answer refuses, as OpenAI's does (its message's ``content``
+  null and ``refusal`` that text; a chat stream and a tool call are as without the knob), and
+  so does a ``/v1/responses`` answer (its message's one part a ``refusal``, streamed with
+  ``response.refusal.delta`` and ``.done``)
+- ``thinking``: a text: a plain chat answer's message carries it as ``reasoning_content``, as
+  vLLM's and DeepSeek's do for a model that thinks (a chat stream is as without the knob); a
+  ``/v1/responses`` answer's ``reasoning`` item (asked with ``reasoning``) carries it as its
+  ``reasoning_text`` part, streamed with ``response.reasoning_text.delta`` and ``.done``
 - ``failed_response``: a message: a streamed ``/v1/responses`` answer ends with
   ``response.failed`` (``status: failed``, ``error.code: server_error``, that message)
 - ``huge_reply_bytes``: a chat answer whose text is that many bytes (``a``), sent 1 MiB at a
@@ -129,6 +137,8 @@ DEFAULTS: dict[str, Any] = {
     "tool_call": None,
     "tool_call_loop": False,
     "tool_script": (),
+    "refusal": None,
+    "thinking": None,
     "failed_response": None,
     "huge_reply_bytes": None,
     "echo_auth": False,
@@ -339,6 +349,8 @@ class FakeAPI:
     require_key: str | None
     models: tuple[str, ...]
     echo_auth: bool
+    refusal: str | None
+    thinking: str | None
 
     def __init__(
         self, *, host: str = "127.0.0.1", port: int = 0, record: bool = True, **knobs: Any
@@ -556,6 +568,10 @@ class FakeAPI:
             )
         if not body.get("stream"):
             message = {"role": "assistant", "content": "".join(pieces), "refusal": None}
+            if self.refusal is not None:
+                message = {"role": "assistant", "content": None, "refusal": self.refusal}
+            if self.thinking is not None:
+                message = {**message, "reasoning_content": self.thinking}
             choices = [
                 {"index": i, "message": message, "logprobs": None, "finish_reason": finish}
                 for i in range(_count(body, "n"))
@@ -698,7 +714,14 @@ class FakeAPI:
         output: list[dict[str, Any]] = []
         tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
         if isinstance(body.get("reasoning"), dict):
-            output.append({"id": self._next_id("rs"), "type": "reasoning", "summary": []})
+            thought: dict[str, Any] = {
+                "id": self._next_id("rs"),
+                "type": "reasoning",
+                "summary": [],
+            }
+            if self.thinking is not None:
+                thought["content"] = [{"type": "reasoning_text", "text": self.thinking}]
+            output.append(thought)
         for tool in tools:
             if tool.get("type") not in ("function", None):
                 kind = str(tool["type"]).removesuffix("_preview")
@@ -726,7 +749,9 @@ class FakeAPI:
                 }
             )
             return output
-        text = {"type": "output_text", "text": "".join(pieces), "annotations": []}
+        text: dict[str, Any] = {"type": "output_text", "text": "".join(pieces), "annotations": []}
+        if self.refusal is not None:
+            text = {"type": "refusal", "refusal": self.refusal}
         message = {"id": self._next_id("msg"), "type": "message", "role": "assistant"}
         output.append({**message, "status": status, "content": [text]})
         return output
@@ -831,7 +856,30 @@ def _response_events(response: dict[str, Any], pieces: list[str]) -> Iterator[by
     yield event("response.in_progress", response=started)
     for index, item in enumerate(response["output"]):
         at = {"output_index": index, "item_id": item["id"]}
-        if item["type"] == "message":
+        parts = item.get("content") or [{}]
+        if item["type"] == "message" and parts[0].get("type") == "refusal":
+            yield event(
+                "response.output_item.added", output_index=index, item={**item, "content": []}
+            )
+            said = item["content"][0]
+            empty = {"type": "refusal", "refusal": ""}
+            yield event("response.content_part.added", **at, content_index=0, part=empty)
+            yield event("response.refusal.delta", **at, content_index=0, delta=said["refusal"])
+            yield event("response.refusal.done", **at, content_index=0, refusal=said["refusal"])
+            yield event("response.content_part.done", **at, content_index=0, part=said)
+        elif item["type"] == "reasoning" and item.get("content"):
+            yield event(
+                "response.output_item.added", output_index=index, item={**item, "content": []}
+            )
+            text = item["content"][0]["text"]
+            empty = {"type": "reasoning_text", "text": ""}
+            yield event("response.content_part.added", **at, content_index=0, part=empty)
+            yield event("response.reasoning_text.delta", **at, content_index=0, delta=text)
+            yield event("response.reasoning_text.done", **at, content_index=0, text=text)
+            yield event(
+                "response.content_part.done", **at, content_index=0, part=item["content"][0]
+            )
+        elif item["type"] == "message":
             yield event(
                 "response.output_item.added", output_index=index, item={**item, "content": []}
             )

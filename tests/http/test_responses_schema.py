@@ -9,15 +9,21 @@ tests check."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 
+from proxy.config import LocalSettings
+from proxy.engine.local_engine import LocalEngine
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows
+from tests.in_process import in_process
+from tests.thinking_model import thinking_gguf
 
 SCHEMA = Path(__file__).parent.parent / "data" / "responses_schema.json"
 LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}  # any answer is sent
@@ -244,3 +250,272 @@ async def test_a_translated_api_answer_and_its_tool_call_stream_follow_the_schem
     kinds = [e["type"] for e in events]
     assert "response.function_call_arguments.done" in kinds
     assert events[-1]["response"]["output"][0]["name"] == "get_weather"
+
+
+WEATHER = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    }
+]
+
+
+def _kinds(events: list[dict[str, Any]]) -> list[str]:
+    return [e["type"] for e in events]
+
+
+async def test_a_local_function_call_and_its_stream_follow_the_schema(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """A forced-local request with a function tool and ``tool_choice: "required"``: the grammar
+    makes SmolLM2 call it, as a ``function_call`` item (JSON) and as the item's events with
+    ``response.function_call_arguments.delta`` and ``.done`` (a ``verify`` stream)."""
+    settings = settings_for(tmp_path, fake_api)
+    asked = {
+        "model": "gpt-4o-mini",
+        "input": "What is the weather in Paris?",
+        "tools": WEATHER,
+        "tool_choice": "required",
+        "max_output_tokens": 64,
+    }
+    async with make_client(settings) as http:
+        plain = await _post(http, asked, LOCAL)
+        streamed = await _post(http, {**asked, "stream": True}, LOCAL)
+    response = plain.json()
+    events = sse_events(streamed.content)
+    assert (plain.headers["x-frugal-route"], streamed.headers["x-frugal-route"]) == (
+        "local",
+        "local",
+    )
+    assert not (errors := response_errors(response)), errors
+    assert not (errors := event_errors(events)), errors
+    for made in (response, events[-1]["response"]):
+        calls = [i for i in made["output"] if i["type"] == "function_call"]
+        assert [c["name"] for c in calls] == ["get_weather"], made["output"]
+        assert isinstance(json.loads(calls[0]["arguments"]), dict)
+    kinds = _kinds(events)
+    added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
+    assert "function_call" in added
+    assert kinds.count("response.function_call_arguments.delta") >= 1
+    [done] = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert done["name"] == "get_weather"
+    assert kinds[-1] == "response.completed"
+    assert fake_api.count == 0
+
+
+async def test_the_apis_failed_stream_and_a_cut_stream_follow_the_schema(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """The API's own ``/v1/responses``: a stream the upstream ends with ``response.failed``
+    (relayed, its response mended), and one cut before its end (the events relayed as they
+    came, one by one, then the proxy's own ``error`` event)."""
+    settings = settings_for(tmp_path, fake_api)
+    asked = {"model": "gpt-4o-mini", "input": QUESTION, "stream": True}
+    async with make_client(settings) as http:
+        fake_api.set(failed_response="the model broke down")
+        failed = await _post(http, asked, API)
+        fake_api.set(failed_response=None, cut_stream_after=3, per_token_s=0.05)
+        cut = await _post(http, asked, API)
+    failed_events = sse_events(failed.content)
+    cut_events = sse_events(cut.content)
+    assert (failed.headers["x-frugal-route"], cut.headers["x-frugal-route"]) == ("api", "api")
+    assert not (errors := event_errors(failed_events)), errors
+    assert not (errors := event_errors(cut_events)), errors
+    last = failed_events[-1]
+    assert last["type"] == "response.failed"
+    assert (last["response"]["status"], last["response"]["error"]["code"]) == (
+        "failed",
+        "server_error",
+    )
+    assert _kinds(cut_events)[:2] == ["response.created", "response.in_progress"]
+    assert _kinds(cut_events)[-1] == "error"
+    assert cut_events[-1]["code"] == "upstream_failed"
+    assert [e["sequence_number"] for e in cut_events] == list(range(len(cut_events)))
+
+
+async def test_a_translated_text_stream_and_a_refusal_follow_the_schema(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """``[fallback] responses = "translate"``: a text answer streamed (its ``message`` item,
+    content part and text deltas), and a chat answer that refuses (``refusal``, no content)
+    as a ``refusal`` part, JSON and streamed with ``response.refusal.delta`` and ``.done``."""
+    settings = settings_for(tmp_path, fake_api, fallback={"responses": "translate"})
+    asked = {"model": "gpt-4o-mini", "input": QUESTION}
+    said = "I can't help with that."
+    async with make_client(settings) as http:
+        text = await _post(http, {**asked, "stream": True}, API)
+        fake_api.set(refusal=said)
+        plain = await _post(http, asked, API)
+        streamed = await _post(http, {**asked, "stream": True}, API)
+    assert [path for path, _h, _b in fake_api.requests] == ["/v1/chat/completions"] * 3
+    text_events = sse_events(text.content)
+    response = plain.json()
+    events = sse_events(streamed.content)
+    assert not (errors := event_errors(text_events)), errors
+    assert not (errors := response_errors(response)), errors
+    assert not (errors := event_errors(events)), errors
+    text_kinds = _kinds(text_events)
+    for kind in (
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ):
+        assert kind in text_kinds
+    assert text_events[-1]["response"]["output"][0]["content"][0]["text"] == fake_api.reply
+    for made in (response, events[-1]["response"]):
+        assert made["output"][0]["content"] == [{"type": "refusal", "refusal": said}]
+    [done] = [e for e in events if e["type"] == "response.refusal.done"]
+    deltas = [e["delta"] for e in events if e["type"] == "response.refusal.delta"]
+    assert ("".join(deltas), done["refusal"]) == (said, said)
+
+
+async def test_a_live_local_stream_past_its_deadline_ends_failed(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """``stream_mode = "live"``, ``model: "local"`` and a deadline far too short for a long
+    answer: the tokens already sent stay, and the stream ends with ``response.failed``
+    (``server_error``), validated with the rest of its events."""
+    settings = settings_for(
+        tmp_path, fake_api, router={"stream_mode": "live"}, local={"timeout_s": 1.0}
+    )
+    asked = {
+        "model": "local",
+        "input": "Write a very long story about a lighthouse keeper.",
+        "max_output_tokens": 400,
+        "stream": True,
+    }
+    async with make_client(settings) as http:
+        streamed = await _post(http, asked, {})
+    events = sse_events(streamed.content)
+    assert (streamed.headers["x-frugal-route"], streamed.headers["x-frugal-reason"]) == (
+        "local",
+        "forced",  # a forced-local live stream says so, not "live"
+    )
+    assert not (errors := event_errors(events)), errors
+    assert "response.output_text.delta" in _kinds(events)
+    last = events[-1]
+    assert last["type"] == "response.failed"
+    made = last["response"]
+    assert (made["status"], made["error"]["code"]) == ("failed", "server_error")
+    assert made["usage"] is None or made["usage"]["output_tokens"] < 400
+    assert fake_api.count == 0
+
+
+@pytest.fixture(scope="module")
+async def thinker(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalEngine]:
+    """The bundled SmolLM2 with a template that opens a ``<think>`` block
+    (``tests/thinking_model.py``), as ``tests/http/test_reasoning.py`` runs it."""
+    path = thinking_gguf(tmp_path_factory.mktemp("thinking"))
+    engine = LocalEngine(LocalSettings(model_path=str(path), n_threads=1, parallel=1))
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+async def test_a_local_reasoning_item_and_its_events_follow_the_schema(
+    tmp_path: Path, thinker: LocalEngine
+) -> None:
+    """A local model that thinks: its ``reasoning`` item (JSON), and its
+    ``response.reasoning_text.delta`` and ``.done`` events in a ``verify`` stream and in a
+    ``live`` one (the item streamed as the tokens come, before the message)."""
+    asked = {"model": "gpt-4o-mini", "input": "What is 2+2?", "max_output_tokens": 5}
+    answers = []
+    for mode in ("verify", "live"):
+        (tmp_path / mode).mkdir()
+        settings = settings_for(tmp_path / mode, router={"stream_mode": mode})
+        async with in_process(settings, thinker) as http:
+            if mode == "verify":
+                answers.append(await _post(http, asked, LOCAL))
+            answers.append(await _post(http, {**asked, "stream": True}, LOCAL))
+    plain, verify, live = answers
+    assert [a.headers["x-frugal-route"] for a in answers] == ["local"] * 3
+    assert live.headers["x-frugal-reason"] == "forced"  # a forced-local live stream says so
+    response = plain.json()
+    assert not (errors := response_errors(response)), errors
+    assert response["output"][0]["type"] == "reasoning"
+    for streamed in (verify, live):
+        events = sse_events(streamed.content)
+        assert not (errors := event_errors(events)), errors
+        kinds = _kinds(events)
+        assert "response.reasoning_text.delta" in kinds
+        [done] = [e for e in events if e["type"] == "response.reasoning_text.done"]
+        deltas = [e["delta"] for e in events if e["type"] == "response.reasoning_text.delta"]
+        assert "".join(deltas) == done["text"]
+        added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
+        assert added[0] == "reasoning"
+        assert events[-1]["response"]["output"][0]["type"] == "reasoning"
+
+
+async def test_a_reasoning_item_on_the_api_routes_follows_the_schema(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """The API's own ``/v1/responses`` asked for ``reasoning``: the upstream's ``reasoning``
+    item, relayed (a summary and no text, then with its text streamed); and on the translate
+    route (which refuses ``reasoning``) a chat answer with ``reasoning_content`` (as vLLM
+    sends a thinking model's): a ``reasoning`` item with its ``reasoning_text`` part, JSON and
+    streamed with ``response.reasoning_text.delta`` and ``.done``."""
+    thought = "The user asks for a capital. Paris."
+    asked = {"model": "gpt-4o-mini", "input": QUESTION, "reasoning": {"effort": "low"}}
+    (tmp_path / "own").mkdir()
+    (tmp_path / "chat").mkdir()
+    async with make_client(settings_for(tmp_path / "own", fake_api)) as http:
+        own = await _post(http, asked, API)
+        own_streamed = await _post(http, {**asked, "stream": True}, API)
+        fake_api.set(thinking=thought)
+        thinking = await _post(http, {**asked, "stream": True}, API)
+    translate = settings_for(tmp_path / "chat", fake_api, fallback={"responses": "translate"})
+    async with make_client(translate) as http:
+        chat = {"model": "gpt-4o-mini", "input": QUESTION}  # translate takes no reasoning
+        plain = await _post(http, chat, API)
+        streamed = await _post(http, {**chat, "stream": True}, API)
+    paths = [path for path, _h, _b in fake_api.requests]
+    assert paths == ["/v1/responses"] * 3 + ["/v1/chat/completions"] * 2
+    for made in (own.json(), plain.json()):
+        assert not (errors := response_errors(made)), errors
+        assert made["output"][0]["type"] == "reasoning"
+    own_events = sse_events(own_streamed.content)
+    thinking_events = sse_events(thinking.content)
+    events = sse_events(streamed.content)
+    assert not (errors := event_errors(own_events)), errors
+    assert not (errors := event_errors(thinking_events)), errors
+    assert not (errors := event_errors(events)), errors
+    for stream in (own_events, thinking_events, events):
+        added = [e["item"]["type"] for e in stream if e["type"] == "response.output_item.added"]
+        assert added[0] == "reasoning"
+    assert plain.json()["output"][0]["content"] == [{"type": "reasoning_text", "text": thought}]
+    for stream in (thinking_events, events):
+        [done] = [e for e in stream if e["type"] == "response.reasoning_text.done"]
+        deltas = [e["delta"] for e in stream if e["type"] == "response.reasoning_text.delta"]
+        assert ("".join(deltas), done["text"]) == (thought, thought)
+
+
+async def test_the_apis_own_refusal_follows_the_schema(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """The API's own ``/v1/responses`` refuses: its ``refusal`` part (JSON) and its
+    ``response.refusal.delta`` and ``.done`` events, relayed and mended."""
+    said = "I can't help with that."
+    fake_api.set(refusal=said)
+    asked = {"model": "gpt-4o-mini", "input": QUESTION}
+    async with make_client(settings_for(tmp_path, fake_api)) as http:
+        plain = await _post(http, asked, API)
+        streamed = await _post(http, {**asked, "stream": True}, API)
+    assert [path for path, _h, _b in fake_api.requests] == ["/v1/responses"] * 2
+    response = plain.json()
+    events = sse_events(streamed.content)
+    assert not (errors := response_errors(response)), errors
+    assert not (errors := event_errors(events)), errors
+    for made in (response, events[-1]["response"]):
+        assert made["output"][0]["content"] == [{"type": "refusal", "refusal": said}]
+    [done] = [e for e in events if e["type"] == "response.refusal.done"]
+    deltas = [e["delta"] for e in events if e["type"] == "response.refusal.delta"]
+    assert ("".join(deltas), done["refusal"]) == (said, said)
