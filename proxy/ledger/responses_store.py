@@ -13,15 +13,15 @@ the app calls it at start, and the store calls it itself at a write at most once
 A bound on what a key keeps (``migrations/0012_responses_quota.sql``): each row records what it
 costs its key in ``bytes`` (the UTF-8 bytes of its JSON), and :meth:`ResponseStore.put` refuses
 (:class:`QuotaFull`) a row that would take its key past ``max_bytes`` or ``max_count``, in the
-transaction that writes it, so two writers cannot both pass; :meth:`ResponseStore.usage` is
-what the HTTP side checks before it spends anything on a request. Both read the key's running
-tally in ``response_usage`` (``migrations/0015_responses_usage.sql``), kept in step with its rows
-by every write, delete and prune, so the check costs the same however much the key has stored. An answer's output items are
-kept once, however many responses carry them (a cache hit is the same answer under new ids): in
-``response_outputs``, under the sha256 of their JSON with the item ids left blank, while each
-response keeps its own ids. Only the row that stored an answer first counts its bytes; the last
-response that names an answer takes it along when it is deleted or pruned (on PostgreSQL under
-a lock per answer, so that a replica storing a response that names it and one deleting it
+transaction that writes it, so two writers cannot both pass; :meth:`ResponseStore.usage` is what
+the HTTP side checks before it spends anything on a request. Both read the key's running tally in
+``response_usage`` (``migrations/0015_responses_usage.sql``), kept in step with its rows by every
+write, delete and prune, so the check costs the same however much the key has stored. An answer's
+output items are kept once, however many responses carry them (a cache hit is the same answer under
+new ids): in ``response_outputs``, under the sha256 of their JSON with the item ids left blank,
+while each response keeps its own ids. Only the row that stored an answer first counts its bytes;
+the last response that names an answer takes it along when it is deleted or pruned (on PostgreSQL
+under a lock per answer, so that a replica storing a response that names it and one deleting it
 cannot cross).
 
 :meth:`ResponseStore.item` finds one stored item by its id, for an ``item_reference`` input
