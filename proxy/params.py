@@ -176,6 +176,19 @@ def _ignored_id(name: str) -> Param:
     )
 
 
+SERVICE_TIER = Param(
+    name="service_tier",
+    handling=HONOURED,
+    doc=f"At most {ID_CHARS} characters, forwarded to the API. `flex` is deferred work: the "
+    "local model gets `[batch] flex_timeout_s` to answer, and the request is priced at the "
+    "flex rate.",
+    type="string",
+    max_chars=ID_CHARS,
+)
+"""The provider's processing tier; ``flex`` gives the local attempt the long deadline of
+deferred work (:mod:`proxy.routing.router`)."""
+
+
 CHAT: tuple[Param, ...] = (
     _model(
         "The model asked for: the API fallback's target and the price that savings are counted "
@@ -275,7 +288,7 @@ CHAT: tuple[Param, ...] = (
         type="string",
         max_chars=ID_CHARS,
     ),
-    _ignored_id("service_tier"),
+    SERVICE_TIER,
     _ignored_id("prompt_cache_key"),
     _ignored_id("prompt_cache_retention"),
     _ignored_id("safety_identifier"),
@@ -361,6 +374,7 @@ COMPLETIONS: tuple[Param, ...] = (
         doc="Text after the completion: the API answers.",
         type="string",
     ),
+    SERVICE_TIER,
 )
 
 COMPLETIONS_RULES: tuple[Rule, ...] = CHAT_RULES[:1]

@@ -132,6 +132,7 @@ def validate(settings: Settings) -> Settings:
     _check_range("[responses] retention_days", s.responses.retention_days, 0.0, 36500.0)
     _check_range("[responses] max_stored_bytes_per_key", s.responses.max_stored_bytes_per_key, 1024)
     _check_range("[responses] max_stored_per_key", s.responses.max_stored_per_key, 1)
+    _check_range("[batch] flex_timeout_s", s.batch.flex_timeout_s, 0.1, 86400.0)
     _check_range("[costs] monthly_fixed_usd", s.costs.monthly_fixed_usd, 0.0)
     return settings
 

@@ -3,7 +3,8 @@
     Settings        every section, the ``[pricing]`` tables and where they came from
     SECTIONS        section name -> its dataclass, in the order of ``config.example.toml``
     ServerSettings, LocalSettings (with its BackendSettings), FallbackSettings, RouterSettings,
-    QualitySettings, LedgerSettings, CacheSettings, CostSettings, ModelPrice
+    QualitySettings, LedgerSettings, CacheSettings, ResponsesSettings, BatchSettings,
+    CostSettings, ModelPrice
     (``[audit]`` is :class:`proxy.config.audit_settings.AuditSettings`, which checks its own ranges)
 
 Every field is documented in ``config.example.toml``; a test keeps the two in step. Nothing here
@@ -202,6 +203,15 @@ class ResponsesSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class BatchSettings:
+    """``[batch]``: deferred work, which asks for no interactive answer time. A request with
+    ``service_tier: "flex"`` is given ``flex_timeout_s`` as its local deadline, in place of
+    ``[local] timeout_s`` (proxy/routing/router.py)."""
+
+    flex_timeout_s: float = 600.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class CostSettings:
     monthly_fixed_usd: float = 0.0
 
@@ -227,6 +237,7 @@ class Settings:
     costs: CostSettings = field(default_factory=CostSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
     responses: ResponsesSettings = field(default_factory=ResponsesSettings)
+    batch: BatchSettings = field(default_factory=BatchSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
     pricing: dict[str, ModelPrice] = field(default_factory=dict)
     source: str = "<defaults>"
@@ -242,5 +253,6 @@ SECTIONS: dict[str, type] = {
     "costs": CostSettings,
     "cache": CacheSettings,
     "responses": ResponsesSettings,
+    "batch": BatchSettings,
     "audit": AuditSettings,
 }

@@ -336,16 +336,17 @@ class Predictor:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - only stopping it
                 pass
 
-    def too_slow(self, seconds: float | None, timeout_s: float) -> bool:
+    def too_slow(self, seconds: float | None, timeout_s: float, *, deferred: bool = False) -> bool:
         """True when a local answer predicted to take ``seconds`` should go to the API now: past
         the local deadline once ``DEADLINE_MARGIN`` is added to it, or (objective "latency")
-        slower than the API plus the margin."""
+        slower than the API plus the margin. ``deferred`` work (``service_tier: "flex"``) said
+        that slow is fine: only its deadline holds it."""
         if not self.settings.predictive or seconds is None:
             return False
         if seconds * (1.0 + DEADLINE_MARGIN) > timeout_s:
             return True
         api = self.api_latency.value
-        if self.settings.objective == "latency" and api is not None:
+        if self.settings.objective == "latency" and api is not None and not deferred:
             return seconds > api + self.settings.latency_margin_s
         return False
 

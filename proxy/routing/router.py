@@ -11,6 +11,11 @@
     try_local()     run that backend before the deadline; classify what came back
     accept?         score >= threshold  -> local;  otherwise the API, when there is one
 
+The deadline is the backend's (``[local] timeout_s``, or a remote backend's own), except for
+deferred work: a request with ``service_tier: "flex"`` (:func:`deferred_tier`) said that slow
+is fine, and gets ``[batch] flex_timeout_s`` instead, both for the ``predicted_slow`` check and
+for the attempt itself; the objective "latency" does not send it to a faster API either.
+
 The router knows nothing of HTTP; ``proxy.http.chat`` turns its decisions into responses.
 """
 
@@ -36,6 +41,16 @@ from proxy.routing.reasons import Reason
 from proxy.routing.servable import local_blocker
 
 ROUTE_HEADER = "x-frugal-route"
+FLEX = "flex"  # service_tier: OpenAI's "slow is fine, at the flex price"
+DEFERRED_TIERS = frozenset({FLEX})
+"""The ``service_tier`` values that make a request deferred work (the batch tier joins them)."""
+
+
+def deferred_tier(body: dict[str, Any]) -> str | None:
+    """The tier ``body`` asks for when it is deferred work (``flex``), else None: what its
+    ledger row's ``deferred_tier`` says, and what gives it the long local deadline."""
+    tier = body.get("service_tier")
+    return tier if isinstance(tier, str) and tier in DEFERRED_TIERS else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,7 +136,7 @@ class Router:
                 )
             return Plan(route="api", reason=Reason.UNSUPPORTED, local_only=False)
         kind = "chat" if "messages" in body else "complete"
-        choice = self.pool.choose(body, kind, share)
+        choice = self._deadline(body, self.pool.choose(body, kind, share))
         # Definite reasons win over predicted ones: a prompt that cannot fit is not "slow".
         overflow = choice.backend.cannot_fit(body)
         if overflow is not None and not (local_only or forced == "local"):
@@ -135,7 +150,11 @@ class Router:
             not local_only
             and self.fallback_enabled
             and choice.backend.admits(body, kind)  # a full queue says so itself: local_busy
-            and self.predictor.too_slow(choice.prediction.seconds, choice.timeout_s)
+            and self.predictor.too_slow(
+                choice.prediction.seconds,
+                choice.timeout_s,
+                deferred=deferred_tier(body) is not None,
+            )
         ):
             return Plan(route="api", reason=Reason.PREDICTED_SLOW, local_only=False, choice=choice)
         if (
@@ -150,6 +169,13 @@ class Router:
         return Plan(
             route="local", reason=None, local_only=local_only, forced=local_only, choice=choice
         )
+
+    def _deadline(self, body: dict[str, Any], choice: Choice) -> Choice:
+        """``choice`` with the seconds ``body`` may wait for its local answer: ``[batch]
+        flex_timeout_s`` for deferred work, else the backend's own."""
+        if deferred_tier(body) is None:
+            return choice
+        return replace(choice, timeout_s=self.settings.batch.flex_timeout_s)
 
     def set_threshold_in_force(self, value: float | None) -> None:
         """The threshold a target precision picked from the audits (above 1: accept nothing),
@@ -189,10 +215,12 @@ class Router:
         legacy text completion."""
         started = time.perf_counter()
         choice = plan.choice if plan is not None and plan.choice is not None else None
-        choice = choice or self.pool.choose(body, kind)
+        choice = choice or self._deadline(body, self.pool.choose(body, kind))
         deadline = time.monotonic() + choice.timeout_s
         attempt = LocalAttempt(choice=choice, prediction=choice.prediction)
         try:
+            # Deferred work (deferred_tier(body)) would yield to interactive requests here,
+            # once the engine takes a priority class: pass it on as that class, not as a share.
             completion, attempt.choice = await self.pool.run(
                 body,
                 choice,
