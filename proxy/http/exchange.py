@@ -81,6 +81,7 @@ class Exchange:
     audio_completion_tokens: int = 0
     web_searches: int = 0
     served_tier: str | None = None  # the answer's own service_tier: what the provider billed
+    deferred_tier: str | None = None  # flex: deferred work (proxy.routing.router.deferred_tier)
     recorded: bool = False  # its ledger row is written (once, whatever happens after)
     # The key's budget reservation, settled by finish; the response cache's entry (quotas).
     reservation: Any = None

@@ -50,7 +50,7 @@ from proxy.http.exchange import Exchange
 from proxy.http.render import sse_event, unexpected
 from proxy.http.services import Services
 from proxy.routing.reasons import Reason
-from proxy.routing.router import ROUTE_HEADER, LocalAttempt, Plan
+from proxy.routing.router import ROUTE_HEADER, LocalAttempt, Plan, deferred_tier
 from proxy.upstream.client import CHAT_PATH, UpstreamResponse
 
 MIN_QUALITY_HEADER = "x-frugal-min-quality"
@@ -111,6 +111,7 @@ class Handler:
         """The validated ``body``'s model and mode noted; its plan and quality bar."""
         ex.model = body["model"]
         ex.stream = bool(body.get("stream"))
+        ex.deferred_tier = deferred_tier(body)  # flex: deferred work, marked in its row
         key = getattr(request.state, "client_key", None)  # its share of the local queue
         client = None if key is None else key.identity
         plan = self.router.plan(body, request.headers.get(ROUTE_HEADER), client=client)

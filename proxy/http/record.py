@@ -59,6 +59,7 @@ _KEPT = (
     "predicted_completion_tokens",
     "upstream_attempts",
     "token_source",
+    "deferred_tier",
 )
 
 

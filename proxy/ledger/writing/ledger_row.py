@@ -76,6 +76,8 @@ class LedgerRow:
     search_context_size: str | None = None  # None: medium
     # 0014_local_model: the model the local attempt ran (an answer names the asked one)
     local_model: str | None = None
+    # 0017_deferred: the tier deferred work asked for (flex); None: interactive work
+    deferred_tier: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Every column by name, for the writer, the pricing and the router."""
