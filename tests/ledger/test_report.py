@@ -20,7 +20,7 @@ import pytest
 
 from proxy import cli
 from proxy.ledger.db.migrate import migrate, open_database
-from proxy.ledger.reports.build import Period, build, fixed_cost_pico
+from proxy.ledger.reports.build import KeyScope, Period, build, fixed_cost_pico
 
 FRUGAL = str(Path(sys.executable).with_name("frugal"))
 PICO = 10**12
@@ -200,7 +200,68 @@ def test_month_json_keeps_the_documented_keys(
         "threshold_in_force": 0.6,
         "threshold_source": "configured",
         "threshold_why": "the configured threshold 0.6 (no target precision set)",
+        # Deferred work apart (issue 41): none in this ledger.
+        "deferred": {
+            "requests": 0,
+            "local_requests": 0,
+            "api_requests": 0,
+            "failed_requests": 0,
+            "unpriced_requests": 0,
+            "local_share": 0.0,
+            "api_cost_usd": Decimal("0.000000"),
+            "counterfactual_cost_usd": Decimal("0.000000"),
+            "saved_usd": Decimal("0.000000"),
+            "latency_tax_s": 0.0,
+            "latency_tax_requests": 0,
+            "latency_tax_share": 0.0,
+            "tiers": {},
+        },
     }
+
+
+def test_deferred_work_is_reported_apart_in_text_and_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # October's rows and three flex requests (issue 41): one answered locally, one by the API
+    # (priced at the flex rate by the proxy: the row holds what it was charged), one failed.
+    db = october_ledger(tmp_path, monkeypatch)
+    flex = [
+        row("2026-10-04 08:00:00", "local", "accepted", "gpt-4o-mini", deferred_tier="flex",
+            service_tier="flex", counterfactual_cost_pusd=625_000_000_000, key_name="ci"),
+        row("2026-10-04 09:00:00", "api", "low_quality", "gpt-4o-mini", deferred_tier="flex",
+            service_tier="flex", api_cost_pusd=150_000_000_000, local_ms=400.0,
+            latency_tax_ms=400.0, counterfactual_cost_pusd=150_000_000_000, key_name="alice"),
+        row("2026-10-04 10:00:00", "none", "bad_request", "gpt-4o-mini", deferred_tier="flex",
+            status=400, counterfactual_cost_pusd=None),
+        row("2026-11-04 10:00:00", "local", "accepted", "gpt-4o-mini", deferred_tier="flex",
+            counterfactual_cost_pusd=PICO),  # another month
+    ]  # fmt: skip
+    seed(db, flex)
+    code, out, _ = report(capsys, "--month", "2026-10", "--format", "json")
+    data = loads(out)
+    assert code == 0 and data["requests"] == 9  # a part of the totals, not added to them
+    assert data["deferred"] == {
+        "requests": 3,
+        "local_requests": 1,
+        "api_requests": 1,
+        "failed_requests": 1,
+        "unpriced_requests": 0,
+        "local_share": 0.5,
+        "api_cost_usd": Decimal("0.150000"),
+        "counterfactual_cost_usd": Decimal("0.775000"),
+        "saved_usd": Decimal("0.625000"),
+        "latency_tax_s": 0.4,
+        "latency_tax_requests": 1,
+        "latency_tax_share": 0.5,
+        "tiers": {"flex": 3},
+    }
+    code, out, _ = report(capsys, "--month", "2026-10")
+    [line] = [line for line in out.splitlines() if "Deferred work" in line]
+    assert code == 0
+    assert "3 requests (flex 3), 50.0% local, paid $0.1500, saved $0.6250 of $0.7750" in line
+    # One key's view counts its own deferred work only.
+    mine = build(str(db), Period.month("2026-10"), 0, only=KeyScope("alice"))["deferred"]
+    assert (mine["requests"], mine["api_requests"], mine["tiers"]) == (1, 1, {"flex": 1})
 
 
 def test_by_model_table(ledger: Path, capsys: pytest.CaptureFixture[str]) -> None:

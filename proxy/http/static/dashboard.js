@@ -292,6 +292,7 @@
         text: ` over ${F.integer(r.latency_tax_requests)} requests (${F.percent(r.latency_tax_share)}), p95 ${F.seconds(r.latency_tax_p95_s)}`,
       }),
     );
+    renderDeferred(r.deferred);
     const notes = [...r.warnings];
     if (r.requests === 0) notes.unshift("No requests were recorded in this month.");
     $("warnings").replaceChildren(...notes.map((w) => el("li", { text: w })));
@@ -304,6 +305,21 @@
     renderTax(days);
     renderGroups("models-table", "model", models, r.month);
     renderGroups("keys-table", "key", keys, r.month);
+  }
+
+  // Deferred work apart (issue 41): requests that said they can wait, priced at their tier.
+  function renderDeferred(d) {
+    if (!d || !d.requests) {
+      $("deferred").replaceChildren("none in this month");
+      return;
+    }
+    $("deferred").replaceChildren(
+      F.integer(d.requests) + " requests, " + F.percent(d.local_share) + " local",
+      el("span", { className: "quiet", text: ", paid " }),
+      ...moneyNodes(d.api_cost_usd),
+      el("span", { className: "quiet", text: ", saved " }),
+      ...moneyNodes(d.saved_usd),
+    );
   }
 
   function fact(label, ...value) {

@@ -21,6 +21,9 @@ report's assembly.
   (``audit_cost_usd``) is money paid: it is part of ``api_cost_usd``, never of the savings.
   ``--by kind`` groups the quality keys by task kind (requests have no kind); ``--by model``
   groups both.
+- deferred work (``deferred``): the requests that said they can wait (``service_tier:
+  "flex"``), apart: their requests, local share, cost and saving, by the same sums as the
+  totals, of which they are a part (:func:`proxy.ledger.reports.rollup.deferred_work`).
 - rows that could not be costed (an unpriced model, or an API call that reported no usage) are
   counted, left out of the money, and named in ``warnings``.
 - one key's view (``only=KeyScope(...)``, what a client key is sent over HTTP): every figure
@@ -59,6 +62,7 @@ from proxy.ledger.reports.rollup import (
     Totals,
     aggregate,
     cost_warnings,
+    deferred_work,
     fold_unpriced,
     latency_p95,
     money,
@@ -250,6 +254,7 @@ def build(
             total.add(totals)
         p95 = latency_p95(conn, bounds, total.taxed, key)
         prediction = prediction_error(conn, bounds, key) if "actual_local_ms" in columns else None
+        deferred = deferred_work(conn, bounds, key) if "deferred_tier" in columns else None
         warnings = cost_warnings(conn, days_range, key) if total.uncosted else []
         audit_pico = spend_pusd(conn, since=bounds[0], until=bounds[1]) if whole else 0
         quality = quality_section(
@@ -275,6 +280,7 @@ def build(
         "warnings": warnings,
         "audit_cost_usd": money(audit_pico),
         **quality,
+        "deferred": deferred if deferred is not None else _no_deferred_work(),
     }
     if prediction is not None:  # only when the period has predicted local answers
         report["prediction_mdape"], report["prediction_samples"] = prediction
@@ -290,6 +296,11 @@ def build(
     if days is not None:
         report["days"] = _group_list("day", days, period, monthly_pico, now)
     return report
+
+
+def _no_deferred_work() -> dict[str, Any]:
+    """The deferred section of a ledger written before deferred work was marked: none."""
+    return {**Totals().as_dict(), "tiers": {}}
 
 
 def _group_list(

@@ -192,6 +192,9 @@ def _summary_rows(report: dict[str, Any]) -> list[list[str]]:
                 f"{plural(report['prediction_samples'], 'local answer')}",
             ]
         )
+    deferred = report.get("deferred") or {}
+    if deferred.get("requests"):
+        rows.append(["Deferred work", _deferred(deferred)])
     if report["failed_requests"]:
         rows.append(["Failed requests", f"{report['failed_requests']:,}"])
     if report["unpriced_requests"]:
@@ -201,6 +204,17 @@ def _summary_rows(report: dict[str, Any]) -> list[list[str]]:
     if report.get("gate"):
         rows.append(["Quality gate", visible(str(report["gate"]["detail"]))])
     return rows
+
+
+def _deferred(deferred: dict[str, Any]) -> str:
+    """Deferred work on one line: its requests by tier, local share, paid, saved of what it
+    would have cost (at its tier's rate)."""
+    tiers = ", ".join(f"{visible(t)} {n:,}" for t, n in deferred["tiers"].items())
+    return (
+        f"{plural(deferred['requests'], 'request')} ({tiers}), {pct(deferred['local_share'])} "
+        f"local, paid {usd(deferred['api_cost_usd'])}, saved {usd(deferred['saved_usd'])} of "
+        f"{usd(deferred['counterfactual_cost_usd'])}"
+    )
 
 
 def _precision(group: dict[str, Any]) -> str:

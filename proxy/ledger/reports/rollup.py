@@ -226,6 +226,52 @@ def prediction_error(
     return round(median, 4), len(errors)
 
 
+DEFERRED = """
+SELECT deferred_tier, COUNT(*),
+       SUM(CASE WHEN route = 'local' THEN 1 ELSE 0 END),
+       SUM(CASE WHEN route = 'api' THEN 1 ELSE 0 END),
+       SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END),
+       SUM(api_cost_pusd),
+       SUM(counterfactual_cost_pusd),
+       SUM(CASE WHEN status < 400 AND counterfactual_cost_pusd IS NULL THEN 1 ELSE 0 END),
+       SUM(latency_tax_ms),
+       SUM(CASE WHEN latency_tax_ms > 0 THEN 1 ELSE 0 END)
+FROM requests
+WHERE ts >= ? AND ts < ? AND deferred_tier IS NOT NULL{key}
+GROUP BY deferred_tier
+"""
+
+
+def deferred_work(
+    conn: access.Connection, bounds: tuple[float, float], key: str | None = None
+) -> dict[str, Any]:
+    """Deferred work apart (issue 41): the period's rows marked with a ``deferred_tier``,
+    summed as a group of the report is (its requests, local share, cost and saving), and
+    their count by tier. They are a part of the totals, never added to them again.
+
+    Read from the rows themselves (the rollup has no such column), through the partial index
+    ``requests_deferred``: only the deferred rows of the period are read."""
+    total = Totals()
+    tiers: dict[str, int] = {}
+    for row in conn.query(DEFERRED.format(key=_clause(key)), _params(bounds, key)):
+        tier, n, local, api, failed, paid, cf, uncosted, tax_ms, taxed = row
+        total.add(
+            Totals(
+                requests=int(n),
+                local=int(local or 0),
+                api=int(api or 0),
+                failed=int(failed or 0),
+                paid=int(paid or 0),
+                counterfactual=int(cf or 0),
+                uncosted=int(uncosted or 0),
+                tax_ms=float(tax_ms or 0.0),
+                taxed=int(taxed or 0),
+            )
+        )
+        tiers[str(tier)] = int(n)
+    return {**total.as_dict(), "tiers": dict(sorted(tiers.items()))}
+
+
 def cost_warnings(
     conn: access.Connection, days: tuple[int, int], key: str | None = None
 ) -> list[str]:
