@@ -25,6 +25,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,8 @@ import httpx
 import pytest
 
 from proxy.http.quotas import IMAGE_TOKENS
-from proxy.ledger.pricing import PriceBook, load_price_map
+from proxy.ledger.pricing import Billed, PriceBook, load_price_map
+from proxy.ledger.reports.rollup import money
 from proxy.ledger.tenants import keys as keys_mod
 from quality.schema import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
 from tests.fake_api import FakeAPI, body_tokens
@@ -55,7 +57,7 @@ from tests.faults_support import (
     wait_ready,
     wait_rows,
 )
-from tests.http.test_serve import FRUGAL, QUESTION, Served
+from tests.http.test_serve import ACCEPT_ANY, FRUGAL, QUESTION, REJECT_ALL, Served
 from tests.loopback import Listener, free_port
 
 pytestmark = pytest.mark.serve
@@ -2817,3 +2819,194 @@ def test_issue39_row7_the_litellm_route_reads_a_huge_answer_only_up_to_its_bound
     assert "too large" in error["message"] and "max_answer_bytes" in error["message"], error
     row = one_row(served, request_id)
     assert row["error"] == "upstream_failed", row
+
+
+# -- issue 41: service_tier "flex" is deferred work -----------------------------------------------
+# A flex request gets [batch] flex_timeout_s as its local deadline, not [local] timeout_s (here
+# 0.1 s, so that every standard request of this server is predicted past it); its fallback is
+# sent as flex; its row is marked deferred and priced at the flex rate; the report shows it apart.
+
+_I41_FLEX_PROMPT = "List the first ten prime numbers, separated by commas."
+_I41_FLEX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def _i41_flex_server(tmp_path_factory: pytest.TempPathFactory, api: FakeAPI) -> Iterator[Lazy]:
+    """Predictive routing on, a 0.1 s local deadline for interactive work, 120 s for flex."""
+    yield from _lazy(
+        tmp_path_factory,
+        "i41flex",
+        api,
+        local={"timeout_s": 0.1},
+        router={"predictive": True},
+        batch={"flex_timeout_s": 120.0},
+    )
+
+
+def _i41_flex_ask(
+    served: Served, endpoint: str, request_id: str, headers: dict[str, str], **extra: Any
+) -> tuple[dict[str, str], str]:
+    """One request through the official SDK: (the answer's x-frugal headers, its text)."""
+    client = served.client()
+    sent = {"x-request-id": request_id, **headers}
+    if endpoint == "chat":
+        raw = client.chat.completions.with_raw_response.create(
+            model="gpt-4o-mini",
+            messages=[{"role": "user", "content": _I41_FLEX_PROMPT}],
+            max_tokens=_I41_FLEX_TOKENS,
+            extra_headers=sent,
+            **extra,
+        )
+        text = raw.parse().choices[0].message.content or ""
+    elif endpoint == "completions":
+        # The SDK's completions.create has no service_tier: it goes in the body as extra_body.
+        tier = extra.pop("service_tier", None)
+        raw = client.completions.with_raw_response.create(
+            model="gpt-4o-mini",
+            prompt=_I41_FLEX_PROMPT,
+            max_tokens=_I41_FLEX_TOKENS,
+            extra_headers=sent,
+            extra_body={"service_tier": tier} if tier else None,
+            **extra,
+        )
+        text = raw.parse().choices[0].text
+    else:
+        raw = client.responses.with_raw_response.create(
+            model="gpt-4o-mini",
+            input=_I41_FLEX_PROMPT,
+            max_output_tokens=_I41_FLEX_TOKENS,
+            store=False,
+            extra_headers=sent,
+            **extra,
+        )
+        text = raw.parse().output_text
+    return {k: v for k, v in raw.headers.items() if k.startswith("x-frugal")}, text
+
+
+def _i41_flex_cost(row: dict[str, Any], tier: str | None, *, paid: bool) -> int | None:
+    """What the row's tokens cost at ``tier``: its API call's (``paid``), else its
+    counterfactual's, priced by the book the proxy prices with."""
+    book = PriceBook(load_price_map())
+    if paid:
+        tokens = (row["prompt_tokens"], row["completion_tokens"], row["cached_tokens"])
+    else:
+        tokens = (row["counterfactual_prompt_tokens"], row["counterfactual_completion_tokens"], 0)
+    return book.cost("gpt-4o-mini", *tokens, billed=Billed(tier=tier))
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions", "responses"], ids=lambda e: f"i41-{e}")
+def test_issue41_a_flex_request_stays_local_where_a_standard_one_is_predicted_slow(
+    _i41_flex_server: Lazy, api: FakeAPI, endpoint: str
+) -> None:
+    served = _i41_flex_server.get()
+    standard_id, flex_id = rid("i41-standard"), rid("i41-flex")
+    standard, _ = _i41_flex_ask(served, endpoint, standard_id, ACCEPT_ANY)
+    calls_after_standard = api.count
+    started = time.perf_counter()
+    flex, text = _i41_flex_ask(served, endpoint, flex_id, ACCEPT_ANY, service_tier="flex")
+    flex_s = time.perf_counter() - started
+    before, row = one_row(served, standard_id), one_row(served, flex_id)
+    print(
+        f"\nissue41 {endpoint}: standard {standard['x-frugal-route']}/"
+        f"{standard['x-frugal-reason']} (predicted {before['predicted_local_ms']} ms against a "
+        f"100 ms deadline); flex {flex['x-frugal-route']}/{flex['x-frugal-reason']} in "
+        f"{flex_s:.2f} s (predicted {row['predicted_local_ms']} ms, ran "
+        f"{row['local_ms']:.0f} ms); counterfactual {row['counterfactual_cost_pusd']} pUSD"
+    )
+    # The same prompt and max_tokens: the standard request cannot make 0.1 s, the flex one may
+    # take its 120 s, so it stays local.
+    assert (standard["x-frugal-route"], standard["x-frugal-reason"]) == ("api", "predicted_slow")
+    assert (flex["x-frugal-route"], flex["x-frugal-reason"]) == ("local", "accepted")
+    assert api.count == calls_after_standard == 1  # only the standard request reached the API
+    assert text.strip()
+    assert (before["deferred_tier"], before["service_tier"]) == (None, None)
+    assert (row["deferred_tier"], row["service_tier"], row["route"]) == ("flex", "flex", "local")
+    # Priced at the flex rate (gpt-4o-mini has none in the map: half the standard rate).
+    standard_cost = _i41_flex_cost(row, None, paid=False)
+    assert standard_cost is not None and standard_cost > 0
+    assert row["counterfactual_cost_pusd"] == _i41_flex_cost(row, "flex", paid=False)
+    assert row["counterfactual_cost_pusd"] * 2 == standard_cost
+    assert row["api_cost_pusd"] == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["i41-json", "i41-stream"])
+def test_issue41_a_flex_fallback_reaches_the_api_as_flex_and_is_priced_at_the_flex_rate(
+    _i41_flex_server: Lazy, api: FakeAPI, stream: bool
+) -> None:
+    served = _i41_flex_server.get()
+    request_id = rid("i41-fallback")
+    body = {
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": _I41_FLEX_PROMPT}],
+        "max_tokens": _I41_FLEX_TOKENS,
+        "service_tier": "flex",
+        "stream": stream,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
+    }
+    reply = post(served, body, headers={**REJECT_ALL, "x-request-id": request_id}, timeout=120)
+    row = one_row(served, request_id)
+    [(path, _headers, sent)] = api.requests
+    print(
+        f"\nissue41 fallback {'stream' if stream else 'json'}: HTTP {reply.status_code} "
+        f"{reply.headers.get('x-frugal-route')}/{reply.headers.get('x-frugal-reason')}; sent "
+        f"{path} with service_tier={sent.get('service_tier')!r}; paid {row['api_cost_pusd']} "
+        f"pUSD, counterfactual {row['counterfactual_cost_pusd']} pUSD"
+    )
+    assert reply.status_code == 200, reply.text[:300]
+    assert (reply.headers["x-frugal-route"], reply.headers["x-frugal-reason"]) == (
+        "api",
+        "low_quality",  # the local model did answer (its deadline is flex's), and was rejected
+    )
+    assert path == "/v1/chat/completions" and sent["service_tier"] == "flex"
+    assert (row["deferred_tier"], row["service_tier"], row["route"]) == ("flex", "flex", "api")
+    assert row["prompt_tokens"] and row["completion_tokens"]  # the provider's usage
+    paid = _i41_flex_cost(row, "flex", paid=True)
+    assert row["api_cost_pusd"] == paid and paid * 2 == _i41_flex_cost(row, None, paid=True)
+    assert row["counterfactual_cost_pusd"] == paid  # the same call, at the same tier
+
+
+def test_issue41_the_report_shows_deferred_work_apart(_i41_flex_server: Lazy) -> None:
+    served = _i41_flex_server.get()
+    ids = [rid("i41-report") for _ in range(3)]
+    _i41_flex_ask(served, "chat", ids[0], ACCEPT_ANY, service_tier="flex")  # local
+    _i41_flex_ask(served, "chat", ids[1], REJECT_ALL, service_tier="flex")  # the API, as flex
+    _i41_flex_ask(served, "chat", ids[2], ACCEPT_ANY)  # interactive: predicted_slow
+    for request_id in ids:
+        one_row(served, request_id)
+    rows = ledger_rows(served.db)
+    deferred = [r for r in rows if r["deferred_tier"] is not None]
+    month = time.strftime("%Y-%m", time.gmtime())
+    run = subprocess.run(
+        [FRUGAL, "report", "--db", str(served.db), "--month", month, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    report = json.loads(run.stdout, parse_float=Decimal)  # money exact, as the report wrote it
+    section = report["deferred"]
+    text = subprocess.run(
+        [FRUGAL, "report", "--db", str(served.db), "--month", month],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    over_http = httpx.get(f"{served.base}/v1/frugal/report?month={month}", timeout=30)
+    [line] = [line for line in text.splitlines() if "Deferred work" in line]
+    print(f"\nissue41 report: {json.dumps(section, default=str)}\n{line}")
+    paid = sum(r["api_cost_pusd"] or 0 for r in deferred)
+    counterfactual = sum(r["counterfactual_cost_pusd"] or 0 for r in deferred)
+    assert section["requests"] == len(deferred) and 2 <= len(deferred) < report["requests"]
+    assert section["tiers"] == {"flex": len(deferred)}
+    assert section["local_requests"] == sum(r["route"] == "local" for r in deferred) >= 1
+    assert section["api_requests"] == sum(r["route"] == "api" for r in deferred) >= 1
+    assert paid > 0 and section["api_cost_usd"] == money(paid)
+    assert section["counterfactual_cost_usd"] == money(counterfactual)
+    assert section["saved_usd"] == money(counterfactual - paid)
+    assert section["local_share"] == Decimal(
+        str(round(section["local_requests"] / len(deferred), 4))
+    )
+    assert f"{len(deferred)} requests (flex {len(deferred)})" in line
+    assert over_http.status_code == 200, over_http.text[:300]
+    assert json.loads(over_http.text, parse_float=Decimal)["deferred"] == section
