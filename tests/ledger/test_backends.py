@@ -224,6 +224,7 @@ async def test_the_report_is_the_same_on_both_backends(database: Database, tmp_p
             key_name=rng.choice(["alice", "bob", None]),
             local_ms=rng.choice([0.0, 250.0]),
             status=rng.choice([200, 200, 200, 502]),
+            deferred_tier=rng.choice([None, None, "flex"]),  # deferred work, reported apart
         )
         for n in range(500)
     ]
@@ -241,6 +242,7 @@ async def test_the_report_is_the_same_on_both_backends(database: Database, tmp_p
     assert build(database, OCT, 0)["requests"] == 500
     total = build(database, OCT, 0)
     assert isinstance(total["saved_usd"], Decimal)
+    assert 0 < total["deferred"]["requests"] < 500 and total["deferred"]["tiers"].keys() == {"flex"}
     with access.connect(database) as conn:
         ((paid,),) = conn.query("SELECT sum(api_cost_pusd) FROM requests")
     assert total["api_cost_usd"] == (Decimal(int(paid)) / PICO).quantize(Decimal("0.000001"))
