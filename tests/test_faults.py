@@ -2832,11 +2832,14 @@ _I41_FLEX_TOKENS = 48
 
 @pytest.fixture(scope="module")
 def _i41_flex_server(tmp_path_factory: pytest.TempPathFactory, api: FakeAPI) -> Iterator[Lazy]:
-    """Predictive routing on, a 0.1 s local deadline for interactive work, 120 s for flex."""
+    """Predictive routing on, a 0.1 s local deadline for interactive work, 120 s for flex; the
+    server's own time limits at 1 s (headers, body), which bound a request's arrival only: a
+    flex answer that takes longer than them is not cut."""
     yield from _lazy(
         tmp_path_factory,
         "i41flex",
         api,
+        server={"header_timeout_s": 1.0, "body_timeout_s": 1.0},
         local={"timeout_s": 0.1},
         router={"predictive": True},
         batch={"flex_timeout_s": 120.0},
