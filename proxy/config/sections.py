@@ -3,7 +3,7 @@
     Settings        every section, the ``[pricing]`` tables and where they came from
     SECTIONS        section name -> its dataclass, in the order of ``config.example.toml``
     ServerSettings, LocalSettings (with its BackendSettings), FallbackSettings, RouterSettings,
-    QualitySettings, LedgerSettings, CacheSettings, CostSettings, ModelPrice
+    QualitySettings, LedgerSettings, CacheSettings, BatchSettings, CostSettings, ModelPrice
     (``[audit]`` is :class:`proxy.config.audit_settings.AuditSettings`, which checks its own ranges)
 
 Every field is documented in ``config.example.toml``; a test keeps the two in step. Nothing here
@@ -202,6 +202,15 @@ class ResponsesSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class BatchSettings:
+    """``[batch]``: OpenAI's Files and Batch APIs, kept in the ledger database
+    (proxy/ledger/batches/)."""
+
+    file_quota_bytes: int = 2 * 1024**3  # the bytes of files one key keeps (2 GiB)
+    line_lease_s: float = 300.0  # a claimed batch line is another worker's after this long
+
+
+@dataclass(frozen=True, kw_only=True)
 class CostSettings:
     monthly_fixed_usd: float = 0.0
 
@@ -227,6 +236,7 @@ class Settings:
     costs: CostSettings = field(default_factory=CostSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
     responses: ResponsesSettings = field(default_factory=ResponsesSettings)
+    batch: BatchSettings = field(default_factory=BatchSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
     pricing: dict[str, ModelPrice] = field(default_factory=dict)
     source: str = "<defaults>"
@@ -242,5 +252,6 @@ SECTIONS: dict[str, type] = {
     "costs": CostSettings,
     "cache": CacheSettings,
     "responses": ResponsesSettings,
+    "batch": BatchSettings,
     "audit": AuditSettings,
 }
