@@ -6,6 +6,7 @@ and their lines, which workers claim through the database.
     input_file   a batch's input file read into its lines, or the errors that fail the batch
     files        ``FileStore``: uploads within a per-key byte quota, listed, read, deleted, swept
     outputs      a batch's output and error files, built from its lines in the client's order
+    records      a batch's and a line's rows read back as objects, and the statements' helpers
     store        ``BatchStore``: batches made, listed, cancelled, expired; lines claimed under a
                  lease, finished once with their ledger row, deferred to the upstream's batch
 

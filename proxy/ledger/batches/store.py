@@ -24,6 +24,10 @@ to an interactive request gives them back with :meth:`BatchStore.release`. Lines
 upstream's own Batch API are marked with :meth:`BatchStore.defer_to_api` (no lease: they wait
 for that batch, and :meth:`BatchStore.deferred` finds them again after a restart).
 
+On PostgreSQL every transaction that writes a batch and its lines (finish, cancel, expire)
+locks the batch row first, then its lines, so none can wait on another in a cycle; a claim
+locks lines only, skipping those locked.
+
 **Exactly once.** :meth:`BatchStore.finish` writes a line's result only while the line is
 claimed or deferred, and marks it done in the same statement: a second finish of the line (a
 worker whose lease passed and whose line another finished, a result downloaded twice) is
@@ -46,7 +50,6 @@ there raises :class:`~proxy.ledger.db.connections.Unavailable`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import secrets
 import time
 from concurrent.futures import Future
@@ -59,7 +62,6 @@ from proxy.ledger.batches.objects import (
     ENDPOINTS,
     MAX_BATCH_FILE_BYTES,
     MAX_LINES,
-    TIMESTAMPS,
     WINDOW_S,
     Batch,
     Line,
@@ -67,22 +69,23 @@ from proxy.ledger.batches.objects import (
     may_move,
 )
 from proxy.ledger.batches.outputs import build_files, open_lines, settle
+from proxy.ledger.batches.records import (
+    BATCH_COLUMNS,
+    LINE_COLUMNS,
+    batch_of,
+    check_metadata,
+    insert_many,
+    line_of,
+    lock_batch_of,
+    marks,
+    to_json,
+)
 from proxy.ledger.db.connections import Pool, Tx
 from proxy.ledger.pricing import PriceBook
 from proxy.ledger.writing.ledger_row import COLUMNS, LedgerRow
 from proxy.ledger.writing.rows import row_values
 
 MAX_LIST = 100  # OpenAI's most batches in one page
-MAX_METADATA = (16, 64, 512)  # pairs, characters of a key, characters of a value
-_BATCH_COLUMNS = (
-    "id, owner, endpoint, input_file_id, completion_window, status, "
-    + ", ".join(TIMESTAMPS)
-    + ", total, completed, failed, output_file_id, error_file_id, errors, metadata"
-)
-_LINE_COLUMNS = (
-    "l.id, l.batch_id, b.owner, l.idx, l.custom_id, l.method, l.url, l.body, l.claims, "
-    "l.upstream_batch_id"
-)
 _INSERT_ROW = (
     f"INSERT INTO requests ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 )
@@ -91,82 +94,6 @@ _INSERT_ROW = (
 class AlreadyFinished(Exception):
     """The line has its result already (or was cancelled, or is not claimed): nothing was
     written, and the first result stands."""
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def _batch(row: tuple[Any, ...]) -> Batch:
-    stamps = row[6 : 6 + len(TIMESTAMPS)]
-    rest = row[6 + len(TIMESTAMPS) :]
-    return Batch(
-        id=row[0],
-        owner=row[1] or None,
-        endpoint=row[2],
-        input_file_id=row[3],
-        completion_window=row[4],
-        status=row[5],
-        times={
-            name: None if v is None else int(v) for name, v in zip(TIMESTAMPS, stamps, strict=True)
-        },
-        total=int(rest[0]),
-        completed=int(rest[1]),
-        failed=int(rest[2]),
-        output_file_id=rest[3],
-        error_file_id=rest[4],
-        errors=None if rest[5] is None else json.loads(rest[5]),
-        metadata=None if rest[6] is None else json.loads(rest[6]),
-    )
-
-
-def _line(row: tuple[Any, ...]) -> Line:
-    return Line(
-        id=row[0],
-        batch_id=row[1],
-        owner=row[2] or None,
-        index=int(row[3]),
-        custom_id=row[4],
-        method=row[5],
-        url=row[6],
-        body=json.loads(row[7]),
-        claims=int(row[8]),
-        upstream_batch_id=row[9],
-    )
-
-
-def _many(tx: Tx, statement: str, rows: list[tuple[Any, ...]]) -> None:
-    if tx.db.is_postgres:
-        from proxy.ledger.db import postgres
-
-        with tx.raw.cursor() as cursor:
-            cursor.executemany(postgres.sql(statement), rows)
-    else:
-        tx.raw.executemany(statement, rows)
-
-
-def _marks(values: list[Any]) -> str:
-    return ", ".join("?" * len(values))
-
-
-def check_metadata(metadata: Any) -> dict[str, str] | None:
-    """OpenAI's metadata: at most 16 pairs of strings, keys of 64 characters and values of 512
-    at most; anything else is a 400 naming ``metadata``."""
-    if metadata is None:
-        return None
-    pairs, key_len, value_len = MAX_METADATA
-    if (
-        not isinstance(metadata, dict)
-        or len(metadata) > pairs
-        or not all(isinstance(k, str) and len(k) <= key_len for k in metadata)
-        or not all(isinstance(v, str) and len(v) <= value_len for v in metadata.values())
-    ):
-        raise BadRequest(
-            f"metadata must be an object of at most {pairs} string pairs, keys of at most "
-            f"{key_len} characters and values of at most {value_len}.",
-            param="metadata",
-        )
-    return dict(metadata)
 
 
 class BatchStore:
@@ -243,11 +170,11 @@ class BatchStore:
                     at if errors else None,
                     at + WINDOW_S[completion_window],
                     len(lines),
-                    _json(errors) if errors else None,
-                    None if kept is None else _json(kept),
+                    to_json(errors) if errors else None,
+                    None if kept is None else to_json(kept),
                 ),
             )
-            _many(
+            insert_many(
                 tx,
                 "INSERT INTO batch_lines (id, batch_id, idx, custom_id, method, url, body) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -259,7 +186,7 @@ class BatchStore:
                         line.custom_id,
                         line.method,
                         line.url,
-                        _json(line.body),
+                        to_json(line.body),
                     )
                     for i, line in enumerate(lines)
                 ],
@@ -267,16 +194,19 @@ class BatchStore:
             return self._get(tx, batch_id)
 
     @staticmethod
-    def _get(tx: Tx, batch_id: str) -> Batch:
-        rows = tx.rows(f"SELECT {_BATCH_COLUMNS} FROM batches WHERE id = ?", (batch_id,))
+    def _get(tx: Tx, batch_id: str, *, lock: bool = False) -> Batch:
+        """The batch (a 404 when it is not there); with ``lock``, held until the transaction
+        ends (PostgreSQL)."""
+        hold = " FOR UPDATE" if lock and tx.db.is_postgres else ""
+        rows = tx.rows(f"SELECT {BATCH_COLUMNS} FROM batches WHERE id = ?{hold}", (batch_id,))
         if not rows:
             raise NotFound(f"No batch {batch_id!r}.", param="batch_id")
-        return _batch(rows[0])
+        return batch_of(rows[0])
 
     def get(self, batch_id: str) -> Batch | None:
         with self.pool.transaction() as tx:
-            rows = tx.rows(f"SELECT {_BATCH_COLUMNS} FROM batches WHERE id = ?", (batch_id,))
-        return _batch(rows[0]) if rows else None
+            rows = tx.rows(f"SELECT {BATCH_COLUMNS} FROM batches WHERE id = ?", (batch_id,))
+        return batch_of(rows[0]) if rows else None
 
     def list_batches(
         self,
@@ -299,11 +229,11 @@ class BatchStore:
                 where.append("(created_at, id) < (?, ?)")
                 values += [cursor[0][0], cursor[0][1]]
             rows = tx.rows(
-                f"SELECT {_BATCH_COLUMNS} FROM batches WHERE {' AND '.join(where)} "
+                f"SELECT {BATCH_COLUMNS} FROM batches WHERE {' AND '.join(where)} "
                 "ORDER BY created_at DESC, id DESC LIMIT ?",
                 (*values, limit + 1),
             )
-        return [_batch(row) for row in rows[:limit]], len(rows) > limit
+        return [batch_of(row) for row in rows[:limit]], len(rows) > limit
 
     def cancel(self, batch_id: str, *, now: float | None = None) -> Batch:
         """Cancel a batch: ``cancelling`` while lines it claimed run on, ``cancelled`` (with
@@ -312,7 +242,7 @@ class BatchStore:
         ``batch_id``, and a batch that is not there a 404."""
         at = time.time() if now is None else now
         with self.pool.transaction() as tx:
-            batch = self._get(tx, batch_id)
+            batch = self._get(tx, batch_id, lock=True)
             if batch.status in ("cancelling", "cancelled"):
                 return batch
             if not may_move(batch.status, "cancelling"):
@@ -346,13 +276,14 @@ class BatchStore:
         with self.pool.transaction() as tx:
             due = tx.rows(
                 "SELECT id, status, owner FROM batches WHERE status IN "
-                "('validating', 'in_progress', 'finalizing') AND expires_at <= ? ORDER BY id",
+                "('validating', 'in_progress', 'finalizing') AND expires_at <= ? ORDER BY id"
+                + (" FOR UPDATE" if tx.db.is_postgres else ""),
                 (int(at),),
             )
             for batch_id, status, owner in due:
                 if not may_move(status, "expired"):
                     continue
-                error = _json(
+                error = to_json(
                     {
                         "code": "batch_expired",
                         "message": "This request could not be run before the batch expired.",
@@ -407,11 +338,11 @@ class BatchStore:
                 return []
             seqs = sorted(int(row[0]) for row in taken)
             rows = tx.rows(
-                f"SELECT {_LINE_COLUMNS} FROM batch_lines l JOIN batches b ON b.id = l.batch_id "
-                f"WHERE l.seq IN ({_marks(seqs)}) ORDER BY l.seq",
+                f"SELECT {LINE_COLUMNS} FROM batch_lines l JOIN batches b ON b.id = l.batch_id "
+                f"WHERE l.seq IN ({marks(seqs)}) ORDER BY l.seq",
                 seqs,
             )
-        return [_line(row) for row in rows]
+        return [line_of(row) for row in rows]
 
     def renew(
         self, worker: str, line_ids: list[str], *, lease_s: float, now: float | None = None
@@ -424,7 +355,7 @@ class BatchStore:
         with self.pool.transaction() as tx:
             rows = tx.rows(
                 "UPDATE batch_lines SET lease_until = ? WHERE state = 'claimed' AND worker = ? "
-                f"AND id IN ({_marks(line_ids)}) RETURNING id",
+                f"AND id IN ({marks(line_ids)}) RETURNING id",
                 (at + lease_s, worker, *line_ids),
             )
         return sorted(row[0] for row in rows)
@@ -437,7 +368,7 @@ class BatchStore:
         with self.pool.transaction() as tx:
             return tx.count(
                 "UPDATE batch_lines SET state = 'pending', worker = NULL, lease_until = NULL, "
-                f"upstream_batch_id = NULL WHERE id IN ({_marks(line_ids)}) "
+                f"upstream_batch_id = NULL WHERE id IN ({marks(line_ids)}) "
                 "AND state IN ('claimed', 'deferred')",
                 line_ids,
             )
@@ -452,7 +383,7 @@ class BatchStore:
         with self.pool.transaction() as tx:
             return tx.count(
                 "UPDATE batch_lines SET state = 'deferred', upstream_batch_id = ?, "
-                f"worker = NULL, lease_until = NULL WHERE id IN ({_marks(line_ids)}) "
+                f"worker = NULL, lease_until = NULL WHERE id IN ({marks(line_ids)}) "
                 "AND state IN ('claimed', 'deferred')",
                 (upstream_batch_id, *line_ids),
             )
@@ -464,13 +395,13 @@ class BatchStore:
             only, values = "AND l.upstream_batch_id = ?", (upstream_batch_id,)
         with self.pool.transaction() as tx:
             rows = tx.rows(
-                f"SELECT {_LINE_COLUMNS} FROM batch_lines l JOIN batches b ON b.id = l.batch_id "
+                f"SELECT {LINE_COLUMNS} FROM batch_lines l JOIN batches b ON b.id = l.batch_id "
                 f"WHERE l.state = 'deferred' {only} ORDER BY l.seq",
                 values,
             )
         found: dict[str, list[Line]] = {}
         for row in rows:
-            line = _line(row)
+            line = line_of(row)
             found.setdefault(line.upstream_batch_id or "", []).append(line)
         return found
 
@@ -491,6 +422,8 @@ class BatchStore:
         nothing is written. The batch's new status when this line ended it, else None."""
         at = time.time() if now is None else now
         with self.pool.transaction() as tx:
+            if tx.db.is_postgres:
+                lock_batch_of(tx, line_id)
             done = tx.rows(
                 "UPDATE batch_lines SET state = 'done', route = ?, status_code = ?, "
                 "request_id = ?, response = ?, error = ?, finished_at = ?, worker = NULL, "
@@ -500,8 +433,8 @@ class BatchStore:
                     route,
                     result.status_code,
                     result.request_id,
-                    None if result.body is None else _json(result.body),
-                    None if result.error is None else _json(result.error),
+                    None if result.body is None else to_json(result.body),
+                    None if result.error is None else to_json(result.error),
                     at,
                     line_id,
                 ),
