@@ -195,21 +195,27 @@ def test_a_line_whose_lease_passed_is_claimed_again_and_finished_once(pool: Pool
 
 def test_two_replicas_claiming_at_once_never_get_the_same_line(database: Database) -> None:
     """Two pools (two replicas) on one database, each claiming five lines at a time as fast as
-    it can until none is left: every line is claimed once, by one of them."""
+    it can and finishing them, with their ledger rows, until none is left: every line is claimed
+    once, by one of them, answered once and billed once, and the batch ends once."""
     from proxy.ledger.db.migrate import open_database
 
     open_database(database)
     pools = [Pool(database, size=2, timeout_s=30.0) for _ in range(2)]
     try:
-        batch_of(pools[0], 400)
+        batch_id = batch_of(pools[0], 400)
         got: list[list[str]] = [[], []]
+        ended: list[str | None] = []
         start = threading.Barrier(2)
 
         def drain(i: int) -> None:
-            store = BatchStore(pools[i])
+            store = BatchStore(pools[i], prices=PRICES)
             start.wait()
             while lines := store.claim(f"replica-{i}", 5, lease_s=600, now=NOW):
                 got[i] += [line.id for line in lines]
+                for line in lines:
+                    result = answer(line.id, line.index)
+                    row = ledger_row("local")
+                    ended.append(store.finish(line.id, result, route="local", row=row, now=NOW))
 
         threads = [threading.Thread(target=drain, args=(i,)) for i in range(2)]
         for thread in threads:
@@ -221,6 +227,14 @@ def test_two_replicas_claiming_at_once_never_get_the_same_line(database: Databas
         assert len(got[0]) + len(got[1]) == len(set(got[0]) | set(got[1])) == 400
         with pools[0].transaction() as tx:
             assert tx.rows("SELECT max(claims), count(*) FROM batch_lines") == [(1, 400)]
+        assert [e for e in ended if e is not None] == ["completed"]
+        files, batches = stores(pools[0])
+        batch = batches.get(batch_id)
+        assert batch is not None and (batch.completed, batch.failed) == (400, 0)
+        output = read_jsonl(files, batch.output_file_id)
+        assert [line["custom_id"] for line in output] == [f"task-{i}" for i in range(400)]
+        rows = ledger(pools[0])
+        assert sorted(r[0] for r in rows) == sorted(got[0] + got[1])
     finally:
         for pool in pools:
             pool.close()
@@ -266,6 +280,8 @@ def test_files_are_listed_by_owner_with_after_limit_and_order(pool: Pool) -> Non
     oldest, more = files.list_files("id:1", order="asc", after=mine[1].id, limit=2)
     assert [f.filename for f in oldest] == ["2.jsonl", "3.jsonl"] and more
     assert len(files.list_files(None, anyone=True)[0]) == 6
+    files.put("id:1", purpose="user_data", filename="notes.txt", content=b"n", now=NOW + 9)
+    assert [f.filename for f in files.list_files("id:1", purpose="user_data")[0]] == ["notes.txt"]
     assert files.list_files(None)[0] == []
     assert files.get(mine[0].id) == mine[0]
     assert mine[0].as_openai()["object"] == "file" and mine[0].id.startswith("file-")
