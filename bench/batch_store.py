@@ -8,7 +8,8 @@ installed), on a fresh database:
 
 1. upload an input file of ``--lines`` chat lines (about 330 bytes each) and make the batch:
    the seconds ``FileStore.put`` and ``BatchStore.create`` take (the file read, every line
-   checked and inserted, in one transaction);
+   checked, then inserted in one transaction), and the longest a small write transaction on
+   another connection (as a budget check makes) waited meanwhile;
 2. one worker claims ``--width`` lines at a time and finishes each with its result and its
    ledger row (one transaction per line), for ``--work`` lines: lines per second, and the
    milliseconds of store time per line, set beside what a line costs the engine (seconds, on a
@@ -81,6 +82,22 @@ def row() -> LedgerRow:
     )
 
 
+def probe_writes(database: Database, stop: threading.Event, waits: list[float]) -> None:
+    """Small write transactions, as the request path's budget checks make, one every 10 ms
+    while a batch is made: how long each took."""
+    pool = Pool(database, size=1, timeout_s=60.0)
+    while not stop.is_set():
+        started = time.perf_counter()
+        with pool.transaction() as tx:
+            tx.run(
+                "INSERT INTO batch_file_usage (owner, bytes) VALUES ('probe', 0) "
+                "ON CONFLICT (owner) DO UPDATE SET bytes = batch_file_usage.bytes"
+            )
+        waits.append(time.perf_counter() - started)
+        time.sleep(0.01)
+    pool.close()
+
+
 def work(pool: Pool, worker: str, limit: int, width: int, done: list[int]) -> None:
     store = BatchStore(pool, prices=PRICES)
     while done[0] < limit:
@@ -102,12 +119,19 @@ def run(database: Database, lines: int, limit: int, width: int) -> None:
         "bench", purpose="batch", filename="in.jsonl", content=content
     )
     uploaded = time.perf_counter()
+    waits: list[float] = []
+    stop = threading.Event()
+    probe = threading.Thread(target=probe_writes, args=(database, stop, waits))
+    probe.start()
     batch = BatchStore(pool).create("bench", input_file_id=upload.id, endpoint=CHAT)
     made = time.perf_counter()
+    stop.set()
+    probe.join()
     assert batch.total == lines, batch.errors
     print(
         f"  {database.dialect}: {lines} lines, {len(content) / 1e6:.1f} MB: upload "
-        f"{uploaded - started:.2f} s, create {made - uploaded:.2f} s"
+        f"{uploaded - started:.2f} s, create {made - uploaded:.2f} s; a small write meanwhile "
+        f"waited at most {1000 * max(waits):.0f} ms ({len(waits)} writes)"
     )
     done = [0]
     started = time.perf_counter()

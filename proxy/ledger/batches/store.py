@@ -1,8 +1,8 @@
 """Batches and their lines in the ledger database: made from an input file, claimed by workers
 through the database, finished once each, billed once each.
 
-**A batch's life.** :meth:`BatchStore.create` reads the input file into its lines in the
-transaction that makes the batch: a good file gives an ``in_progress`` batch with one
+**A batch's life.** :meth:`BatchStore.create` reads the input file into its lines, then makes
+the batch and its lines in one transaction: a good file gives an ``in_progress`` batch with one
 ``batch_lines`` row per line, a bad one a ``failed`` batch whose ``errors`` name each bad line
 (:mod:`proxy.ledger.batches.input_file`) and no line at all. :meth:`BatchStore.cancel` moves it
 to ``cancelling`` and its lines not yet running to ``cancelled``; :meth:`BatchStore.expire`
@@ -126,7 +126,9 @@ class BatchStore:
         now: float | None = None,
     ) -> Batch:
         """Make a batch of the key's input file: ``in_progress`` with its lines, or ``failed``
-        with the file's ``errors``. A bad parameter is a 400 naming it; an input file the key
+        with the file's ``errors``. The file is read and checked between two transactions, and
+        the batch and its lines written in the second, so that the write lock is held only for
+        the inserts. A bad parameter is a 400 naming it; an input file the key
         does not have is a 404 naming ``input_file_id``."""
         if endpoint not in ENDPOINTS:
             raise BadRequest(f"endpoint must be one of {', '.join(ENDPOINTS)}.", param="endpoint")
@@ -141,18 +143,32 @@ class BatchStore:
         batch_id = f"batch_{secrets.token_hex(12)}"
         with self.pool.transaction() as tx:
             found = read_file(tx, input_file_id)
-            if found is None or owner_key(found.owner) != key:
-                raise NotFound(f"No file {input_file_id!r}.", param="input_file_id")
-            if found.purpose != "batch":
-                raise BadRequest(
-                    f"The file {input_file_id!r} has purpose {found.purpose!r}; a batch's input "
-                    'file must have purpose "batch".',
-                    param="input_file_id",
-                )
             content = read_content(tx, input_file_id) or b""
-            lines, errors = read_lines(
-                content, endpoint, max_lines=self.max_lines, max_bytes=self.max_file_bytes
+        if found is None or owner_key(found.owner) != key:
+            raise NotFound(f"No file {input_file_id!r}.", param="input_file_id")
+        if found.purpose != "batch":
+            raise BadRequest(
+                f"The file {input_file_id!r} has purpose {found.purpose!r}; a batch's input "
+                'file must have purpose "batch".',
+                param="input_file_id",
             )
+        # Read and checked outside the write: on SQLite the write lock is everyone's.
+        lines, errors = read_lines(
+            content, endpoint, max_lines=self.max_lines, max_bytes=self.max_file_bytes
+        )
+        rows = [
+            (
+                f"batch_req_{secrets.token_hex(12)}",
+                batch_id,
+                i,
+                line.custom_id,
+                line.method,
+                line.url,
+                to_json(line.body),
+            )
+            for i, line in enumerate(lines)
+        ]
+        with self.pool.transaction() as tx:
             status = "failed" if errors else "in_progress"
             tx.run(
                 "INSERT INTO batches (id, owner, endpoint, input_file_id, completion_window, "
@@ -178,18 +194,7 @@ class BatchStore:
                 tx,
                 "INSERT INTO batch_lines (id, batch_id, idx, custom_id, method, url, body) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        f"batch_req_{secrets.token_hex(12)}",
-                        batch_id,
-                        i,
-                        line.custom_id,
-                        line.method,
-                        line.url,
-                        to_json(line.body),
-                    )
-                    for i, line in enumerate(lines)
-                ],
+                rows,
             )
             return self._get(tx, batch_id)
 
