@@ -72,3 +72,4 @@ CREATE TABLE batch_lines (
 CREATE INDEX batch_lines_open ON batch_lines (seq) WHERE state IN ('pending', 'claimed');
 CREATE INDEX batch_lines_upstream ON batch_lines (upstream_batch_id)
     WHERE upstream_batch_id IS NOT NULL;
+CREATE INDEX batch_lines_leases ON batch_lines (lease_until) WHERE state = 'claimed';

@@ -208,6 +208,7 @@ class BatchSettings:
 
     file_quota_bytes: int = 2 * 1024**3  # the bytes of files one key keeps (2 GiB)
     line_lease_s: float = 300.0  # a claimed batch line is another worker's after this long
+    line_max_claims: int = 3  # a line whose workers died this many times fails, not run again
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -193,6 +193,26 @@ def test_a_line_whose_lease_passed_is_claimed_again_and_finished_once(pool: Pool
     assert progress == {"claimed": 2, "done": 1, "local": 1, "open": 2}
 
 
+def test_a_line_whose_workers_keep_dying_is_given_up_after_max_claims(pool: Pool) -> None:
+    """Each worker that takes the first line dies with it (its lease runs out); the third time,
+    the line is finished as failed instead of being handed out again, and the batch ends."""
+    files, batches = stores(pool)
+    batch_id = batch_of(pool, 3)
+    for attempt in range(3):
+        (line,) = batches.claim(f"w{attempt}", 1, lease_s=10, max_claims=3, now=NOW + 10 * attempt)
+        assert (line.index, line.claims) == (0, attempt + 1)
+    lines = batches.claim("w3", 5, lease_s=10, max_claims=3, now=NOW + 30)
+    assert [line.index for line in lines] == [1, 2]
+    for line in lines:
+        batches.finish(line.id, answer(line.id, line.index), route="local", now=NOW + 31)
+    batch = batches.get(batch_id)
+    assert batch is not None and batch.status == "completed"
+    assert batch.as_openai()["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    (abandoned,) = read_jsonl(files, batch.error_file_id)
+    assert (abandoned["custom_id"], abandoned["error"]["code"]) == ("task-0", "line_abandoned")
+    assert batches.give_up(3, now=NOW + 100) == 0
+
+
 def test_two_replicas_claiming_at_once_never_get_the_same_line(database: Database) -> None:
     """Two pools (two replicas) on one database, each claiming five lines at a time as fast as
     it can and finishing them, with their ledger rows, until none is left: every line is claimed

@@ -318,17 +318,23 @@ class BatchStore:
         *,
         lease_s: float,
         batch_id: str | None = None,
+        max_claims: int | None = None,
         now: float | None = None,
     ) -> list[Line]:
         """Up to ``n`` lines of in-progress batches (of ``batch_id`` only, if given), oldest
         first: pending ones, or claimed ones whose lease has passed; now claimed by ``worker``
-        until ``now + lease_s``."""
+        until ``now + lease_s``. With ``max_claims``, a line whose lease has passed that many
+        times (each of its workers died running it) is not handed out again: it is finished
+        as failed first (:meth:`give_up`)."""
         at = time.time() if now is None else now
+        if max_claims is not None:
+            self.give_up(max_claims, now=at)
+        limit = 2**31 if max_claims is None else max_claims
         only, values = ("AND l.batch_id = ?", (batch_id,)) if batch_id is not None else ("", ())
         pick = (
             "SELECT l.seq FROM batch_lines l JOIN batches b ON b.id = l.batch_id "
             "WHERE l.state IN ('pending', 'claimed') "
-            "AND (l.state = 'pending' OR l.lease_until <= ?) "
+            "AND (l.state = 'pending' OR (l.lease_until <= ? AND l.claims < ?)) "
             f"AND b.status = 'in_progress' {only} ORDER BY l.seq LIMIT ?"
         )
         with self.pool.transaction() as tx:
@@ -337,7 +343,7 @@ class BatchStore:
             taken = tx.rows(
                 "UPDATE batch_lines SET state = 'claimed', worker = ?, lease_until = ?, "
                 f"claims = claims + 1 WHERE seq IN ({pick}) RETURNING seq",
-                (worker, at + lease_s, at, *values, n),
+                (worker, at + lease_s, at, limit, *values, n),
             )
             if not taken:
                 return []
@@ -348,6 +354,39 @@ class BatchStore:
                 seqs,
             )
         return [line_of(row) for row in rows]
+
+    def give_up(self, max_claims: int, *, now: float | None = None) -> int:
+        """Finish as failed (``line_abandoned``, in the error file) every line whose lease has
+        passed ``max_claims`` times: a request that kills whoever runs it is not run forever.
+        How many; each batch in its own transaction, locked before its lines."""
+        at = time.time() if now is None else now
+        with self.pool.transaction() as tx:
+            due = tx.rows(
+                "SELECT DISTINCT batch_id FROM batch_lines WHERE state = 'claimed' "
+                "AND lease_until <= ? AND claims >= ? ORDER BY batch_id",
+                (at, max_claims),
+            )
+        error = to_json(
+            {
+                "code": "line_abandoned",
+                "message": f"The worker running this request stopped {max_claims} times "
+                "before it finished; it is not run again.",
+            }
+        )
+        gone = 0
+        for (batch_id,) in due:
+            with self.pool.transaction() as tx:
+                self._get(tx, batch_id, lock=True)
+                count = tx.count(
+                    "UPDATE batch_lines SET state = 'done', error = ?, finished_at = ?, "
+                    "worker = NULL, lease_until = NULL WHERE batch_id = ? AND state = 'claimed' "
+                    "AND lease_until <= ? AND claims >= ?",
+                    (error, at, batch_id, at, max_claims),
+                )
+                tx.run("UPDATE batches SET failed = failed + ? WHERE id = ?", (count, batch_id))
+                settle(tx, batch_id, int(at))
+                gone += count
+        return gone
 
     def renew(
         self, worker: str, line_ids: list[str], *, lease_s: float, now: float | None = None
