@@ -433,6 +433,18 @@ def test_a_batch_cancelled_mid_way_ends_once_its_running_lines_finish(pool: Pool
     ]
     assert batch.as_openai()["request_counts"] == {"total": 6, "completed": 2, "failed": 0}
     assert batches.progress(batch_id)["cancelled"] == 4
+    # A worker that dies with a line of a cancelling batch: the batch ends once its lease has
+    # passed, at the next sweep or cancel, not never.
+    stuck_id = batch_of(pool, 3)
+    (dying,) = batches.claim("dies", 1, lease_s=60, batch_id=stuck_id, now=NOW)
+    assert batches.cancel(stuck_id, now=NOW + 1).status == "cancelling"
+    assert batches.expire(now=NOW + 59) == []
+    assert batches.cancel(stuck_id, now=NOW + 59).status == "cancelling"
+    assert batches.expire(now=NOW + 60) == [stuck_id]
+    stuck = batches.get(stuck_id)
+    assert stuck is not None and stuck.status == "cancelled" and stuck.output_file_id is None
+    with pytest.raises(AlreadyFinished):
+        batches.finish(dying.id, answer(dying.id, 0), route="local", now=NOW + 61)
     # A batch that has ended cannot be cancelled; one that is not there is a 404.
     done_id = batch_of(pool, 1)
     (line,) = batches.claim("w", 1, lease_s=60, batch_id=done_id, now=NOW)

@@ -91,6 +91,17 @@ _INSERT_ROW = (
 )
 
 
+def _drop_idle_lines(tx: Tx, batch_id: str, at: float) -> str | None:
+    """Cancel the lines of a cancelling batch that nobody runs (pending, or claimed by a worker
+    whose lease has passed), and end the batch if no line runs on; its new status, if it ended."""
+    tx.run(
+        "UPDATE batch_lines SET state = 'cancelled', worker = NULL, lease_until = NULL "
+        "WHERE batch_id = ? AND (state = 'pending' OR (state = 'claimed' AND lease_until <= ?))",
+        (batch_id, at),
+    )
+    return settle(tx, batch_id, int(at))
+
+
 class AlreadyFinished(Exception):
     """The line has its result already (or was cancelled, or is not claimed): nothing was
     written, and the first result stands."""
@@ -248,7 +259,10 @@ class BatchStore:
         at = time.time() if now is None else now
         with self.pool.transaction() as tx:
             batch = self._get(tx, batch_id, lock=True)
-            if batch.status in ("cancelling", "cancelled"):
+            if batch.status == "cancelling":  # a line whose worker died meanwhile ends now
+                _drop_idle_lines(tx, batch_id, at)
+                return self._get(tx, batch_id)
+            if batch.status == "cancelled":
                 return batch
             if not may_move(batch.status, "cancelling"):
                 raise BadRequest(
@@ -263,21 +277,28 @@ class BatchStore:
                 (int(at), batch_id, batch.status),
             )
             if moved:
-                tx.run(
-                    "UPDATE batch_lines SET state = 'cancelled', worker = NULL, lease_until = NULL "
-                    "WHERE batch_id = ? AND (state = 'pending' OR (state = 'claimed' AND "
-                    "lease_until <= ?))",
-                    (batch_id, at),
-                )
-                settle(tx, batch_id, int(at))
+                _drop_idle_lines(tx, batch_id, at)
             return self._get(tx, batch_id)
 
     def expire(self, *, now: float | None = None) -> list[str]:
         """End every batch whose window has passed before it completed: its unfinished lines
         go to its error file as ``batch_expired`` (counted failed), what was done to its output
-        file, and it is ``expired``. The ids of the batches it ended."""
+        file, and it is ``expired``. And end every ``cancelling`` batch whose last running
+        lines' workers died (their leases passed). The ids of the batches it ended."""
         at = time.time() if now is None else now
         ended: list[str] = []
+        with self.pool.transaction() as tx:
+            stuck = tx.rows(
+                "SELECT DISTINCT b.id FROM batches b JOIN batch_lines l ON l.batch_id = b.id "
+                "WHERE b.status = 'cancelling' AND l.state = 'claimed' AND l.lease_until <= ? "
+                "ORDER BY b.id",
+                (at,),
+            )
+        for (batch_id,) in stuck:
+            with self.pool.transaction() as tx:
+                self._get(tx, batch_id, lock=True)
+                if _drop_idle_lines(tx, batch_id, at) == "cancelled":
+                    ended.append(batch_id)
         with self.pool.transaction() as tx:
             due = tx.rows(
                 "SELECT id, status, owner FROM batches WHERE status IN "
