@@ -445,6 +445,12 @@ def test_a_batch_cancelled_mid_way_ends_once_its_running_lines_finish(pool: Pool
     assert stuck is not None and stuck.status == "cancelled" and stuck.output_file_id is None
     with pytest.raises(AlreadyFinished):
         batches.finish(dying.id, answer(dying.id, 0), route="local", now=NOW + 61)
+    # A line given back to a cancelling batch (its upstream batch was cancelled) ends it too.
+    given_id = batch_of(pool, 2)
+    held = batches.claim("w", 2, lease_s=600, batch_id=given_id, now=NOW)
+    batches.cancel(given_id, now=NOW + 1)
+    assert batches.release([line.id for line in held]) == 2
+    assert batches.expire(now=NOW + 2) == [given_id]
     # A batch that has ended cannot be cancelled; one that is not there is a 404.
     done_id = batch_of(pool, 1)
     (line,) = batches.claim("w", 1, lease_s=60, batch_id=done_id, now=NOW)

@@ -284,14 +284,15 @@ class BatchStore:
         """End every batch whose window has passed before it completed: its unfinished lines
         go to its error file as ``batch_expired`` (counted failed), what was done to its output
         file, and it is ``expired``. And end every ``cancelling`` batch whose last running
-        lines' workers died (their leases passed). The ids of the batches it ended."""
+        lines' workers died (their leases passed) or gave them back (:meth:`release`). The ids
+        of the batches it ended."""
         at = time.time() if now is None else now
         ended: list[str] = []
         with self.pool.transaction() as tx:
             stuck = tx.rows(
                 "SELECT DISTINCT b.id FROM batches b JOIN batch_lines l ON l.batch_id = b.id "
-                "WHERE b.status = 'cancelling' AND l.state = 'claimed' AND l.lease_until <= ? "
-                "ORDER BY b.id",
+                "WHERE b.status = 'cancelling' AND (l.state = 'pending' OR "
+                "(l.state = 'claimed' AND l.lease_until <= ?)) ORDER BY b.id",
                 (at,),
             )
         for (batch_id,) in stuck:
