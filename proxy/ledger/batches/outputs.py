@@ -1,5 +1,8 @@
 """A batch's end: its output and error files built from its lines, and the move to its last
-status, in the transaction that saw its last line finish (or that cancelled or expired it).
+status, in the transaction that saw its last line finish (or that cancelled or expired it);
+and the lines ended without a result: cancelled, expired (``batch_expired``) or given up
+after their workers kept dying (``line_abandoned``). Each function runs in its caller's
+transaction, which holds the batch's lock on PostgreSQL.
 
 The files hold each finished line once, in the order of the client's input file (its
 ``idx``): a 2xx answer in the output file, any other answer or an error in the error file, in
@@ -95,3 +98,55 @@ def settle(tx: Tx, batch_id: str, now: int) -> str | None:
         (ends, output_id, error_id, *stamps, batch_id, status),
     )
     return ends
+
+
+def drop_idle_lines(tx: Tx, batch_id: str, at: float) -> str | None:
+    """Cancel the lines of a cancelling batch that nobody runs (pending, or claimed by a worker
+    whose lease has passed), and end the batch if no line runs on; its new status, if it ended."""
+    tx.run(
+        "UPDATE batch_lines SET state = 'cancelled', worker = NULL, lease_until = NULL "
+        "WHERE batch_id = ? AND (state = 'pending' OR (state = 'claimed' AND lease_until <= ?))",
+        (batch_id, at),
+    )
+    return settle(tx, batch_id, int(at))
+
+
+def _fail_lines(
+    tx: Tx, batch_id: str, code: str, message: str, at: float, where: str, values: tuple[Any, ...]
+) -> int:
+    """Finish the batch's lines that match ``where`` with the error ``code`` (counted failed);
+    how many."""
+    error = json.dumps({"code": code, "message": message}, separators=(",", ":"))
+    count = tx.count(
+        "UPDATE batch_lines SET state = 'done', error = ?, finished_at = ?, worker = NULL, "
+        f"lease_until = NULL WHERE batch_id = ? AND {where}",
+        (error, at, batch_id, *values),
+    )
+    tx.run("UPDATE batches SET failed = failed + ? WHERE id = ?", (count, batch_id))
+    return count
+
+
+def end_expired(tx: Tx, batch_id: str, status: str, owner: str, at: float) -> None:
+    """End a batch whose window has passed: its unfinished lines in the error file as
+    ``batch_expired``, what was done in the output file, ``expired``."""
+    message = "This request could not be run before the batch expired."
+    _fail_lines(tx, batch_id, "batch_expired", message, at, "state IN (?, ?, ?)", OPEN_STATES)
+    output_id, error_id = build_files(tx, batch_id, owner, int(at))
+    tx.run(
+        "UPDATE batches SET status = 'expired', expired_at = ?, output_file_id = ?, "
+        "error_file_id = ? WHERE id = ? AND status = ?",
+        (int(at), output_id, error_id, batch_id, status),
+    )
+
+
+def abandon_lines(tx: Tx, batch_id: str, max_claims: int, at: float) -> int:
+    """Fail the batch's lines whose lease has passed ``max_claims`` times (``line_abandoned``),
+    and end the batch if they were its last; how many."""
+    message = (
+        f"The worker running this request stopped {max_claims} times before it finished; it "
+        "is not run again."
+    )
+    where = "state = 'claimed' AND lease_until <= ? AND claims >= ?"
+    count = _fail_lines(tx, batch_id, "line_abandoned", message, at, where, (at, max_claims))
+    settle(tx, batch_id, int(at))
+    return count

@@ -68,7 +68,13 @@ from proxy.ledger.batches.objects import (
     LineResult,
     may_move,
 )
-from proxy.ledger.batches.outputs import build_files, open_lines, settle
+from proxy.ledger.batches.outputs import (
+    abandon_lines,
+    drop_idle_lines,
+    end_expired,
+    open_lines,
+    settle,
+)
 from proxy.ledger.batches.records import (
     BATCH_COLUMNS,
     LINE_COLUMNS,
@@ -89,17 +95,6 @@ MAX_LIST = 100  # OpenAI's most batches in one page
 _INSERT_ROW = (
     f"INSERT INTO requests ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 )
-
-
-def _drop_idle_lines(tx: Tx, batch_id: str, at: float) -> str | None:
-    """Cancel the lines of a cancelling batch that nobody runs (pending, or claimed by a worker
-    whose lease has passed), and end the batch if no line runs on; its new status, if it ended."""
-    tx.run(
-        "UPDATE batch_lines SET state = 'cancelled', worker = NULL, lease_until = NULL "
-        "WHERE batch_id = ? AND (state = 'pending' OR (state = 'claimed' AND lease_until <= ?))",
-        (batch_id, at),
-    )
-    return settle(tx, batch_id, int(at))
 
 
 class AlreadyFinished(Exception):
@@ -260,7 +255,7 @@ class BatchStore:
         with self.pool.transaction() as tx:
             batch = self._get(tx, batch_id, lock=True)
             if batch.status == "cancelling":  # a line whose worker died meanwhile ends now
-                _drop_idle_lines(tx, batch_id, at)
+                drop_idle_lines(tx, batch_id, at)
                 return self._get(tx, batch_id)
             if batch.status == "cancelled":
                 return batch
@@ -277,7 +272,7 @@ class BatchStore:
                 (int(at), batch_id, batch.status),
             )
             if moved:
-                _drop_idle_lines(tx, batch_id, at)
+                drop_idle_lines(tx, batch_id, at)
             return self._get(tx, batch_id)
 
     def expire(self, *, now: float | None = None) -> list[str]:
@@ -298,7 +293,7 @@ class BatchStore:
         for (batch_id,) in stuck:
             with self.pool.transaction() as tx:
                 self._get(tx, batch_id, lock=True)
-                if _drop_idle_lines(tx, batch_id, at) == "cancelled":
+                if drop_idle_lines(tx, batch_id, at) == "cancelled":
                     ended.append(batch_id)
         with self.pool.transaction() as tx:
             due = tx.rows(
@@ -308,27 +303,9 @@ class BatchStore:
                 (int(at),),
             )
             for batch_id, status, owner in due:
-                if not may_move(status, "expired"):
-                    continue
-                error = to_json(
-                    {
-                        "code": "batch_expired",
-                        "message": "This request could not be run before the batch expired.",
-                    }
-                )
-                late = tx.count(
-                    "UPDATE batch_lines SET state = 'done', error = ?, finished_at = ?, "
-                    "worker = NULL, lease_until = NULL WHERE batch_id = ? AND state IN "
-                    "('pending', 'claimed', 'deferred')",
-                    (error, at, batch_id),
-                )
-                output_id, error_id = build_files(tx, batch_id, owner, int(at))
-                tx.run(
-                    "UPDATE batches SET status = 'expired', expired_at = ?, failed = failed + ?, "
-                    "output_file_id = ?, error_file_id = ? WHERE id = ? AND status = ?",
-                    (int(at), late, output_id, error_id, batch_id, status),
-                )
-                ended.append(batch_id)
+                if may_move(status, "expired"):
+                    end_expired(tx, batch_id, status, owner, at)
+                    ended.append(batch_id)
         return ended
 
     # -- lines -----------------------------------------------------------------------------
@@ -388,26 +365,11 @@ class BatchStore:
                 "AND lease_until <= ? AND claims >= ? ORDER BY batch_id",
                 (at, max_claims),
             )
-        error = to_json(
-            {
-                "code": "line_abandoned",
-                "message": f"The worker running this request stopped {max_claims} times "
-                "before it finished; it is not run again.",
-            }
-        )
         gone = 0
         for (batch_id,) in due:
             with self.pool.transaction() as tx:
                 self._get(tx, batch_id, lock=True)
-                count = tx.count(
-                    "UPDATE batch_lines SET state = 'done', error = ?, finished_at = ?, "
-                    "worker = NULL, lease_until = NULL WHERE batch_id = ? AND state = 'claimed' "
-                    "AND lease_until <= ? AND claims >= ?",
-                    (error, at, batch_id, at, max_claims),
-                )
-                tx.run("UPDATE batches SET failed = failed + ? WHERE id = ?", (count, batch_id))
-                settle(tx, batch_id, int(at))
-                gone += count
+                gone += abandon_lines(tx, batch_id, max_claims, at)
         return gone
 
     def renew(
