@@ -204,11 +204,15 @@ class ResponsesSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class BatchSettings:
-    """``[batch]``: deferred work, which asks for no interactive answer time. A request with
-    ``service_tier: "flex"`` is given ``flex_timeout_s`` as its local deadline, in place of
-    ``[local] timeout_s`` (proxy/routing/router.py)."""
+    """``[batch]``: deferred work, which asks for no interactive answer time: OpenAI's Files and
+    Batch APIs, kept in the ledger database (proxy/ledger/batches/), and ``service_tier: "flex"``,
+    given ``flex_timeout_s`` as its local deadline in place of ``[local] timeout_s``
+    (proxy/routing/router.py)."""
 
     flex_timeout_s: float = 600.0
+    file_quota_bytes: int = 2 * 1024**3  # the bytes of files one key keeps (2 GiB)
+    line_lease_s: float = 300.0  # a claimed batch line is another worker's after this long
+    line_max_claims: int = 3  # a line whose workers died this many times fails, not run again
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,8 @@
     audits     the ``audits`` table: its columns, its insert, its readers
     response_cache  answers to deterministic requests, kept in the ledger database
     responses_store stored Responses (``store``), their input items and their chains
+    batches/   OpenAI's Files and Batch APIs: files within a per-key quota, batches, and their
+               lines, claimed by workers through the database and billed once each
 
 May import the shared ``proxy.config``, ``proxy.errors``, ``proxy.params`` (the local alias
 the prices know) and ``proxy.logs`` only: every other room writes to the ledger, so the
