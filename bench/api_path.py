@@ -77,7 +77,7 @@ def free_port() -> int:
 
 def create_app(settings: Any) -> Any:
     try:
-        from proxy.http.app import create_app as make
+        from proxy.server.app import create_app as make
     except ImportError:  # a tree from before proxy/http/ (efff029)
         from proxy.app import create_app as make  # type: ignore[no-redef]
     return make(settings)

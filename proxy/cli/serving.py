@@ -46,11 +46,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     from proxy import logs
     from proxy.engine.generate import bundled_model_path
-    from proxy.http.app import create_app
-    from proxy.http.auth import check_bind
-    from proxy.http.limits import guarded_protocol
     from proxy.ledger.db.location import from_settings
     from proxy.ledger.db.migrate import open_database
+    from proxy.server.app import create_app
+    from proxy.server.auth import check_bind
+    from proxy.server.limits import guarded_protocol
 
     settings = resolve_model(config_mod.load(args.config))  # [local] model: the cache, no network
     server = settings.server

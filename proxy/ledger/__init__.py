@@ -10,7 +10,7 @@
     response_cache  answers to deterministic requests, kept in the ledger database
     responses_store stored Responses (``store``), their input items and their chains
 
-May import the shared ``proxy.config``, ``proxy.errors``, ``proxy.params`` (the local alias
+May import the shared ``proxy.config``, ``proxy.errors``, ``proxy.protocol.params`` (the local alias
 the prices know) and ``proxy.logs`` only: every other room writes to the ledger, so the
 ledger imports none of them.
 """

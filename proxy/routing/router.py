@@ -11,7 +11,7 @@
     try_local()     run that backend before the deadline; classify what came back
     accept?         score >= threshold  -> local;  otherwise the API, when there is one
 
-The router knows nothing of HTTP; ``proxy.http.chat`` turns its decisions into responses.
+The router knows nothing of HTTP; ``proxy.server.chat`` turns its decisions into responses.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from proxy.config import Settings
 from proxy.engine.fair_queue import KEYLESS, share_label
 from proxy.engine.local_engine import LocalEngine
 from proxy.errors import BadRequest, EngineError
-from proxy.params import LOCAL_ALIAS
+from proxy.protocol.params import LOCAL_ALIAS
 from proxy.routing.base import Choice
 from proxy.routing.estimator import Prediction, Predictor
 from proxy.routing.pool import BackendPool

@@ -41,7 +41,7 @@ import httpx
 
 from proxy import logs
 from proxy.config import FallbackSettings
-from proxy.params import CHAT_PARAMETERS, forwarded
+from proxy.protocol.params import CHAT_PARAMETERS, forwarded
 from proxy.upstream.route import Answer, Opened, too_large
 
 __all__ = [

@@ -10,8 +10,8 @@ import pytest
 
 from proxy import cli, config
 from proxy.errors import ConfigError
-from proxy.http import auth
 from proxy.ledger.tenants import keys
+from proxy.server import auth
 
 GOOD = "k" * 16
 
