@@ -189,7 +189,7 @@ async def _measure(args: argparse.Namespace, settings: Any, tmp: Path) -> dict[s
         for _ in range(args.warmup):
             assert await one_request(app, state) == 200
         gc.collect()
-        gc.freeze()  # as frugal serve does after start-up (proxy/cli/serving.py)
+        gc.freeze()  # as frugal serve does after start-up (proxy/server/run.py)
         profiler = cProfile.Profile() if args.profile else None
         threads0 = thread_cpu()
         cpu0, wall0 = time.process_time(), time.perf_counter()

@@ -1,4 +1,4 @@
-"""Where a body's check in a worker thread has got to (:mod:`proxy.server.body_check`).
+"""Where a body's check in a worker thread has got to (:mod:`proxy.serving.body_check`).
 
 The checks say each schema they reach (:func:`note_field`); a thread checking a body reports
 to that body's holder (:func:`reporting_to`), so a check past its time can name the field it

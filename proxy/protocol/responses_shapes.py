@@ -11,7 +11,7 @@ reasoning items) is a 400 with code ``unsupported_parameter`` that says so,
 never an unknown field. With ``[fallback] responses = "responses"`` (the default) the handler
 (:mod:`proxy.server.responses`) takes those out before these checks and sends the request to the
 upstream's own ``/v1/responses`` instead. An item reference never reaches these checks: the
-handler puts the stored item it names in its place first (:mod:`proxy.server.responses_state`).
+handler puts the stored item it names in its place first (:mod:`proxy.serving.responses_state`).
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ def check_as_chat(body: dict[str, Any]) -> None:
     """Check a Responses body, as it came (its own input, no earlier turn), as the chat request
     it becomes: every tool's and format's JSON Schema among the rest. Costly (about 1 s for a
     tool of 60,000 properties), so it is part of the body's own check, which runs off the event
-    loop for a large body (:mod:`proxy.server.body_check`)."""
+    loop for a large body (:mod:`proxy.serving.body_check`)."""
     _as_chat(body, chat_request)
 
 

@@ -29,19 +29,20 @@ from proxy.models.cache import blob_sha256
 from proxy.models.cache import resolve as resolve_model
 from proxy.models.gate_status import described, weights_tag
 from proxy.protocol.params import LOCAL_ALIAS
-from proxy.server import metrics as metrics_mod
-from proxy.server import responses_state
-from proxy.server.auth import AuthMiddleware, RequestGuard, sees_everything
+from proxy.server import scrape, stored_responses
+from proxy.server.auth import AuthMiddleware, RequestGuard
 from proxy.server.dashboard import Dashboard
 from proxy.server.disconnect import CancelOnDisconnect
 from proxy.server.endpoints import ENDPOINTS, Handler, both_paths
 from proxy.server.lifespan import lifespan
-from proxy.server.limits import InFlight, LimitsMiddleware
+from proxy.server.limits import LimitsMiddleware
+from proxy.server.lookup import services_of
 from proxy.server.openapi import openapi_spec
 from proxy.server.render import exception_handlers, render, unexpected
 from proxy.server.report import ReportEndpoint
 from proxy.server.shares import KeyShareMiddleware, KeyShares
-from proxy.serving.services import services_of
+from proxy.serving.clients import sees_everything
+from proxy.serving.in_flight import InFlight
 
 log = structlog.get_logger("frugal.app")
 
@@ -238,15 +239,15 @@ def _routes(settings: Settings) -> list[Route]:
             for e in ENDPOINTS
             for path in both_paths(e.path)
         ),
-        Route("/v1/responses/{response_id}", responses_state.one, methods=["GET", "DELETE"]),
-        Route("/responses/{response_id}", responses_state.one, methods=["GET", "DELETE"]),
-        Route("/v1/responses/{response_id}/input_items", responses_state.list_input_items),
-        Route("/responses/{response_id}/input_items", responses_state.list_input_items),
+        Route("/v1/responses/{response_id}", stored_responses.one, methods=["GET", "DELETE"]),
+        Route("/responses/{response_id}", stored_responses.one, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", stored_responses.list_input_items),
+        Route("/responses/{response_id}/input_items", stored_responses.list_input_items),
         Route("/openapi.json", _openapi, methods=["GET"]),
         Route("/v1/models", _models, methods=["GET"]),
         Route("/models", _models, methods=["GET"]),
         Route("/healthz", _healthz, methods=["GET"]),
-        Route("/metrics", metrics_mod.endpoint, methods=["GET"]),
+        Route("/metrics", scrape.endpoint, methods=["GET"]),
         Route("/v1/frugal/report", reports.get, methods=["GET"]),
         Route("/dashboard", dashboard.page, methods=["GET"]),
         Route("/dashboard/{name}", dashboard.asset, methods=["GET"]),

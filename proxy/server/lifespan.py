@@ -30,13 +30,13 @@ from proxy.ledger.db.location import from_settings
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.writing.writer import Ledger
 from proxy.routing.router import Router
-from proxy.server import metrics as metrics_mod
-from proxy.server.auth import Authenticator
 from proxy.server.endpoints import ENDPOINTS
-from proxy.server.limits import InFlight
-from proxy.server.responses_state import ResponsesState
 from proxy.server.shutdown import AUDIT_STOP_S, AUX_STOP_S, bounded, shutdown
+from proxy.serving.clients import Authenticator
+from proxy.serving.in_flight import InFlight
+from proxy.serving.metrics import Metrics
 from proxy.serving.quotas import AuditPurse, Quotas
+from proxy.serving.responses_state import ResponsesState
 from proxy.serving.services import Services
 from proxy.upstream.client import Upstream
 
@@ -181,7 +181,7 @@ def _services(
         upstream=parts.upstream,
         engine=parts.engine,
         router=parts.router,
-        metrics=metrics_mod.Metrics(
+        metrics=Metrics(
             in_flight=in_flight, engine=parts.engine, router=parts.router, ledger=parts.ledger
         ),
         in_flight=in_flight,

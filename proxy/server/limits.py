@@ -34,22 +34,14 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.config import ServerSettings
 from proxy.errors import PayloadTooLarge, ProxyError, RequestTimeout, TooManyRequests
+from proxy.server.lookup import services_in
 from proxy.server.render import render
-from proxy.serving.services import services_in
+from proxy.serving.in_flight import InFlight
 
 log = structlog.get_logger("frugal.limits")
 
 UNLIMITED_PATHS = frozenset({"/healthz", "/metrics"})
 _CLOSE = (b"connection", b"close")
-
-
-class InFlight:
-    """Requests being handled now (the limited ones); read by the metrics at scrape time."""
-
-    __slots__ = ("count",)
-
-    def __init__(self) -> None:
-        self.count = 0
 
 
 class LimitsMiddleware:

@@ -13,8 +13,8 @@ event loop goes on serving while a report reads a large ledger. A month with no 
 200 with the zero report (the CLI's exit code 4 is for scripts); a bad ``month`` or ``by`` is a
 400 naming it; a ledger that cannot be read is a 503.
 
-What it counts depends on who asks (:func:`proxy.server.auth.own_key`): an admin key, and anyone in
-keyless mode, reads the whole ledger; a client key reads its own requests only
+What it counts depends on who asks (:func:`proxy.serving.clients.own_key`): an admin key, and
+anyone in keyless mode, reads the whole ledger; a client key reads its own requests only
 (:class:`proxy.ledger.reports.build.KeyScope`), so no other key's name or figure is in what it is
 sent.
 """
@@ -34,7 +34,7 @@ from proxy.ledger.db.location import from_settings
 from proxy.ledger.reports import build as report_mod
 from proxy.models.gate_status import for_settings as gate_for_settings
 from proxy.protocol.shapes import Schema, obj
-from proxy.server.auth import own_key
+from proxy.serving.clients import own_key
 from quality.combiner import file_sha256
 
 REPORTS_AT_ONCE = 2

@@ -29,7 +29,7 @@ The fallback, ``[fallback] responses``:
 - ``"translate"``: the upstream's Chat Completions, as the local route is asked; what cannot
   be mapped is a 400 that says so. A model routed through litellm always translates.
 
-State (:mod:`proxy.server.responses_state`): with ``previous_response_id`` the stored conversation
+State (:mod:`proxy.serving.responses_state`): with ``previous_response_id`` the stored conversation
 it ended (every earlier turn's input and output items, whichever route answered each) comes
 before this turn's input, so the request, local or sent upstream, carries the whole
 conversation and never one of our ids. With ``store`` (the default) the finished response and
@@ -78,14 +78,14 @@ from proxy.server.answers import public_answer
 from proxy.server.chat import ChatHandler
 from proxy.server.handler import aiter_of
 from proxy.server.responses_live import live_events
-from proxy.server.responses_state import (
+from proxy.serving import charges
+from proxy.serving.exchange import Exchange
+from proxy.serving.responses_state import (
     ResponsesState,
     check_references,
     input_items,
     references,
 )
-from proxy.serving import charges
-from proxy.serving.exchange import Exchange
 from proxy.upstream import responses_api
 from proxy.upstream.responses_api import API_ONLY, chat_usage
 from proxy.upstream.stream import UpstreamStream

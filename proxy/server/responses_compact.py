@@ -30,13 +30,13 @@ from proxy.protocol.request_schema import RESPONSES_REQUEST
 from proxy.protocol.shapes import Schema
 from proxy.routing.reasons import Reason
 from proxy.server.handler import Handler
-from proxy.server.responses_state import (
+from proxy.serving.exchange import Exchange
+from proxy.serving.responses_state import (
     ResponsesState,
     fields_checked,
     input_items,
     references,
 )
-from proxy.serving.exchange import Exchange
 from proxy.upstream import responses_api
 from proxy.upstream.client import COMPACT_PATH
 

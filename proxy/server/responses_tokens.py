@@ -3,8 +3,8 @@
 The body is a Responses request's input side (:data:`FIELDS`): ``model``, ``input``,
 ``instructions``, ``tools`` and the fields that shape them. It is checked as
 ``/v1/responses`` checks them (:func:`proxy.protocol.validate.responses_request`, off the event loop
-when large: :mod:`proxy.server.body_check`), its ``item_reference`` items and its
-``previous_response_id`` put in place as there (:mod:`proxy.server.responses_state`: the key's
+when large: :mod:`proxy.serving.body_check`), its ``item_reference`` items and its
+``previous_response_id`` put in place as there (:mod:`proxy.serving.responses_state`: the key's
 own stored items only), and translated to the chat request it becomes
 (:func:`proxy.protocol.responses_translate.chat_of`). That request's messages and tools are counted
 as the ledger counts a local answer's prompt: with the requested model's tokenizer, on the
@@ -34,7 +34,7 @@ from proxy.ledger.writing.tokens import CountJob
 from proxy.protocol.request_schema import RESPONSES_REQUEST
 from proxy.protocol.responses_translate import chat_of, stand_in
 from proxy.protocol.shapes import Schema
-from proxy.server.responses_state import (
+from proxy.serving.responses_state import (
     ResponsesState,
     fields_checked,
     input_items,

@@ -38,8 +38,8 @@ from proxy.config import ServerSettings
 from proxy.errors import ProxyError, TooManyRequests
 from proxy.ledger.tenants.keys import ClientKey
 from proxy.server.limits import UNLIMITED_PATHS, body_pending
+from proxy.server.lookup import services_in
 from proxy.server.render import render
-from proxy.serving.services import services_in
 
 log = structlog.get_logger("frugal.limits")
 

@@ -20,7 +20,7 @@ from proxy.config import Settings
 from proxy.engine.local_engine import LocalEngine
 from proxy.ledger.writing.writer import Ledger
 from proxy.routing.router import Router
-from proxy.server.auth import Authenticator
+from proxy.serving.clients import Authenticator
 from proxy.upstream.client import Upstream
 
 log = structlog.get_logger("frugal.app")

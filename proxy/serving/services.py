@@ -11,23 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from starlette.requests import Request
-from starlette.types import Scope
+from proxy.serving.body_check import BodyChecker
 
-from proxy.server.body_check import BodyChecker
-
-if TYPE_CHECKING:  # the parts' modules import this one for services_in
+if TYPE_CHECKING:
     from proxy.audit.runner import AuditRunner
     from proxy.config import Settings
     from proxy.engine.local_engine import LocalEngine
     from proxy.ledger.pricing import PriceBook
     from proxy.ledger.writing.writer import Ledger
     from proxy.routing.router import Router
-    from proxy.server.auth import Authenticator
-    from proxy.server.limits import InFlight
-    from proxy.server.metrics import Metrics
-    from proxy.server.responses_state import ResponsesState
+    from proxy.serving.clients import Authenticator
+    from proxy.serving.in_flight import InFlight
+    from proxy.serving.metrics import Metrics
     from proxy.serving.quotas import Quotas
+    from proxy.serving.responses_state import ResponsesState
     from proxy.upstream.client import Upstream
 
 
@@ -49,19 +46,3 @@ class Services:
     quotas: Quotas | None = None  # key budgets, limits and the response cache (issue 19)
     responses: ResponsesState | None = None  # stored Responses (issue 26); None: not kept
     bodies: BodyChecker = field(default_factory=BodyChecker)  # large bodies checked off the loop
-
-
-def services_in(scope: Scope) -> Services | None:
-    """The services of the app serving ``scope``; None before its lifespan has built them."""
-    state = getattr(scope.get("app"), "state", None)
-    found = getattr(state, "services", None)
-    return found if isinstance(found, Services) else None
-
-
-def services_of(request: Request) -> Services:
-    """The services of the app serving ``request`` (the lifespan has run: uvicorn and the
-    tests' clients serve no request before it has)."""
-    found = services_in(request.scope)
-    if found is None:
-        raise RuntimeError("the app's lifespan has not started: no services")
-    return found

@@ -27,7 +27,7 @@ from proxy.ledger.db.migrate import migrate, migration_files, open_database
 from proxy.ledger.writing.tokens import CountJob, TokenCounter, _import_litellm
 from proxy.ledger.writing.usage import check_money, check_usage
 from proxy.ledger.writing.writer import COLUMNS, Ledger, LedgerRow
-from proxy.server.metrics import Metrics
+from proxy.serving.metrics import Metrics
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.faults_support import ledger_rows

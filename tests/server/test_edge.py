@@ -24,6 +24,7 @@ from proxy.engine.worker_env import worker_environment
 from proxy.errors import ConfigError
 from proxy.ledger.tenants import keys
 from proxy.server import auth
+from proxy.serving import clients
 from tests.conftest import FAKE_KEY, module_api, settings_for
 from tests.fake_api import FakeAPI
 from tests.server.test_serve import FRUGAL, Served, serving
@@ -275,7 +276,7 @@ async def test_a_failed_reload_keeps_the_last_keys_and_a_later_one_recovers(
     bobs_key: tuple[Path, str],
 ) -> None:
     db, stored = bobs_key
-    authn = auth.Authenticator(config.from_dict({"ledger": {"path": str(db)}}))
+    authn = clients.Authenticator(config.from_dict({"ledger": {"path": str(db)}}))
     await authn.refresh()
     assert authn.enabled and authn.name_of(stored) == "bob"
     page = corrupt_keys_table(db)
@@ -294,7 +295,7 @@ async def test_a_first_read_that_fails_locks_until_a_read_succeeds(
 ) -> None:
     db, stored = bobs_key
     page = corrupt_keys_table(db)
-    authn = auth.Authenticator(config.from_dict({"ledger": {"path": str(db)}}))
+    authn = clients.Authenticator(config.from_dict({"ledger": {"path": str(db)}}))
     with capture_logs() as logs:
         await authn.refresh()
         await authn.refresh()

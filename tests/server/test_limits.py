@@ -148,7 +148,7 @@ async def test_a_body_whose_check_passes_its_time_gets_a_400_naming_the_field(
 
     from proxy.errors import BadRequest
     from proxy.protocol.check_progress import note_field
-    from proxy.server import body_check
+    from proxy.serving import body_check
 
     monkeypatch.setattr(body_check, "CHECK_TIMEOUT_S", 0.2)
     raw = json_mod.dumps({"padding": "x" * (body_check.INLINE_BYTES + 1)}).encode()

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.routing.reasons import Reason
-from proxy.server.metrics import Metrics
+from proxy.serving.metrics import Metrics
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.server.test_serve import ACCEPT_ANY, REJECT_ALL, Served, start_server, stop_server

@@ -17,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.server.body_check import INLINE_BYTES
+from proxy.serving.body_check import INLINE_BYTES
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.server.test_app import rows

@@ -12,7 +12,7 @@ import pytest
 
 from proxy.ledger.db.location import Database
 from proxy.ledger.tenants import keys
-from proxy.server.responses_state import MAX_REFERENCES
+from proxy.serving.responses_state import MAX_REFERENCES
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.ledger.conftest import database, pg_server  # noqa: F401 - fixtures

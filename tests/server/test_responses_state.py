@@ -23,7 +23,7 @@ from proxy.ledger.db.location import Database, parse
 from proxy.ledger.db.migrate import open_database
 from proxy.ledger.responses_store import ResponseStore, StoredResponse
 from proxy.ledger.tenants import keys
-from proxy.server.responses_state import ResponsesState
+from proxy.serving.responses_state import ResponsesState
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.ledger.conftest import database, pg_server  # noqa: F401 - fixtures

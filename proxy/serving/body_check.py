@@ -22,9 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-
-from starlette.requests import Request
+from typing import Any, Protocol
 
 from proxy.errors import BadRequest
 from proxy.protocol import check_progress as progress
@@ -41,6 +39,12 @@ CHECK_TIMEOUT_S = 10.0
 Check = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+class Body(Protocol):
+    """Where a body is read from: a request whose ``body()`` gives its bytes (Starlette's)."""
+
+    async def body(self) -> bytes: ...
+
+
 def _parse_and_check(
     raw: bytes, check: Check, holder: dict[str, str] | None = None
 ) -> dict[str, Any]:
@@ -54,7 +58,7 @@ class BodyChecker:
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="frugal-body")
 
-    async def read(self, request: Request, check: Check) -> dict[str, Any]:
+    async def read(self, request: Body, check: Check) -> dict[str, Any]:
         raw = await request.body()
         if len(raw) <= INLINE_BYTES:
             return _parse_and_check(raw, check)

@@ -1,5 +1,6 @@
-"""Stored Responses over HTTP: what ``store`` keeps, what ``previous_response_id`` continues,
-and ``GET``/``DELETE /v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items``.
+"""Stored Responses: what ``store`` keeps, what ``previous_response_id`` continues, and what
+``GET``/``DELETE /v1/responses/{id}`` and its ``input_items`` read (those routes are
+:mod:`proxy.server.stored_responses`).
 
 :class:`ResponsesState` is one of the app's services. The rows live in the ledger database
 (:mod:`proxy.ledger.responses_store`, SQLite or a PostgreSQL shared by replicas); every call to
@@ -8,7 +9,7 @@ it runs in a worker thread, never on the event loop.
 Who sees what: a response belongs to the key that made it (its identity, not its name). A
 client key reads, continues and deletes its own only; any other id, stored or not, is the same
 404 ``not_found``, so a key cannot learn that another's id exists. An admin key, and anyone in
-keyless mode, may read any (:func:`proxy.server.auth.own_key`).
+keyless mode, may read any (:func:`proxy.serving.clients.own_key`).
 
 What a key keeps is bounded (``[responses] max_stored_bytes_per_key`` and
 ``max_stored_per_key``): :meth:`ResponsesState.admit` refuses a request with ``store`` from a
@@ -36,8 +37,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import structlog
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 
 from proxy.config import Settings
 from proxy.errors import BadRequest, NotFound, StoreFull, StoreUnavailable
@@ -46,14 +45,12 @@ from proxy.ledger.db.location import Database
 from proxy.ledger.responses_store import QuotaFull, ResponseStore, StoredResponse, size
 from proxy.protocol.responses_translate import stand_in
 from proxy.protocol.validate import responses_request
-from proxy.server.auth import own_key
-from proxy.serving.services import services_of
+from proxy.serving.clients import Caller, own_key
 from proxy.upstream.responses_api import API_ONLY
 
 log = structlog.get_logger("frugal.responses")
 
 T = TypeVar("T")
-MAX_LIMIT = 100
 MAX_REFERENCES = 100
 """Most ``item_reference`` items one request may name (each one is a lookup in the store)."""
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
@@ -171,7 +168,7 @@ class ResponsesState:
 
     # -- the request's side -----------------------------------------------------------------
 
-    async def history(self, request: Request, previous_id: str) -> list[dict[str, Any]]:
+    async def history(self, request: Caller, previous_id: str) -> list[dict[str, Any]]:
         """The conversation ``previous_id`` ended: each turn's input items, then its output
         items, oldest first. Not stored, or another key's: a 404 naming
         ``previous_response_id``."""
@@ -184,7 +181,7 @@ class ResponsesState:
             items.extend(turn.response.get("output") or [])
         return items
 
-    async def resolved(self, request: Request, body: dict[str, Any]) -> dict[str, Any]:
+    async def resolved(self, request: Caller, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` with each ``item_reference`` of its ``input`` (checked by
         :func:`check_references`) replaced by the stored item it names. Not stored, or not
         the request's key's to read: a 400 naming ``input[i].id``."""
@@ -204,7 +201,7 @@ class ResponsesState:
     def _item(self, item_id: str, owner: str | None) -> dict[str, Any] | None:
         return self.store.item(item_id, owner, anyone=owner is None)  # None: sees everything
 
-    async def admit(self, request: Request, items: list[dict[str, Any]]) -> None:
+    async def admit(self, request: Caller, items: list[dict[str, Any]]) -> None:
         """Refuse (a 400 :class:`StoreFull` naming ``store``) a request that asks to store a
         response, with the input ``items``, for a key that cannot keep one more. A database
         that cannot be reached refuses nothing here: the response is then not stored."""
@@ -232,7 +229,7 @@ class ResponsesState:
 
     async def keep(
         self,
-        request: Request,
+        request: Caller,
         response: dict[str, Any],
         items: list[dict[str, Any]],
         route: str,
@@ -268,95 +265,13 @@ class ResponsesState:
         if not await self._call(self.store.delete, response_id):
             raise _not_found(response_id, "response_id")  # deleted meanwhile
 
-    async def visible(self, request: Request, response_id: str) -> StoredResponse:
+    async def visible(self, request: Caller, response_id: str) -> StoredResponse:
         found = await self._call(self.store.get, response_id)
         if found is None or not _visible(request, found):
             raise _not_found(response_id, "response_id")
         return found
 
 
-def _visible(request: Request, stored: StoredResponse) -> bool:
+def _visible(request: Caller, stored: StoredResponse) -> bool:
     key = own_key(request.scope)
     return key is None or stored.owner == key.identity
-
-
-# -- the endpoints -----------------------------------------------------------------------------
-
-
-def _state(request: Request) -> ResponsesState:
-    state = services_of(request).responses
-    if state is None:
-        raise RuntimeError("the app was built without stored responses")
-    return state
-
-
-async def one(request: Request) -> Response:
-    """``/v1/responses/{response_id}``: GET reads it, DELETE deletes it."""
-    if request.method == "DELETE":
-        return await delete(request)
-    return await retrieve(request)
-
-
-async def retrieve(request: Request) -> Response:
-    """``GET /v1/responses/{response_id}``: the stored response object."""
-    found = await _state(request).visible(request, request.path_params["response_id"])
-    return JSONResponse(found.response)
-
-
-async def delete(request: Request) -> Response:
-    """``DELETE /v1/responses/{response_id}``: OpenAI's deleted object."""
-    state = _state(request)
-    found = await state.visible(request, request.path_params["response_id"])
-    await state.remove(found.id)
-    return JSONResponse({"id": found.id, "object": "response", "deleted": True})
-
-
-async def list_input_items(request: Request) -> Response:
-    """``GET /v1/responses/{response_id}/input_items``, with OpenAI's list pagination: ``limit``
-    (1 to 100, 20), ``order`` (``desc``, the default, or ``asc``), ``after`` and ``before``
-    (item ids of this list)."""
-    query = request.query_params
-    limit = _limit(query.get("limit"))
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise BadRequest(f"order {order!r}: expected 'asc' or 'desc'", param="order")
-    found = await _state(request).visible(request, request.path_params["response_id"])
-    items = list(found.input_items)
-    if order == "desc":
-        items.reverse()
-    ids = [item.get("id") for item in items]
-    start, end = 0, len(items)
-    for param in ("after", "before"):
-        given = query.get(param)
-        if given is None:
-            continue
-        if given not in ids:
-            raise BadRequest(f"{param} {given!r}: not an item of this list", param=param)
-        if param == "after":
-            start = ids.index(given) + 1
-        else:
-            end = ids.index(given)
-    page = items[start:end][:limit] if start < end else []
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": page,
-            "first_id": page[0].get("id") if page else None,
-            "last_id": page[-1].get("id") if page else None,
-            "has_more": start + len(page) < end,
-        }
-    )
-
-
-def _limit(given: str | None) -> int:
-    if given is None:
-        return 20
-    try:
-        limit = int(given)
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= MAX_LIMIT:
-        raise BadRequest(
-            f"limit {given!r}: expected an integer from 1 to {MAX_LIMIT}", param="limit"
-        )
-    return limit

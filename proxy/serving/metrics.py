@@ -1,4 +1,5 @@
-"""``GET /metrics``: Prometheus text format, from a registry of the app's own.
+"""The app's Prometheus metrics, in a registry of its own (served at ``GET /metrics`` by
+:mod:`proxy.server.scrape`).
 
 Each app builds its own :class:`Metrics` (with its own ``CollectorRegistry``, never the global
 one), so tests can build as many apps as they like. A request costs one :meth:`Metrics.observe`
@@ -49,7 +50,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Histogram,
@@ -57,20 +57,15 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from starlette.requests import Request
-from starlette.responses import Response
 
-from proxy.errors import Forbidden
 from proxy.ledger.pricing import PUSD_PER_USD
 from proxy.routing.reasons import Reason
-from proxy.server.auth import sees_everything
-from proxy.serving.services import services_of
 
 if TYPE_CHECKING:
     from proxy.engine.local_engine import LocalEngine
     from proxy.ledger.writing.writer import Ledger
     from proxy.routing.router import Router
-    from proxy.server.limits import InFlight
+    from proxy.serving.in_flight import InFlight
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
 QUALITY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -172,19 +167,6 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-async def endpoint(request: Request) -> Response:
-    """The scrape. With keys, only an admin key reads it, unless ``[server] metrics_open`` (then
-    anyone, key or not): its figures are the whole server's, every key's traffic together."""
-    services = services_of(request)
-    if not services.settings.server.metrics_open and not sees_everything(request.scope):
-        raise Forbidden(
-            "Reading /metrics needs an admin key of this proxy (frugal keys create NAME "
-            "--admin), or [server] metrics_open = true for a scraper without a key."
-        )
-    metrics = services.metrics
-    return Response(metrics.render(), headers={"content-type": CONTENT_TYPE_LATEST})
 
 
 @dataclass(eq=False)  # the registry keys its collectors by identity
