@@ -33,7 +33,7 @@ from proxy.server import scrape, stored_responses
 from proxy.server.auth import AuthMiddleware, RequestGuard
 from proxy.server.dashboard import Dashboard
 from proxy.server.disconnect import CancelOnDisconnect
-from proxy.server.endpoints import ENDPOINTS, Handler, both_paths
+from proxy.server.endpoints import ENDPOINTS, Mounted, both_paths
 from proxy.server.lifespan import lifespan
 from proxy.server.limits import LimitsMiddleware
 from proxy.server.lookup import services_of
@@ -129,25 +129,14 @@ def create_app(settings: Settings, *, engine: LocalEngine | None = None) -> Star
     default the lifespan starts its own."""
     settings = resolve_model(settings)  # [local] model = "REPO:QUANT": the cache, no network
     in_flight = InFlight()  # counted by the limits middleware, made before the lifespan runs
+    mounted = tuple(Mounted(endpoint) for endpoint in ENDPOINTS)  # filled by the lifespan
     app = Starlette(
-        routes=_routes(settings),
+        routes=_routes(settings, mounted),
         exception_handlers=exception_handlers(),
-        lifespan=lifespan(settings, in_flight, engine),
+        lifespan=lifespan(settings, in_flight, engine, mounted),
     )
     _add_middleware(app, settings, in_flight)
     return app
-
-
-def _handed_to(name: str) -> Handler:
-    """The endpoint that hands each request to the handler the lifespan keeps as
-    ``app.state.<name>`` (each :data:`~proxy.server.endpoints.ENDPOINTS` entry's ``name``),
-    looked up per request, once the app has started."""
-
-    async def endpoint(request: Request) -> Response:
-        handler: Handler = getattr(request.app.state, name)
-        return await handler(request)
-
-    return endpoint
 
 
 async def _openapi(request: Request) -> Response:
@@ -228,16 +217,17 @@ async def _healthz(request: Request) -> Response:
 _CANCELLABLE = tuple(p for e in ENDPOINTS if e.cascade for p in both_paths(e.path))
 
 
-def _routes(settings: Settings) -> list[Route]:
+def _routes(settings: Settings, mounted: tuple[Mounted, ...]) -> list[Route]:
     """Every path the app serves, each with and without ``/v1`` where OpenAI's clients use
-    both; the dashboard's files are read here, once (proxy/server/static/)."""
+    both (each endpoint's handler is its :class:`Mounted`'s, filled by the lifespan); the
+    dashboard's files are read here, once (proxy/server/static/)."""
     dashboard = Dashboard()
     reports = ReportEndpoint(settings)
     return [
         *(
-            Route(path, _handed_to(e.name), methods=["POST"])
-            for e in ENDPOINTS
-            for path in both_paths(e.path)
+            Route(path, m.serve, methods=["POST"])
+            for m in mounted
+            for path in both_paths(m.endpoint.path)
         ),
         Route("/v1/responses/{response_id}", stored_responses.one, methods=["GET", "DELETE"]),
         Route("/responses/{response_id}", stored_responses.one, methods=["GET", "DELETE"]),

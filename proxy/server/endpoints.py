@@ -1,11 +1,14 @@
 """The endpoints that answer requests, each declared once.
 
 An :class:`Endpoint` names its path, the handler the lifespan makes for it from the services,
-and what ``/openapi.json`` says of it. From :data:`ENDPOINTS`, ``app.py`` serves each at its
-path and again without ``/v1`` (and lets a client that leaves cancel the cascade ones),
-``lifespan.py`` makes each handler once, and ``openapi.py`` writes each path and its request
-schema. Adding an endpoint is its parameter table (:mod:`proxy.protocol.params`), its handler
-module and one entry here (``docs/architecture.md``, "An endpoint").
+and what ``/openapi.json`` says of it. From :data:`ENDPOINTS`, ``app.py`` makes one
+:class:`Mounted` per endpoint and serves its :meth:`Mounted.serve` at the path and again
+without ``/v1`` (and lets a client that leaves cancel the cascade ones); the lifespan is handed
+the same :class:`Mounted` objects and fills each with its handler once the services exist
+(:meth:`Mounted.fill`); ``openapi.py`` writes each path and its request schema. So a route's
+handler is found by reading: the route is ``Mounted.serve``, its handler ``Endpoint.make``. Adding
+an endpoint is its parameter table (:mod:`proxy.protocol.params`), its handler module and one entry
+here (``docs/architecture.md``, "An endpoint").
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 @dataclass(frozen=True, kw_only=True)
 class Endpoint:
-    name: str  # the handler's attribute on ``app.state``
+    name: str  # what the endpoint is called (its handler's name in logs and tests)
     path: str  # with ``/v1``; also served without it, as OpenAI's clients use both
     make: Callable[[Services], Handler]  # the handler, made once when the app starts
     summary: str  # the OpenAPI path's summary
@@ -117,3 +120,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
 def both_paths(path: str) -> tuple[str, str]:
     """``/v1/x`` and ``/x``."""
     return path, path.removeprefix("/v1")
+
+
+class Mounted:
+    """One endpoint's place in the app: the route serves :meth:`serve`, which hands each request
+    to the handler the lifespan made from the services (:meth:`fill`)."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.handler: Handler | None = None  # None until the lifespan has built the services
+
+    def fill(self, services: Services) -> None:
+        self.handler = self.endpoint.make(services)
+
+    async def serve(self, request: Request) -> Response:
+        if self.handler is None:  # uvicorn and the tests' clients serve nothing before it
+            raise RuntimeError("the app's lifespan has not started: no handler")
+        return await self.handler(request)

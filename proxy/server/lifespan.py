@@ -3,12 +3,13 @@
 :func:`lifespan` opens the ledger, the key store, the quotas, the stored Responses and the
 upstream client, then starts the engine and the router, the shadow audits and (with ``[quality]
 auto_calibrate``) the calibrator. It keeps the typed :class:`~proxy.serving.services.Services` on
-``app.state.services`` with one handler per endpoint (``app.state.chat``, ``completions``,
-``embeddings``, ``responses``), and serves once the ledger's token counter is in. On shutdown
-(after uvicorn has drained in-flight requests) it stops the calibrator, the audits, the quotas
-and the stored Responses, then :func:`proxy.server.shutdown.shutdown` flushes the ledger first, so
-that the rows of finished requests are safe whatever happens next, stops the rest with a bound
-on each step, and closes the ledger last (see :func:`proxy.server.shutdown.shutdown_budget_s`).
+``app.state.services`` and makes one handler per endpoint from them, each into the
+:class:`~proxy.server.endpoints.Mounted` its route serves, and serves once the ledger's token
+counter is in. On shutdown (after uvicorn has drained in-flight requests) it stops the calibrator,
+the audits, the quotas and the stored Responses, then :func:`proxy.server.shutdown.shutdown`
+flushes the ledger first, so that the rows of finished requests are safe whatever happens next,
+stops the rest with a bound on each step, and closes the ledger last (see
+:func:`proxy.server.shutdown.shutdown_budget_s`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from proxy.ledger.db.location import from_settings
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.writing.writer import Ledger
 from proxy.routing.router import Router
-from proxy.server.endpoints import ENDPOINTS
+from proxy.server.endpoints import Mounted
 from proxy.server.shutdown import AUDIT_STOP_S, AUX_STOP_S, bounded, shutdown
 from proxy.serving.clients import Authenticator
 from proxy.serving.in_flight import InFlight
@@ -63,10 +64,14 @@ class _Parts:
 
 
 def lifespan(
-    settings: Settings, in_flight: InFlight, engine: LocalEngine | None
+    settings: Settings,
+    in_flight: InFlight,
+    engine: LocalEngine | None,
+    mounted: tuple[Mounted, ...],
 ) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
     """The app's lifespan: starts the parts in order, serves, then stops them (:func:`_stop`).
-    ``engine``: the caller's started engine, which the app neither starts nor stops."""
+    ``engine``: the caller's started engine, which the app neither starts nor stops;
+    ``mounted``: the endpoints the app routes, each given its handler here."""
 
     @contextlib.asynccontextmanager
     async def run(app: Starlette) -> AsyncIterator[None]:
@@ -77,7 +82,7 @@ def lifespan(
             await _start_audit(settings, parts)
             _start_calibrator(settings, parts)
             services = _services(settings, parts, started_at, in_flight)
-            _mount_handlers(app, services)
+            _mount_handlers(app, services, mounted)
             await _ready(settings, parts)
             yield
         finally:
@@ -191,12 +196,12 @@ def _services(
     )
 
 
-def _mount_handlers(app: Starlette, services: Services) -> None:
-    """``app.state.services``, and one handler per endpoint; each route looks its own up on
-    ``app.state`` per request."""
+def _mount_handlers(app: Starlette, services: Services, mounted: tuple[Mounted, ...]) -> None:
+    """``app.state.services`` (for the middleware and the plain routes), and each endpoint's
+    handler made from them, into the :class:`Mounted` its route serves."""
     app.state.services = services
-    for endpoint in ENDPOINTS:
-        setattr(app.state, endpoint.name, endpoint.make(services))
+    for place in mounted:
+        place.fill(services)
 
 
 async def _ready(settings: Settings, parts: _Parts) -> None:

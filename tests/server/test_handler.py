@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.routing import Route
 
 from proxy.server.completions import CompletionsHandler
+from proxy.server.endpoints import ENDPOINTS, both_paths
 from proxy.serving.services import Services
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
@@ -46,13 +48,27 @@ async def test_the_services_are_one_frozen_object_the_handlers_share(
     tmp_path: Path, fake_api: FakeAPI, make_client: Any
 ) -> None:
     async with make_client(settings_for(tmp_path, fake_api)) as client:
-        state = client.app.state
-        services = state.services
+        services = client.app.state.services
         assert isinstance(services, Services)
-        assert state.chat.services is services and state.embeddings.services is services
-        assert isinstance(state.completions, CompletionsHandler)
-        assert state.completions.services is services
+        chat, embeddings = _handler_at(client.app, "chat"), _handler_at(client.app, "embeddings")
+        assert chat.services is services and embeddings.services is services
+        completions = _handler_at(client.app, "completions")
+        assert isinstance(completions, CompletionsHandler)
+        assert completions.services is services
         with pytest.raises(dataclasses.FrozenInstanceError):
             services.router = None
         r = await client.get("/metrics")
     assert r.status_code == 200 and "frugal_in_flight_requests" in r.text
+
+
+def _handler_at(app: Any, name: str) -> Any:
+    """The handler that the route of endpoint ``name`` hands its requests to (both its paths,
+    with and without ``/v1``, hand them to the same one)."""
+    [endpoint] = [e for e in ENDPOINTS if e.name == name]
+    found = {
+        route.endpoint.__self__.handler
+        for route in app.routes
+        if isinstance(route, Route) and route.path in both_paths(endpoint.path)
+    }
+    assert len(found) == 1, found
+    return found.pop()
