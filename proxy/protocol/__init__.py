@@ -4,6 +4,9 @@ checked, and how a Responses request and answer are translated to and from chat.
     params          the table of every OpenAI request parameter (type, bounds, how each is
                     handled): validation, the OpenAPI request schemas, the upstream allow-list
                     and what the engine can serve are all read from it
+    responses_params  the table of ``/v1/responses``' parameters, and OpenAI's not served yet
+    forwarding      the tables as allow-lists: a key outside them refused with a 400 naming
+                    it, the body sent upstream built from them
     shapes          the JSON Schema fragment of each nested shape the table names
     validate        the checks of a request body read from the table, errors naming ``param``;
                     the nested values checked by shape_checks (and tool_checks for tools and

@@ -1,11 +1,10 @@
 """The one description of OpenAI's request bodies: every parameter, its JSON shape, and what the
-local route does with it. Data (hence over 400 lines), but for the allow-list's four small
-functions at the end.
+local route does with it. Data, but for the row helpers.
 
 Each endpoint's request is a tuple of :class:`Param` rows (:data:`CHAT`, :data:`COMPLETIONS`,
-:data:`EMBEDDINGS`, :data:`RESPONSES`, whose :data:`RESPONSES_NOT_YET` names OpenAI's
-parameters that are not served yet) plus the :class:`Rule` rows that join two fields
-(:data:`CHAT_RULES`, :data:`COMPLETIONS_RULES`). A row says, for one parameter:
+:data:`EMBEDDINGS`; ``/v1/responses``' own rows are :mod:`proxy.protocol.responses_params`)
+plus the :class:`Rule` rows that join two fields (:data:`CHAT_RULES`,
+:data:`COMPLETIONS_RULES`). A row says, for one parameter:
 
 - its JSON ``type`` (``number``, ``integer``, ``boolean``, ``string``, ``object``, ``array``; a
   nested value of several types lists them all), and whether it is ``required``;
@@ -33,23 +32,15 @@ upstream client the names (what is forwarded). :data:`CHAT_PARAMETERS` (and the 
 the ``{name: handling}`` view those read. ``docs/openai-compatibility.md`` is the same table for
 users, and tests keep the SDK, this table, the OpenAPI document and the doc in step.
 
-The names are also allow-lists: :func:`check_parameters` refuses any other key with a 400 that
-names it, as OpenAI does ("Unrecognized request argument supplied"), and :func:`forwarded` builds
-the body sent upstream from the table's keys only, never from the client's dict minus a
-deny-list. A routing or credential field (``base_url``, ``api_key``, ``model_list``,
-``mock_response``... see :func:`is_routing_parameter`) gets its own message: where a request goes,
-and with which key, is the operator's choice, never the client's.
+The names are also allow-lists (:mod:`proxy.protocol.forwarding`): any other key is refused
+with a 400 that names it, and the body sent upstream is built from the table's keys only.
 
 This module imports nothing but ``proxy.errors``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
-
-from proxy.errors import BadRequest
 
 HONOURED, IGNORED, DEPENDS, API = "honoured", "ignored", "depends", "api"
 
@@ -150,7 +141,7 @@ SAMPLING: tuple[Param, ...] = (
 )
 
 
-def _model(doc: str, handling: str = HONOURED) -> Param:
+def model_param(doc: str, handling: str = HONOURED) -> Param:
     return Param(
         name="model", handling=handling, doc=doc, type="string", required=True, shape="model"
     )
@@ -177,7 +168,7 @@ def _ignored_id(name: str) -> Param:
 
 
 CHAT: tuple[Param, ...] = (
-    _model(
+    model_param(
         "The model asked for: the API fallback's target and the price that savings are counted "
         "against. `local` means the local model only. At most 256 printable characters."
     ),
@@ -323,7 +314,7 @@ CHAT_RULES: tuple[Rule, ...] = (
 )
 
 COMPLETIONS: tuple[Param, ...] = (
-    _model("The model asked for, as for chat. At most 256 printable characters."),
+    model_param("The model asked for, as for chat. At most 256 printable characters."),
     Param(
         name="prompt",
         handling=DEPENDS,  # text locally; token-id prompts go to the API (they are its tokens)
@@ -366,7 +357,7 @@ COMPLETIONS: tuple[Param, ...] = (
 COMPLETIONS_RULES: tuple[Rule, ...] = CHAT_RULES[:1]
 
 EMBEDDINGS: tuple[Param, ...] = (
-    _model("At most 256 printable characters.", API),
+    model_param("At most 256 printable characters.", API),
     Param(
         name="input",
         handling=API,
@@ -393,133 +384,6 @@ EMBEDDINGS: tuple[Param, ...] = (
 )
 
 
-# /v1/responses: translated to a chat request (proxy.protocol.responses_translate), which the
-# cascade answers; ``handling`` is what that chat request gets. The names of RESPONSES_NOT_YET are
-# OpenAI's too, but not served yet: a 400 that says so, never an unknown-field error.
-_CHAT_ROWS = {p.name: p for p in CHAT}
-RESPONSES: tuple[Param, ...] = (
-    _model("The model asked for, as for chat. At most 256 printable characters."),
-    Param(
-        name="input",
-        handling=DEPENDS,  # text messages and function items; images and other items: 400
-        doc="A string (one user message), or a list of items: messages with text parts, "
-        "`function_call` and `function_call_output` items.",
-        type=("string", "array"),
-        required=True,
-        shape="responses_input",
-    ),
-    Param(
-        name="instructions",
-        handling=HONOURED,
-        doc="A system message put before the input.",
-        type="string",
-    ),
-    Param(
-        name="max_output_tokens",
-        handling=HONOURED,
-        doc="The most tokens the answer may have; an answer cut by it is `incomplete`.",
-        type="integer",
-        low=1,
-    ),
-    *(_CHAT_ROWS[name] for name in ("temperature", "top_p")),
-    Param(
-        name="tools",
-        handling=HONOURED,
-        doc="Function tools, in the Responses' flat shape; a built-in tool sends the request to "
-        "the API's own /v1/responses (a 400 with [fallback] responses = translate).",
-        type="array",
-        shape="responses_tools",
-    ),
-    Param(
-        name="tool_choice",
-        handling=HONOURED,
-        doc="none, auto, required, or `{type: function, name}` naming one of the tools.",
-        type=("string", "object"),
-        shape="responses_tool_choice",
-    ),
-    _CHAT_ROWS["parallel_tool_calls"],
-    Param(
-        name="text",
-        handling=HONOURED,
-        doc="format: text, json_object, or json_schema (name, schema, strict); verbosity.",
-        type="object",
-        shape="responses_text",
-    ),
-    Param(name="stream", handling=HONOURED, doc="Answer as typed events.", type="boolean"),
-    Param(
-        name="stream_options",
-        handling=IGNORED,
-        doc="include_obfuscation: accepted and ignored (no obfuscation events are sent).",
-        type="object",
-        shape="responses_stream_options",
-    ),
-    Param(
-        name="metadata",
-        handling=IGNORED,
-        doc="Tags echoed in the response: at most 16 keys of 64 characters, values of 512.",
-        type="object",
-        shape="metadata",
-    ),
-    Param(
-        name="client_metadata",
-        handling=IGNORED,
-        doc="The client's own tags (Codex CLI sends them): at most 16 keys of 64 characters, "
-        "values of 4,096; ignored locally, sent to the API's own /v1/responses.",
-        type="object",
-        shape="client_metadata",
-    ),
-    _CHAT_ROWS["user"],
-    Param(
-        name="store",
-        handling=HONOURED,
-        doc="true (the default): the response and its input items are kept in the ledger "
-        "database, for `previous_response_id` and GET /v1/responses/{id}; false: not kept.",
-        type="boolean",
-    ),
-    Param(
-        name="previous_response_id",
-        handling=HONOURED,
-        doc="A stored response of the same key to continue: its conversation (every earlier "
-        f"turn's input and output items) comes before `input`. At most {ID_CHARS} characters.",
-        type="string",
-        max_chars=ID_CHARS,
-    ),
-    Param(
-        name="truncation",
-        handling=IGNORED,
-        doc="Accepted; an input too long for the model is a 400 or goes to the API either way.",
-        type="string",
-        enum=("auto", "disabled"),
-    ),
-    Param(
-        name="include",
-        handling=IGNORED,
-        doc="Accepted and ignored: no extra output data is included.",
-        type="array",
-        shape="responses_include",
-    ),
-    *(_CHAT_ROWS[name] for name in ("service_tier", "prompt_cache_key", "prompt_cache_retention")),
-    _CHAT_ROWS["safety_identifier"],
-)
-
-RESPONSES_NOT_YET: dict[str, str] = {
-    "conversation": "conversations are not served: use previous_response_id, or send the whole "
-    "conversation in 'input'",
-    "background": "background responses need stored responses",
-    "reasoning": "the local model does not reason, and the fallback is Chat Completions "
-    '([fallback] responses = "translate")',
-    "prompt": "stored prompt templates are OpenAI's own",
-    "max_tool_calls": "built-in tools are not served by Chat Completions",
-    "top_logprobs": "logprobs are not in Responses answers yet",
-    "access_programs": "it is OpenAI's own",
-    "background_options": "background responses need stored responses",
-    "context_management": "the fallback is Chat Completions",
-    "image": "image output is not served",
-    "moderation": "the fallback is Chat Completions",
-    "prompt_cache_options": "the fallback is Chat Completions",
-}
-
-
 def handling_of(table: tuple[Param, ...]) -> dict[str, str]:
     """``{name: handling}`` of a table, in its order."""
     return {p.name: p.handling for p in table}
@@ -528,103 +392,3 @@ def handling_of(table: tuple[Param, ...]) -> dict[str, str]:
 CHAT_PARAMETERS: dict[str, str] = handling_of(CHAT)
 COMPLETIONS_PARAMETERS: dict[str, str] = handling_of(COMPLETIONS)
 EMBEDDINGS_PARAMETERS: dict[str, str] = handling_of(EMBEDDINGS)
-RESPONSES_PARAMETERS: dict[str, str] = handling_of(RESPONSES)
-
-# Keys of litellm's (or a provider SDK's) own that choose where a request goes, with which
-# credentials, or what is answered without asking anyone. None is an OpenAI parameter; a body
-# that carries one is refused with its own message. Any other unknown key is refused too.
-ROUTING_PARAMETERS = frozenset(
-    {
-        "api_base",
-        "api_key",
-        "api_version",
-        "azure_ad_token",
-        "azure_ad_token_provider",
-        "azure_username",
-        "azure_password",
-        "base_url",
-        "cache",
-        "caching",
-        "client",
-        "client_id",
-        "client_secret",
-        "context_window_fallback_dict",
-        "context_window_fallbacks",
-        "custom_llm_provider",
-        "default_headers",
-        "deployment_id",
-        "drop_params",
-        "extra_body",
-        "extra_headers",
-        "extra_query",
-        "fallbacks",
-        "headers",
-        "http_client",
-        "input_cost_per_second",
-        "input_cost_per_token",
-        "litellm_call_id",
-        "litellm_logging_obj",
-        "litellm_metadata",
-        "litellm_params",
-        "logger_fn",
-        "max_retries",
-        "mock_response",
-        "mock_tool_calls",
-        "mock_timeout",
-        "mock_delay",
-        "model_info",
-        "model_list",
-        "num_retries",
-        "organization",
-        "output_cost_per_second",
-        "output_cost_per_token",
-        "project",
-        "proxy_server_request",
-        "region_name",
-        "request_timeout",
-        "retry_policy",
-        "tenant_id",
-        "timeout",
-        "use_litellm_proxy",
-    }
-)
-ROUTING_PREFIXES = ("aws_", "vertex_", "azure_", "litellm_", "watsonx_", "mock_")
-
-MAX_SHOWN = 128  # characters of a client's key quoted back in an error
-
-
-def is_routing_parameter(name: str) -> bool:
-    """Whether ``name`` is a key that would choose the upstream, its key or a canned answer."""
-    return name in ROUTING_PARAMETERS or name.startswith(ROUTING_PREFIXES)
-
-
-def _shown(name: str) -> str:
-    """A client's key as it may appear in an error: short and printable."""
-    if len(name) <= MAX_SHOWN and name.isprintable():
-        return name
-    return ascii(name[:MAX_SHOWN])[1:-1] + ("..." if len(name) > MAX_SHOWN else "")
-
-
-def check_parameters(body: dict[str, Any], table: Collection[str]) -> None:
-    """Refuse a body with a key outside ``table``: a 400 naming it, routing keys first."""
-    unknown = [k for k in body if k not in table]
-    if not unknown:
-        return
-    routing = [k for k in unknown if is_routing_parameter(k)]
-    if routing:
-        name = _shown(routing[0])
-        raise BadRequest(
-            f"'{name}' is not accepted: the proxy's configuration chooses the upstream API, its "
-            "credentials and its options, not the request",
-            param=name,
-            code="unsupported_parameter",
-        )
-    name = _shown(unknown[0])
-    raise BadRequest(
-        f"Unrecognized request argument supplied: {name}", param=name, code="unknown_parameter"
-    )
-
-
-def forwarded(body: dict[str, Any], table: Collection[str]) -> dict[str, Any]:
-    """The body to send upstream: the keys of the allow-list ``table`` that ``body`` sets."""
-    return {k: v for k, v in body.items() if k in table}

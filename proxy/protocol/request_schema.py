@@ -17,10 +17,10 @@ from proxy.protocol.params import (
     COMPLETIONS,
     COMPLETIONS_RULES,
     EMBEDDINGS,
-    RESPONSES,
     Param,
     Rule,
 )
+from proxy.protocol.responses_params import RESPONSES
 from proxy.protocol.shapes import SHAPES, Schema
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The nested values of a ``/v1/responses`` request: their OpenAPI fragments and their checks.
 
-The rows of :data:`proxy.protocol.params.RESPONSES` name these shapes, as the chat rows name those
-of :mod:`proxy.protocol.shapes` (whose fragments and checks are built the same way):
+The rows of :data:`proxy.protocol.responses_params.RESPONSES` name these shapes, as the chat rows
+name those of :mod:`proxy.protocol.shapes` (whose fragments and checks are built the same way):
 :data:`SHAPES` goes into the OpenAPI document (:mod:`proxy.protocol.request_schema`), :data:`CHECKS`
 into the validator (:mod:`proxy.protocol.validate`). Every failure is a :class:`BadRequest` whose
 ``param`` names the field in OpenAI's style (``input[2].content[0].text``).

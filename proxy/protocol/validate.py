@@ -32,8 +32,10 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.errors import BadRequest
-from proxy.protocol import params, responses_shapes, shape_checks, tool_checks
-from proxy.protocol.params import RESPONSES_NOT_YET, Param, Rule, check_parameters, handling_of
+from proxy.protocol import params, responses_params, responses_shapes, shape_checks, tool_checks
+from proxy.protocol.forwarding import check_parameters
+from proxy.protocol.params import Param, Rule, handling_of
+from proxy.protocol.responses_params import RESPONSES_NOT_YET
 from proxy.protocol.shape_checks import Check, kind, too_long
 from proxy.protocol.shapes import MAX_MODEL_CHARS
 
@@ -243,7 +245,7 @@ def _best_of(body: dict[str, Any]) -> None:
 _chat = checker(params.CHAT, params.CHAT_RULES)
 _completions = checker(params.COMPLETIONS, params.COMPLETIONS_RULES, _best_of)
 _embeddings = checker(params.EMBEDDINGS)
-_responses = checker(params.RESPONSES)
+_responses = checker(responses_params.RESPONSES)
 
 
 def chat_request(body: dict[str, Any]) -> dict[str, Any]:
@@ -263,8 +265,8 @@ def embeddings_request(body: dict[str, Any]) -> dict[str, Any]:
 
 def responses_request(body: dict[str, Any]) -> dict[str, Any]:
     """Check a ``/v1/responses`` body; returns it unchanged or raises BadRequest. A parameter
-    of OpenAI's that is not served yet (:data:`proxy.protocol.params.RESPONSES_NOT_YET`) is a 400
-    that says so, before any unknown one."""
+    of OpenAI's that is not served yet (:data:`proxy.protocol.responses_params.RESPONSES_NOT_YET`)
+    is a 400 that says so, before any unknown one."""
     for name, why in RESPONSES_NOT_YET.items():
         if body.get(name) is not None:
             raise BadRequest(

@@ -67,12 +67,8 @@ from typing import Any
 from proxy.config import FallbackSettings, Settings
 from proxy.config.secrets import Secrets
 from proxy.errors import UpstreamError
-from proxy.protocol.params import (
-    CHAT_PARAMETERS,
-    COMPLETIONS_PARAMETERS,
-    EMBEDDINGS_PARAMETERS,
-    forwarded,
-)
+from proxy.protocol.forwarding import forwarded
+from proxy.protocol.params import CHAT_PARAMETERS, COMPLETIONS_PARAMETERS, EMBEDDINGS_PARAMETERS
 from proxy.upstream.direct_route import DirectRoute
 from proxy.upstream.litellm_route import LitellmRoute
 from proxy.upstream.retry import BACKOFF_INITIAL_S, RetryPolicy

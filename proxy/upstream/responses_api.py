@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.protocol.params import RESPONSES_PARAMETERS
+from proxy.protocol.responses_params import RESPONSES_PARAMETERS
 from proxy.protocol.responses_usage import chat_usage
 from proxy.upstream.client import COMPACT_PATH, RESPONSES_PATH, Upstream, UpstreamResponse
 from proxy.upstream.stream import UpstreamStream

@@ -23,11 +23,11 @@ from proxy.protocol.params import (
     COMPLETIONS_RULES,
     EMBEDDINGS,
     HONOURED,
-    RESPONSES,
     Param,
     Rule,
 )
 from proxy.protocol.request_schema import ALL_SHAPES
+from proxy.protocol.responses_params import RESPONSES
 from proxy.protocol.validate import (
     CHECKS,
     chat_request,

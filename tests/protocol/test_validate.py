@@ -29,9 +29,8 @@ from proxy.protocol.params import (
     EMBEDDINGS_PARAMETERS,
     HONOURED,
     IGNORED,
-    RESPONSES_NOT_YET,
-    RESPONSES_PARAMETERS,
 )
+from proxy.protocol.responses_params import RESPONSES_NOT_YET, RESPONSES_PARAMETERS
 from proxy.protocol.validate import (
     chat_request,
     completions_request,

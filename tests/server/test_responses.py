@@ -17,7 +17,7 @@ from jsonschema import Draft202012Validator
 from proxy.ledger.db.location import parse
 from proxy.ledger.reports.build import Period, build
 from proxy.ledger.tenants import keys
-from proxy.protocol.params import RESPONSES_PARAMETERS
+from proxy.protocol.responses_params import RESPONSES_PARAMETERS
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.server.test_app import rows
