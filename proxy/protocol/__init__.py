@@ -16,9 +16,10 @@ checked, and how a Responses request and answer are translated to and from chat.
     check_progress  the field a long check was on, for the error of a check that ran out of time
     request_schema  the OpenAPI request schema of an endpoint, generated from its table
     responses_shapes  the nested shapes of a Responses request and their checks
-    responses_translate  a Responses request as chat, and chat's answer back as a ``response``
-                    object or its typed events
+    responses_translate  a Responses request as the chat request the cascade answers
+    responses_answer  chat's answer back as a ``response`` object or its typed events
     responses_usage the usage of either API as the same figures, a Responses usage as chat's
+    answer_schemas  the JSON Schemas of the answers (a completion, a ``response``, the error)
 
 May import the shared ``proxy.errors`` and ``proxy.logs``, and ``quality`` (pure: the JSON Schema
 check of tool arguments); it is imported by every room that reads the table (``proxy.ledger``,

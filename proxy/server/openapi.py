@@ -3,9 +3,9 @@
 It describes what the proxy accepts and answers, which is OpenAI's API for these endpoints plus
 the ``x-frugal-*`` headers. The request schemas are generated from the parameter tables of
 :mod:`proxy.protocol.params` (:mod:`proxy.protocol.request_schema`), the rows
-:mod:`proxy.protocol.validate` checks a body against; this module holds the answers, the headers
-and the paths. A schemathesis run over this document is part of the test suite
-(``tests/server/test_openapi.py``).
+:mod:`proxy.protocol.validate` checks a body against; the answers' schemas are
+:mod:`proxy.protocol.answer_schemas`; this module holds the headers and the paths. A schemathesis
+run over this document is part of the test suite (``tests/server/test_openapi.py``).
 """
 
 from __future__ import annotations
@@ -13,216 +13,23 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from proxy.protocol.shapes import TOOL_CALL, Schema, obj
+from proxy.protocol.answer_schemas import (
+    CHAT_COMPLETION,
+    EMBEDDINGS,
+    ERROR,
+    INPUT_ITEMS,
+    MODELS,
+    RESPONSE,
+    RESPONSE_DELETED,
+    TEXT_COMPLETION,
+    ref,
+)
+from proxy.protocol.shapes import Schema, obj
 from proxy.routing.reasons import Reason
 from proxy.server import report
 from proxy.server.endpoints import ENDPOINTS
 from proxy.server.responses_compact import COMPACTED
 from proxy.server.responses_tokens import INPUT_TOKENS
-
-
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-USAGE: Schema = obj(
-    ["prompt_tokens", "total_tokens"],
-    {
-        "prompt_tokens": {"type": "integer"},
-        "completion_tokens": {"type": "integer"},
-        "total_tokens": {"type": "integer"},
-    },
-)
-
-
-def _completion(object_: str, choice_required: list[str], choice: Schema) -> Schema:
-    """A completion: OpenAI's envelope (id, object, created, model, usage) around its choices."""
-    return obj(
-        ["id", "object", "created", "model", "choices"],
-        {
-            "id": {"type": "string"},
-            "object": {"const": object_},
-            "created": {"type": "integer"},
-            "model": {"type": "string"},
-            "choices": {"type": "array", "items": obj(choice_required, choice)},
-            "usage": USAGE,
-        },
-    )
-
-
-def _list(
-    item_required: list[str], item: Schema, also_required: tuple[str, ...] = (), **also: Schema
-) -> Schema:
-    """A ``{"object": "list", "data": [...]}`` answer, each item as given, and ``also`` beside."""
-    return obj(
-        ["object", "data", *also_required],
-        {
-            "object": {"const": "list"},
-            "data": {"type": "array", "items": obj(item_required, item)},
-            **also,
-        },
-    )
-
-
-CHAT_COMPLETION: Schema = _completion(
-    "chat.completion",
-    ["index", "message", "finish_reason"],
-    {
-        "index": {"type": "integer"},
-        "message": obj(
-            ["role"],
-            {
-                "role": {"const": "assistant"},
-                "content": {"type": ["string", "null"]},
-                "tool_calls": {"type": "array", "items": TOOL_CALL},
-            },
-        ),
-        "logprobs": {"type": ["object", "null"]},
-        "finish_reason": {"type": ["string", "null"]},
-    },
-)
-
-TEXT_COMPLETION: Schema = _completion(
-    "text_completion",
-    ["text", "index", "finish_reason"],
-    {
-        "text": {"type": "string"},
-        "index": {"type": "integer"},
-        "logprobs": {"type": ["object", "null"]},
-        "finish_reason": {"type": ["string", "null"]},
-    },
-)
-
-EMBEDDINGS: Schema = _list(
-    ["object", "index", "embedding"],
-    {
-        "object": {"const": "embedding"},
-        "index": {"type": "integer"},
-        "embedding": {
-            "anyOf": [
-                {"type": "array", "items": {"type": "number"}},
-                {"type": "string"},
-            ]
-        },
-    },
-    ("model",),
-    model={"type": "string"},
-    usage=USAGE,
-)
-
-_RESPONSE_ITEM: Schema = {
-    "anyOf": [
-        obj(
-            ["id", "type", "status", "role", "content"],
-            {
-                "id": {"type": "string"},
-                "type": {"const": "message"},
-                "status": {"enum": ["completed", "incomplete"]},
-                "role": {"const": "assistant"},
-                "content": {
-                    "type": "array",
-                    "items": obj(
-                        ["type"],
-                        {
-                            "type": {"enum": ["output_text", "refusal"]},
-                            "text": {"type": "string"},
-                            "refusal": {"type": "string"},
-                        },
-                    ),
-                },
-            },
-        ),
-        obj(
-            ["id", "type", "call_id", "name", "arguments"],
-            {
-                "id": {"type": "string"},
-                "type": {"const": "function_call"},
-                "status": {"type": "string"},
-                "call_id": {"type": "string"},
-                "name": {"type": "string"},
-                "arguments": {"type": "string", "description": "JSON text"},
-            },
-        ),
-    ]
-}
-
-RESPONSE: Schema = obj(
-    ["id", "object", "created_at", "status", "model", "output", "usage"],
-    {
-        "id": {
-            "type": "string",
-            "description": "resp_...; with `store` it can be fetched, continued and deleted.",
-        },
-        "object": {"const": "response"},
-        "created_at": {"type": "integer"},
-        "status": {"enum": ["completed", "incomplete"]},
-        "incomplete_details": {
-            "anyOf": [obj(["reason"], {"reason": {"type": "string"}}), {"type": "null"}]
-        },
-        "model": {"type": "string"},
-        "output": {"type": "array", "items": _RESPONSE_ITEM},
-        "previous_response_id": {"type": ["string", "null"]},
-        "store": {"type": "boolean", "description": "Whether it was stored."},
-        "usage": obj(
-            ["input_tokens", "output_tokens", "total_tokens"],
-            {
-                "input_tokens": {"type": "integer"},
-                "input_tokens_details": obj(
-                    ["cached_tokens"], {"cached_tokens": {"type": "integer"}}
-                ),
-                "output_tokens": {"type": "integer"},
-                "output_tokens_details": obj(
-                    ["reasoning_tokens"], {"reasoning_tokens": {"type": "integer"}}
-                ),
-                "total_tokens": {"type": "integer"},
-            },
-        ),
-    },
-)
-
-RESPONSE_DELETED: Schema = obj(
-    ["id", "object", "deleted"],
-    {"id": {"type": "string"}, "object": {"const": "response"}, "deleted": {"const": True}},
-)
-
-INPUT_ITEMS: Schema = obj(
-    ["object", "data", "first_id", "last_id", "has_more"],
-    {
-        "object": {"const": "list"},
-        "data": {
-            "type": "array",
-            "items": obj(["id", "type"], {"id": {"type": "string"}, "type": {"type": "string"}}),
-        },
-        "first_id": {"type": ["string", "null"]},
-        "last_id": {"type": ["string", "null"]},
-        "has_more": {"type": "boolean"},
-    },
-)
-
-MODELS: Schema = _list(
-    ["id", "object", "created", "owned_by"],
-    {
-        "id": {"type": "string"},
-        "object": {"const": "model"},
-        "created": {"type": "integer"},
-        "owned_by": {"type": "string"},
-    },
-)
-
-ERROR: Schema = obj(
-    ["error"],
-    {
-        "error": obj(
-            ["message", "type", "param", "code"],
-            {
-                "message": {"type": "string"},
-                "type": {"type": "string"},
-                "param": {"type": ["string", "null"]},
-                "code": {"type": ["string", "null"]},
-            },
-        )
-    },
-)
 
 ROUTING_HEADERS: Schema = {
     "x-request-id": {
@@ -287,7 +94,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
     return {
         str(status): {
             "description": reasons[status],
-            "content": {"application/json": {"schema": _ref("Error")}},
+            "content": {"application/json": {"schema": ref("Error")}},
         }
         for status in statuses
     }
@@ -342,7 +149,7 @@ def _answer(description: str, schema: str, *errors: int) -> dict[str, Any]:
     return {
         "200": {
             "description": description,
-            "content": {"application/json": {"schema": _ref(schema)}},
+            "content": {"application/json": {"schema": ref(schema)}},
         },
         **_errors(*errors),
     }
@@ -358,7 +165,7 @@ def _post(
     events: str,
     also: tuple[int, ...] = (),
 ) -> dict[str, Any]:
-    content: dict[str, Any] = {"application/json": {"schema": _ref(response)}}
+    content: dict[str, Any] = {"application/json": {"schema": ref(response)}}
     if stream:
         content["text/event-stream"] = {
             "schema": obj(["data"], {"data": {"type": "string"}}),
@@ -370,7 +177,7 @@ def _post(
             "parameters": REQUEST_HEADERS if cascade else REQUEST_HEADERS[:1],
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": _ref(request)}},
+                "content": {"application/json": {"schema": ref(request)}},
             },
             "responses": {
                 "200": {
@@ -454,7 +261,7 @@ def openapi_spec() -> dict[str, Any]:
                             "description": "`local`, the models the config names "
                             "(`[fallback] models`, `[quality] models`, `[pricing]`), then "
                             "the upstream's own list (cached, bounded), each once.",
-                            "content": {"application/json": {"schema": _ref("Models")}},
+                            "content": {"application/json": {"schema": ref("Models")}},
                         },
                         **_errors(401),
                     },
@@ -468,12 +275,12 @@ def openapi_spec() -> dict[str, Any]:
                         "200": {
                             "description": "The report (docs/report.md); a month without "
                             "requests is a report of zeros.",
-                            "content": {"application/json": {"schema": _ref("Report")}},
+                            "content": {"application/json": {"schema": ref("Report")}},
                         },
                         **_errors(400, 401),
                         "503": {
                             "description": "The ledger cannot be read.",
-                            "content": {"application/json": {"schema": _ref("Error")}},
+                            "content": {"application/json": {"schema": ref("Error")}},
                         },
                     },
                 }

@@ -53,22 +53,24 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.errors import BadRequest, ProxyError
-from proxy.protocol.responses_shapes import asks
-from proxy.protocol.responses_translate import (
+from proxy.protocol.responses_answer import (
     API_USED,
     Used,
-    chat_of,
-    check_as_chat,
     completed,
     completed_item,
     completed_part,
-    completion_of,
-    effort_only,
     events,
     local_used,
     response_of,
-    stand_in,
     timed_out,
+)
+from proxy.protocol.responses_shapes import asks
+from proxy.protocol.responses_translate import (
+    chat_of,
+    check_as_chat,
+    completion_of,
+    effort_only,
+    stand_in,
 )
 from proxy.protocol.validate import responses_request
 from proxy.routing.reasons import Reason

@@ -26,7 +26,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from proxy.engine.reasoning import ReasoningText
-from proxy.protocol.responses_translate import Used, response_of, timed_out
+from proxy.protocol.responses_answer import Used, response_of, timed_out
 from proxy.routing.reasons import Reason
 from proxy.routing.router import LocalAttempt
 from proxy.server.chat import cancel, live_tokens
