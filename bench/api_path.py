@@ -77,7 +77,7 @@ def free_port() -> int:
 
 def create_app(settings: Any) -> Any:
     try:
-        from proxy.http.app import create_app as make
+        from proxy.server.app import create_app as make
     except ImportError:  # a tree from before proxy/http/ (efff029)
         from proxy.app import create_app as make  # type: ignore[no-redef]
     return make(settings)
@@ -189,7 +189,7 @@ async def _measure(args: argparse.Namespace, settings: Any, tmp: Path) -> dict[s
         for _ in range(args.warmup):
             assert await one_request(app, state) == 200
         gc.collect()
-        gc.freeze()  # as frugal serve does after start-up (proxy/cli/serving.py)
+        gc.freeze()  # as frugal serve does after start-up (proxy/server/run.py)
         profiler = cProfile.Profile() if args.profile else None
         threads0 = thread_cpu()
         cpu0, wall0 = time.process_time(), time.perf_counter()

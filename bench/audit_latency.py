@@ -26,7 +26,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from proxy import config  # noqa: E402
 from proxy.engine.local_engine import LocalEngine  # noqa: E402
-from proxy.http.app import create_app  # noqa: E402
+from proxy.server.app import create_app  # noqa: E402
 from tests.audit.judge_server import JudgeServer  # noqa: E402
 from tests.fake_api import FakeAPI  # noqa: E402
 

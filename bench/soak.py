@@ -61,7 +61,7 @@ from tests.faults_support import (  # noqa: E402
     stop,
     wait_ready,
 )
-from tests.http.test_serve import QUESTION, Served  # noqa: E402
+from tests.server.test_serve import QUESTION, Served  # noqa: E402
 
 KINDS = {  # kind: weight
     "local": 3,

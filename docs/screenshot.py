@@ -26,7 +26,7 @@ from PIL import Image  # noqa: E402 - matplotlib's dependency, in the test extra
 
 from tests.dashboard_support import GOOD_MONTH, chromium, open_dashboard, seed  # noqa: E402
 from tests.fake_api import FakeAPI  # noqa: E402
-from tests.http.test_serve import start_server, stop_server  # noqa: E402
+from tests.server.test_serve import start_server, stop_server  # noqa: E402
 
 
 def main() -> None:

@@ -43,7 +43,7 @@ Who raises what, and who turns it into a response:
   EngineErrors (:func:`proxy.routing.remote.backend_failure` for remote servers); the router turns
   them into a fallback, or into :class:`LocalUnavailable` (or a :class:`BadRequest` for a
   context overflow) when the request may not leave the box.
-- Every ProxyError reaches the client through :mod:`proxy.http.render`: as JSON
+- Every ProxyError reaches the client through :mod:`proxy.server.render`: as JSON
   (``render``) before the response has started, as the last SSE event (``sse_event``) after.
   Both write :meth:`ProxyError.body`, the one place OpenAI's shape is written. Anything else that
   escapes a handler is logged once and sent as an :class:`InternalError`.
@@ -251,7 +251,7 @@ class StatusError(ProxyError):
 
 class InternalError(ProxyError):
     """Something unexpected failed. The body says nothing of what: it names the request id,
-    under which the failure was logged (once, by :mod:`proxy.http.render`), and carries it in
+    under which the failure was logged (once, by :mod:`proxy.server.render`), and carries it in
     the ``x-request-id`` header."""
 
     status = 500

@@ -1,7 +1,7 @@
 """structlog, configured once: JSON lines for journald and pipes, a console renderer in a terminal.
 
 Log events carry ids, routes, numbers, error codes and client key *names*. Prompt text,
-completions and keys are never passed to the logger (tests/http/test_security.py sends secrets
+completions and keys are never passed to the logger (tests/server/test_security.py sends secrets
 through a real server and searches its whole output), with one exception the operator opts
 into: ``[server] log_content = true`` lowers the level to DEBUG and adds one
 ``request_content`` event per chat request, with its messages and the answer's text.

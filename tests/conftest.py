@@ -101,7 +101,7 @@ def module_api(**knobs: Any) -> Any:
 async def engine() -> AsyncIterator[LocalEngine]:
     # One request at a time ([local] parallel = 1, not the default 4): the tests that share
     # this engine read the single path's queue, prefix cache and rates. The batch has its own
-    # (tests/engine/test_engine_batch.py); `frugal serve` in tests/http/test_serve.py runs the
+    # (tests/engine/test_engine_batch.py); `frugal serve` in tests/server/test_serve.py runs the
     # default.
     shared = LocalEngine(config.LocalSettings(n_threads=1, timeout_s=30.0, parallel=1))
     await shared.start()

@@ -2,7 +2,8 @@
 
 - :func:`launch` (and :func:`wait_ready`): a real ``frugal serve`` subprocess on a free loopback
   port, with a config built from nested dicts (:func:`toml_of`) and an environment of our own;
-  the returned :class:`~tests.http.test_serve.Served` is the one ``tests/http/test_serve.py`` uses.
+  the returned :class:`~tests.server.test_serve.Served` is the one ``tests/server/test_serve.py``
+  uses.
 - :func:`rss_bytes` and :class:`RssWatch`: a process's resident memory from
   ``/proc/<pid>/status`` (``VmRSS``), sampled in a thread that keeps the peak and, past a hard
   cap, SIGKILLs the process so that a memory bomb cannot take the whole machine down.
@@ -30,8 +31,8 @@ import httpx
 
 from tests.conftest import FAKE_KEY, FAKE_KEY_ENV
 from tests.fake_api import FakeAPI
-from tests.http.test_serve import FRUGAL, Served
 from tests.loopback import OnThread, free_port, poll_ready, terminate
+from tests.server.test_serve import FRUGAL, Served
 
 READY_S = 90.0
 """Longest wait for a server's engine to be ready (2 cores shared by many test runs)."""

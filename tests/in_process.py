@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from proxy.http.app import create_app
+from proxy.server.app import create_app
 
 
 @asynccontextmanager

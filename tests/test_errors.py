@@ -43,8 +43,8 @@ from proxy.errors import (
     UpstreamStatus,
     UpstreamTimeout,
 )
-from proxy.http.app import RequestIdMiddleware
-from proxy.http.render import exception_handlers, render, sse_event, unexpected
+from proxy.server.app import RequestIdMiddleware
+from proxy.server.render import exception_handlers, render, sse_event, unexpected
 
 SECRET = "SECRET-PROMPT-text"
 

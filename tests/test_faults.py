@@ -32,10 +32,10 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.http.quotas import IMAGE_TOKENS
 from proxy.ledger.pricing import Billed, PriceBook, load_price_map
 from proxy.ledger.reports.rollup import money
 from proxy.ledger.tenants import keys as keys_mod
+from proxy.serving.quotas import IMAGE_TOKENS
 from quality.schema import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
 from tests.fake_api import FakeAPI, body_tokens
 from tests.faults_support import (
@@ -57,8 +57,8 @@ from tests.faults_support import (
     wait_ready,
     wait_rows,
 )
-from tests.http.test_serve import ACCEPT_ANY, FRUGAL, QUESTION, REJECT_ALL, Served
 from tests.loopback import Listener, free_port
+from tests.server.test_serve import ACCEPT_ANY, FRUGAL, QUESTION, REJECT_ALL, Served
 
 pytestmark = pytest.mark.serve
 
@@ -2366,7 +2366,7 @@ def test_issue39_row5_wide_schemas_on_responses_leave_healthz_answering(
     """Eight /v1/responses bodies at once, each with a tool of 60,000 properties: their schemas
     are checked off the event loop (once, with the body), so another client's /healthz keeps
     answering. (That no schema is checked on the loop is pinned exactly, in process, by
-    tests/http/test_responses_fields.py; this row measures what a client sees.)"""
+    tests/server/test_responses_fields.py; this row measures what a client sees.)"""
     served = main.get()
     tools = 1
     wide = _i39_bounds_responses_wide(60_000, tools)

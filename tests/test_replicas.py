@@ -26,15 +26,15 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.http.quotas import worst_case_tokens
 from proxy.ledger.db.location import Database, parse
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.tenants import keys
+from proxy.serving.quotas import worst_case_tokens
 from tests import pg
 from tests.fake_api import FakeAPI
 from tests.faults_support import launch, server_env, stop, tail, wait_ready
-from tests.http.test_budgets import spend
-from tests.http.test_serve import FRUGAL, Served
+from tests.server.test_serve import FRUGAL, Served
+from tests.serving.test_budgets import spend
 
 pytestmark = [
     pytest.mark.serve,
@@ -74,7 +74,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
             # A replica frees a slot when its handler is done, which can be just after the
             # client has read the answer, so a client's next request may overlap its last one
             # for a moment: the share is twice the clients, since this test counts rows, not
-            # shares (tests/http/test_shares.py holds a key to its share).
+            # shares (tests/server/test_shares.py holds a key to its share).
             "load": keys.create(db, "load", max_concurrency=2 * CLIENTS),
             "budget": keys.create(
                 db, "budget", monthly_budget_pusd=BUDGET_PUSD, max_concurrency=16

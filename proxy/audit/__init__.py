@@ -21,6 +21,6 @@ recorded), :mod:`quality`, and below it on the request path :mod:`proxy.routing`
 hands the threshold in force to the ``Router``; the pre-router learns from the audits' request
 features) and
 :mod:`proxy.upstream` (the shadow and judge calls go through its ``Upstream``); never
-``proxy.http``, which calls into it: a handler offers each local attempt to a
+``proxy.server`` or ``proxy.serving``, which call into it: a handler offers each local attempt to a
 :class:`~proxy.audit.sampler.Sampler`.
 """

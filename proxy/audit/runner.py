@@ -1,6 +1,6 @@
 """The background audit of one request, and the threshold a target precision keeps in force.
 
-:class:`AuditRunner` is made once per app (in :mod:`proxy.http.lifespan`) and is handed
+:class:`AuditRunner` is made once per app (in :mod:`proxy.server.lifespan`) and is handed
 every local attempt of a chat completion that produced an answer (:meth:`AuditRunner.offer`),
 accepted or rejected alike. A drawn attempt is audited in the background, off the request path:
 
@@ -15,7 +15,7 @@ call (:mod:`proxy.audit.judge`, through the same upstream client, ``judge_model`
 requested model). What the shadow and judge calls cost is priced with the ledger's
 :class:`~proxy.ledger.pricing.PriceBook`, counted against the month's audit budget and stored
 with the audit: money paid, never money saved. They are also paid from the budget of the client
-key whose request was audited (``purse``, :class:`proxy.http.quotas.AuditPurse`): the calls were
+key whose request was audited (``purse``, :class:`proxy.serving.quotas.AuditPurse`): the calls were
 made for that key's requests, and they are paid the way a request's API call is. Each call's
 worst case is held before it is made, and its real cost replaces the hold after; a key whose
 budget cannot hold the call gets no audit (error ``over_budget``), so an audit never takes a

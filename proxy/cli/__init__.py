@@ -31,7 +31,7 @@ One module per group of commands, each with its options beside the code that run
 
 Each group has ``add_parsers(sub)``, which adds its commands and sets each one's ``run``
 (``args.run(args)``: the exit status). This package is the top of the house: it may import
-every room below it (``proxy.http``, ``proxy.models``, ``proxy.audit``, ``proxy.routing`` for
+every room below it (``proxy.server``, ``proxy.models``, ``proxy.audit``, ``proxy.routing`` for
 ``frugal check``'s probes of the backends, ``proxy.engine``, ``proxy.ledger``), the shared
 ``proxy.config``, ``proxy.errors`` and ``proxy.logs``, and ``quality``; nothing imports it.
 """

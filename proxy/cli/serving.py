@@ -6,7 +6,8 @@ A start-up that fails (the app's lifespan raised: a model with no chat template,
 would not load) ends with one plain line that says why, ``frugal serve: could not start: …``,
 and exit status 3 (uvicorn's own for a failed start-up). uvicorn logs the traceback first, and
 the log cuts a library's message at :data:`proxy.logs.MAX_LIBRARY_MESSAGE` characters, often
-before the line that holds the reason; so :class:`_StartupWatch` keeps the exception itself.
+before the line that holds the reason; so the server keeps the exception itself and hands it
+back (:func:`proxy.server.run.serve`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import argparse
 import dataclasses
 import logging
 import os
-import signal
-from types import FrameType
 from typing import Any
 
 from proxy import config as config_mod
@@ -42,15 +41,12 @@ def add_parsers(sub: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from proxy import logs
     from proxy.engine.generate import bundled_model_path
-    from proxy.http.app import create_app
-    from proxy.http.auth import check_bind
-    from proxy.http.limits import guarded_protocol
     from proxy.ledger.db.location import from_settings
     from proxy.ledger.db.migrate import open_database
+    from proxy.server import run
+    from proxy.server.auth import check_bind
 
     settings = resolve_model(config_mod.load(args.config))  # [local] model: the cache, no network
     server = settings.server
@@ -68,24 +64,9 @@ def _serve(args: argparse.Namespace) -> int:
     if not os.path.isfile(model_path):
         raise ConfigError(f"[local] model_path = {model_path!r}: no such file")
     _check_weights(settings, model_path)
-    app = _StartupWatch(create_app(settings))
-    config = uvicorn.Config(
-        app,
-        host=server.host,
-        port=server.port,
-        log_level="warning",
-        log_config=None,  # its records go to the root handler: JSON lines (proxy/logs.py)
-        access_log=False,
-        timeout_graceful_shutdown=max(1, round(server.drain_s)),
-        timeout_keep_alive=server.keep_alive_s,
-        http=guarded_protocol(server.header_timeout_s),
-    )
-    try:
-        _GracefulServer(config).run()
-    except SystemExit:
-        if app.failure is not None:
-            raise _StartupFailed(f"could not start: {reason(app.failure)}", 3) from None
-        raise
+    failure = run.serve(settings)
+    if failure is not None:
+        raise _StartupFailed(f"could not start: {reason(failure)}", 3)
     return 0
 
 
@@ -106,32 +87,6 @@ def reason(exc: BaseException) -> str:
     return text if len(text) <= MAX_REASON else text[:MAX_REASON] + "…"
 
 
-class _StartupWatch:
-    """The app, as uvicorn runs it, keeping the exception its lifespan's start-up raised
-    (``failure``). Starlette reports it to uvicorn as traceback text, which the log cuts."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.failure: BaseException | None = None
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "lifespan":
-            return await self.app(scope, receive, send)  # type: ignore[no-any-return]
-        started = False
-
-        async def watched_send(message: Any) -> None:
-            nonlocal started
-            started = started or message.get("type") == "lifespan.startup.complete"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, watched_send)
-        except Exception as exc:
-            if not started:
-                self.failure = exc
-            raise
-
-
 def _check_weights(settings: config_mod.Settings, model_path: str) -> None:
     """[quality] weights_path: a file for another model, or a corrupt one, is a clear error
     now (exit 2); the engine worker loads it again, and follows its later changes."""
@@ -144,43 +99,3 @@ def _check_weights(settings: config_mod.Settings, model_path: str) -> None:
         Combiner.load_for_model(path, model_path)
     except WeightsError as exc:
         raise ConfigError(f"[quality] weights_path: {exc}") from exc
-
-
-class _GracefulServer:
-    """uvicorn's server, ending with exit status 0 after a SIGTERM.
-
-    On SIGTERM uvicorn stops accepting connections, waits up to ``drain_s`` for requests in
-    flight, runs the lifespan shutdown (which flushes the ledger), and then raises the signal
-    again, so that the process would end "killed by SIGTERM". A clean stop is what happened, so
-    the re-raise is dropped for SIGTERM; SIGINT keeps uvicorn's behaviour.
-    """
-
-    def __new__(cls, config: Any) -> Any:
-        import uvicorn
-
-        class Server(uvicorn.Server):
-            def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-                super().handle_exit(sig, frame)
-                if sig == signal.SIGTERM and sig in self._captured_signals:
-                    self._captured_signals.remove(sig)
-
-            async def startup(self, sockets: Any = None) -> None:
-                await super().startup(sockets)
-                _freeze_heap()
-
-        return Server(config)
-
-
-def _freeze_heap() -> None:
-    """Put what start-up made out of the cyclic garbage collector's reach.
-
-    After start-up the process holds about 400,000 objects that live as long as it does
-    (litellm, llama.cpp's bindings, the app). Every full collection walked all of them, about
-    200 ms of CPU with the event loop standing still, and under load one came every few seconds:
-    that was the p99 of the API path (bench/README.md, "API pass-through overhead"). Collect
-    once, then freeze (``gc.freeze``): later collections only look at newer objects.
-    """
-    import gc
-
-    gc.collect()
-    gc.freeze()

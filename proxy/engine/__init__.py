@@ -31,7 +31,7 @@
     quantize               ``frugal quantize``
 
 May import ``quality`` (the worker scores its answers) and the shared ``proxy.config``,
-``proxy.errors`` and ``proxy.logs``; never ``proxy.http``, ``proxy.routing`` or
+``proxy.errors`` and ``proxy.logs``; never ``proxy.server``, ``proxy.serving``, ``proxy.routing`` or
 ``proxy.upstream``. llama.cpp is imported only in the worker process, offline tools, and the
 proxy's copy of the gate's relevance model (loaded and run in threads), never on the proxy's
 event loop.

@@ -4,7 +4,7 @@ One client key keeping many requests on the local model must not make every othe
 wait behind all of them: with a first-come queue, 16 long jobs of one key held another key's
 short answer for 26.7 s instead of 0.5 s (issue 39). So every job waits under a *share*, a label
 for the client key that sent it (keyless traffic is one share), and the shares take turns, as
-their requests take the server's slots in turn (``proxy/http/shares.py``).
+their requests take the server's slots in turn (``proxy/server/shares.py``).
 
 :class:`FairQueue` is the order, and nothing else: ``push(share, item)``, ``pop()``,
 ``remove(share, item)``. Each item is given a *turn* when it is pushed: one after its share's

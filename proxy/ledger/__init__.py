@@ -12,7 +12,7 @@
     batches/   OpenAI's Files and Batch APIs: files within a per-key quota, batches, and their
                lines, claimed by workers through the database and billed once each
 
-May import the shared ``proxy.config``, ``proxy.errors``, ``proxy.params`` (the local alias
+May import the shared ``proxy.config``, ``proxy.errors``, ``proxy.protocol.params`` (the local alias
 the prices know) and ``proxy.logs`` only: every other room writes to the ledger, so the
 ledger imports none of them.
 """

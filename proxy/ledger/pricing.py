@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
-from proxy.params import LOCAL_ALIAS
+from proxy.protocol.params import LOCAL_ALIAS
 
 if TYPE_CHECKING:
     from proxy.config import ModelPrice

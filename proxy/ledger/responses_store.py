@@ -29,7 +29,7 @@ item: among the input and output items of the responses one key keeps (its index
 narrows the rows; a ``LIKE`` on the item's JSON id picks the few that may hold it, and those are
 read to be sure). No index on item ids: what a key keeps is bounded by its quota.
 
-Who may read what is the HTTP side's business (``proxy/http/responses_state.py``): this module
+Who may read what is the HTTP side's business (``proxy/serving/responses_state.py``): this module
 reads and writes rows. Blocking methods: run them in a thread; a database that is not there
 raises :class:`~proxy.ledger.db.connections.Unavailable`.
 """

@@ -17,7 +17,7 @@ The ``frugal models`` subcommands themselves are in :mod:`proxy.cli.models`.
 
 May import :mod:`proxy.engine` (the memory guard, the GGUF header), :mod:`quality` (the weights
 file's tag), :mod:`proxy.config`, :mod:`proxy.errors` and :mod:`proxy.logs` (names from a hub
-printed escaped); ``proxy.http`` and ``proxy.cli``
+printed escaped); ``proxy.server`` and ``proxy.cli``
 import it, never the other way.
 """
 

@@ -25,7 +25,7 @@
     remote_health whether a remote server answers rightly (JSON, the model it lists)
     slots         a remote server's places to run and the FIFO waiting for them
 
-May import: ``proxy.engine``, ``quality``, and the shared ``proxy.params``, ``proxy.config``,
-``proxy.errors``, ``proxy.ledger``. Never ``proxy.http`` (the router knows nothing of HTTP) nor
-``proxy.upstream`` (the fallback is the handler's business).
+May import: ``proxy.engine``, ``quality``, and the shared ``proxy.protocol.params``,
+``proxy.config``, ``proxy.errors``, ``proxy.ledger``. Never ``proxy.server`` or ``proxy.serving``
+(the router knows nothing of HTTP) nor ``proxy.upstream`` (the fallback is the handler's business).
 """

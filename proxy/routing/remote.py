@@ -62,7 +62,7 @@ from proxy.routing.prefix_memory import PrefixMemory
 from proxy.routing.remote_health import answer_problem
 from proxy.routing.remote_kinds import KINDS
 from proxy.routing.remote_load import SOURCES, Load, LoadWatch, read_load, with_foreign
-from proxy.routing.remote_probe import WRONG_ANSWER_PAUSE_S, Probing
+from proxy.routing.remote_probe import WRONG_ANSWER_PAUSE_S, Probing, RemoteStats
 from proxy.routing.remote_rates import RemoteRates
 from proxy.routing.remote_stream import AnswerTooLarge, Relay, StreamCut
 from proxy.routing.remote_wire import (
@@ -92,17 +92,6 @@ class _Asked:
     expected_s: float
     cap: int
     kind: str
-
-
-@dataclass
-class RemoteStats:
-    completed: int = 0
-    failures: int = 0
-    timeouts: int = 0
-    downs: int = 0
-    handed_on: int = 0
-    streamed: int = 0  # live streams relayed
-    streamed_pieces: int = 0  # their text pieces (about one token each) handed on
 
 
 class RemoteBackend(Probing, Backend):

@@ -19,7 +19,8 @@ are the backend's, set in its ``__init__`` and ``start``.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import structlog
@@ -31,13 +32,24 @@ from proxy.routing.remote_kinds import Kind
 from proxy.routing.remote_stream import AnswerTooLarge, read_bounded
 from proxy.routing.slots import Slots
 
-if TYPE_CHECKING:
-    from proxy.routing.remote import RemoteStats
-
 log = structlog.get_logger(__name__)
 
 PROBE_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 WRONG_ANSWER_PAUSE_S = 2.0  # a backend that answered wrongly is probed again after this
+
+
+@dataclass
+class RemoteStats:
+    """What a remote backend has done, counted (kept here, beside the probes that count
+    ``downs``, so that this module needs nothing of :mod:`proxy.routing.remote`)."""
+
+    completed: int = 0
+    failures: int = 0
+    timeouts: int = 0
+    downs: int = 0
+    handed_on: int = 0
+    streamed: int = 0  # live streams relayed
+    streamed_pieces: int = 0  # their text pieces (about one token each) handed on
 
 
 class Probing:

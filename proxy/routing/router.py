@@ -16,7 +16,7 @@ deferred work: a request with ``service_tier: "flex"`` (:func:`deferred_tier`) s
 is fine, and gets ``[batch] flex_timeout_s`` instead, both for the ``predicted_slow`` check and
 for the attempt itself; the objective "latency" does not send it to a faster API either.
 
-The router knows nothing of HTTP; ``proxy.http.chat`` turns its decisions into responses.
+The router knows nothing of HTTP; ``proxy.server.chat`` turns its decisions into responses.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from proxy.config import Settings
 from proxy.engine.fair_queue import KEYLESS, share_label
 from proxy.engine.local_engine import LocalEngine
 from proxy.errors import BadRequest, EngineError
-from proxy.params import LOCAL_ALIAS
+from proxy.protocol.params import LOCAL_ALIAS
 from proxy.routing.base import Choice
 from proxy.routing.estimator import Prediction, Predictor
 from proxy.routing.pool import BackendPool

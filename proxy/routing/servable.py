@@ -1,7 +1,7 @@
 """Which requests the local engine can serve at all; the others go to the API as ``unsupported``.
 
-:func:`local_blocker` reads a validated body against :data:`proxy.params.CHAT_PARAMETERS` (a
-parameter marked ``api``, a value the engine lacks: audio, custom tools, ``n`` above
+:func:`local_blocker` reads a validated body against :data:`proxy.protocol.params.CHAT_PARAMETERS`
+(a parameter marked ``api``, a value the engine lacks: audio, custom tools, ``n`` above
 :data:`MAX_LOCAL_N`, token ids of another tokenizer...) and, for a structured answer, asks
 :mod:`proxy.engine.grammar` whether its grammar can be built within bounds. It returns the
 reason in words, or None when the engine can serve the request. A ``reasoning_effort`` above
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.engine.grammar import grammar_blocker
-from proxy.params import API, CHAT_PARAMETERS
+from proxy.protocol.params import API, CHAT_PARAMETERS
 
 LOCAL_REASONING = frozenset({"none", "minimal"})
 LOCAL_PARTS = frozenset({"text", "input_text", "refusal"})

@@ -18,6 +18,6 @@
     failures        ``translate``: every aiohttp, litellm or status failure becomes a
                     ``ProxyError`` here, once
 
-May import ``proxy.params``, ``proxy.config``, ``proxy.errors`` and ``proxy.logs``. Knows
+May import ``proxy.protocol.params``, ``proxy.config``, ``proxy.errors`` and ``proxy.logs``. Knows
 nothing of HTTP handlers, routing or the engine.
 """

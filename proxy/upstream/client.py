@@ -15,12 +15,12 @@ Everything else is done here, once for every route: the allow-list, the retries,
 counted, the latency, the stream's usage.
 
 Only allow-listed parameters are sent: the body upstream is built from the keys of
-:data:`proxy.params.CHAT_PARAMETERS` (``COMPLETIONS_PARAMETERS``, ``EMBEDDINGS_PARAMETERS`` for
-:meth:`Upstream.post_json`) that the request sets, on both routes. Validation has already refused
-anything else with a 400; this is the second wall (litellm's own keywords are kept out in
-:mod:`proxy.upstream.litellm_route`). The JSON body of each call is built in one place,
-:meth:`Upstream.sent`, which a key's budget reserves the worst case of before the call
-(:mod:`proxy.http.quotas`): what is reserved for and what is posted are the same body.
+:data:`proxy.protocol.params.CHAT_PARAMETERS` (``COMPLETIONS_PARAMETERS``,
+``EMBEDDINGS_PARAMETERS`` for :meth:`Upstream.post_json`) that the request sets, on both routes.
+Validation has already refused anything else with a 400; this is the second wall (litellm's own
+keywords are kept out in :mod:`proxy.upstream.litellm_route`). The JSON body of each call is built
+in one place, :meth:`Upstream.sent`, which a key's budget reserves the worst case of before the call
+(:mod:`proxy.serving.quotas`): what is reserved for and what is posted are the same body.
 
 Every call runs under the retry policy of :mod:`proxy.upstream.retry`, which lives there and
 nowhere else, and only where the API cannot have done (and billed) the work already:
@@ -67,12 +67,8 @@ from typing import Any
 from proxy.config import FallbackSettings, Settings
 from proxy.config.secrets import Secrets
 from proxy.errors import UpstreamError
-from proxy.params import (
-    CHAT_PARAMETERS,
-    COMPLETIONS_PARAMETERS,
-    EMBEDDINGS_PARAMETERS,
-    forwarded,
-)
+from proxy.protocol.forwarding import forwarded
+from proxy.protocol.params import CHAT_PARAMETERS, COMPLETIONS_PARAMETERS, EMBEDDINGS_PARAMETERS
 from proxy.upstream.direct_route import DirectRoute
 from proxy.upstream.litellm_route import LitellmRoute
 from proxy.upstream.retry import BACKOFF_INITIAL_S, RetryPolicy
@@ -223,7 +219,7 @@ class Upstream(Closing):
         route), ``/responses`` (the body :mod:`proxy.upstream.responses_api` built, with its
         ``stream`` flag) and ``/responses/compact`` (the body it built, as it is). Each call
         below posts what this returns, and a key's budget reserves
-        its worst case from the same (:mod:`proxy.http.quotas`), so the two cannot differ."""
+        its worst case from the same (:mod:`proxy.serving.quotas`), so the two cannot differ."""
         if path == CHAT_PATH:
             forward = forwarded(body, _CHAT)
             forward["model"] = self._model(body)[1]

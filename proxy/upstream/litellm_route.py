@@ -41,7 +41,8 @@ import httpx
 
 from proxy import logs
 from proxy.config import FallbackSettings
-from proxy.params import CHAT_PARAMETERS, forwarded
+from proxy.protocol.forwarding import forwarded
+from proxy.protocol.params import CHAT_PARAMETERS
 from proxy.upstream.route import Answer, Opened, too_large
 
 __all__ = [

@@ -13,11 +13,11 @@
                     ``POST /v1/responses/compact``: the whole conversation, its items without
                     ids, sent for the upstream to compact (a ``response.compaction`` object)
     chat_usage(usage)
-                    the Responses' usage (``input_tokens``...) as the chat usage the ledger
-                    prices (``prompt_tokens``...)
+                    the Responses' usage as chat's (the arithmetic is wire shapes:
+                    :mod:`proxy.protocol.responses_usage`)
 
 Only the direct route (``api_base``) has this endpoint: a model routed through litellm is
-translated to Chat Completions instead (:mod:`proxy.http.responses`). Retries, timeouts and the
+translated to Chat Completions instead (:mod:`proxy.server.responses`). Retries, timeouts and the
 translation of failures are the client's (:meth:`Upstream.post_direct`,
 :meth:`Upstream.open_direct`), and so is the exact body posted (:meth:`Upstream.sent`: ``body``
 with its ``stream`` flag), which a key's budget reserves the worst case of.
@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.params import RESPONSES_PARAMETERS
+from proxy.protocol.responses_params import RESPONSES_PARAMETERS
+from proxy.protocol.responses_usage import chat_usage
 from proxy.upstream.client import COMPACT_PATH, RESPONSES_PATH, Upstream, UpstreamResponse
 from proxy.upstream.stream import UpstreamStream
 
@@ -48,7 +49,7 @@ API_ONLY = ("reasoning", "max_tool_calls", "top_logprobs")
 ``unsupported``), a 400 when the fallback is Chat Completions."""
 PARTLY_LOCAL = frozenset({"reasoning"})
 """Of :data:`API_ONLY`, those a local answer may still serve in part: a ``reasoning`` that holds
-only an ``effort`` is chat's ``reasoning_effort`` (``proxy/http/responses.py``)."""
+only an ``effort`` is chat's ``reasoning_effort`` (``proxy/server/responses.py``)."""
 # The proxy's own: the conversation is sent whole and never stored upstream.
 _OURS = frozenset({"previous_response_id", "store", "input", "model"})
 _FORWARDED = tuple(name for name in (*RESPONSES_PARAMETERS, *API_ONLY) if name not in _OURS)
@@ -108,29 +109,3 @@ async def open_stream(
     """The upstream's typed events for ``body``; returns once it has answered 200."""
     sent = upstream.sent(PATH, body, stream=True)
     return await upstream.open_direct(PATH, sent, request_id=request_id)
-
-
-def usage_figures(usage: dict[str, Any], read: str, written: str) -> tuple[int, int, int, int, int]:
-    """The prompt, completion, cached, reasoning and total tokens of a ``usage`` that calls the
-    prompt ``{read}_tokens`` and the completion ``{written}_tokens`` (chat: ``prompt`` and
-    ``completion``; Responses: ``input`` and ``output``); a field left out counts 0."""
-    prompt = int(usage.get(f"{read}_tokens") or 0)
-    completion = int(usage.get(f"{written}_tokens") or 0)
-    cached = (usage.get(f"{read}_tokens_details") or {}).get("cached_tokens") or 0
-    reasoning = (usage.get(f"{written}_tokens_details") or {}).get("reasoning_tokens") or 0
-    total = int(usage.get("total_tokens") or prompt + completion)
-    return prompt, completion, int(cached), int(reasoning), total
-
-
-def chat_usage(usage: Any) -> dict[str, Any] | None:
-    """A Responses ``usage`` as chat's (None when there is none)."""
-    if not isinstance(usage, dict) or usage.get("input_tokens") is None:
-        return None
-    prompt, completion, cached, reasoning, total = usage_figures(usage, "input", "output")
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": total,
-        "prompt_tokens_details": {"cached_tokens": cached},
-        "completion_tokens_details": {"reasoning_tokens": reasoning},
-    }

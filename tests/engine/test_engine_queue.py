@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 
 from proxy.engine.local_engine import LocalEngine
-from proxy.http.app import create_app
+from proxy.server.app import create_app
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.loopback import ThreadedServer

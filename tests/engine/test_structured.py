@@ -16,7 +16,7 @@ import pytest
 from proxy.routing.servable import local_blocker
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
-from tests.http.test_app import rows, sse_events
+from tests.server.test_app import rows, sse_events
 from tests.tool_turns import DESCRIPTION, weather_tool, weather_turns
 
 ACCEPT = {"x-frugal-min-quality": "0"}
@@ -344,7 +344,7 @@ async def test_openapi_document_lists_the_endpoints(
         "/v1/models",
     } <= set(spec["paths"])
     chat = spec["components"]["schemas"]["ChatCompletionRequest"]["properties"]
-    from proxy.params import CHAT_PARAMETERS
+    from proxy.protocol.params import CHAT_PARAMETERS
 
     assert set(CHAT_PARAMETERS) <= set(chat)
 

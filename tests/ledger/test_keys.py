@@ -10,8 +10,9 @@ import pytest
 
 from proxy import cli, config
 from proxy.errors import ConfigError
-from proxy.http import auth
 from proxy.ledger.tenants import keys
+from proxy.server import auth
+from proxy.serving import clients
 
 GOOD = "k" * 16
 
@@ -156,7 +157,7 @@ async def test_the_authenticator_names_env_and_stored_keys_and_sees_revocations(
     settings = config.from_dict(
         {"server": {"api_keys_env": "FRUGAL_TEST_KEYS"}, "ledger": {"path": db}}
     )
-    authn = auth.Authenticator(settings)
+    authn = clients.Authenticator(settings)
     await authn.refresh()
     assert authn.enabled
     assert authn.name_of(GOOD) == "alice"
@@ -177,7 +178,7 @@ async def test_revoking_the_last_stored_key_locks_the_proxy_rather_than_opening_
     settings = config.from_dict({"ledger": {"path": db}})
     keys.create(db, "only")
     keys.revoke(db, "only")
-    authn = auth.Authenticator(settings)
+    authn = clients.Authenticator(settings)
     await authn.refresh()
     assert authn.enabled and authn.name_of("anything-at-all-here") is None
 

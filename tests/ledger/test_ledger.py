@@ -23,11 +23,11 @@ import httpx
 import pytest
 
 from proxy.errors import ConfigError
-from proxy.http.metrics import Metrics
 from proxy.ledger.db.migrate import migrate, migration_files, open_database
 from proxy.ledger.writing.tokens import CountJob, TokenCounter, _import_litellm
 from proxy.ledger.writing.usage import check_money, check_usage
 from proxy.ledger.writing.writer import COLUMNS, Ledger, LedgerRow
+from proxy.serving.metrics import Metrics
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.faults_support import ledger_rows
@@ -776,7 +776,7 @@ async def test_healthz_counts_write_failures_and_the_request_still_succeeds(
 async def test_under_32_concurrent_clients_every_request_is_a_row(
     tmp_path: Path, fake_api: FakeAPI
 ) -> None:
-    from tests.http.test_serve import start_server, stop_server
+    from tests.server.test_serve import start_server, stop_server
 
     served = await asyncio.to_thread(start_server, tmp_path, fake_api)
     try:
@@ -795,7 +795,7 @@ async def test_under_32_concurrent_clients_every_request_is_a_row(
 async def test_after_kill_9_every_response_older_than_a_second_is_in_the_ledger(
     tmp_path: Path, fake_api: FakeAPI
 ) -> None:
-    from tests.http.test_serve import start_server
+    from tests.server.test_serve import start_server
 
     served = await asyncio.to_thread(start_server, tmp_path, fake_api)
     engine_pid = served.health()["engine"]["pid"]

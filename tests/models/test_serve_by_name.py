@@ -19,7 +19,7 @@ from proxy import config
 from proxy.cli import main
 from proxy.cli.check import check
 from proxy.errors import ConfigError
-from proxy.http.app import create_app
+from proxy.server.app import create_app
 from quality.combiner import MODEL_TAG, WEIGHTS_PATH
 from tests.conftest import settings_for
 from tests.models.conftest import GEMMA, SMOL, SMOL_FILE

@@ -521,7 +521,7 @@ def test_backend_settings_are_checked() -> None:
 async def test_a_second_frugal_serve_is_a_local_backend(
     tmp_path: Path, fake_api: FakeAPI, make_client: Callable[..., Any], engine: LocalEngine
 ) -> None:
-    from tests.http.test_serve import start_server, stop_server
+    from tests.server.test_serve import start_server, stop_server
 
     peer_dir = tmp_path / "peer"
     peer_dir.mkdir()

@@ -2,7 +2,7 @@
 repeat it held to it: the README's table, the ``x-frugal-reason`` enum of ``/openapi.json``,
 and the bare ``reason`` strings of the engine's failures (below the routing room, they cannot
 import the enum; the router turns them into it). The ``/metrics`` labels are checked on a
-real server in ``tests/http/test_metrics.py``."""
+real server in ``tests/server/test_metrics.py``."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import proxy
 from proxy.errors import EngineError
-from proxy.http.openapi import openapi_spec
 from proxy.routing.reasons import Reason
+from proxy.server.openapi import openapi_spec
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 VALUES = {reason.value for reason in Reason}

@@ -24,15 +24,9 @@ from proxy import config
 from proxy.config import FallbackSettings
 from proxy.engine.local_engine import LocalEngine
 from proxy.errors import BadRequest
-from proxy.http.validate import chat_request, completions_request, embeddings_request
-from proxy.params import (
-    CHAT_PARAMETERS,
-    COMPLETIONS_PARAMETERS,
-    EMBEDDINGS_PARAMETERS,
-    ROUTING_PARAMETERS,
-    check_parameters,
-    is_routing_parameter,
-)
+from proxy.protocol.forwarding import ROUTING_PARAMETERS, check_parameters, is_routing_parameter
+from proxy.protocol.params import CHAT_PARAMETERS, COMPLETIONS_PARAMETERS, EMBEDDINGS_PARAMETERS
+from proxy.protocol.validate import chat_request, completions_request, embeddings_request
 from proxy.upstream.client import Upstream
 from proxy.upstream.litellm_route import (
     LITELLM_OWN_KWARGS,

@@ -12,7 +12,7 @@ PostgreSQL, so the budget holds across all of them:
 - A reservation lives as long as its call, however long that runs (a reasoning model's stream
   can outlast any fixed expiry): its expiry is a short lease that :meth:`Budgets.renew` moves
   on, for every reservation this process still holds, with one ``UPDATE`` per tick (the caller's
-  clock: :class:`proxy.http.quotas.Quotas` renews every third of the lease). A reservation is
+  clock: :class:`proxy.serving.quotas.Quotas` renews every third of the lease). A reservation is
   held from :meth:`Budgets.reserve` until :meth:`Budgets.settle`, or until nothing refers to it
   any more (an exchange dropped unsettled by a bug), so no call is forgotten and none is kept.
 - :meth:`Budgets.settle` deletes that row and moves its amount from reserved to the real cost
@@ -22,7 +22,7 @@ PostgreSQL, so the budget holds across all of them:
   whole lease (the database was unreachable), so a key is never blocked by money it did not
   spend.
 - An audit's shadow and judge calls are reserved and settled the same way
-  (:class:`proxy.http.quotas.AuditPurse`): they count against the same budget.
+  (:class:`proxy.serving.quotas.AuditPurse`): they count against the same budget.
 
 Each method is blocking (run it in a thread) and raises
 :class:`~proxy.ledger.db.connections.Unavailable` when the database is not there; the request path

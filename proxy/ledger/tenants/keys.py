@@ -23,7 +23,7 @@ A stored key may carry limits (``migrations/0008_budgets_cache.sql``): a monthly
 spend (:mod:`proxy.ledger.tenants.budgets`), requests per minute (:mod:`proxy.ledger.tenants.rpm`)
 and the models it may ask for; the server reads them with the keys, so a change holds within a
 refresh. It may also carry its share of the server's concurrency
-(``migrations/0009_key_concurrency.sql``, ``--max-concurrency``; :mod:`proxy.http.shares`).
+(``migrations/0009_key_concurrency.sql``, ``--max-concurrency``; :mod:`proxy.server.shares`).
 
 A key has a scope (``migrations/0010_key_scope.sql``). A client key, the default, reads only
 its own figures: ``/v1/frugal/report`` and the dashboard count its own requests, and
@@ -199,7 +199,7 @@ def env_keys(env_name: str) -> list[ClientKey]:
 #
 # On PostgreSQL every replica reads this one table, so a key created or revoked on any of them
 # (or by `frugal keys --db postgresql://...`) holds everywhere at the next refresh of
-# proxy/http/auth.py.
+# proxy/server/auth.py.
 
 
 def _open(target: str | Database) -> Database:

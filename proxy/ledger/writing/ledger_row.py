@@ -21,7 +21,7 @@ class LedgerRow:
 
     Fields are the columns, in the table's order (``id`` is the database's). A field that is
     ``NOT NULL`` in the schema has a type without ``None``; a schema default is the field's
-    default. The request fills the facts (:mod:`proxy.http.record`); the writer fills the
+    default. The request fills the facts (:mod:`proxy.serving.record`); the writer fills the
     rest (the counterfactual tokens, ``token_source`` unless the request set it, the latency
     tax, the costs and ``usage_invalid``: see :func:`proxy.ledger.writing.rows.row_values`).
     A new column is a field here and a migration in each of ``migrations/`` and

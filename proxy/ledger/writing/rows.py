@@ -52,7 +52,7 @@ def row_values(
             row["counterfactual_prompt_tokens"] = row["prompt_tokens"]
             row["counterfactual_completion_tokens"] = row.get("completion_tokens") or 0
             # The provider's usage, or the proxy's estimate of it (``usage_estimated``,
-            # ``worst_case``: see proxy/http/charges.py), as the request said.
+            # ``worst_case``: see proxy/serving/charges.py), as the request said.
             row["token_source"] = row.get("token_source") or "usage"
     else:
         row["latency_tax_ms"] = 0.0

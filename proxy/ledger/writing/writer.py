@@ -41,7 +41,7 @@ counter below is in ``/healthz`` (the ``ledger`` block) and ``/metrics``:
   drops the row and counts it in ``rows_dropped``, logging once when a burst of drops starts and
   once when it ends. ``record`` never blocks and never raises.
 
-Shutdown (see ``proxy/http/lifespan.py`` and ``deploy/frugal-proxy.service``): after uvicorn
+Shutdown (see ``proxy/server/lifespan.py`` and ``deploy/frugal-proxy.service``): after uvicorn
 has drained the requests in flight (``[server] drain_s``), :meth:`Ledger.flush` writes every
 row of a finished request before the engine is stopped, then :meth:`Ledger.close` writes the
 rows that came during the engine's stop. Together they take at most ``[ledger]

@@ -1,0 +1,46 @@
+"""The engine's completion as OpenAI sends it, in JSON (and, replayed, in SSE).
+
+    public_answer(completion, body, text=False)   private fields removed (``frugal``), usage in
+                                                  OpenAI's keys, logprobs only as the request
+                                                  asked for them (chat, or legacy text)
+
+Imports :mod:`proxy.server.sse` (the public usage, shared with the replayed streams) only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.server.sse import public_usage
+
+
+def public_answer(
+    completion: dict[str, Any], body: dict[str, Any], *, text: bool = False
+) -> dict[str, Any]:
+    """The engine's completion as OpenAI sends it: private fields removed, usage in OpenAI's
+    keys, logprobs only as ``body`` asked for them, and ``model`` the one ``body`` asked for
+    (the local model's own name is the ``x-frugal-local-model`` header and the ledger's).
+
+    ``text``: a legacy text completion, where ``logprobs`` is a count (0: the chosen tokens'
+    logprobs without the top ones); else a chat completion, where ``logprobs`` is a flag and
+    ``top_logprobs`` the count (0 or absent: every entry's ``top_logprobs`` empty).
+    """
+    out = {k: v for k, v in completion.items() if k != "frugal"}
+    if isinstance(body.get("model"), str):  # the asked model, as llama-server's aliases answer
+        out["model"] = body["model"]
+    out["usage"] = public_usage(completion.get("usage") or {})
+    out["choices"] = [_public_choice(choice, body, text) for choice in completion["choices"]]
+    return out
+
+
+def _public_choice(choice: dict[str, Any], body: dict[str, Any], text: bool) -> dict[str, Any]:
+    logprobs = choice.get("logprobs")
+    wanted = body.get("logprobs")
+    if (wanted is None if text else not wanted) or not isinstance(logprobs, dict):
+        return {**choice, "logprobs": None}
+    if text and not wanted:
+        return {**choice, "logprobs": {**logprobs, "top_logprobs": None}}
+    if not text and not body.get("top_logprobs") and logprobs.get("content"):
+        content = [{**entry, "top_logprobs": []} for entry in logprobs["content"]]
+        return {**choice, "logprobs": {**logprobs, "content": content}}
+    return choice

@@ -1,0 +1,135 @@
+"""``POST /v1/completions`` (legacy text completions) and ``POST /v1/embeddings``.
+
+Legacy completions take the same cascade as chat, in the same life cycle
+(:class:`proxy.server.handler.Handler`): a pre-route check (:mod:`proxy.protocol.params`), a local
+attempt (the raw prompt, no chat template) scored by the quality gate, and the API when the answer
+is not good enough. A streamed request gets the local answer replayed as OpenAI's
+``text_completion`` chunks after it was scored; on the API route the proxy asks for JSON and
+replays that, so a fallback can still happen before the first byte.
+
+Embeddings are not made locally: they pass through to the API.
+
+Both take the key's checks chat takes (:mod:`proxy.serving.quotas`): its rpm and its concurrency
+share from the headers (:mod:`proxy.server.shares`), its models once the model is known, and its
+monthly budget before any API call (the worst case reserved, settled to the real cost when the
+row is written; the worst case of the exact body posted, every prompt of a list answered
+``n`` or ``best_of`` times). A spent budget is a 429 ``insufficient_quota``, or, for
+a completion sent to the API only for speed, the local answer when the gate accepts it (reason
+``budget_exhausted``); a budget database that cannot be reached refuses the API (503).
+
+The ledger row's ``endpoint`` is ``completions`` or ``embeddings``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from proxy.engine import legacy
+from proxy.errors import BadRequest, LocalUnavailable
+from proxy.protocol.params import LOCAL_ALIAS
+from proxy.protocol.validate import completions_request, embeddings_request
+from proxy.routing.reasons import Reason
+from proxy.routing.router import ROUTE_HEADER
+from proxy.server import sse
+from proxy.server.answers import public_answer
+from proxy.server.handler import Handler, aiter_of
+from proxy.serving.exchange import Exchange
+from proxy.upstream.client import COMPLETIONS_PATH, EMBEDDINGS_PATH
+
+
+def _without_stream(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+
+
+class CompletionsHandler(Handler):
+    endpoint = "completions"
+    prompt_param = "prompt"
+    prompt_noun = "the prompt"
+
+    def api_call(
+        self, body: dict[str, Any], ex: Exchange, sent: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """What ``post_json`` posts: the body without ``stream`` (the API is asked for JSON)."""
+        return COMPLETIONS_PATH, self.services.upstream.sent(
+            COMPLETIONS_PATH, _without_stream(body)
+        )
+
+    async def handle(self, request: Request, ex: Exchange) -> Response:
+        body = await self.services.bodies.read(request, completions_request)
+        plan, threshold = self.begin(request, body, ex)
+        await self.admit(request, body, ex)  # the key's models (its rpm: before the body)
+        if plan.route == "local":
+            kept = await self.try_local(body, plan, threshold, ex, kind="complete")
+            if kept is not None:
+                return self._local(kept, ex, body)
+        # The key's budget, before the API call; spent, a local answer the gate accepts is free.
+        kept = await self.reserve_or_local(body, plan, threshold, ex, kind="complete")
+        if kept is not None:
+            return self._local(kept, ex, body)
+        upstream = self.services.upstream
+        call = upstream.post_json(COMPLETIONS_PATH, _without_stream(body), request_id=ex.request_id)
+        reply = (await self.from_api(call, ex)).body
+        if ex.stream:
+            return self._replay(reply, ex, body)
+        return JSONResponse(reply, headers=ex.headers())
+
+    def _local(self, kept: dict[str, Any], ex: Exchange, body: dict[str, Any]) -> Response:
+        """A kept local completion sent, as JSON or replayed as a stream."""
+        # The ledger counts the answer with the requested model's tokenizer: give it the
+        # prompt and the text in chat form.
+        ex.body, ex.local_completion = legacy.chat_view(body, kept)
+        if ex.stream:  # one chunk per token, as OpenAI streams: keep them for that
+            return self._replay(
+                public_answer(kept, {"logprobs": 5, "model": body["model"]}, text=True), ex, body
+            )
+        return JSONResponse(public_answer(kept, body, text=True), headers=ex.headers())
+
+    def _replay(self, answer: dict[str, Any], ex: Exchange, body: dict[str, Any]) -> Response:
+        chunks = sse.replay_text_completion(
+            answer,
+            include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+            with_logprobs=body.get("logprobs") is not None,
+        )
+        return self.stream(aiter_of(chunks), ex)
+
+
+class EmbeddingsHandler(Handler):
+    """Embeddings pass through to the API (reason ``unsupported``: no local embeddings)."""
+
+    endpoint = "embeddings"
+
+    def api_call(
+        self, body: dict[str, Any], ex: Exchange, sent: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        return EMBEDDINGS_PATH, self.services.upstream.sent(EMBEDDINGS_PATH, body)
+
+    async def handle(self, request: Request, ex: Exchange) -> Response:
+        body = await self.services.bodies.read(request, embeddings_request)
+        ex.model = body["model"]
+        forced = (request.headers.get(ROUTE_HEADER) or "").strip().lower()
+        if forced not in ("", "local", "api"):
+            raise BadRequest(
+                f"header '{ROUTE_HEADER}' must be 'local' or 'api', got {forced!r}",
+                param=ROUTE_HEADER,
+            )
+        if body["model"] == LOCAL_ALIAS or forced == "local":
+            raise BadRequest(
+                "the local model does not make embeddings; ask for an API embedding model",
+                param="model",
+                code="unsupported_locally",
+            )
+        ex.reason = Reason.FORCED if forced == "api" else Reason.UNSUPPORTED
+        if not self.router.fallback_enabled:
+            raise LocalUnavailable(
+                "embeddings come from the API, and no API fallback is configured"
+            )
+        await self.admit(request, body, ex)  # the key's models (its rpm: before the body)
+        await self.reserve(body, ex)  # embeddings answer no tokens: the input is the worst case
+        upstream = self.services.upstream
+        call = upstream.post_json(EMBEDDINGS_PATH, body, request_id=ex.request_id)
+        reply = (await self.from_api(call, ex)).body
+        ex.completion_tokens = 0
+        return JSONResponse(reply, headers=ex.headers())

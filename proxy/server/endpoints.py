@@ -1,0 +1,139 @@
+"""The endpoints that answer requests, each declared once.
+
+An :class:`Endpoint` names its path, the handler the lifespan makes for it from the services,
+and what ``/openapi.json`` says of it. From :data:`ENDPOINTS`, ``app.py`` makes one
+:class:`Mounted` per endpoint and serves its :meth:`Mounted.serve` at the path and again
+without ``/v1`` (and lets a client that leaves cancel the cascade ones); the lifespan is handed
+the same :class:`Mounted` objects and fills each with its handler once the services exist
+(:meth:`Mounted.fill`); ``openapi.py`` writes each path and its request schema. So a route's
+handler is found by reading: the route is ``Mounted.serve``, its handler ``Endpoint.make``. Adding
+an endpoint is its parameter table (:mod:`proxy.protocol.params`), its handler module and one entry
+here (``docs/architecture.md``, "An endpoint").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.protocol.request_schema import (
+    CHAT_REQUEST,
+    COMPLETIONS_REQUEST,
+    EMBEDDINGS_REQUEST,
+    RESPONSES_REQUEST,
+)
+from proxy.protocol.shapes import Schema
+from proxy.server.chat import ChatHandler
+from proxy.server.completions import CompletionsHandler, EmbeddingsHandler
+from proxy.server.responses import ResponsesHandler
+from proxy.server.responses_compact import COMPACT_REQUEST, CompactHandler
+from proxy.server.responses_tokens import INPUT_TOKENS_REQUEST, InputTokensHandler
+from proxy.serving.services import Services
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Endpoint:
+    name: str  # what the endpoint is called (its handler's name in logs and tests)
+    path: str  # with ``/v1``; also served without it, as OpenAI's clients use both
+    make: Callable[[Services], Handler]  # the handler, made once when the app starts
+    summary: str  # the OpenAPI path's summary
+    request: tuple[str, Schema]  # the request schema: its component name, and the schema
+    response: str  # the component name of the answer's schema (in ``openapi.py``)
+    cascade: bool = True  # local first: the routing headers, and a client that leaves cancels
+    stream: bool = True  # ``stream: true`` answers with Server-Sent Events
+    events: str = "With `stream: true`: `data: <chunk>` events, then `data: [DONE]`."
+    also: tuple[int, ...] = ()  # statuses beyond the ones every POST may answer
+
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint(
+        name="chat",
+        path="/v1/chat/completions",
+        make=ChatHandler,
+        summary="Chat completion, local first",
+        request=("ChatCompletionRequest", CHAT_REQUEST),
+        response="ChatCompletion",
+    ),
+    Endpoint(
+        name="completions",
+        path="/v1/completions",
+        make=CompletionsHandler,
+        summary="Legacy text completion, local first",
+        request=("CompletionRequest", COMPLETIONS_REQUEST),
+        response="TextCompletion",
+    ),
+    Endpoint(
+        name="embeddings",
+        path="/v1/embeddings",
+        make=EmbeddingsHandler,
+        summary="Embeddings, passed through to the API",
+        request=("EmbeddingsRequest", EMBEDDINGS_REQUEST),
+        response="Embeddings",
+        cascade=False,
+        stream=False,
+    ),
+    Endpoint(
+        name="responses",
+        path="/v1/responses",
+        make=ResponsesHandler,
+        summary="A Responses answer, local first (translated to chat; stored unless "
+        "`store: false`)",
+        request=("ResponsesRequest", RESPONSES_REQUEST),
+        response="Response",
+        events="With `stream: true`: the typed events (`event: response.created` ... "
+        "`response.completed`, `response.incomplete` or `response.failed`), each with its "
+        "`sequence_number`; no `[DONE]`.",
+        also=(404,),  # previous_response_id: not stored, or another key's
+    ),
+    Endpoint(
+        name="responses_input_tokens",
+        path="/v1/responses/input_tokens",
+        make=InputTokensHandler,
+        summary="The input tokens of a Responses request, counted with the model's tokenizer "
+        "(no ledger row)",
+        request=("ResponsesInputTokensRequest", INPUT_TOKENS_REQUEST),
+        response="ResponseInputTokens",
+        cascade=False,
+        stream=False,
+        also=(404,),  # previous_response_id: not stored, or another key's
+    ),
+    Endpoint(
+        name="responses_compact",
+        path="/v1/responses/compact",
+        make=CompactHandler,
+        summary="A conversation compacted by the upstream's own Responses API (always the "
+        "API; a 400 when the fallback translates to chat)",
+        request=("ResponsesCompactRequest", COMPACT_REQUEST),
+        response="CompactedResponse",
+        cascade=False,
+        stream=False,
+        also=(404,),  # previous_response_id: not stored, or another key's
+    ),
+)
+
+
+def both_paths(path: str) -> tuple[str, str]:
+    """``/v1/x`` and ``/x``."""
+    return path, path.removeprefix("/v1")
+
+
+class Mounted:
+    """One endpoint's place in the app: the route serves :meth:`serve`, which hands each request
+    to the handler the lifespan made from the services (:meth:`fill`)."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.handler: Handler | None = None  # None until the lifespan has built the services
+
+    def fill(self, services: Services) -> None:
+        self.handler = self.endpoint.make(services)
+
+    async def serve(self, request: Request) -> Response:
+        if self.handler is None:  # uvicorn and the tests' clients serve nothing before it
+            raise RuntimeError("the app's lifespan has not started: no handler")
+        return await self.handler(request)

@@ -1,0 +1,257 @@
+"""The app's lifespan: the parts it starts, in order, and how it stops them.
+
+:func:`lifespan` opens the ledger, the key store, the quotas, the stored Responses and the
+upstream client, then starts the engine and the router, the shadow audits and (with ``[quality]
+auto_calibrate``) the calibrator. It keeps the typed :class:`~proxy.serving.services.Services` on
+``app.state.services`` and makes one handler per endpoint from them, each into the
+:class:`~proxy.server.endpoints.Mounted` its route serves, and serves once the ledger's token
+counter is in. On shutdown (after uvicorn has drained in-flight requests) it stops the calibrator,
+the audits, the quotas and the stored Responses, then :func:`proxy.server.shutdown.shutdown`
+flushes the ledger first, so that the rows of finished requests are safe whatever happens next,
+stops the rest with a bound on each step, and closes the ledger last (see
+:func:`proxy.server.shutdown.shutdown_budget_s`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import structlog
+from starlette.applications import Starlette
+
+from proxy.audit.refit import AutoCalibrator
+from proxy.audit.runner import AuditRunner
+from proxy.config import Settings
+from proxy.config.secrets import Secrets
+from proxy.engine.local_engine import LocalEngine
+from proxy.ledger.db.location import from_settings
+from proxy.ledger.pricing import PriceBook, load_price_map
+from proxy.ledger.writing.writer import Ledger
+from proxy.routing.router import Router
+from proxy.server.endpoints import Mounted
+from proxy.server.shutdown import AUDIT_STOP_S, AUX_STOP_S, bounded, shutdown
+from proxy.serving.clients import Authenticator
+from proxy.serving.in_flight import InFlight
+from proxy.serving.metrics import Metrics
+from proxy.serving.quotas import AuditPurse, Quotas
+from proxy.serving.responses_state import ResponsesState
+from proxy.serving.services import Services
+from proxy.upstream.client import Upstream
+
+log = structlog.get_logger("frugal.app")
+
+
+@dataclass(slots=True)
+class _Parts:
+    """The services the lifespan has started so far: what :func:`_stop` stops when the app
+    ends, or when a later part fails to start. The router, the audits and the calibrator are
+    kept here before their own start, so that one whose start fails is stopped too."""
+
+    prices: PriceBook
+    ledger: Ledger
+    auth: Authenticator
+    quotas: Quotas
+    stored: ResponsesState
+    upstream: Upstream
+    engine: LocalEngine
+    owns_engine: bool  # False: the caller's engine, which the app neither starts nor stops
+    router: Router | None = None
+    audit: AuditRunner | None = None
+    calibrator: AutoCalibrator | None = None
+
+
+def lifespan(
+    settings: Settings,
+    in_flight: InFlight,
+    engine: LocalEngine | None,
+    mounted: tuple[Mounted, ...],
+) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    """The app's lifespan: starts the parts in order, serves, then stops them (:func:`_stop`).
+    ``engine``: the caller's started engine, which the app neither starts nor stops;
+    ``mounted``: the endpoints the app routes, each given its handler here."""
+
+    @contextlib.asynccontextmanager
+    async def run(app: Starlette) -> AsyncIterator[None]:
+        started_at = time.time()
+        parts = await _open_parts(settings, engine)
+        try:
+            await _start_routing(settings, parts)
+            await _start_audit(settings, parts)
+            _start_calibrator(settings, parts)
+            services = _services(settings, parts, started_at, in_flight)
+            _mount_handlers(app, services, mounted)
+            await _ready(settings, parts)
+            yield
+        finally:
+            await _stop(settings, parts, app)
+
+    return run
+
+
+async def _open_parts(settings: Settings, engine: LocalEngine | None) -> _Parts:
+    """The prices, then the ledger, the key store, the quotas, the stored Responses and the
+    upstream client, each started; and the engine, made but not started (``engine``: the
+    caller's). A failure here stops nothing: it ends the start-up."""
+    prices = PriceBook.from_settings(load_price_map(), settings.pricing)
+    ledger = Ledger(
+        from_settings(settings.ledger),
+        prices=prices,
+        flush_interval_s=settings.ledger.flush_interval_s,
+        batch_size=settings.ledger.batch_size,
+        busy_timeout_s=settings.ledger.busy_timeout_s,
+        max_queue=settings.ledger.max_queue,
+        shutdown_timeout_s=settings.ledger.shutdown_timeout_s,
+    )
+    await ledger.start()
+    auth = Authenticator(settings)
+    await auth.start()
+    quotas = Quotas(settings, from_settings(settings.ledger), prices)
+    await quotas.start()
+    stored = ResponsesState(settings, from_settings(settings.ledger))
+    await stored.start()
+    upstream = Upstream(settings.fallback, secrets=Secrets.known(settings))
+    await upstream.start()
+    local = engine or LocalEngine(
+        settings.local,
+        relevance=settings.quality.relevance,
+        private_env=(settings.fallback.api_key_env, settings.server.api_keys_env),
+        weights_path=settings.quality.weights_path,
+        weights_optional=settings.quality.auto_calibrate,
+    )
+    return _Parts(
+        prices=prices,
+        ledger=ledger,
+        auth=auth,
+        quotas=quotas,
+        stored=stored,
+        upstream=upstream,
+        engine=local,
+        owns_engine=engine is None,
+    )
+
+
+async def _start_routing(settings: Settings, parts: _Parts) -> None:
+    """The engine (unless it is the caller's), then the router over it and the upstream."""
+    if parts.owns_engine:
+        await parts.engine.start()
+    parts.router = Router(settings, parts.engine, parts.upstream.enabled)
+    await parts.router.start()
+
+
+async def _start_audit(settings: Settings, parts: _Parts) -> None:
+    """The shadow audits (docs/audit.md), which a key pays for through the quotas."""
+    assert parts.router is not None  # started by _start_routing
+    parts.audit = AuditRunner(
+        settings,
+        upstream=parts.upstream,
+        ledger=parts.ledger,
+        prices=parts.prices,
+        router=parts.router,
+        database=parts.ledger.database,
+        local_model=str(parts.engine.health().get("model") or settings.local.model_path),
+        purse=AuditPurse(parts.quotas, parts.auth.stored_key, parts.upstream),
+    )
+    await parts.audit.start()
+
+
+def _start_calibrator(settings: Settings, parts: _Parts) -> None:
+    """With ``[quality] auto_calibrate``: the background refit of ``weights_path`` from the
+    audits; the worker picks the new file up on its next answer (proxy/engine/weights.py)."""
+    if not settings.quality.auto_calibrate:
+        return
+    parts.calibrator = AutoCalibrator(
+        parts.ledger.database,
+        parts.engine.model_path,
+        settings.quality.weights_path,
+        target=settings.quality.target_precision or None,
+        configured_threshold=settings.quality.threshold,
+    )
+    parts.calibrator.start()
+
+
+def _services(
+    settings: Settings, parts: _Parts, started_at: float, in_flight: InFlight
+) -> Services:
+    """The typed, frozen bundle of the started parts, and the metrics over them."""
+    assert parts.router is not None  # started by _start_routing
+    return Services(
+        settings=settings,
+        started_at=started_at,
+        prices=parts.prices,
+        ledger=parts.ledger,
+        auth=parts.auth,
+        upstream=parts.upstream,
+        engine=parts.engine,
+        router=parts.router,
+        metrics=Metrics(
+            in_flight=in_flight, engine=parts.engine, router=parts.router, ledger=parts.ledger
+        ),
+        in_flight=in_flight,
+        audit=parts.audit,
+        quotas=parts.quotas,
+        responses=parts.stored,
+    )
+
+
+def _mount_handlers(app: Starlette, services: Services, mounted: tuple[Mounted, ...]) -> None:
+    """``app.state.services`` (for the middleware and the plain routes), and each endpoint's
+    handler made from them, into the :class:`Mounted` its route serves."""
+    app.state.services = services
+    for place in mounted:
+        place.fill(services)
+
+
+async def _ready(settings: Settings, parts: _Parts) -> None:
+    """Waits for the ledger's token counter, then says that the app serves, and how."""
+    # litellm (the ledger's token counter) imported alongside the engine's start; serve once it
+    # is in, so that the import never competes with requests for the GIL.
+    await parts.ledger.counter_ready()
+    if not parts.upstream.enabled:
+        log.warning("local_only", detail=_no_fallback_detail(settings))
+    log.info(
+        "serving",
+        auth=parts.auth.enabled,
+        fallback=parts.upstream.enabled,
+        threshold=settings.quality.threshold,
+        stream_mode=settings.router.stream_mode,
+    )
+
+
+async def _stop(settings: Settings, parts: _Parts, app: Starlette) -> None:
+    """Stops what started, after uvicorn's drain: the calibrator, the audits, the quotas, the
+    stored Responses, the body checker, then :func:`proxy.server.shutdown.shutdown` (the ledger
+    flushed first and closed last), each step bounded."""
+    if parts.calibrator is not None:
+        await bounded(parts.calibrator.close(), AUX_STOP_S, "calibrator")
+    if parts.audit is not None:
+        # The audits before the quotas: an audit that ends pays its cost from the key's budget
+        # through them (the ledger's flush comes after both, in shutdown).
+        await bounded(parts.audit.close(AUDIT_STOP_S), AUDIT_STOP_S + 0.5, "audit")
+    await bounded(parts.quotas.stop(), AUX_STOP_S, "quotas")
+    await bounded(parts.stored.stop(), AUX_STOP_S, "responses")
+    built = getattr(app.state, "services", None)
+    if built is not None:
+        built.bodies.close()
+    await shutdown(
+        settings,
+        ledger=parts.ledger,
+        auth=parts.auth,
+        upstream=parts.upstream,
+        engine=parts.engine if parts.owns_engine else None,
+        router=parts.router,
+    )
+
+
+def _no_fallback_detail(settings: Settings) -> str:
+    """Why there is no API fallback, and what to set."""
+    fallback = settings.fallback
+    if not (fallback.api_base or fallback.models):
+        return "no API fallback: [fallback] api_base is empty"
+    return (
+        f"no API fallback: the environment variable {fallback.api_key_env} (named by "
+        '[fallback] api_key_env) is not set; set it, or set [fallback] api_key_env = "" '
+        "for an upstream that needs no key"
+    )

@@ -1,0 +1,29 @@
+"""Serving: what the proxy does with a request once it is read, kept apart from HTTP: what one
+request did (the exchange) and the ledger row made from it, what an API call costs, the
+quotas of a client key, the shadow audits, the services a running app shares, and the frozen
+bundle of them the server hands to its handlers. No Starlette here: a service is handed what it
+reads (a body to read, a caller's rights), never a route or an app to look itself up in.
+
+    exchange     what one request did, for the headers, the log and the ledger row
+    record       the row, the metrics and the log line made from an exchange, once
+    charges      what an API call costs when its answer never reached the client
+    quotas       what a client key may do on the request path: models, rpm, budget, cache
+    shadow       a local attempt offered to the shadow audits; a drawn audit started
+    clients      the client keys a running server accepts (``Authenticator``), and what a
+                 caller may read (``sees_everything``, ``own_key``)
+    in_flight    the count of requests being handled now
+    metrics      the app's Prometheus counters, and what is read when they are scraped
+    responses_state  stored Responses: ``store``, ``previous_response_id``, ``item_reference``,
+                 who may read which
+    body_check   a large body parsed and checked in a worker thread, off the event loop,
+                 within a time bound
+    background   a service's background task (the key store's refresh, the quotas' sweep)
+                 cancelled and awaited when the service stops
+    services     the frozen bundle of the services above and below, built by the lifespan
+
+May import ``proxy.routing``, ``proxy.upstream``, ``proxy.audit``, ``proxy.engine``,
+``proxy.ledger``, ``proxy.protocol``, ``quality``, and the shared ``proxy.config`` and
+``proxy.errors``. It is imported by ``proxy.server`` alone, and never imports ``proxy.server``,
+``proxy.models`` or ``proxy.cli`` (import-linter's layers), nor starlette or uvicorn (its
+forbidden contract).
+"""

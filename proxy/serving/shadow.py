@@ -1,0 +1,91 @@
+"""The exchange's part in shadow audits (``docs/audit.md``): a local attempt offered to the
+audits, and a drawn audit started when the exchange ends.
+
+    offer(...)            a chat answer the cascade could have sent to the API, accepted or
+                          rejected alike, offered to the sampler; a drawn one is kept on the
+                          exchange (``ex.audit``)
+    start(ex, services)   the drawn audit started in the background, never awaited: a shadow
+                          call for an accepted answer sent locally, the API's own answer as the
+                          reference for a rejected one; the ticket given back when there is
+                          nothing to grade
+
+:class:`proxy.server.handler.Handler` offers, :func:`proxy.serving.record.finish` starts. The audits
+themselves run in :mod:`proxy.audit.runner`, off the request path.
+
+Imports :mod:`proxy.audit.runner` and the types of the exchange.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.audit.runner import Case
+from proxy.routing.router import LocalAttempt, Plan
+from proxy.serving.exchange import Exchange
+from proxy.serving.services import Services
+
+# The endpoints whose local answers are audited: chat, and /v1/responses (its chat request).
+AUDITED = frozenset({"chat.completions", "responses"})
+
+
+def offer(
+    services: Services,
+    body: dict[str, Any],
+    attempt: LocalAttempt,
+    plan: Plan,
+    threshold: float,
+    ex: Exchange,
+    *,
+    accepted: bool,
+) -> None:
+    """Offer this local attempt to the shadow audits; a drawn one runs when the exchange ends
+    (:func:`start`), in the background."""
+    runner = services.audit
+    completion = attempt.completion
+    if (
+        runner is None
+        or ex.endpoint not in AUDITED
+        or completion is None
+        or attempt.quality is None
+        or plan.local_only
+        or not services.router.fallback_enabled
+    ):
+        return
+    ticket = runner.offer(accepted=accepted)
+    if ticket is None:
+        return
+    case = Case(
+        request_id=ex.request_id,
+        body=body,
+        completion=completion,
+        accepted=accepted,
+        score=attempt.quality,
+        threshold=threshold,
+        key_name=ex.key_name,
+    )
+    ex.audit = (ticket, case)
+    if not accepted:
+        ex.audit_text = []
+
+
+def start(ex: Exchange, services: Services) -> None:
+    """The exchange's drawn audit, started in the background (never awaited here)."""
+    runner = services.audit
+    assert ex.audit is not None and runner is not None
+    (ticket, case), ex.audit = ex.audit, None
+    if case.accepted:
+        if ex.route == "local":
+            runner.shadow(ticket, case)
+        else:
+            runner.give_back(ticket)
+        return
+    if ex.status == 499:  # the client left: no answer of the API's to grade against
+        runner.give_back(ticket)
+        return
+    reference = ex.audit_reference
+    if reference is None and ex.audit_text and ex.status < 400 and ex.error is None:
+        text = "".join(ex.audit_text)
+        reference = {"choices": [{"message": {"role": "assistant", "content": text}}]}
+    if ex.route != "api" or ex.status >= 400:
+        reference = None
+    runner.reference(ticket, case, reference)

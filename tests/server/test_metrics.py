@@ -1,0 +1,192 @@
+"""``GET /metrics``: Prometheus text from a real ``frugal serve``, and per-app registries."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.routing.reasons import Reason
+from proxy.serving.metrics import Metrics
+from tests.conftest import settings_for
+from tests.fake_api import FakeAPI
+from tests.server.test_serve import ACCEPT_ANY, REJECT_ALL, Served, start_server, stop_server
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse(text: str) -> Samples:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+CHAT = {"endpoint": "chat.completions"}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with FakeAPI(reply="The capital of France is Paris.") as api:
+        server = start_server(tmp_path_factory.mktemp("metrics"), api)
+        yield server
+        assert stop_server(server) == 0
+
+
+@pytest.mark.serve
+def test_metrics_count_requests_tokens_latency_money_engine_and_ledger(served: Served) -> None:
+    local = served.chat(headers=ACCEPT_ANY).parse()
+    fallback = served.chat(headers=REJECT_ALL).parse()
+    with pytest.raises(openai.BadRequestError):
+        served.client().chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}], temperature=5
+        )
+    deadline = time.monotonic() + 10
+    while True:  # the ledger writes off the request path
+        response = httpx.get(served.base + "/metrics", timeout=5)
+        samples = parse(response.text)
+        if value(samples, "frugal_ledger_rows_written_total") >= 3:
+            break
+        assert time.monotonic() < deadline, "the ledger rows never showed up"
+        time.sleep(0.1)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=")
+
+    def requests(route: str, reason: str, status: str) -> float:
+        labels = {**CHAT, "route": route, "reason": reason, "status": status}
+        return value(samples, "frugal_requests_total", **labels)
+
+    assert requests("local", "accepted", "200") == 1
+    assert requests("api", "low_quality", "200") == 1
+    assert requests("none", "bad_request", "400") == 1
+    labelled = {
+        dict(labels)["reason"] for name, labels in samples if name == "frugal_requests_total"
+    }
+    assert labelled == {"accepted", "low_quality", "bad_request"}
+    assert labelled <= {reason.value for reason in Reason}  # the label's values are the enum's
+
+    for route in ("local", "api"):
+        labels = {**CHAT, "route": route}
+        assert value(samples, "frugal_request_duration_seconds_count", **labels) == 1
+        assert value(samples, "frugal_request_duration_seconds_sum", **labels) > 0
+        assert value(samples, "frugal_request_duration_seconds_bucket", **labels, le="+Inf") == 1
+    assert local.usage is not None and fallback.usage is not None
+    assert value(samples, "frugal_tokens_total", route="local", kind="prompt") == (
+        local.usage.prompt_tokens
+    )
+    assert value(samples, "frugal_tokens_total", route="local", kind="completion") == (
+        local.usage.completion_tokens
+    )
+    assert value(samples, "frugal_tokens_total", route="api", kind="completion") == (
+        fallback.usage.completion_tokens
+    )
+    # the rejected local attempt's work is counted too
+    assert value(samples, "frugal_local_tokens_total", kind="completion") > (
+        local.usage.completion_tokens
+    )
+    assert value(samples, "frugal_quality_score_count", route="local") == 1
+    assert value(samples, "frugal_quality_score_count", route="api") == 1
+
+    counterfactual = value(samples, "frugal_counterfactual_cost_usd_total")
+    paid = value(samples, "frugal_api_cost_usd_total")
+    saved = value(samples, "frugal_saved_usd_total")
+    assert counterfactual > paid > 0
+    assert saved == pytest.approx(counterfactual - paid)
+
+    assert value(samples, "frugal_engine_up") == 1
+    assert value(samples, "frugal_engine_queue_depth") == 0
+    assert value(samples, "frugal_engine_max_queue") == 16
+    assert value(samples, "frugal_engine_decode_tokens_per_second") > 0
+    assert value(samples, "frugal_engine_prefill_tokens_per_second") > 0
+    assert value(samples, "frugal_engine_completed_total") >= 2
+    assert ("frugal_ledger_write_failures_total", frozenset()) in samples
+    assert value(samples, "frugal_ledger_write_failures_total") == 0
+    assert value(samples, "frugal_in_flight_requests") == 0
+
+
+@pytest.mark.serve
+def test_metrics_are_open_on_a_server_without_keys(served: Served) -> None:
+    assert httpx.get(served.base + "/metrics", timeout=5).status_code == 200
+
+
+# -- in-process ---------------------------------------------------------------------------------
+
+
+async def test_each_app_has_its_own_registry(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    settings = settings_for(tmp_path, fake_api)
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+    async with make_client(settings) as one, make_client(settings) as two:
+        sent = await one.post("/v1/chat/completions", json=body, headers={"x-frugal-route": "api"})
+        assert sent.status_code == 200
+        first = parse((await one.get("/metrics")).text)
+        second = parse((await two.get("/metrics")).text)
+    labels = {**CHAT, "route": "api", "reason": "forced", "status": "200"}
+    assert value(first, "frugal_requests_total", **labels) == 1
+    assert value(second, "frugal_requests_total", **labels) == 0
+
+
+async def test_metrics_open_serves_metrics_without_a_key_even_with_keys(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # scraper: an admin key; app: a client key, which reads /metrics only when they are open.
+    monkeypatch.setenv("FRUGAL_TEST_METRICS_KEYS", f"scraper;admin:{'s' * 24},app:{'a' * 24}")
+    for metrics_open, status, client_status in ((False, 401, 403), (True, 200, 200)):
+        server = {"api_keys_env": "FRUGAL_TEST_METRICS_KEYS", "metrics_open": metrics_open}
+        settings = settings_for(tmp_path, fake_api, server=server)
+        async with make_client(settings) as client:
+            assert (await client.get("/metrics")).status_code == status
+            scraped = await client.get("/metrics", headers={"authorization": "Bearer " + "s" * 24})
+            assert scraped.status_code == 200
+            by_app = await client.get("/metrics", headers={"authorization": "Bearer " + "a" * 24})
+            assert by_app.status_code == client_status
+            assert (await client.get("/v1/models")).status_code == 401
+
+
+def test_ledger_write_failures_and_drops_come_from_the_ledgers_own_counters() -> None:
+    ledger = SimpleNamespace(
+        health=lambda: {"written": 5, "write_failures": 3, "dropped": 2, "pending": 7}
+    )
+    metrics = Metrics(ledger=ledger)  # type: ignore[arg-type]
+    samples = parse(metrics.render().decode())
+    assert value(samples, "frugal_ledger_write_failures_total") == 3
+    assert value(samples, "frugal_ledger_rows_dropped_total") == 2
+    assert value(samples, "frugal_ledger_rows_written_total") == 5
+    assert value(samples, "frugal_ledger_pending_rows") == 7
+
+
+def test_money_is_summed_exactly_in_picodollars() -> None:
+    metrics = Metrics()
+
+    def answered(route: str, reason: Reason, paid: int, counterfactual: int) -> None:
+        metrics.observe(
+            endpoint="chat.completions",
+            route=route,
+            reason=reason,
+            status=200,
+            latency_s=0.1,
+            api_cost_pusd=paid,
+            counterfactual_pusd=counterfactual,
+        )
+
+    for _ in range(10):
+        answered("local", Reason.ACCEPTED, 0, 100_000)  # 1e-7 USD: 0.1 is not exact in binary
+    # mapped to a pricier model: nothing saved, nothing subtracted
+    answered("api", Reason.LOW_QUALITY, 300_000, 200_000)
+    samples = parse(metrics.render().decode())
+    assert metrics.counterfactual_pusd == 1_200_000 and metrics.saved_pusd == 1_000_000
+    assert value(samples, "frugal_saved_usd_total") == 1e-6
+    assert value(samples, "frugal_api_cost_usd_total") == 3e-7
