@@ -4,14 +4,15 @@
     SECTIONS        section name -> its dataclass, in the order of ``config.example.toml``
     ServerSettings, LocalSettings (with its BackendSettings), FallbackSettings, RouterSettings,
     QualitySettings, LedgerSettings, CacheSettings, CostSettings, ModelPrice
-    (``[audit]`` is :class:`proxy.config.audit_settings.AuditSettings`, which checks its own ranges)
+    (``[audit]`` is :class:`proxy.config.audit_settings.AuditSettings` and ``[batch]``
+    :class:`proxy.config.batch_settings.BatchSettings`; each checks its own ranges)
 
 Every field is documented in ``config.example.toml``; a test keeps the two in step. Nothing here
 reads a file or checks a range: :mod:`proxy.config.load` builds these from TOML and
 :mod:`proxy.config.checks` validates them.
 
-Imports :mod:`proxy.config.audit_settings` (the ``[audit]`` section, its one pure module) and
-nothing else of ``proxy``.
+Imports :mod:`proxy.config.audit_settings` and :mod:`proxy.config.batch_settings` (the
+``[audit]`` and ``[batch]`` sections, pure modules) and nothing else of ``proxy``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 from dataclasses import dataclass, field
 
 from proxy.config.audit_settings import AuditSettings
+from proxy.config.batch_settings import BatchSettings
 
 SPECULATIVE_MODES = ("off", "prompt-lookup", "draft")
 MEMORY_GUARDS = ("shrink", "refuse", "off")
@@ -228,6 +230,7 @@ class Settings:
     cache: CacheSettings = field(default_factory=CacheSettings)
     responses: ResponsesSettings = field(default_factory=ResponsesSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
+    batch: BatchSettings = field(default_factory=BatchSettings)
     pricing: dict[str, ModelPrice] = field(default_factory=dict)
     source: str = "<defaults>"
 
@@ -243,4 +246,5 @@ SECTIONS: dict[str, type] = {
     "cache": CacheSettings,
     "responses": ResponsesSettings,
     "audit": AuditSettings,
+    "batch": BatchSettings,
 }
