@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from proxy.config import FallbackSettings, Settings
+from proxy.config import BatchSettings, FallbackSettings, Settings
 from proxy.config.secrets import Secrets
 from proxy.errors import UpstreamError
 from proxy.params import (
@@ -73,6 +73,7 @@ from proxy.params import (
     EMBEDDINGS_PARAMETERS,
     forwarded,
 )
+from proxy.upstream.batch_api import BatchAPI
 from proxy.upstream.direct_route import DirectRoute
 from proxy.upstream.litellm_route import LitellmRoute
 from proxy.upstream.retry import BACKOFF_INITIAL_S, RetryPolicy
@@ -196,6 +197,11 @@ class Upstream(Closing):
     def model_ids(self) -> list[str]:
         """The names the mapping knows, for ``GET /v1/models``."""
         return list(self._settings.models)
+
+    def batch_api(self, settings: BatchSettings) -> BatchAPI:
+        """The upstream's own Files and Batch APIs on the direct route
+        (:mod:`proxy.upstream.batch_api`), under this client's retries and secrets."""
+        return BatchAPI(self._direct, self._retry, self._secrets, settings)
 
     async def listed_models(self) -> list[str]:
         """The upstream's own model ids, for ``GET /v1/models``: cached and bounded
