@@ -1,6 +1,8 @@
-"""The upstream's own Batch API (OpenAI's ``/files`` and ``/batches``), on the direct route.
+"""The upstream's own Batch API (OpenAI's ``/files`` and ``/batches``), on either route.
 
-:class:`BatchAPI` sends the lines of one upstream as one batch and reads their answers back:
+:class:`BatchAPI` sends the lines of one upstream as one batch and reads their answers back,
+through a :class:`Wire`: :class:`DirectWire`, ``[fallback] api_base`` over the direct route's
+pool (the one wire so far: see :mod:`proxy.upstream.deferred` for litellm's providers):
 
 1. :meth:`~BatchAPI.submit`: one JSONL file uploaded (``POST /files``, purpose ``batch``), one
    batch made of it (``POST /batches``, window ``24h``); the batch's id.
@@ -35,7 +37,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -44,7 +46,7 @@ from proxy.config.secrets import Secrets
 from proxy.errors import UpstreamError, UpstreamTimeout
 from proxy.upstream.direct_route import DirectRoute
 from proxy.upstream.failures import translate
-from proxy.upstream.route import Answer, Opened
+from proxy.upstream.route import Opened
 
 __all__ = [
     "FINAL",
@@ -52,7 +54,9 @@ __all__ = [
     "WAIT_LIMIT_S",
     "BatchAPI",
     "Collected",
+    "DirectWire",
     "LineResult",
+    "Wire",
 ]
 
 log = structlog.get_logger("frugal.upstream")
@@ -100,8 +104,69 @@ class Collected:
     ignored: int
 
 
+class Wire(Protocol):
+    """One way to an upstream's Files and Batch APIs: each method is one attempt (the
+    :class:`BatchAPI` retries it), and answers OpenAI's object as a dict."""
+
+    def ready(self) -> None:
+        """Raise what no attempt could get past (nothing configured to call)."""
+
+    async def upload(self, content: bytes, request_id: str) -> dict[str, Any]:
+        """Upload a JSONL file of purpose ``batch``; its file object."""
+        ...
+
+    async def create(self, file_id: str, endpoint: str, request_id: str) -> dict[str, Any]:
+        """Make a batch of the file for ``endpoint``, window ``24h``; its batch object."""
+        ...
+
+    async def retrieve(self, batch_id: str, request_id: str) -> dict[str, Any]: ...
+
+    async def cancel(self, batch_id: str, request_id: str) -> dict[str, Any]: ...
+
+    async def delete_file(self, file_id: str, request_id: str) -> dict[str, Any]: ...
+
+    async def open_content(self, file_id: str, request_id: str) -> Opened:
+        """A file's content, to be read chunk by chunk; returns once the API has answered."""
+        ...
+
+
+class DirectWire:
+    """The :class:`Wire` of ``[fallback] api_base``: its ``/files`` and ``/batches`` through
+    the direct route's pool."""
+
+    def __init__(self, direct: DirectRoute) -> None:
+        self._direct = direct
+
+    def ready(self) -> None:
+        self._direct.ready()
+
+    async def upload(self, content: bytes, request_id: str) -> dict[str, Any]:
+        form: dict[str, str | tuple[str, bytes]] = {
+            "purpose": "batch",
+            "file": (INPUT_NAME, content),
+        }
+        return (await self._direct.send("POST", "/files", request_id, None, form))[1]
+
+    async def create(self, file_id: str, endpoint: str, request_id: str) -> dict[str, Any]:
+        body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"}
+        return (await self._direct.send("POST", "/batches", request_id, body))[1]
+
+    async def retrieve(self, batch_id: str, request_id: str) -> dict[str, Any]:
+        return (await self._direct.send("GET", f"/batches/{batch_id}", request_id))[1]
+
+    async def cancel(self, batch_id: str, request_id: str) -> dict[str, Any]:
+        path = f"/batches/{batch_id}/cancel"
+        return (await self._direct.send("POST", path, request_id, {}))[1]
+
+    async def delete_file(self, file_id: str, request_id: str) -> dict[str, Any]:
+        return (await self._direct.send("DELETE", f"/files/{file_id}", request_id))[1]
+
+    async def open_content(self, file_id: str, request_id: str) -> Opened:
+        return await self._direct.open_get(f"/files/{file_id}/content", request_id)
+
+
 class BatchAPI:
-    """The Files and Batch APIs of ``[fallback] api_base``, through ``direct``'s pool.
+    """An upstream's Files and Batch APIs, through ``wire``.
 
     ``retry`` is the client's :meth:`RetryPolicy.run`; ``secrets`` what an answer must not hold.
     Made by :meth:`proxy.upstream.client.Upstream.batch_api`.
@@ -109,33 +174,28 @@ class BatchAPI:
 
     def __init__(
         self,
-        direct: DirectRoute,
+        wire: Wire,
         retry: Retry,
         secrets: Secrets,
         settings: BatchSettings,
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self._direct = direct
+        self._wire = wire
         self._retry = retry
         self._secrets = secrets
         self._settings = settings
         self._sleep = sleep
 
-    async def _json(
-        self,
-        method: str,
-        path: str,
-        request_id: str,
-        body: dict[str, Any] | None = None,
-        form: dict[str, str | tuple[str, bytes]] | None = None,
+    async def _call(
+        self, what: str, attempt: Callable[..., Awaitable[dict[str, Any]]], *args: Any
     ) -> dict[str, Any]:
-        self._direct.ready()
-        answer: Answer
-        answer, _ = await self._retry(self._direct.send, method, path, request_id, body, form)
-        data = answer[1]
-        if not isinstance(data.get("id"), str):
-            raise UpstreamError(f"the upstream API's answer to {method} {path} had no id")
+        """One step under the retry policy; its object, which must have an id."""
+        self._wire.ready()
+        data: Any
+        data, _ = await self._retry(attempt, *args)
+        if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+            raise UpstreamError(f"the upstream API's answer to the batch's {what} had no id")
         return data
 
     # -- the steps -----------------------------------------------------------------------------
@@ -150,32 +210,24 @@ class BatchAPI:
             + b"\n"
             for cid, body in lines
         )
-        form: dict[str, str | tuple[str, bytes]] = {
-            "purpose": "batch",
-            "file": (INPUT_NAME, content),
-        }
-        uploaded = await self._json("POST", "/files", request_id, form=form)
-        made = await self._json(
-            "POST",
-            "/batches",
-            request_id,
-            {"input_file_id": uploaded["id"], "endpoint": endpoint, "completion_window": "24h"},
-        )
+        uploaded = await self._call("upload", self._wire.upload, content, request_id)
+        wire = self._wire
+        made = await self._call("create", wire.create, uploaded["id"], endpoint, request_id)
         log.info("upstream_batch_made", batch=made["id"], lines=len(lines))
         return str(made["id"])
 
     async def retrieve(self, batch_id: str, *, request_id: str) -> dict[str, Any]:
         """The batch object as the upstream has it now."""
-        return await self._json("GET", f"/batches/{batch_id}", request_id)
+        return await self._call("poll", self._wire.retrieve, batch_id, request_id)
 
     async def cancel(self, batch_id: str, *, request_id: str) -> dict[str, Any]:
         """Ask the upstream to cancel the batch (it goes ``cancelling``, then ``cancelled``);
         the lines it had answered keep their answers."""
-        return await self._json("POST", f"/batches/{batch_id}/cancel", request_id, {})
+        return await self._call("cancel", self._wire.cancel, batch_id, request_id)
 
     async def delete_file(self, file_id: str, *, request_id: str) -> None:
         """Delete a file of the upstream's (an input file, or an output once it is kept)."""
-        await self._json("DELETE", f"/files/{file_id}", request_id)
+        await self._call("file deletion", self._wire.delete_file, file_id, request_id)
 
     async def wait(
         self, batch_id: str, *, request_id: str, limit_s: float = WAIT_LIMIT_S
@@ -230,11 +282,9 @@ class BatchAPI:
     async def _lines(self, file_id: str, request_id: str) -> AsyncIterator[bytes]:
         """The lines of a file's content, read as they arrive, at most ``max_output_bytes`` in
         all; past it the connection is dropped and a 502 names the key."""
-        self._direct.ready()
+        self._wire.ready()
         opened: Opened
-        opened, _ = await self._retry(
-            self._direct.open_get, f"/files/{file_id}/content", request_id
-        )
+        opened, _ = await self._retry(self._wire.open_content, file_id, request_id)
         limit = self._settings.max_output_bytes
         size = 0
         pending = bytearray()

@@ -73,7 +73,7 @@ from proxy.params import (
     EMBEDDINGS_PARAMETERS,
     forwarded,
 )
-from proxy.upstream.batch_api import BatchAPI
+from proxy.upstream.batch_api import BatchAPI, DirectWire
 from proxy.upstream.direct_route import DirectRoute
 from proxy.upstream.litellm_route import LitellmRoute
 from proxy.upstream.retry import BACKOFF_INITIAL_S, RetryPolicy
@@ -198,10 +198,14 @@ class Upstream(Closing):
         """The names the mapping knows, for ``GET /v1/models``."""
         return list(self._settings.models)
 
-    def batch_api(self, settings: BatchSettings) -> BatchAPI:
-        """The upstream's own Files and Batch APIs on the direct route
-        (:mod:`proxy.upstream.batch_api`), under this client's retries and secrets."""
-        return BatchAPI(self._direct, self._retry, self._secrets, settings)
+    def batch_api(self, settings: BatchSettings, requested_model: str = "") -> BatchAPI | None:
+        """The Files and Batch APIs that lines for ``requested_model`` go to
+        (:mod:`proxy.upstream.batch_api`), under this client's retries and secrets: those of
+        ``api_base`` for a model on the direct route; None for a model that litellm sends
+        (its lines go one call each: see :mod:`proxy.upstream.deferred`)."""
+        if self._model({"model": requested_model})[0] != DIRECT:
+            return None
+        return BatchAPI(DirectWire(self._direct), self._retry, self._secrets, settings)
 
     async def listed_models(self) -> list[str]:
         """The upstream's own model ids, for ``GET /v1/models``: cached and bounded

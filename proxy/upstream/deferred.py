@@ -23,9 +23,16 @@ How the lines go, by ``[batch] fallback``:
 
 Each body is the one the interactive path would send (:meth:`Upstream.sent`: the endpoint's
 allow-list, the mapped model), and a ``/v1/responses`` body must already be the one
-:mod:`proxy.upstream.responses_api` builds. A model that ``[fallback.models]`` maps to a
-litellm provider is sent one call at a time (``sync``): litellm's batch functions are not
-driven yet (see ``docs/reliability.md``).
+:mod:`proxy.upstream.responses_api` builds.
+
+A model that ``[fallback.models]`` maps to a litellm provider is sent one call per line
+(``sync``, through the litellm route). litellm's own file and batch functions were tried
+against the fake API (``hosted_vllm``) and not used: for the OpenAI-compatible providers they
+resolve neither base nor key from the provider's variables (the caller must), they build an
+``openai`` client per call whose connections are never closed (five sockets left open by one
+small batch), and a poll of a finished batch makes litellm read its whole output file in the
+background to price it, with no bound (unless ``litellm_metadata`` says
+``batch_ignore_default_logging``).
 
 For a batch, ``send`` calls ``submitted(batch_id, custom_ids)`` once the upstream has made it
 and before it is polled, so that the runner can record the id and, after a restart, pick the
@@ -104,8 +111,21 @@ class Deferred:
     def __init__(self, upstream: Upstream, settings: BatchSettings) -> None:
         self._upstream = upstream
         self._settings = settings
-        self.api: BatchAPI = upstream.batch_api(settings)
-        """The upstream's Batch API, for a runner that polls, cancels or deletes itself."""
+        self._apis: dict[str, BatchAPI | None] = {}
+
+    def api(self, requested_model: str = "") -> BatchAPI | None:
+        """The Batch API that lines for ``requested_model`` go to (``api_base``'s for an
+        unmapped model), for a runner that polls, cancels or deletes itself; None when they go
+        one call each."""
+        if requested_model not in self._apis:
+            self._apis[requested_model] = self._upstream.batch_api(self._settings, requested_model)
+        return self._apis[requested_model]
+
+    def _batch_api(self, lines: Sequence[DeferredLine]) -> BatchAPI:
+        api = self.api(_model(lines[0])) if lines else None
+        if api is None:
+            raise ValueError("these lines are not sent as a batch")
+        return api
 
     @property
     def mode(self) -> str:
@@ -136,11 +156,10 @@ class Deferred:
         groups: dict[tuple[str, str], list[DeferredLine]] = {}
         for line in lines:
             if not self._single(line):
-                model = self._upstream.target(str(line.body.get("model", "")))
-                groups.setdefault((line.url, model), []).append(line)
+                groups.setdefault((line.url, _model(line)), []).append(line)
         for (url, _), group in groups.items():
             sent = [(line.custom_id, self._sent(line)) for line in group]
-            batch_id = await self.api.submit(url, sent, request_id=request_id)
+            batch_id = await self._batch_api(group).submit(url, sent, request_id=request_id)
             if submitted is not None:
                 await submitted(batch_id, tuple(cid for cid, _ in sent))
             outcome = outcome.merged(await self.resume(batch_id, group, request_id=request_id))
@@ -150,9 +169,10 @@ class Deferred:
         self, batch_id: str, lines: Sequence[DeferredLine], *, request_id: str
     ) -> DeferredOutcome:
         """Wait for the upstream batch ``batch_id``, made of ``lines``, and read its answers."""
-        batch = await self.api.wait(batch_id, request_id=request_id)
+        api = self._batch_api(lines)
+        batch = await api.wait(batch_id, request_id=request_id)
         sent = [line.custom_id for line in lines]
-        collected = await self.api.collect(batch, frozenset(sent), request_id=request_id)
+        collected = await api.collect(batch, frozenset(sent), request_id=request_id)
         return DeferredOutcome(
             results=collected.results,
             unanswered=tuple(cid for cid in sent if cid not in collected.results),
@@ -160,17 +180,19 @@ class Deferred:
             batches=(batch,),
         )
 
-    async def cancel(self, batch_id: str, *, request_id: str) -> dict[str, Any]:
-        """Cancel an upstream batch; :meth:`resume` then reads what it had answered."""
-        return await self.api.cancel(batch_id, request_id=request_id)
+    async def cancel(
+        self, batch_id: str, lines: Sequence[DeferredLine], *, request_id: str
+    ) -> dict[str, Any]:
+        """Cancel the upstream batch made of ``lines``; :meth:`resume` then reads what it had
+        answered."""
+        return await self._batch_api(lines).cancel(batch_id, request_id=request_id)
 
     # -- one call per line ---------------------------------------------------------------------
 
     def _single(self, line: DeferredLine) -> bool:
-        """Whether the line goes as its own call: the flex and sync modes, and a model that
-        litellm sends."""
-        model = str(line.body.get("model", ""))
-        return self._settings.fallback != "batch" or self._upstream.via_litellm(model)
+        """Whether the line goes as its own call: the flex and sync modes, and a model whose
+        provider has no batch API here."""
+        return self._settings.fallback != "batch" or self.api(_model(line)) is None
 
     def _sent(self, line: DeferredLine) -> dict[str, Any]:
         return self._upstream.sent(ENDPOINTS[line.url], line.body)
@@ -208,3 +230,8 @@ class Deferred:
         }
         unanswered = tuple(line.custom_id for line in lines if line.custom_id not in results)
         return DeferredOutcome(results=results, unanswered=unanswered)
+
+
+def _model(line: DeferredLine) -> str:
+    model = line.body.get("model")
+    return model if isinstance(model, str) else ""

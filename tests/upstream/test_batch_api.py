@@ -16,6 +16,7 @@ import pytest
 
 from proxy.config import BatchSettings, FallbackSettings
 from proxy.errors import UpstreamError
+from proxy.upstream.batch_api import BatchAPI
 from proxy.upstream.client import Upstream
 from proxy.upstream.deferred import Deferred, DeferredLine
 from tests.conftest import module_api
@@ -35,13 +36,25 @@ def fresh(api: FakeAPI, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @asynccontextmanager
-async def deferred(api: FakeAPI, **batch: Any) -> AsyncIterator[Deferred]:
+async def deferred(
+    api: FakeAPI, models: dict[str, str] | None = None, **batch: Any
+) -> AsyncIterator[Deferred]:
     fallback = FallbackSettings(
-        api_base=api.url, api_key_env=KEY_ENV, timeout_s=5.0, connect_timeout_s=1.0
+        api_base=api.url,
+        api_key_env=KEY_ENV,
+        timeout_s=5.0,
+        connect_timeout_s=1.0,
+        models=models or {},
     )
     settings = BatchSettings(**{"poll_interval_s": 0.01, "max_poll_interval_s": 0.05, **batch})
     async with Upstream(fallback, backoff_s=0.01) as upstream:
         yield Deferred(upstream, settings)
+
+
+def batch_of(sender: Deferred, model: str = "") -> BatchAPI:
+    found = sender.api(model)
+    assert found is not None
+    return found
 
 
 def chat_line(cid: str, text: str = "What is the capital of France?") -> DeferredLine:
@@ -196,10 +209,10 @@ async def test_a_cancelled_batch_is_read_back_and_its_lines_are_unanswered(
     api.set(batch_polls=1000)
     lines = [chat_line("a"), chat_line("b")]
     async with deferred(api) as sender:
-        batch_id = await sender.api.submit(
+        batch_id = await batch_of(sender).submit(
             CHAT_URL, [(x.custom_id, x.body) for x in lines], request_id="r"
         )
-        assert (await sender.cancel(batch_id, request_id="r"))["status"] == "cancelling"
+        assert (await sender.cancel(batch_id, lines, request_id="r"))["status"] == "cancelling"
         outcome = await sender.resume(batch_id, lines, request_id="r")
     assert outcome.batches[0]["status"] == "cancelled"
     assert outcome.results == {} and outcome.unanswered == ("a", "b")
@@ -209,7 +222,7 @@ async def test_a_batch_made_before_a_restart_is_resumed_not_sent_again(api: Fake
     api.set(batch_polls=2)
     lines = [chat_line("a"), chat_line("b")]
     async with deferred(api) as sender:
-        batch_id = await sender.api.submit(
+        batch_id = await batch_of(sender).submit(
             CHAT_URL, [(x.custom_id, x.body) for x in lines], request_id="r"
         )
     async with deferred(api) as again:  # a new client, as after a restart
@@ -257,16 +270,20 @@ async def test_a_hostile_output_can_neither_add_a_line_nor_answer_one_twice(
 async def test_a_batch_that_never_ends_is_not_waited_on_past_the_limit(api: FakeAPI) -> None:
     api.set(batch_polls=10_000)
     async with deferred(api) as sender:
-        batch_id = await sender.api.submit(CHAT_URL, [("a", chat_line("a").body)], request_id="r")
+        batch_id = await batch_of(sender).submit(
+            CHAT_URL, [("a", chat_line("a").body)], request_id="r"
+        )
         with pytest.raises(UpstreamError) as caught:
-            await sender.api.wait(batch_id, request_id="r", limit_s=0.2)
+            await batch_of(sender).wait(batch_id, request_id="r", limit_s=0.2)
     assert caught.value.status == 504 and batch_id in caught.value.message
 
 
 async def test_polls_that_fail_for_a_while_are_tried_again(api: FakeAPI) -> None:
     api.set(batch_polls=1)
     async with deferred(api) as sender:
-        batch_id = await sender.api.submit(CHAT_URL, [("a", chat_line("a").body)], request_id="r")
+        batch_id = await batch_of(sender).submit(
+            CHAT_URL, [("a", chat_line("a").body)], request_id="r"
+        )
         api.set(fail_status=500, fail_times=3)  # not retried by the policy: three failed polls
         outcome = await sender.resume(batch_id, [chat_line("a")], request_id="r")
     assert outcome.results["a"].ok
@@ -373,3 +390,22 @@ async def test_lines_with_one_custom_id_twice_are_refused_before_any_call(api: F
         with pytest.raises(ValueError, match="custom_id"):
             await sender.send([chat_line("a"), chat_line("a")], request_id="r")
     assert api.count == 0
+
+
+# -- litellm's providers -------------------------------------------------------------------------
+
+LITELLM = {"gpt-4o-mini": "hosted_vllm/served-model"}
+
+
+async def test_a_model_litellm_sends_goes_one_call_a_line_through_the_litellm_route(
+    api: FakeAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOSTED_VLLM_API_BASE", api.url)
+    lines = [chat_line("a"), chat_line("b")]
+    async with deferred(api, models=LITELLM) as sender:
+        assert sender.api("gpt-4o-mini") is None and sender.api("gpt-4o") is not None
+        outcome = await sender.send(lines, request_id="r")
+    assert api.batches_made == 0 and api.single_calls == 2
+    assert [r.body["model"] for r in api.requests] == ["served-model"] * 2
+    assert sorted(outcome.results) == ["a", "b"] and outcome.unanswered == ()
+    assert outcome.results["a"].usage is not None
