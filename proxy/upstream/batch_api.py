@@ -22,7 +22,8 @@ Every call runs under the client's :class:`~proxy.upstream.retry.RetryPolicy` (t
 only what the API cannot have done already is retried), and every body read is bounded: a JSON
 answer by ``[fallback] max_answer_bytes``; the output file and the error file each by
 ``[batch] max_output_bytes``, counted as the bytes arrive and never held whole (each line is
-parsed and let go; only the answers to the lines sent are kept). Past it the read stops, the
+parsed, in a thread when it is long, and let go; only the answers to the lines sent are
+kept). Past it the read stops, the
 connection is dropped, and :meth:`~BatchAPI.collect` raises a 502 naming that key. A line whose
 ``custom_id`` the proxy did not send, a second line for one it did, and a line that is not a
 JSON object are ignored and counted (:attr:`Collected.ignored`): a hostile upstream can neither
@@ -44,7 +45,7 @@ import structlog
 from proxy.config.batch_settings import BatchSettings
 from proxy.config.secrets import Secrets
 from proxy.errors import UpstreamError, UpstreamTimeout
-from proxy.upstream.direct_route import DirectRoute
+from proxy.upstream.direct_route import PARSE_IN_THREAD_BYTES, DirectRoute
 from proxy.upstream.failures import translate
 from proxy.upstream.route import Opened
 
@@ -267,7 +268,10 @@ class BatchAPI:
             if not isinstance(file_id, str) or not file_id:
                 continue
             async for raw in self._lines(file_id, request_id):
-                cid, result = self._parsed(raw)
+                if len(raw) > PARSE_IN_THREAD_BYTES:  # the loop is not held by a long line
+                    cid, result = await asyncio.to_thread(self._parsed, raw)
+                else:
+                    cid, result = self._parsed(raw)
                 if cid is None or cid not in sent or cid in results:
                     ignored += 1
                     continue

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from proxy.config import BatchSettings, FallbackSettings
+from proxy.config.secrets import MARK
 from proxy.errors import UpstreamError
 from proxy.upstream.batch_api import BatchAPI
 from proxy.upstream.client import Upstream
@@ -257,14 +258,23 @@ async def test_a_hostile_output_can_neither_add_a_line_nor_answer_one_twice(
     api.set(
         batch_expire_after=1,  # "b" is not answered; the hostile lines must not answer it
         batch_output_extra=[json.dumps(stranger), json.dumps(second), "not json", "[1, 2]"]
-        + [json.dumps(broken)],
+        + [json.dumps(broken), json.dumps({"custom_id": "long", "pad": "a" * 300_000})],
     )
     async with deferred(api) as sender:
         outcome = await sender.send([chat_line("a"), chat_line("b")], request_id="r")
-    assert outcome.ignored == 5
+    assert outcome.ignored == 6
     assert sorted(outcome.results) == ["a"] and "forged" not in outcome.results["a"].body
     assert outcome.results["a"].body["object"] == "chat.completion"
     assert outcome.unanswered == ("b",)
+
+
+async def test_an_answer_that_echoes_the_proxys_key_is_cleared_of_it(api: FakeAPI) -> None:
+    api.set(reply=f"the key you sent is {KEY}")
+    async with deferred(api) as sender:
+        outcome = await sender.send([chat_line("a")], request_id="r")
+    said = outcome.results["a"].body["choices"][0]["message"]["content"]
+    assert KEY not in json.dumps(outcome.results["a"].body)
+    assert said == f"the key you sent is {MARK}"
 
 
 async def test_a_batch_that_never_ends_is_not_waited_on_past_the_limit(api: FakeAPI) -> None:
