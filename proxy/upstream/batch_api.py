@@ -23,8 +23,10 @@ only what the API cannot have done already is retried), and every body read is b
 answer by ``[fallback] max_answer_bytes``; the output file and the error file each by
 ``[batch] max_output_bytes``, counted as the bytes arrive and never held whole (each line is
 parsed, in a thread when it is long, and let go; only the answers to the lines sent are
-kept). Past it the read stops, the
-connection is dropped, and :meth:`~BatchAPI.collect` raises a 502 naming that key. A line whose
+kept). Past it the read stops, the connection is dropped, and :meth:`~BatchAPI.collect`
+raises a 502 naming that key. One line is held up to ``[fallback] max_answer_bytes`` (the
+bound of one interactive answer); a longer one is dropped as it arrives and counted as
+ignored, and its line, if it was one of ours, stays unanswered. A line whose
 ``custom_id`` the proxy did not send, a second line for one it did, and a line that is not a
 JSON object are ignored and counted (:attr:`Collected.ignored`): a hostile upstream can neither
 answer a line twice nor add one. Each line is cleared of the proxy's secrets before it is
@@ -169,8 +171,9 @@ class DirectWire:
 class BatchAPI:
     """An upstream's Files and Batch APIs, through ``wire``.
 
-    ``retry`` is the client's :meth:`RetryPolicy.run`; ``secrets`` what an answer must not hold.
-    Made by :meth:`proxy.upstream.client.Upstream.batch_api`.
+    ``retry`` is the client's :meth:`RetryPolicy.run`; ``secrets`` what an answer must not hold;
+    ``max_line_bytes`` the longest output line read (``[fallback] max_answer_bytes``). Made by
+    :meth:`proxy.upstream.client.Upstream.batch_api`.
     """
 
     def __init__(
@@ -180,8 +183,10 @@ class BatchAPI:
         secrets: Secrets,
         settings: BatchSettings,
         *,
+        max_line_bytes: int,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        self._max_line_bytes = max_line_bytes
         self._wire = wire
         self._retry = retry
         self._secrets = secrets
@@ -289,9 +294,10 @@ class BatchAPI:
         self._wire.ready()
         opened: Opened
         opened, _ = await self._retry(self._wire.open_content, file_id, request_id)
-        limit = self._settings.max_output_bytes
+        limit, line_limit = self._settings.max_output_bytes, self._max_line_bytes
         size = 0
         pending = bytearray()
+        skipping = False  # within a line past line_limit: dropped, then given as b"" (ignored)
         try:
             try:
                 async for chunk in opened.chunks:
@@ -305,15 +311,23 @@ class BatchAPI:
                     pending += chunk
                     start, end = 0, pending.find(b"\n", seen)
                     while end >= 0:
-                        if pending[start:end].strip():
+                        if skipping or end - start > line_limit:
+                            skipping = False
+                            yield b""
+                        elif pending[start:end].strip():
                             yield bytes(pending[start:end])
                         start, end = end + 1, pending.find(b"\n", end + 1)
                     del pending[:start]
+                    if len(pending) > line_limit:
+                        pending.clear()
+                        skipping = True
             except UpstreamError:
                 raise
             except Exception as exc:
                 raise translate(exc, 1, streaming=True, secrets=self._secrets) from exc
-            if pending.strip():
+            if skipping:
+                yield b""
+            elif pending.strip():
                 yield bytes(pending)
         finally:
             await opened.close()

@@ -205,7 +205,8 @@ class Upstream(Closing):
         (its lines go one call each: see :mod:`proxy.upstream.deferred`)."""
         if self._model({"model": requested_model})[0] != DIRECT:
             return None
-        return BatchAPI(DirectWire(self._direct), self._retry, self._secrets, settings)
+        wire, limit = DirectWire(self._direct), self._settings.max_answer_bytes
+        return BatchAPI(wire, self._retry, self._secrets, settings, max_line_bytes=limit)
 
     async def listed_models(self) -> list[str]:
         """The upstream's own model ids, for ``GET /v1/models``: cached and bounded

@@ -38,7 +38,10 @@ def fresh(api: FakeAPI, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @asynccontextmanager
 async def deferred(
-    api: FakeAPI, models: dict[str, str] | None = None, **batch: Any
+    api: FakeAPI,
+    models: dict[str, str] | None = None,
+    max_answer_bytes: int = 32 * 1024 * 1024,
+    **batch: Any,
 ) -> AsyncIterator[Deferred]:
     fallback = FallbackSettings(
         api_base=api.url,
@@ -46,6 +49,7 @@ async def deferred(
         timeout_s=5.0,
         connect_timeout_s=1.0,
         models=models or {},
+        max_answer_bytes=max_answer_bytes,
     )
     settings = BatchSettings(**{"poll_interval_s": 0.01, "max_poll_interval_s": 0.05, **batch})
     async with Upstream(fallback, backoff_s=0.01) as upstream:
@@ -266,6 +270,20 @@ async def test_a_hostile_output_can_neither_add_a_line_nor_answer_one_twice(
     assert sorted(outcome.results) == ["a"] and "forged" not in outcome.results["a"].body
     assert outcome.results["a"].body["object"] == "chat.completion"
     assert outcome.unanswered == ("b",)
+
+
+async def test_an_output_line_past_max_answer_bytes_is_dropped_and_the_rest_are_read(
+    api: FakeAPI,
+) -> None:
+    long_line = json.dumps({"custom_id": "b", "pad": "a" * 200_000})  # ours, but too long
+    tail = json.dumps({"custom_id": "c", "pad": "a" * 200_000})  # the file's last line
+    api.set(batch_expire_after=1, batch_output_extra=[long_line, "not json", tail])
+    lines = [chat_line("a"), chat_line("b"), chat_line("c")]
+    async with deferred(api, max_answer_bytes=100_000) as sender:
+        outcome = await sender.send(lines, request_id="r")
+    assert sorted(outcome.results) == ["a"] and outcome.results["a"].ok
+    assert outcome.ignored == 3  # the two long lines and the line that is not JSON
+    assert outcome.unanswered == ("b", "c")
 
 
 async def test_an_answer_that_echoes_the_proxys_key_is_cleared_of_it(api: FakeAPI) -> None:
