@@ -132,10 +132,6 @@ def validate(settings: Settings) -> Settings:
     _check_range("[responses] retention_days", s.responses.retention_days, 0.0, 36500.0)
     _check_range("[responses] max_stored_bytes_per_key", s.responses.max_stored_bytes_per_key, 1024)
     _check_range("[responses] max_stored_per_key", s.responses.max_stored_per_key, 1)
-    _check_range("[batch] flex_timeout_s", s.batch.flex_timeout_s, 0.1, 86400.0)
-    _check_range("[batch] file_quota_bytes", s.batch.file_quota_bytes, 1024)
-    _check_range("[batch] line_lease_s", s.batch.line_lease_s, 1.0, 86400.0)
-    _check_range("[batch] line_max_claims", s.batch.line_max_claims, 1, 100)
     _check_range("[costs] monthly_fixed_usd", s.costs.monthly_fixed_usd, 0.0)
     return settings
 

@@ -3,16 +3,16 @@
     Settings        every section, the ``[pricing]`` tables and where they came from
     SECTIONS        section name -> its dataclass, in the order of ``config.example.toml``
     ServerSettings, LocalSettings (with its BackendSettings), FallbackSettings, RouterSettings,
-    QualitySettings, LedgerSettings, CacheSettings, ResponsesSettings, BatchSettings,
-    CostSettings, ModelPrice
-    (``[audit]`` is :class:`proxy.config.audit_settings.AuditSettings`, which checks its own ranges)
+    QualitySettings, LedgerSettings, CacheSettings, ResponsesSettings, CostSettings, ModelPrice
+    (``[audit]`` is :class:`proxy.config.audit_settings.AuditSettings` and ``[batch]``
+    :class:`proxy.config.batch_settings.BatchSettings`; each checks its own ranges)
 
 Every field is documented in ``config.example.toml``; a test keeps the two in step. Nothing here
 reads a file or checks a range: :mod:`proxy.config.load` builds these from TOML and
 :mod:`proxy.config.checks` validates them.
 
-Imports :mod:`proxy.config.audit_settings` (the ``[audit]`` section, its one pure module) and
-nothing else of ``proxy``.
+Imports :mod:`proxy.config.audit_settings` and :mod:`proxy.config.batch_settings` (the
+``[audit]`` and ``[batch]`` sections, pure modules) and nothing else of ``proxy``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass, field
 
 from proxy.config.audit_settings import AuditSettings
+from proxy.config.batch_settings import BatchSettings
 
 SPECULATIVE_MODES = ("off", "prompt-lookup", "draft")
 MEMORY_GUARDS = ("shrink", "refuse", "off")
@@ -203,19 +204,6 @@ class ResponsesSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BatchSettings:
-    """``[batch]``: deferred work, which asks for no interactive answer time: OpenAI's Files and
-    Batch APIs, kept in the ledger database (proxy/ledger/batches/), and ``service_tier: "flex"``,
-    given ``flex_timeout_s`` as its local deadline in place of ``[local] timeout_s``
-    (proxy/routing/router.py)."""
-
-    flex_timeout_s: float = 600.0
-    file_quota_bytes: int = 2 * 1024**3  # the bytes of files one key keeps (2 GiB)
-    line_lease_s: float = 300.0  # a claimed batch line is another worker's after this long
-    line_max_claims: int = 3  # a line whose workers died this many times fails, not run again
-
-
-@dataclass(frozen=True, kw_only=True)
 class CostSettings:
     monthly_fixed_usd: float = 0.0
 
@@ -241,8 +229,8 @@ class Settings:
     costs: CostSettings = field(default_factory=CostSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
     responses: ResponsesSettings = field(default_factory=ResponsesSettings)
-    batch: BatchSettings = field(default_factory=BatchSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
+    batch: BatchSettings = field(default_factory=BatchSettings)
     pricing: dict[str, ModelPrice] = field(default_factory=dict)
     source: str = "<defaults>"
 
@@ -257,6 +245,6 @@ SECTIONS: dict[str, type] = {
     "costs": CostSettings,
     "cache": CacheSettings,
     "responses": ResponsesSettings,
-    "batch": BatchSettings,
     "audit": AuditSettings,
+    "batch": BatchSettings,
 }

@@ -28,9 +28,6 @@ from proxy.errors import ConfigError
             '[quality.models] "gpt-4o" = 1.5: expected a value between 0.0 and 1.0',
         ),
         ("costs", {"monthly_fixed_usd": -1.0}, "[costs] monthly_fixed_usd = -1.0"),
-        ("batch", {"file_quota_bytes": 10}, "[batch] file_quota_bytes = 10"),
-        ("batch", {"line_lease_s": 0.5}, "[batch] line_lease_s = 0.5"),
-        ("batch", {"line_max_claims": 0}, "[batch] line_max_claims = 0"),
         ("ledger", {"url": "postgresql://u:pw@h/db"}, "[ledger] url: holds a password"),
     ],
 )
