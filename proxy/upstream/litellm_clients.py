@@ -264,9 +264,12 @@ class BoundedClients:
             return self._handlers[stream]
         if provider not in SDK_PROVIDERS:
             return None
-        _model, _provider, key, base = litellm.get_llm_provider(
-            model=model, api_base=kwargs.get("api_base"), api_key=kwargs.get("api_key")
-        )
+        try:
+            _model, _provider, key, base = litellm.get_llm_provider(
+                model=model, api_base=kwargs.get("api_base"), api_key=kwargs.get("api_key")
+            )
+        except Exception:  # litellm's own call raises it again, and it is translated there
+            return None
         if not isinstance(key, str) or not key or not isinstance(base, str) or not base:
             return None
         found = self._sdk.get((base, key, stream))
