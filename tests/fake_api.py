@@ -63,7 +63,8 @@ forgets the recorded requests):
 - ``huge_reply_bytes``: a chat answer whose text is that many bytes (``a``), sent 1 MiB at a
   time and never held whole: a plain answer's JSON body without a ``Content-Length``, or a
   stream whose one content event is a single line that long (a server that answers far too
-  much); ``huge_sent`` counts the bytes that went out before the client left
+  much); ``huge_sent`` counts the bytes that went out before the client left. Set, it is
+  also the answer to a POST on any path the fake does not serve (another provider's wire)
 - ``echo_auth``: an upstream (or a gateway) that repeats what it was sent: every error body
   (``fail_status``) says the request's ``Authorization`` value, the bare key after ``Bearer``
   and that key URL-encoded, in its message, and the bare key in its ``param`` and ``code``; a
@@ -393,6 +394,7 @@ class FakeAPI:
                 Route("/v1/responses", self._responses, methods=["POST"]),
                 Route("/v1/responses/compact", self._compact, methods=["POST"]),
                 *self.batch_api.routes(),
+                Route("/{path:path}", self._elsewhere, methods=["POST"]),
             ]
         )
 
@@ -575,6 +577,20 @@ class FakeAPI:
         return {**derived, **(self.usage or {})}
 
     # -- endpoints ---------------------------------------------------------------------------
+
+    async def _elsewhere(self, request: Request) -> Response:
+        """A POST to any other path (another provider's wire: ``/v1/messages``, ``/api/chat``):
+        the ``huge_reply_bytes`` answer when it is set (its bytes are what is tested, not its
+        shape), else a 404."""
+        if self.huge_reply_bytes is None:
+            return JSONResponse({"error": {"message": "not found"}}, status_code=404)
+        body, early = await self._enter(request)
+        if early is not None:
+            return early
+        base = {"id": self._next_id("chatcmpl"), "object": "chat.completion", "model": ""}
+        asked = isinstance(body, dict) and bool(body.get("stream"))
+        stream = asked or "stream" in request.url.path.lower()
+        return _Huge(self, base, int(self.huge_reply_bytes), stream=stream)
 
     async def _chat(self, request: Request) -> Response:
         body, early = await self._enter(request)

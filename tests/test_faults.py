@@ -3013,3 +3013,86 @@ def test_issue41_the_report_shows_deferred_work_apart(_i41_flex_server: Lazy) ->
     assert f"{len(deferred)} requests (flex {len(deferred)})" in line
     assert over_http.status_code == 200, over_http.text[:300]
     assert json.loads(over_http.text, parse_float=Decimal)["deferred"] == section
+
+
+# -- issue 39, row 7 on litellm's other providers: read only up to the bound (branch gaps39) -----
+#
+# A server of its own maps one model to `deepseek/…` (litellm's own httpx handler) and one to
+# `deepinfra/…` (litellm sends it with the `openai` SDK), each pointed at the fake API by the
+# provider's own variables. Before, litellm read their whole answers, and the size was checked
+# only after (`hosted_vllm` and `anthropic` alone were handed the bounded client).
+
+_I39_GAPS39_MODELS = {
+    "i39-via-handler": "deepseek/fake-model",
+    "i39-via-sdk": "deepinfra/fake-model",
+}
+_I39_GAPS39_HUGE = 200 * MB
+_I39_GAPS39_LIMIT = 32 * 1024 * 1024  # [fallback] max_answer_bytes' default
+_I39_GAPS39_RSS = 100 * MB
+_I39_GAPS39_DEADLINE_S = 3.0 * BOUND_MARGIN  # the server's [fallback] timeout_s
+
+
+@pytest.fixture(scope="module")
+def _i39_gaps39_server(tmp_path_factory: pytest.TempPathFactory, api: FakeAPI) -> Iterator[Lazy]:
+    env = {
+        "DEEPSEEK_API_BASE": api.url,
+        "DEEPSEEK_API_KEY": "sk-i39-deepseek-test",
+        "DEEPINFRA_API_BASE": api.url,
+        "DEEPINFRA_API_KEY": "sk-i39-deepinfra-test",
+    }
+    config = {"fallback": {"timeout_s": 3.0, "models": _I39_GAPS39_MODELS}}
+    lazy = Lazy(
+        lambda path: wait_ready(launch(path, api, config=config, env=env)), tmp_path_factory, "g39"
+    )
+    yield lazy
+    lazy.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("model", sorted(_I39_GAPS39_MODELS))
+def test_issue39_row7_litellms_other_providers_read_a_huge_answer_only_up_to_the_bound(
+    _i39_gaps39_server: Lazy, api: FakeAPI, model: str, stream: bool
+) -> None:
+    """A 200 MB answer (one JSON body, or a stream whose one event is a 200 MB line) from a
+    litellm provider read with litellm's own handler (deepseek) or with the ``openai`` SDK
+    (deepinfra) is cut at ``[fallback] max_answer_bytes``: a 502 (or the stream's final error
+    event) that says it was too large, one attempt, one ledger row, the proxy's RSS growing
+    less than 100 MB, and the fake having sent far less than the whole answer."""
+    served = _i39_gaps39_server.get()
+    api.set(huge_reply_bytes=_I39_GAPS39_HUGE)
+    request_id = rid(f"i39-gaps39-{model}-{stream}")
+    body = chat_body(model=model, stream=True) if stream else chat_body(model=model)
+    with RssWatch([served.proc.pid], kill_above=RSS_KILL) as watch:
+        started = time.perf_counter()
+        try:
+            response: httpx.Response | None = post(
+                served, body, headers={**TO_API, "x-request-id": request_id}, timeout=120
+            )
+        except httpx.HTTPError:  # a timeout, or the server killed by the watch
+            response = None
+        elapsed = time.perf_counter() - started
+    grown = watch.growth(served.proc.pid)
+    status = response.status_code if response is not None else "no answer"
+    print(
+        f"\nissue39 row7 {_I39_GAPS39_MODELS[model]} {'stream' if stream else 'json'}: a "
+        f"{_I39_GAPS39_HUGE // MB} MB answer ({api.huge_sent / MB:.0f} MB of it sent before the "
+        f"proxy left): HTTP {status} in {elapsed:.2f} s, proxy RSS +{grown / MB:.1f} MB"
+    )
+    assert not watch.killed, f"RSS passed {RSS_KILL // MB} MB: killed {watch.killed}"
+    assert response is not None, "no answer within 120 s"
+    assert grown < _I39_GAPS39_RSS
+    assert api.huge_sent <= _I39_GAPS39_LIMIT + 32 * MB  # the bound and socket buffers
+    assert elapsed < _I39_GAPS39_DEADLINE_S
+    assert api.count == 1  # not retried: the API did the work
+    assert api.requests[0].headers["authorization"].endswith("-test")  # the provider's own key
+    if response.status_code == 502:
+        error = response.json()["error"]
+    else:  # the stream had started: its last event is the error, then [DONE]
+        assert stream and response.status_code == 200, response.text[:500]
+        events = [e for e in response.text.split("\n\n") if e.startswith("data: {")]
+        error = json.loads(events[-1][6:])["error"]
+        assert response.text.rstrip().endswith("data: [DONE]")
+    assert error["type"] == "upstream_error", error
+    assert "too large" in error["message"] and "max_answer_bytes" in error["message"], error
+    row = one_row(served, request_id)
+    assert row["error"] == "upstream_failed", row

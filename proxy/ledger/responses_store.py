@@ -13,13 +13,15 @@ the app calls it at start, and the store calls it itself at a write at most once
 A bound on what a key keeps (``migrations/0012_responses_quota.sql``): each row records what it
 costs its key in ``bytes`` (the UTF-8 bytes of its JSON), and :meth:`ResponseStore.put` refuses
 (:class:`QuotaFull`) a row that would take its key past ``max_bytes`` or ``max_count``, in the
-transaction that writes it, so two writers cannot both pass; :meth:`ResponseStore.usage` is what
-the HTTP side checks before it spends anything on a request. Both read the key's running tally in
+transaction that writes it, so two writers cannot both pass. The key's running tally lives in
 ``response_usage`` (``migrations/0015_responses_usage.sql``), kept in step with its rows by every
-write, delete and prune, so the check costs the same however much the key has stored. An answer's
-output items are kept once, however many responses carry them (a cache hit is the same answer under
-new ids): in ``response_outputs``, under the sha256 of their JSON with the item ids left blank,
-while each response keeps its own ids. Only the row that stored an answer first counts its bytes;
+write, delete and prune, so the check costs the same however much the key has stored: ``put`` adds
+to it and reads it back in one upsert, and rolls back past the quota; :meth:`ResponseStore.usage`
+reads it, and ``put`` and ``delete`` return it, for the HTTP side's check before it spends anything
+on a request (which keeps it in memory). An answer's output items are kept once, however many
+responses carry them (a cache hit is the same answer under new ids): in ``response_outputs``,
+under the sha256 of their JSON with the item ids left blank, while each response keeps its own
+ids. Only the row that stored an answer first counts its bytes;
 the last response that names an answer takes it along when it is deleted or pruned (on PostgreSQL
 under a lock per answer, so that a replica storing a response that names it and one deleting it
 cannot cross).
@@ -68,6 +70,24 @@ class Usage:
 
     count: int
     bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Kept:
+    """A response :meth:`ResponseStore.put` stored: the bytes it cost its key, and what the key
+    keeps with it (read in the transaction that wrote it)."""
+
+    cost: int
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Freed:
+    """A response :meth:`ResponseStore.delete` deleted: its key's identity, and what the key
+    keeps without it."""
+
+    owner: str | None
+    usage: Usage
 
 
 class QuotaFull(Exception):
@@ -164,15 +184,16 @@ def _tally_owner(owner: str | None) -> str:
     return "" if owner is None else owner
 
 
-def _count(tx: Tx, owner: str | None, count: int, size: int) -> None:
+def _count(tx: Tx, owner: str | None, count: int, size: int) -> Usage:
     """Add ``count`` responses of ``size`` bytes (both negative for a delete) to the key's
-    tally, in the transaction that writes or deletes them."""
-    tx.run(
+    tally, in the transaction that writes or deletes them; the tally after it."""
+    row = tx.rows(
         "INSERT INTO response_usage (owner, count, bytes) VALUES (?, ?, ?) "
         "ON CONFLICT (owner) DO UPDATE SET count = response_usage.count + excluded.count, "
-        "bytes = response_usage.bytes + excluded.bytes",
+        "bytes = response_usage.bytes + excluded.bytes RETURNING count, bytes",
         (_tally_owner(owner), count, size),
     )
+    return Usage(count=int(row[0][0]), bytes=int(row[0][1]))
 
 
 class ResponseStore:
@@ -193,6 +214,8 @@ class ResponseStore:
         self.max_bytes = max_bytes
         self.max_count = max_count
         self._pruned_at: float | None = None
+        self.prunes = 0
+        """How many prunes have deleted rows: a tally read before one may be too high."""
         self._lock = threading.Lock()
 
     def fits(self, usage: Usage, adding: int) -> bool:
@@ -211,9 +234,13 @@ class ResponseStore:
         )
         return Usage(count=int(row[0][0]), bytes=int(row[0][1])) if row else Usage(0, 0)
 
-    def put(self, stored: StoredResponse, *, now: float | None = None) -> int:
-        """Store ``stored``; the bytes it cost its key. Past the key's quota: :class:`QuotaFull`,
-        and nothing is written."""
+    def put(self, stored: StoredResponse, *, now: float | None = None) -> Kept:
+        """Store ``stored``; what it cost its key, and what the key keeps now. Past the key's
+        quota: :class:`QuotaFull`, and nothing is written.
+
+        Three statements: the answer (written only where no response carries it yet; whether
+        it was says what this row costs), the key's tally, added to and read back in one upsert
+        (past the quota: the transaction is rolled back), and the row itself."""
         self._prune_if_due(time.time() if now is None else now)
         response, output, digest = _split(stored.response)
         response_json, items_json = _json(response), _json(stored.input_items)
@@ -224,19 +251,16 @@ class ResponseStore:
                 tx.rows("SELECT pg_advisory_xact_lock(hashtext(?))", (f"responses:{stored.owner}",))
                 if digest is not None:
                     _hold_output(tx, digest)
-            usage = self._usage(tx, stored.owner)
-            shared = digest is not None and bool(
-                tx.rows("SELECT 1 FROM response_outputs WHERE digest = ?", (digest,))
-            )
-            cost = own + (0 if shared or digest is None else output_bytes)
-            if not self.fits(usage, cost):
-                raise QuotaFull(usage, cost)
-            if digest is not None and not shared:
-                tx.run(
+            cost = own
+            if digest is not None:
+                cost += output_bytes * tx.count(
                     "INSERT INTO response_outputs (digest, output, bytes) VALUES (?, ?, ?) "
-                    "ON CONFLICT (digest) DO NOTHING",  # another key's, written meanwhile
+                    "ON CONFLICT (digest) DO NOTHING",  # kept already: this row pays nothing
                     (digest, output, output_bytes),
                 )
+            after = _count(tx, stored.owner, 1, cost)
+            if after.count > self.max_count or after.bytes > self.max_bytes:
+                raise QuotaFull(Usage(after.count - 1, after.bytes - cost), cost)  # rolled back
             tx.run(
                 f"INSERT INTO responses ({_COLUMNS}, bytes, output_digest) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -253,8 +277,7 @@ class ResponseStore:
                     digest,
                 ),
             )
-            _count(tx, stored.owner, 1, cost)
-        return cost
+        return Kept(cost=cost, usage=after)
 
     def get(self, response_id: str) -> StoredResponse | None:
         with self.pool.transaction() as tx:
@@ -298,24 +321,27 @@ class ResponseStore:
                     return found
         return None
 
-    def delete(self, response_id: str) -> bool:
+    def delete(self, response_id: str) -> Freed | None:
+        """Delete the response ``response_id``; its key and what the key keeps now, or None
+        when it was not stored."""
         with self.pool.transaction() as tx:
             found = tx.rows(
                 "DELETE FROM responses WHERE id = ? RETURNING output_digest, owner, bytes",
                 (response_id,),
             )
             if not found:
-                return False
-            _count(tx, found[0][1], -1, -int(found[0][2]))
-            if found[0][0] is not None:
+                return None
+            digest, owner, cost = found[0]
+            after = _count(tx, owner, -1, -int(cost))
+            if digest is not None:
                 if tx.db.is_postgres:
-                    _hold_output(tx, found[0][0])
+                    _hold_output(tx, digest)
                 tx.run(
                     "DELETE FROM response_outputs WHERE digest = ? AND NOT EXISTS "
                     "(SELECT 1 FROM responses WHERE output_digest = ?)",
-                    (found[0][0], found[0][0]),
+                    (digest, digest),
                 )
-            return True
+            return Freed(owner=owner, usage=after)
 
     def prune(self, *, now: float | None = None) -> int:
         """Delete the responses older than ``retention_days``; how many."""
@@ -336,6 +362,8 @@ class ResponseStore:
                 tally[1] += int(size)
             for owner, (count, size) in sorted(freed.items(), key=lambda kv: kv[0] or ""):
                 _count(tx, owner, -count, -size)
+            if gone:
+                self.prunes += 1
             if gone and tx.db.is_postgres:  # each orphan under its lock, in one order
                 orphans = tx.rows(_ORPHANS.replace("DELETE", "SELECT digest", 1))
                 for (digest,) in sorted(orphans):

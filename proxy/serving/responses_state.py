@@ -42,7 +42,7 @@ from proxy.config import Settings
 from proxy.errors import BadRequest, NotFound, StoreFull, StoreUnavailable
 from proxy.ledger.db.connections import Pool, Unavailable
 from proxy.ledger.db.location import Database
-from proxy.ledger.responses_store import QuotaFull, ResponseStore, StoredResponse, size
+from proxy.ledger.responses_store import QuotaFull, ResponseStore, StoredResponse, Usage, size
 from proxy.protocol.responses_translate import stand_in
 from proxy.protocol.validate import responses_request
 from proxy.serving.clients import Caller, own_key
@@ -53,6 +53,10 @@ log = structlog.get_logger("frugal.responses")
 T = TypeVar("T")
 MAX_REFERENCES = 100
 """Most ``item_reference`` items one request may name (each one is a lookup in the store)."""
+MAX_TALLIES = 10_000
+"""Keys whose stored-responses tally one process keeps in memory (:class:`Tallies`)."""
+SMALL_ITEMS, SMALL_ITEMS_CHARS = 2_000, 64 * 1024
+"""Input items measured on the event loop at most; larger ones are measured in a thread."""
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
 
 
@@ -131,6 +135,60 @@ def check_references(body: dict[str, Any], at: list[int]) -> None:
             )
 
 
+def _small(items: list[dict[str, Any]]) -> bool:
+    """Whether ``items`` are few and short enough to be measured on the event loop (at most
+    :data:`SMALL_ITEMS` values, strings of :data:`SMALL_ITEMS_CHARS` characters in all): a
+    walk that stops as soon as they are not."""
+    values, chars = 0, 0
+    stack: list[Any] = list(items)
+    while stack:
+        value = stack.pop()
+        values += 1
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, str):
+            chars += len(value)
+        if values > SMALL_ITEMS or chars > SMALL_ITEMS_CHARS:
+            return False
+    return True
+
+
+class Tallies:
+    """What each key keeps, as this process last read it from the store (at a write, a delete,
+    a refusal, or the key's first stored request), so that :meth:`ResponsesState.admit` needs
+    no round trip for a key under its quota.
+
+    Never trusted towards storing past the quota: :meth:`ResponseStore.put` checks the tally
+    again, in the transaction that writes, and what it read comes back here. Replicas on one
+    PostgreSQL share the quota; what another replica stores makes this copy too low (the
+    request is then refused at ``put``, after its answer, and sent with ``store: false``), and
+    what another deletes or prunes makes it too high, which ``admit`` never refuses on
+    without reading the tally again. A prune here forgets every copy (``prunes``, the
+    store's count of them, tells). At most :data:`MAX_TALLIES` keys, the oldest read
+    forgotten first."""
+
+    def __init__(self) -> None:
+        self._usage: dict[str | None, Usage] = {}
+        self._prunes = 0
+
+    def get(self, owner: str | None, prunes: int) -> Usage | None:
+        if prunes != self._prunes:
+            self._usage.clear()
+            self._prunes = prunes
+        return self._usage.get(owner)
+
+    def set(self, owner: str | None, usage: Usage, prunes: int) -> None:
+        """Remember ``usage``; ``prunes``: the store's count of them now (one that ran while
+        it was read can only have made it too high)."""
+        if self.get(owner, prunes) is None and len(self._usage) >= MAX_TALLIES:
+            del self._usage[next(iter(self._usage))]
+        self._usage.pop(owner, None)
+        self._usage[owner] = usage
+
+
 def _not_found(response_id: str, param: str) -> NotFound:
     return NotFound(f"Response with id '{response_id}' not found.", param=param)
 
@@ -145,6 +203,7 @@ class ResponsesState:
             max_bytes=bounds.max_stored_bytes_per_key,
             max_count=bounds.max_stored_per_key,
         )
+        self.tallies = Tallies()
 
     async def start(self) -> None:
         try:
@@ -204,28 +263,32 @@ class ResponsesState:
     async def admit(self, request: Caller, items: list[dict[str, Any]]) -> None:
         """Refuse (a 400 :class:`StoreFull` naming ``store``) a request that asks to store a
         response, with the input ``items``, for a key that cannot keep one more. A database
-        that cannot be reached refuses nothing here: the response is then not stored."""
+        that cannot be reached refuses nothing here: the response is then not stored.
+
+        Checked against the key's tally as this state last saw it (:class:`Tallies`): a key
+        that fits it costs no round trip. One that does not, or whose tally is not known yet,
+        is read from the database first, since another replica may have deleted meanwhile."""
         key = getattr(request.state, "client_key", None)
         owner = key.identity if key is not None else None
-
-        def check() -> tuple[bool, str]:
-            usage = self.store.usage(owner)
-            adding = size(items)
-            return self.store.fits(usage, adding), (
+        adding = size(items) if _small(items) else await asyncio.to_thread(size, items)
+        known = self.tallies.get(owner, self.store.prunes)
+        if known is not None and self.store.fits(known, adding):
+            return  # put checks it again, exactly, in the transaction that writes
+        try:
+            usage = await asyncio.to_thread(self.store.usage, owner)
+        except Unavailable as exc:
+            log.warning("responses_quota_unread", reason=str(exc))
+            return
+        self.tallies.set(owner, usage, self.store.prunes)
+        if not self.store.fits(usage, adding):
+            raise StoreFull(
                 f"This key keeps {usage.count} stored responses of {usage.bytes} bytes, and "
                 f"one more with {adding} bytes of input would pass its quota of "
                 f"{self.store.max_count} responses or {self.store.max_bytes} bytes ([responses] "
                 "max_stored_per_key, max_stored_bytes_per_key). Delete stored responses "
-                "(DELETE /v1/responses/{id}), or send 'store': false."
+                "(DELETE /v1/responses/{id}), or send 'store': false.",
+                param="store",
             )
-
-        try:
-            fits, why = await asyncio.to_thread(check)
-        except Unavailable as exc:
-            log.warning("responses_quota_unread", reason=str(exc))
-            return
-        if not fits:
-            raise StoreFull(why, param="store")
 
     async def keep(
         self,
@@ -247,11 +310,12 @@ class ResponsesState:
             input_items=items,
         )
         try:
-            await asyncio.to_thread(self.store.put, stored)
+            kept = await asyncio.to_thread(self.store.put, stored)
         except Unavailable as exc:
             log.warning("response_not_stored", reason=str(exc))
             return False
         except QuotaFull as exc:
+            self.tallies.set(stored.owner, exc.usage, self.store.prunes)
             log.warning(
                 "response_not_stored", reason="quota", kept=exc.usage.bytes, adding=exc.adding
             )
@@ -259,11 +323,14 @@ class ResponsesState:
         except ValueError as exc:  # JSON that UTF-8 cannot write (UnicodeEncodeError)
             log.warning("response_not_stored", reason=exc.__class__.__name__)
             return False
+        self.tallies.set(stored.owner, kept.usage, self.store.prunes)
         return True
 
     async def remove(self, response_id: str) -> None:
-        if not await self._call(self.store.delete, response_id):
+        freed = await self._call(self.store.delete, response_id)
+        if freed is None:
             raise _not_found(response_id, "response_id")  # deleted meanwhile
+        self.tallies.set(freed.owner, freed.usage, self.store.prunes)
 
     async def visible(self, request: Caller, response_id: str) -> StoredResponse:
         found = await self._call(self.store.get, response_id)

@@ -8,6 +8,8 @@
     direct_route    the direct route: an OpenAI-compatible ``api_base`` over aiohttp
     litellm_route   the litellm route: its keywords (allow-listed, none of litellm's own from
                     a client) and one attempt of its call
+    litellm_clients the bounded clients that route hands litellm (``client=``), by provider,
+                    so that an answer is read only up to ``[fallback] max_answer_bytes``
     retry           ``RetryPolicy`` (tenacity): what is retried, backoff, ``Retry-After``, the
                     time budget; retries live here and nowhere else
     stream          an upstream SSE stream that has started: relayed event by event, usage noted

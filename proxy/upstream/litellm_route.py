@@ -13,17 +13,15 @@ this route sets itself (:data:`LITELLM_OWN_KWARGS`), never a client's ``api_base
 litellm either: there it is litellm's own logging and routing metadata, not OpenAI's. litellm's
 own retries are turned off; the client's :class:`~proxy.upstream.retry.RetryPolicy` retries.
 
-Size: litellm reads the provider's answer itself, with a client that differs by provider. The
-providers in :data:`BOUNDED_PROVIDERS` take litellm's own httpx handler, which this route hands
-them (``client=``), one per route, built at :meth:`LitellmRoute.start` and closed with it. Its
-transport (:class:`BoundedTransport`) counts each answer's bytes as httpx reads them and raises
-:func:`~proxy.upstream.route.too_large` past ``[fallback] max_answer_bytes``: a whole answer for
-a non-streamed call, each line (so each SSE event) for a stream. The error reaches the client as
-the same 502 as on the direct route (:func:`proxy.upstream.failures.translate` finds it in the
-chain of litellm's wrapping errors). Other providers are handed no client: some (``azure``, the
-OpenAI-compatible ones litellm sends with the ``openai`` SDK) want an ``openai.AsyncOpenAI``
-whose key and base would then be ours to resolve instead of litellm's, so their read is not
-bounded; for them only what litellm hands back is checked against the bound, after the read.
+Size: litellm reads the provider's answer itself, with a client that differs by provider. Most
+providers take one from the caller (``client=``), and this route hands them clients of its own,
+made at :meth:`LitellmRoute.start` and closed with it (:mod:`proxy.upstream.litellm_clients`,
+which says which providers and how): their transport counts each answer's bytes as httpx reads
+them and raises :func:`~proxy.upstream.route.too_large` past ``[fallback] max_answer_bytes``: a
+whole answer for a non-streamed call, each line (so each SSE event) for a stream. The error
+reaches the client as the same 502 as on the direct route (:func:`proxy.upstream.failures.
+translate` finds it in the chain of litellm's wrapping errors). The other providers are handed
+no client; for them only what litellm hands back is checked against the bound, after the read.
 
 :class:`LitellmRoute` is a :class:`~proxy.upstream.route.Route`: each call is one attempt.
 """
@@ -34,19 +32,24 @@ import asyncio
 import importlib
 import json
 import os
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
-
-import httpx
 
 from proxy import logs
 from proxy.config import FallbackSettings
 from proxy.protocol.forwarding import forwarded
 from proxy.protocol.params import CHAT_PARAMETERS
+from proxy.upstream.litellm_clients import (
+    HANDLER_PROVIDERS,
+    SDK_PROVIDERS,
+    BoundedClients,
+    BoundedTransport,
+)
 from proxy.upstream.route import Answer, Opened, too_large
 
 __all__ = [
-    "BOUNDED_PROVIDERS",
+    "HANDLER_PROVIDERS",
+    "SDK_PROVIDERS",
     "LITELLM_OWN_KWARGS",
     "LITELLM_PARAMETERS",
     "BoundedTransport",
@@ -76,60 +79,6 @@ LITELLM_OWN_KWARGS = frozenset(
     }
 )
 
-# Providers whose litellm handler reads with the httpx handler handed to it as `client` (its
-# BaseLLMHTTPHandler). Checked against litellm's source; another provider is handed no client.
-BOUNDED_PROVIDERS = frozenset({"anthropic", "hosted_vllm"})
-
-
-class _BoundedBody(httpx.AsyncByteStream):
-    """A response body read through, raising past ``limit`` bytes: in all, or per line."""
-
-    def __init__(self, inner: httpx.AsyncByteStream, limit: int, per_line: bool) -> None:
-        self._inner = inner
-        self._limit = limit
-        self._per_line = per_line
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        run = 0  # bytes in all, or since the last newline
-        async for chunk in self._inner:
-            newline = chunk.rfind(b"\n") if self._per_line else -1
-            run = len(chunk) - newline - 1 if newline >= 0 else run + len(chunk)
-            if run > self._limit:
-                raise too_large("stream event" if self._per_line else "answer", self._limit)
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-class BoundedTransport(httpx.AsyncBaseTransport):
-    """httpx's own transport, each response body bounded as httpx reads it: ``limit`` bytes in
-    all, or per line when ``per_line`` (a stream's events). A non-streamed answer that declares a
-    ``Content-Length`` past the bound is refused before a byte of it is read."""
-
-    def __init__(self, limit: int, *, per_line: bool) -> None:
-        self._inner = httpx.AsyncHTTPTransport()
-        self._limit = limit
-        self._per_line = per_line
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        response = await self._inner.handle_async_request(request)
-        declared = response.headers.get("content-length", "")
-        if not self._per_line and declared.isdigit() and int(declared) > self._limit:
-            await response.aclose()
-            raise too_large("answer", self._limit)
-        body = response.stream
-        assert isinstance(body, httpx.AsyncByteStream)
-        return httpx.Response(
-            status_code=response.status_code,
-            headers=response.headers,
-            stream=_BoundedBody(body, self._limit, self._per_line),
-            extensions=response.extensions,
-        )
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
 
 class LitellmRoute:
     """litellm's keywords for a forwarded body, and one attempt of the call."""
@@ -137,24 +86,17 @@ class LitellmRoute:
     def __init__(self, settings: FallbackSettings) -> None:
         self._settings = settings
         self._litellm: Any = None
-        self._clients: dict[bool, Any] = {}  # litellm httpx handlers, by "is it for a stream"
+        self._clients = BoundedClients(settings.max_answer_bytes, settings.timeout_s)
 
     async def start(self) -> None:
-        """Import litellm (seconds) in a thread, once, and make its two bounded clients."""
+        """Import litellm (seconds) in a thread, once, and make its bounded clients."""
         if self._litellm is None:
             self._litellm = await asyncio.to_thread(import_litellm)
-        if not self._clients:
-            handler = importlib.import_module("litellm.llms.custom_httpx.http_handler")
-            limit = self._settings.max_answer_bytes
-            for per_line in (False, True):
-                transport = BoundedTransport(limit, per_line=per_line)
-                self._clients[per_line] = handler.AsyncHTTPHandler(transport=transport)
+        self._clients.start()
 
     async def aclose(self) -> None:
         """Close the bounded clients (litellm keeps its other clients itself)."""
-        clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            await client.close()
+        await self._clients.aclose()
 
     def ready(self) -> None:
         """Always ready: a missing key or base is the provider's answer, an attempt's failure."""
@@ -190,9 +132,9 @@ class LitellmRoute:
         """One attempt: litellm's answer (a model response, or its stream when streamed), read
         through a bounded client where the provider takes one."""
         await self.start()
-        provider = str(kwargs["model"]).partition("/")[0]
-        if provider in BOUNDED_PROVIDERS:
-            kwargs = {**kwargs, "client": self._clients[bool(kwargs.get("stream"))]}
+        client = self._clients.for_call(self._litellm, kwargs)
+        if client is not None:
+            kwargs = {**kwargs, "client": client}
         return await self._litellm.acompletion(**kwargs)
 
 

@@ -58,8 +58,8 @@ def test_a_chain_is_walked_back_to_its_first_turn_in_order(pool: Pool) -> None:
     store.put(turn(4, previous="resp_1"), now=NOW)  # a branch off the first turn
     assert [t.id for t in store.chain("resp_3")] == ["resp_1", "resp_2", "resp_3"]
     assert [t.id for t in store.chain("resp_4")] == ["resp_1", "resp_4"]
-    assert store.delete("resp_2") is True
-    assert store.delete("resp_2") is False
+    assert store.delete("resp_2") is not None
+    assert store.delete("resp_2") is None
     assert [t.id for t in store.chain("resp_3")] == ["resp_3"]  # the link is gone: it ends
 
 
@@ -120,8 +120,8 @@ def _answers(pool: Pool) -> int:
 
 def test_an_answer_carried_by_several_responses_is_kept_once(pool: Pool) -> None:
     store = ResponseStore(pool, retention_days=30)
-    first = store.put(_with_ids(1, ["msg_a", "msg_b"]), now=NOW)
-    again = store.put(_with_ids(2, ["msg_c", "msg_d"]), now=NOW)
+    first = store.put(_with_ids(1, ["msg_a", "msg_b"]), now=NOW).cost
+    again = store.put(_with_ids(2, ["msg_c", "msg_d"]), now=NOW).cost
     assert _answers(pool) == 1
     assert again < first  # the second pays for its ids and input items, not for the answer
     assert store.usage("id:1").bytes == first + again
@@ -143,8 +143,10 @@ def test_retention_takes_an_answer_along_with_its_last_response(pool: Pool) -> N
 
 
 def test_a_key_at_its_quota_stores_nothing_more_and_other_keys_are_not_held(pool: Pool) -> None:
-    one = ResponseStore(pool, retention_days=30, max_bytes=10_000_000, max_count=1000).put(
-        turn(1), now=NOW
+    one = (
+        ResponseStore(pool, retention_days=30, max_bytes=10_000_000, max_count=1000)
+        .put(turn(1), now=NOW)
+        .cost
     )
     store = ResponseStore(pool, retention_days=30, max_bytes=3 * one, max_count=1000)
     stored, refused = 1, 0
@@ -198,3 +200,24 @@ def test_a_keys_tally_stays_the_sum_of_its_rows_through_writes_deletes_and_prune
         assert store.usage(owner) == summed(owner), owner
     assert store.usage("id:1").count == 3 and store.usage("id:2") == Usage(0, 0)
     assert store.usage(None).count == 1
+
+
+def test_put_and_delete_read_back_the_keys_tally_and_a_refused_put_keeps_no_answer(
+    pool: Pool,
+) -> None:
+    """What ``put`` and ``delete`` return is the key's tally as the database holds it after
+    them (what the HTTP side checks its next request against); a put past the quota leaves
+    neither the row, nor its answer, nor a change to the tally."""
+    store = ResponseStore(pool, retention_days=30)
+    first = store.put(turn(1), now=NOW)
+    second = store.put(turn(2), now=NOW)
+    assert first.usage == Usage(1, first.cost)
+    assert second.usage == Usage(2, first.cost + second.cost) == store.usage("id:1")
+    tight = ResponseStore(pool, retention_days=30, max_bytes=second.usage.bytes + 10)
+    with pytest.raises(QuotaFull) as refused:
+        tight.put(turn(3), now=NOW)
+    assert refused.value.usage == second.usage == store.usage("id:1")
+    assert store.get("resp_3") is None and _answers(pool) == 2
+    freed = store.delete("resp_1")
+    assert freed is not None and freed.owner == "id:1"
+    assert freed.usage == Usage(1, second.cost) == store.usage("id:1")

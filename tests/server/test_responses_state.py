@@ -4,6 +4,7 @@ its ``input_items`` with OpenAI's pagination, each key's own responses, and rete
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import time
@@ -14,9 +15,10 @@ from typing import Any
 
 import openai
 import pytest
+import structlog
 from starlette.requests import Request
 
-from proxy.errors import StoreUnavailable
+from proxy.errors import StoreFull, StoreUnavailable
 from proxy.ledger.db import access
 from proxy.ledger.db.connections import Pool
 from proxy.ledger.db.location import Database, parse
@@ -378,3 +380,138 @@ async def test_a_database_out_of_reach_skips_storing_and_a_read_is_a_503(tmp_pat
     finally:
         await state.stop()
     assert caught.value.status == 503 and caught.value.code == "store_unavailable"
+
+
+# -- the stored-responses quota, checked in memory (ResponsesState.tallies) ---------------------
+
+
+def _stored_request(identity: int) -> Request:
+    key = keys.ClientKey(name=f"k{identity}", digest=b"\0" * 32, key_id=identity)
+    return Request({"type": "http", "method": "POST", "headers": [], "state": {"client_key": key}})
+
+
+def _answer(n: int) -> dict[str, Any]:
+    """A response of its own answer (no two share one), about 1 KB stored."""
+    text = f"answer {n} " + "x" * 900
+    return {"id": f"resp_{n}", "object": "response", "output": [{"id": f"msg_o{n}", "text": text}]}
+
+
+ITEMS = [{"id": "msg_in", "type": "message", "role": "user", "content": "q"}]
+
+
+def _ledger_lock(db: Database) -> sqlite3.Connection:
+    """Another connection holding the SQLite ledger's write lock: every statement of the store
+    waits on it (up to the pool's 3 s), then fails."""
+    held = sqlite3.connect(db.path, isolation_level=None)
+    held.execute("BEGIN IMMEDIATE")
+    return held
+
+
+def _quota_reads(logs: list[dict[str, Any]]) -> int:
+    return sum(1 for line in logs if line["event"] == "responses_quota_unread")
+
+
+QUOTA = {"max_stored_bytes_per_key": 8 * 1024, "max_stored_per_key": 5}
+"""Five responses of about 1 KB, or 8 KiB: the count is what the tests below reach first."""
+
+
+async def _filled(state: ResponsesState, request: Request, start: int) -> list[str]:
+    """Store responses for ``request``'s key until ``admit`` refuses the next; the ids stored."""
+    kept: list[str] = []
+    for n in range(start, start + 100):
+        try:
+            await state.admit(request, ITEMS)
+        except StoreFull as refused:
+            assert (refused.param, refused.code) == ("store", "store_quota_exceeded")
+            return kept
+        assert await state.keep(request, _answer(n), ITEMS, "local") is True
+        kept.append(f"resp_{n}")
+    raise AssertionError("the quota never refused")
+
+
+async def test_a_key_under_its_stored_quota_is_admitted_without_a_round_trip(
+    tmp_path: Path,
+) -> None:
+    """Once the key's tally is known, ``admit`` reads nothing for a key under its quota: with
+    the ledger locked by another writer, it is admitted with no read (none failed). A key at
+    its quota, and a request whose input alone would pass it, are still refused."""
+    db = parse(str(tmp_path / "ledger.db"))
+    open_database(db)
+    state = ResponsesState(settings_for(tmp_path, responses=QUOTA), db)
+    under, full = _stored_request(1), _stored_request(2)
+    try:
+        await state.admit(under, ITEMS)  # the first: read once
+        assert await state.keep(under, _answer(1), ITEMS, "local") is True
+        assert len(await _filled(state, full, 100)) == 5
+        with pytest.raises(StoreFull):
+            await state.admit(under, [{**ITEMS[0], "content": "y" * 9000}])
+        held = _ledger_lock(db)
+        try:
+            with structlog.testing.capture_logs() as logs:
+                for _ in range(3):
+                    await state.admit(under, ITEMS)
+        finally:
+            held.execute("ROLLBACK")
+            held.close()
+        assert _quota_reads(logs) == 0, logs
+        with pytest.raises(StoreFull):
+            await state.admit(full, ITEMS)
+    finally:
+        await state.stop()
+
+
+async def test_a_delete_frees_the_tally_the_quota_is_checked_against(tmp_path: Path) -> None:
+    """A key refused at its quota deletes one response: its next request is admitted from
+    the tally the delete read back, with no read of its own (the ledger is locked)."""
+    db = parse(str(tmp_path / "ledger.db"))
+    open_database(db)
+    state = ResponsesState(settings_for(tmp_path, responses=QUOTA), db)
+    request = _stored_request(3)
+    try:
+        filled = await _filled(state, request, 1)
+        await state.remove(filled[0])
+        held = _ledger_lock(db)
+        try:
+            with structlog.testing.capture_logs() as logs:
+                await state.admit(request, ITEMS)
+        finally:
+            held.execute("ROLLBACK")
+            held.close()
+        assert _quota_reads(logs) == 0, logs
+        assert await state.keep(request, _answer(500), ITEMS, "local") is True
+        with pytest.raises(StoreFull):
+            await state.admit(request, ITEMS)
+    finally:
+        await state.stop()
+
+
+async def test_replicas_share_the_stored_quota_and_a_stale_tally_never_stores_past_it(
+    tmp_path: Path,
+    database: Database,  # noqa: F811
+) -> None:
+    """Two replicas on one database (SQLite, or the PostgreSQL replicas share): what one
+    stores leaves the other's tally too low, and its ``put`` refuses what would pass the quota
+    (the answer is sent with ``store: false``); what one deletes leaves the other's too high,
+    and its ``admit`` reads the tally again rather than refuse."""
+    open_database(database)
+    settings = settings_for(tmp_path, responses=QUOTA)
+    one, two = ResponsesState(settings, database), ResponsesState(settings, database)
+    request = _stored_request(4)
+    try:
+        await one.admit(request, ITEMS)
+        assert await one.keep(request, _answer(1), ITEMS, "local") is True
+        filled = await _filled(two, request, 2)
+        await one.admit(request, ITEMS)  # its tally: one response, from before the other's
+        assert await one.keep(request, _answer(99), ITEMS, "local") is False
+        with pytest.raises(StoreFull):  # the refused put read the tally back
+            await one.admit(request, ITEMS)
+        usage = await asyncio.to_thread(one.store.usage, request.state.client_key.identity)
+        assert usage.count == 1 + len(filled) == QUOTA["max_stored_per_key"]
+        assert usage.bytes <= QUOTA["max_stored_bytes_per_key"]
+        for response_id in ["resp_1", *filled]:
+            await two.remove(response_id)
+        await one.admit(request, ITEMS)  # its tally says full; the database says empty
+        assert await one.keep(request, _answer(200), ITEMS, "local") is True
+    finally:
+        await one.stop()
+        await two.stop()
