@@ -9,14 +9,17 @@
     auth         client keys (``Authorization: Bearer``), and the guard that refuses what a web
                  page could send to a keyless proxy (non-JSON bodies, foreign ``Host``)
     limits       body size, header time, concurrency
+    shares       a client key's rpm and its share of the concurrency, checked from the headers
     disconnect   a client that leaves cancels its handler (and so its local work)
     background   a service's background task (the key store's refresh, the quotas' sweep)
                  cancelled and awaited when the service stops
     endpoints    each endpoint declared once (path, handler, OpenAPI entry): the routes, the
                  handlers the lifespan makes and the OpenAPI paths are read from it
-    handler      the life cycle every cascade endpoint shares: plan, local attempt, fallback,
-                 answer, exactly one ledger row
-    exchange     what one request did, for the headers, the log and the ledger row
+    cascade      the cascade every endpoint composes (none subclasses another): plan, local
+                 attempt, gate, fallback, answer, exactly one ledger row
+    live         ``stream_mode = "live"``: a local generation's tokens as they come
+    exchange     what one request did, for the headers, the log and the ledger row, set
+                 through its named steps only
     record       the row, the metrics and the log line made from an exchange, once
     shadow       a local attempt offered to the shadow audits; a drawn audit started
     answers      the engine's completion as OpenAI sends it
@@ -24,7 +27,10 @@
     completions  ``POST /v1/completions`` and ``POST /v1/embeddings``
     responses    ``POST /v1/responses``: translated to chat (responses_translate), answered by
                  the cascade, sent as a Responses object or its typed events; its nested
-                 shapes and their checks are responses_shapes
+                 shapes and their checks are responses_shapes, the body's checks
+                 responses_checks
+    responses_upstream  its fallback to the upstream's own ``/v1/responses``: the answer, or
+                 its typed events relayed, under our id
     responses_state  stored Responses: ``store``, ``previous_response_id``, and
                  ``GET``/``DELETE /v1/responses/{id}`` and its ``input_items``
     responses_tokens  ``POST /v1/responses/input_tokens``: a Responses request's input counted
