@@ -36,7 +36,6 @@ Imports the types it holds from :mod:`proxy.routing`, :mod:`proxy.audit` and
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -50,11 +49,12 @@ from proxy.routing.router import LocalAttempt, Plan
 from proxy.upstream.responses_api import chat_usage
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Billed:
     """What an API call is billed for besides text at the standard rate (the ledger's
     0013_billed columns, priced by proxy.ledger.pricing): audio tokens from its usage, web
-    searches from its answer, and the tier the answer says it was served at."""
+    searches from its answer, and the tier the answer says it was served at. Set by the
+    exchange's ``take_usage`` and ``take_billing``."""
 
     audio_prompt_tokens: int = 0
     audio_completion_tokens: int = 0
@@ -278,25 +278,21 @@ class Exchange:
             details = usage.get("prompt_tokens_details") or {}
             self.cached_tokens = int(details.get("cached_tokens") or 0)
             said = usage.get("completion_tokens_details") or {}
-            self.billed = dataclasses.replace(
-                self.billed,
-                audio_prompt_tokens=_count(details.get("audio_tokens")),
-                audio_completion_tokens=_count(said.get("audio_tokens")),
-            )
+            self.billed.audio_prompt_tokens = _count(details.get("audio_tokens"))
+            self.billed.audio_completion_tokens = _count(said.get("audio_tokens"))
 
     def take_billing(self, answer: dict[str, Any]) -> None:
         """What an API answer says it was billed for: the ``service_tier`` it was served at,
         and the web searches a Responses answer made (its ``web_search_call`` items)."""
         if isinstance(answer.get("service_tier"), str):
-            self.billed = dataclasses.replace(self.billed, served_tier=answer["service_tier"])
+            self.billed.served_tier = answer["service_tier"]
         output = answer.get("output")
         if isinstance(output, list):
-            searches = sum(
+            self.billed.web_searches = sum(
                 1
                 for item in output
                 if isinstance(item, dict) and item.get("type") == "web_search_call"
             )
-            self.billed = dataclasses.replace(self.billed, web_searches=searches)
 
     def charged(self, prompt: int, completion: int, *, source: str) -> None:
         """Tokens the API's usage did not say, charged from ``source`` (proxy.http.charges)."""
