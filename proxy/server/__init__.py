@@ -11,16 +11,19 @@ imports Starlette or uvicorn (import-linter's forbidden contract holds the other
     auth         client keys (``Authorization: Bearer``), and the guard that refuses what a web
                  page could send to a keyless proxy (non-JSON bodies, foreign ``Host``)
     limits       body size, header time, concurrency
+    shares       a client key's rpm and its share of the concurrency, checked from the headers
     disconnect   a client that leaves cancels its handler (and so its local work)
     endpoints    each endpoint declared once (path, handler, OpenAPI entry): the routes, the
                  handlers the lifespan makes and the OpenAPI paths are read from it
-    handler      the life cycle every cascade endpoint shares: plan, local attempt, fallback,
-                 answer, exactly one ledger row
+    cascade      the cascade every endpoint composes (none subclasses another): plan, local
+                 attempt, gate, fallback, answer, exactly one ledger row
     answers      the engine's completion as OpenAI sends it
     chat         ``POST /v1/chat/completions``: the cascade as HTTP
     completions  ``POST /v1/completions`` and ``POST /v1/embeddings``
     responses    ``POST /v1/responses``: translated to chat (``proxy.protocol``), answered by
                  the cascade, sent as a Responses object or its typed events
+    responses_upstream  its fallback to the upstream's own ``/v1/responses``: the answer, or
+                 its typed events relayed, under our id
     stored_responses  ``GET``/``DELETE /v1/responses/{id}`` and its ``input_items``
     responses_tokens  ``POST /v1/responses/input_tokens``: a Responses request's input counted
                  with the model's tokenizer (the ledger's counter), no ledger row

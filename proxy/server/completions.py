@@ -1,11 +1,11 @@
 """``POST /v1/completions`` (legacy text completions) and ``POST /v1/embeddings``.
 
-Legacy completions take the same cascade as chat, in the same life cycle
-(:class:`proxy.server.handler.Handler`): a pre-route check (:mod:`proxy.protocol.params`), a local
-attempt (the raw prompt, no chat template) scored by the quality gate, and the API when the answer
-is not good enough. A streamed request gets the local answer replayed as OpenAI's
-``text_completion`` chunks after it was scored; on the API route the proxy asks for JSON and
-replays that, so a fallback can still happen before the first byte.
+Legacy completions take the same cascade as chat, in the same life cycle (a
+:class:`proxy.server.cascade.Cascade` of their own): a pre-route check
+(:mod:`proxy.protocol.params`), a local attempt (the raw prompt, no chat template) scored by the
+quality gate, and the API when the answer is not good enough. A streamed request gets the local
+answer replayed as OpenAI's ``text_completion`` chunks after it was scored; on the API route the
+proxy asks for JSON and replays that, so a fallback can still happen before the first byte.
 
 Embeddings are not made locally: they pass through to the API.
 
@@ -35,8 +35,9 @@ from proxy.routing.reasons import Reason
 from proxy.routing.router import ROUTE_HEADER
 from proxy.server import sse
 from proxy.server.answers import public_answer
-from proxy.server.handler import Handler, aiter_of
+from proxy.server.cascade import Cascade, aiter_of
 from proxy.serving.exchange import Exchange
+from proxy.serving.services import Services
 from proxy.upstream.client import COMPLETIONS_PATH, EMBEDDINGS_PATH
 
 
@@ -44,34 +45,47 @@ def _without_stream(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
 
 
-class CompletionsHandler(Handler):
-    endpoint = "completions"
-    prompt_param = "prompt"
-    prompt_noun = "the prompt"
+def _completions_call(
+    services: Services, body: dict[str, Any], ex: Exchange, sent: dict[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """What ``post_json`` posts: the body without ``stream`` (the API is asked for JSON)."""
+    return COMPLETIONS_PATH, services.upstream.sent(COMPLETIONS_PATH, _without_stream(body))
 
-    def api_call(
-        self, body: dict[str, Any], ex: Exchange, sent: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        """What ``post_json`` posts: the body without ``stream`` (the API is asked for JSON)."""
-        return COMPLETIONS_PATH, self.services.upstream.sent(
-            COMPLETIONS_PATH, _without_stream(body)
+
+def _embeddings_call(
+    services: Services, body: dict[str, Any], ex: Exchange, sent: dict[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
+    return EMBEDDINGS_PATH, services.upstream.sent(EMBEDDINGS_PATH, body)
+
+
+class CompletionsHandler:
+    """``POST /v1/completions``, on its own :class:`Cascade`."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.cascade = Cascade(
+            services,
+            endpoint="completions",
+            prompt_param="prompt",
+            prompt_noun="the prompt",
+            api_call=_completions_call,
         )
 
+    async def __call__(self, request: Request) -> Response:
+        return await self.cascade.serve(request, self.handle)
+
     async def handle(self, request: Request, ex: Exchange) -> Response:
+        cascade = self.cascade
         body = await self.services.bodies.read(request, completions_request)
-        plan, threshold = self.begin(request, body, ex)
-        await self.admit(request, body, ex)  # the key's models (its rpm: before the body)
-        if plan.route == "local":
-            kept = await self.try_local(body, plan, threshold, ex, kind="complete")
-            if kept is not None:
-                return self._local(kept, ex, body)
+        planned = cascade.begin(request, body, ex)
+        await cascade.admit(request, body, ex)  # the key's models (its rpm: before the body)
         # The key's budget, before the API call; spent, a local answer the gate accepts is free.
-        kept = await self.reserve_or_local(body, plan, threshold, ex, kind="complete")
+        kept = await cascade.local_first(body, planned, ex, kind="complete")
         if kept is not None:
             return self._local(kept, ex, body)
         upstream = self.services.upstream
         call = upstream.post_json(COMPLETIONS_PATH, _without_stream(body), request_id=ex.request_id)
-        reply = (await self.from_api(call, ex)).body
+        reply = (await cascade.from_api(call, ex)).body
         if ex.stream:
             return self._replay(reply, ex, body)
         return JSONResponse(reply, headers=ex.headers())
@@ -80,7 +94,7 @@ class CompletionsHandler(Handler):
         """A kept local completion sent, as JSON or replayed as a stream."""
         # The ledger counts the answer with the requested model's tokenizer: give it the
         # prompt and the text in chat form.
-        ex.body, ex.local_completion = legacy.chat_view(body, kept)
+        ex.counted_as_chat(*legacy.chat_view(body, kept))
         if ex.stream:  # one chunk per token, as OpenAI streams: keep them for that
             return self._replay(
                 public_answer(kept, {"logprobs": 5, "model": body["model"]}, text=True), ex, body
@@ -93,22 +107,22 @@ class CompletionsHandler(Handler):
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
             with_logprobs=body.get("logprobs") is not None,
         )
-        return self.stream(aiter_of(chunks), ex)
+        return self.cascade.stream(aiter_of(chunks), ex)
 
 
-class EmbeddingsHandler(Handler):
+class EmbeddingsHandler:
     """Embeddings pass through to the API (reason ``unsupported``: no local embeddings)."""
 
-    endpoint = "embeddings"
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.cascade = Cascade(services, endpoint="embeddings", api_call=_embeddings_call)
 
-    def api_call(
-        self, body: dict[str, Any], ex: Exchange, sent: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        return EMBEDDINGS_PATH, self.services.upstream.sent(EMBEDDINGS_PATH, body)
+    async def __call__(self, request: Request) -> Response:
+        return await self.cascade.serve(request, self.handle)
 
     async def handle(self, request: Request, ex: Exchange) -> Response:
         body = await self.services.bodies.read(request, embeddings_request)
-        ex.model = body["model"]
+        ex.asked(body["model"])
         forced = (request.headers.get(ROUTE_HEADER) or "").strip().lower()
         if forced not in ("", "local", "api"):
             raise BadRequest(
@@ -121,15 +135,15 @@ class EmbeddingsHandler(Handler):
                 param="model",
                 code="unsupported_locally",
             )
-        ex.reason = Reason.FORCED if forced == "api" else Reason.UNSUPPORTED
-        if not self.router.fallback_enabled:
+        ex.fell_back(Reason.FORCED if forced == "api" else Reason.UNSUPPORTED)
+        if not self.services.router.fallback_enabled:
             raise LocalUnavailable(
                 "embeddings come from the API, and no API fallback is configured"
             )
-        await self.admit(request, body, ex)  # the key's models (its rpm: before the body)
-        await self.reserve(body, ex)  # embeddings answer no tokens: the input is the worst case
+        await self.cascade.admit(request, body, ex)  # the key's models (its rpm: before the body)
+        await self.cascade.reserve(body, ex)  # embeddings answer no tokens: the input is the worst
         upstream = self.services.upstream
         call = upstream.post_json(EMBEDDINGS_PATH, body, request_id=ex.request_id)
-        reply = (await self.from_api(call, ex)).body
-        ex.completion_tokens = 0
+        reply = (await self.cascade.from_api(call, ex)).body
+        ex.answered_nothing()
         return JSONResponse(reply, headers=ex.headers())

@@ -8,7 +8,7 @@ read one, so the request always goes to the API (route ``api``, reason ``unsuppo
   the upstream's own ``/v1/responses/compact`` is sent the whole conversation (``input`` after
   the stored turns ``previous_response_id`` names, item references put in place, none of the
   proxy's ids: :func:`proxy.upstream.responses_api.compact_body`), and its answer is relayed
-  as it came. A key's budget reserves the call's worst case first (:meth:`Handler.reserve`),
+  as it came. A key's budget reserves the call's worst case first (:meth:`Cascade.reserve`),
   and the ledger row prices its ``usage`` as an API call's.
 - with ``"translate"``, or a model routed through litellm, there is no such endpoint to ask: a
   400 ``unsupported_parameter`` naming ``model``, before anything is spent.
@@ -28,8 +28,7 @@ from starlette.responses import JSONResponse, Response
 from proxy.errors import BadRequest
 from proxy.protocol.request_schema import RESPONSES_REQUEST
 from proxy.protocol.shapes import Schema
-from proxy.routing.reasons import Reason
-from proxy.server.handler import Handler
+from proxy.server.cascade import Cascade
 from proxy.serving.exchange import Exchange
 from proxy.serving.responses_state import (
     ResponsesState,
@@ -37,6 +36,7 @@ from proxy.serving.responses_state import (
     input_items,
     references,
 )
+from proxy.serving.services import Services
 from proxy.upstream import responses_api
 from proxy.upstream.client import COMPACT_PATH
 
@@ -70,16 +70,28 @@ def _checked(body: dict[str, Any]) -> dict[str, Any]:
     return fields_checked(body, FIELDS)
 
 
-class CompactHandler(Handler):
-    endpoint = "responses_compact"
-    prompt_param = "input"
-    prompt_noun = "the input"
+def _compact_call(
+    services: Services, body: dict[str, Any], ex: Exchange, sent: dict[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The upstream's ``/v1/responses/compact`` posts ``sent``, as it is."""
+    return COMPACT_PATH, services.upstream.sent(COMPACT_PATH, sent or body)
 
-    def api_call(
-        self, body: dict[str, Any], ex: Exchange, sent: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        """The upstream's ``/v1/responses/compact`` posts ``sent``, as it is."""
-        return COMPACT_PATH, self.services.upstream.sent(COMPACT_PATH, sent or body)
+
+class CompactHandler:
+    """``POST /v1/responses/compact``, on its own :class:`Cascade` (always the API)."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.cascade = Cascade(
+            services,
+            endpoint="responses_compact",
+            prompt_param="input",
+            prompt_noun="the input",
+            api_call=_compact_call,
+        )
+
+    async def __call__(self, request: Request) -> Response:
+        return await self.cascade.serve(request, self.handle)
 
     def _state(self) -> ResponsesState:
         state = self.services.responses
@@ -93,7 +105,7 @@ class CompactHandler(Handler):
         if references(asked):
             asked = await asyncio.to_thread(_checked, await state.resolved(request, asked))
         model = asked["model"]
-        ex.model = model
+        ex.asked(model)
         upstream = self.services.upstream
         if self.services.settings.fallback.responses != "responses" or upstream.via_litellm(model):
             raise BadRequest(
@@ -107,11 +119,10 @@ class CompactHandler(Handler):
         earlier = await state.history(request, previous) if previous is not None else []
         conversation = [*earlier, *input_items(asked["input"])]
         sent = responses_api.compact_body(asked, conversation, upstream.target(model))
-        await self.admit(request, {"model": model}, ex)
-        ex.cache_key, ex.cache_read = None, False  # a compaction is never cached
-        ex.route, ex.reason = "api", Reason.UNSUPPORTED
-        await self.reserve({"model": model}, ex, sent=sent)
-        reply = await self.from_api(
+        await self.cascade.admit(request, {"model": model}, ex, cache=False)  # never cached
+        ex.unsupported_locally()
+        await self.cascade.reserve({"model": model}, ex, sent=sent)
+        reply = await self.cascade.from_api(
             responses_api.compact(upstream, sent, request_id=ex.request_id), ex
         )
         return JSONResponse(reply.body, headers=ex.headers())

@@ -29,8 +29,8 @@ from proxy.engine.reasoning import ReasoningText
 from proxy.protocol.responses_answer import Used, response_of, timed_out
 from proxy.routing.reasons import Reason
 from proxy.routing.router import LocalAttempt
-from proxy.server.chat import cancel, live_tokens
 from proxy.serving.exchange import Exchange
+from proxy.serving.live import cancel, live_tokens
 
 Keep = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -160,7 +160,7 @@ async def live_events(
         ex.take_local(attempt)
         completion = attempt.completion
         if completion is None:
-            ex.error = attempt.reason
+            ex.local_failed(attempt.reason)
             said = {**message, "status": "incomplete", "content": [_text_part(text)]}
             failed = {
                 **started,
@@ -177,7 +177,7 @@ async def live_events(
         ex.take_usage(completion.get("usage"))
         ex.keep(completion)
         if attempt.reason == Reason.LOCAL_TIMEOUT:
-            ex.reason = Reason.LOCAL_TIMEOUT
+            ex.local_timed_out()
         final = {**response_of(completion, asked, used), "id": started["id"]}
         said_item = next(i for i in final["output"] if i["type"] == "message")
         item = {**said_item, "id": message["id"], "content": [_text_part(text)]}
@@ -185,7 +185,7 @@ async def live_events(
         yield sent("response.output_text.done", {**at, "text": text, "logprobs": []})
         yield sent("response.content_part.done", {**at, "part": _text_part(text)})
         if attempt.reason == Reason.LOCAL_TIMEOUT:  # an error, not a limit it reached
-            ex.error = attempt.reason
+            ex.cut_by_deadline()
             final = timed_out(final)
             item = final["output"][-1]
         yield sent("response.output_item.done", {"output_index": at["output_index"], "item": item})

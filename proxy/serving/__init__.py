@@ -4,7 +4,11 @@ quotas of a client key, the shadow audits, the services a running app shares, an
 bundle of them the server hands to its handlers. No Starlette here: a service is handed what it
 reads (a body to read, a caller's rights), never a route or an app to look itself up in.
 
-    exchange     what one request did, for the headers, the log and the ledger row
+    exchange     what one request did, for the headers, the log and the ledger row, set
+                 through its named steps only
+    live         ``stream_mode = "live"``: a local generation's tokens as they come
+    responses_checks  a ``/v1/responses`` body's checks: its shape, its references, and what
+                 the chat cascade it is translated to must accept
     record       the row, the metrics and the log line made from an exchange, once
     charges      what an API call costs when its answer never reached the client
     quotas       what a client key may do on the request path: models, rpm, budget, cache

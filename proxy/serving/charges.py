@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import json
 import math
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -90,7 +89,7 @@ def stream_closer(
         try:
             await settle_stream(stream, ex, services, body)
         finally:
-            ex.api_ms = (time.perf_counter() - started) * 1000
+            ex.api_timed(started)
 
     return close
 
@@ -120,10 +119,8 @@ async def estimate_stream(
         completion = math.ceil(generated.text_bytes() / BYTES_PER_TOKEN)
     # The provider billed the prompt whole, images and files included, which the chat
     # stand-in counted above may leave out: never less than the reservation's prompt side.
-    ex.prompt_tokens = max(prompt, _worst_case(ex)[0])
-    ex.completion_tokens = math.ceil(completion * generated.scale)
-    ex.cached_tokens = 0
-    ex.token_source = ESTIMATED
+    completion = math.ceil(completion * generated.scale)
+    ex.charged(max(prompt, _worst_case(ex)[0]), completion, source=ESTIMATED)
 
 
 def _worst_case(ex: Exchange) -> tuple[int, int]:
@@ -140,9 +137,7 @@ def charge_worst_case(ex: Exchange) -> None:
     """Nothing is known of what the API did: the worst case reserved for it is charged."""
     if ex.worst_body is None:
         return
-    ex.prompt_tokens, ex.completion_tokens = _worst_case(ex)
-    ex.cached_tokens = 0
-    ex.token_source = WORST_CASE
+    ex.charged(*_worst_case(ex), source=WORST_CASE)
 
 
 def _bound_s(services: Services) -> float:
@@ -164,7 +159,7 @@ async def _outlast(
     try:
         answer = await asyncio.wait_for(asyncio.shield(call), _bound_s(services))
     except ProxyError as exc:
-        ex.upstream_attempts = exc.attempts
+        ex.api_attempts(exc.attempts)
         if maybe_billed(exc):
             charge_worst_case(ex)
         return None
@@ -174,7 +169,7 @@ async def _outlast(
             call.add_done_callback(given_up)
         charge_worst_case(ex)
         return None
-    ex.upstream_attempts = answer.attempts
+    ex.api_attempts(answer.attempts)
     return answer
 
 
@@ -216,14 +211,14 @@ async def open_stream(
     try:
         stream = await asyncio.shield(opening)
     except ProxyError as exc:
-        ex.api_ms = (time.perf_counter() - started) * 1000
-        ex.upstream_attempts = exc.attempts
+        ex.api_timed(started)
+        ex.api_attempts(exc.attempts)
         raise
     except asyncio.CancelledError:
         await open_abandoned(opening, ex, services, body)
-        ex.api_ms = (time.perf_counter() - started) * 1000
+        ex.api_timed(started)
         raise
-    ex.upstream_attempts = stream.attempts
+    ex.api_attempts(stream.attempts)
     return stream
 
 

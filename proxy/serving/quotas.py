@@ -4,7 +4,7 @@ monthly budget, and the response cache it may be answered from.
 :class:`Quotas` is one of the app's services. :mod:`proxy.server.shares` calls ``admit_rate``
 from the headers, before the body is read: a key past its ``rpm`` is a 429 with
 ``Retry-After`` (:mod:`proxy.ledger.tenants.rpm`), so a key at its limit cannot hold a slot while it
-sends a body. The handlers call it at four points (:mod:`proxy.server.handler`,
+sends a body. The handlers call it at four points (:mod:`proxy.server.cascade`,
 :mod:`proxy.server.chat`):
 
 - ``admit`` once the model is known: a model the key may not use is a 403 naming ``model``.

@@ -6,7 +6,7 @@
                            drawn shadow audit started (:mod:`proxy.serving.shadow`). Later calls
                            do nothing.
 
-:class:`proxy.server.handler.Handler` calls it when a JSON answer or an error is sent, and the
+:meth:`proxy.server.cascade.Cascade.serve` calls it when a JSON answer or an error is sent, and the
 :class:`proxy.server.sse.EventStream` of a stream when its last byte is out or its client left.
 Prompts and answers reach the log only as ``request_content``, when ``[server] log_content``
 is on.
@@ -80,15 +80,16 @@ def _billed(ex: Exchange) -> dict[str, Any]:
     for tool in sent.get("tools") or []:
         if isinstance(tool, dict) and str(tool.get("type", "")).startswith("web_search"):
             size = size or tool.get("search_context_size")
-    searches = ex.web_searches
+    billed = ex.billed
+    searches = billed.web_searches
     if ex.route == "api" and not searches and isinstance(options, dict):
         searches = 1
     return {
         "service_tier": service_tier(
-            ex.served_tier if ex.served_tier is not None else sent.get("service_tier")
+            billed.served_tier if billed.served_tier is not None else sent.get("service_tier")
         ),
-        "audio_prompt_tokens": ex.audio_prompt_tokens,
-        "audio_completion_tokens": ex.audio_completion_tokens,
+        "audio_prompt_tokens": billed.audio_prompt_tokens,
+        "audio_completion_tokens": billed.audio_completion_tokens,
         "web_searches": searches if ex.route == "api" else 0,
         "search_context_size": size if size in SEARCH_SIZES else None,
     }
@@ -96,9 +97,8 @@ def _billed(ex: Exchange) -> dict[str, Any]:
 
 def finish(ex: Exchange, services: Services) -> None:
     """Write the exchange's ledger row, log line and metrics; once, later calls do nothing."""
-    if ex.recorded:
+    if not ex.recording():
         return
-    ex.recorded = True
     latency_ms = (time.perf_counter() - ex.started) * 1000
     model = ex.model or ""
     row = LedgerRow(
@@ -153,10 +153,10 @@ def finish(ex: Exchange, services: Services) -> None:
         key=ex.key_name,
         error=ex.error,
     )
-    if ex.content_out is not None:  # [server] log_content: the operator asked for it
+    if ex.content is not None:  # [server] log_content: the operator asked for it
         log.debug(
             "request_content",
             request_id=ex.request_id,
-            messages=ex.content_in,
-            completion="".join(ex.content_out),
+            messages=ex.content.messages,
+            completion="".join(ex.content.out),
         )

@@ -3,13 +3,13 @@ audits, and a drawn audit started when the exchange ends.
 
     offer(...)            a chat answer the cascade could have sent to the API, accepted or
                           rejected alike, offered to the sampler; a drawn one is kept on the
-                          exchange (``ex.audit``)
+                          exchange (``ex.drew_audit``)
     start(ex, services)   the drawn audit started in the background, never awaited: a shadow
                           call for an accepted answer sent locally, the API's own answer as the
                           reference for a rejected one; the ticket given back when there is
                           nothing to grade
 
-:class:`proxy.server.handler.Handler` offers, :func:`proxy.serving.record.finish` starts. The audits
+:class:`proxy.server.cascade.Cascade` offers, :func:`proxy.serving.record.finish` starts. The audits
 themselves run in :mod:`proxy.audit.runner`, off the request path.
 
 Imports :mod:`proxy.audit.runner` and the types of the exchange.
@@ -63,16 +63,15 @@ def offer(
         threshold=threshold,
         key_name=ex.key_name,
     )
-    ex.audit = (ticket, case)
-    if not accepted:
-        ex.audit_text = []
+    ex.drew_audit(ticket, case)
 
 
 def start(ex: Exchange, services: Services) -> None:
     """The exchange's drawn audit, started in the background (never awaited here)."""
     runner = services.audit
     assert ex.audit is not None and runner is not None
-    (ticket, case), ex.audit = ex.audit, None
+    drawn = ex.audit_started()
+    ticket, case = drawn.ticket, drawn.case
     if case.accepted:
         if ex.route == "local":
             runner.shadow(ticket, case)
@@ -82,9 +81,9 @@ def start(ex: Exchange, services: Services) -> None:
     if ex.status == 499:  # the client left: no answer of the API's to grade against
         runner.give_back(ticket)
         return
-    reference = ex.audit_reference
-    if reference is None and ex.audit_text and ex.status < 400 and ex.error is None:
-        text = "".join(ex.audit_text)
+    reference = drawn.reference
+    if reference is None and drawn.text and ex.status < 400 and ex.error is None:
+        text = "".join(drawn.text)
         reference = {"choices": [{"message": {"role": "assistant", "content": text}}]}
     if ex.route != "api" or ex.status >= 400:
         reference = None
