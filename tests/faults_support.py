@@ -31,10 +31,12 @@ import httpx
 from tests.conftest import FAKE_KEY, FAKE_KEY_ENV
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import FRUGAL, Served
+from tests.load_factor import CEILING_S
 from tests.loopback import OnThread, free_port, poll_ready, terminate
 
-READY_S = 90.0
-"""Longest wait for a server's engine to be ready (2 cores shared by many test runs)."""
+READY_S = CEILING_S
+"""Longest wait for a server's engine to be ready: the wait ends when /healthz says so, or the
+process exits; this ceiling is for a server that hangs (2 cores shared by many test runs)."""
 
 
 # -- config ---------------------------------------------------------------------------------------
@@ -272,7 +274,7 @@ class HealthPoller(OnThread):
         return round(max(self.latencies, default=0.0) * 1000, 1)
 
 
-def wait_idle(served: Served, timeout_s: float = 30.0) -> float | None:
+def wait_idle(served: Served, timeout_s: float = CEILING_S) -> float | None:
     """Seconds until /healthz shows the engine neither busy nor queueing, None if it never did."""
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
@@ -309,7 +311,7 @@ def rows_for(db: Path, request_id: str) -> list[dict[str, Any]]:
     return ledger_rows(db, "request_id = ?", (request_id,))
 
 
-def wait_rows(db: Path, request_id: str, *, timeout_s: float = 15.0) -> list[dict[str, Any]]:
+def wait_rows(db: Path, request_id: str, *, timeout_s: float = CEILING_S) -> list[dict[str, Any]]:
     """The rows of ``request_id`` once there is one, and a moment more (a second would show)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

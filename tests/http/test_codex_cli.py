@@ -27,7 +27,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ import pytest
 from tests.conftest import module_api
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import Served, start_server, stop_server
+from tests.load_factor import wait_until
 
 pytestmark = pytest.mark.serve
 
@@ -145,13 +145,11 @@ def responses_rows(served: Served) -> list[dict[str, Any]]:
 
 def new_rows(served: Served, before: int, count: int) -> list[dict[str, Any]]:
     """The ``count`` rows written after the first ``before`` (the writer flushes in batches)."""
-    rows: list[dict[str, Any]] = []
-    for _ in range(100):
-        rows = responses_rows(served)[before:]
-        if len(rows) >= count:
-            break
-        time.sleep(0.1)
-    return rows
+    return wait_until(
+        lambda: rows if len(rows := responses_rows(served)[before:]) >= count else None,
+        f"{count} new responses rows",
+        every_s=0.1,
+    )
 
 
 def _tool_loop_went_through(api: FakeAPI, done: subprocess.CompletedProcess[str]) -> None:
