@@ -36,7 +36,7 @@ import pytest
 from tests.conftest import module_api
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import Served, start_server, stop_server
-from tests.load_factor import wait_until
+from tests.load_factor import scaled, wait_until
 
 pytestmark = pytest.mark.serve
 
@@ -70,7 +70,7 @@ def codex() -> Path:
             cwd=root,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=scaled(600),
             check=False,
         )
         assert done.returncode == 0, done.stderr
@@ -128,7 +128,7 @@ http_headers = {{ {sent} }}
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
         check=False,
     )
 

@@ -58,7 +58,9 @@ class Served:
 
     def health(self) -> dict[str, Any]:
         auth = {"authorization": f"Bearer {self.key}"} if self.key else None
-        return dict(httpx.get(self.base + "/healthz", headers=auth, timeout=5).json())
+        # 5 s on a quiet machine; a busy one (64 bodies of 8 MB arriving, row 10) takes longer.
+        timeout = scaled(5)
+        return dict(httpx.get(self.base + "/healthz", headers=auth, timeout=timeout).json())
 
     def engine_ready(self) -> bool:
         return self.health()["engine"]["state"] == "ready"
