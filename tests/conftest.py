@@ -81,7 +81,7 @@ def fresh_python(code: str, payload: Any) -> str:
         input=json.dumps(payload),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=load_factor.scaled(120),
         check=True,
     )
     return done.stdout

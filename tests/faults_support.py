@@ -31,7 +31,7 @@ import httpx
 from tests.conftest import FAKE_KEY, FAKE_KEY_ENV
 from tests.fake_api import FakeAPI
 from tests.http.test_serve import FRUGAL, Served
-from tests.load_factor import CEILING_S
+from tests.load_factor import CEILING_S, scaled
 from tests.loopback import OnThread, free_port, poll_ready, terminate
 
 READY_S = CEILING_S
@@ -242,13 +242,14 @@ class RssWatch(OnThread):
 
 
 class HealthPoller(OnThread):
-    """``GET /healthz`` back to back (each with a ``timeout_s`` client timeout) while it runs."""
+    """``GET /healthz`` back to back while it runs, each with a client timeout of ``timeout_s``
+    times the load factor: a bound the rows keep ("never fails"), scaled to a busy machine."""
 
     def __init__(self, base: str, *, timeout_s: float = 5.0, pause_s: float = 0.05) -> None:
         super().__init__("health-poller")
         self.base = base
-        self.timeout_s = timeout_s
-        self.join_s = timeout_s + 5  # a request under way ends first
+        self.timeout_s = scaled(timeout_s)
+        self.join_s = self.timeout_s + 5  # a request under way ends first
         self.pause_s = pause_s
         self.latencies: list[float] = []
         self.failures: list[str] = []

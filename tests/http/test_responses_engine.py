@@ -17,6 +17,7 @@ from tests.conftest import settings_for
 from tests.engine.test_speculative import PARAGRAPH
 from tests.fake_api import FakeAPI
 from tests.http.test_app import rows
+from tests.load_factor import settle
 
 LOCAL = {"x-frugal-route": "local"}
 # Long enough (over 64 tokens) for its prefill to be tiled, hence reusable (prefill_plan.py).
@@ -76,10 +77,7 @@ async def test_responses_share_the_engines_batch_with_each_other(
     async with make_client(settings, own_engine=True) as http:
         engine: LocalEngine = http.app.state.services.engine
         running = asyncio.create_task(http.post("/v1/responses", json=long, headers=LOCAL))
-        for _ in range(500):  # until the long one is being decoded
-            if engine.active == 1:
-                break
-            await asyncio.sleep(0.02)
+        await settle(lambda: engine.active == 1, "the long one being decoded")
         assert engine.active == 1
         second = await http.post("/v1/responses", json=short, headers=LOCAL)
         first = await running
