@@ -3,6 +3,10 @@ each ledger backend with ``open_app``, whose ``database`` comes from ``tests/led
 
 The engine (the real SmolLM2 in a real worker process) is started once per session and lent to
 each in-process app, which does not own it; tests that crash or stop an engine start their own.
+
+When the session starts, :func:`pytest_configure` measures how busy the machine is
+(:mod:`tests.load_factor`) once, and the report header prints the figure that every wait and
+scaled bound of the run then reads.
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import httpx
 import openai
 import pytest
 import structlog
+from pytest_timeout import get_env_settings
 
 from proxy import config
 from proxy.engine.local_engine import LocalEngine
 from proxy.ledger.db.location import Database
+from tests import load_factor
 from tests.fake_api import FakeAPI
 from tests.in_process import in_process
 from tests.ledger.conftest import database, pg_server  # noqa: F401 - for every folder
@@ -32,6 +38,39 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 FAKE_KEY_ENV = "FRUGAL_TEST_UPSTREAM_KEY"
 FAKE_KEY = "sk-test-upstream-0123456789"
+MEASURED = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Measure the machine's load once, before any test, into ``$FRUGAL_TEST_LOAD_FACTOR`` (a
+    value already there, set by hand, is kept)."""
+    pinned = os.environ.get(load_factor.ENV)
+    if pinned:
+        config.stash[MEASURED] = f"load factor {load_factor.load_factor():.2f} (pinned)"
+        return
+    measured = load_factor.measure()
+    os.environ[load_factor.ENV] = str(measured.factor)
+    config.stash[MEASURED] = measured.describe()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return config.stash.get(MEASURED, "load factor not measured")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Scale each test's time limit (pytest-timeout: ``timeout`` in pyproject.toml, or the
+    test's own ``timeout`` mark) by the load factor: a limit tuned on a quiet machine is one
+    more fixed wait. A limit of 0 (none) stays none."""
+    factor = load_factor.load_factor()
+    if factor == 1:
+        return
+    default = get_env_settings(config).timeout
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        limit = mark.kwargs.get("timeout", mark.args[0] if mark.args else None) if mark else None
+        limit = default if limit is None else limit
+        if limit:
+            item.add_marker(pytest.mark.timeout(float(limit) * factor), append=False)
 
 
 def fresh_python(code: str, payload: Any) -> str:
@@ -42,7 +81,7 @@ def fresh_python(code: str, payload: Any) -> str:
         input=json.dumps(payload),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=load_factor.scaled(120),
         check=True,
     )
     return done.stdout

@@ -31,11 +31,13 @@ import httpx
 
 from tests.conftest import FAKE_KEY, FAKE_KEY_ENV
 from tests.fake_api import FakeAPI
+from tests.load_factor import CEILING_S, scaled
 from tests.loopback import OnThread, free_port, poll_ready, terminate
 from tests.server.test_serve import FRUGAL, Served
 
-READY_S = 90.0
-"""Longest wait for a server's engine to be ready (2 cores shared by many test runs)."""
+READY_S = CEILING_S
+"""Longest wait for a server's engine to be ready: the wait ends when /healthz says so, or the
+process exits; this ceiling is for a server that hangs (2 cores shared by many test runs)."""
 
 
 # -- config ---------------------------------------------------------------------------------------
@@ -241,13 +243,14 @@ class RssWatch(OnThread):
 
 
 class HealthPoller(OnThread):
-    """``GET /healthz`` back to back (each with a ``timeout_s`` client timeout) while it runs."""
+    """``GET /healthz`` back to back while it runs, each with a client timeout of ``timeout_s``
+    times the load factor: a bound the rows keep ("never fails"), scaled to a busy machine."""
 
     def __init__(self, base: str, *, timeout_s: float = 5.0, pause_s: float = 0.05) -> None:
         super().__init__("health-poller")
         self.base = base
-        self.timeout_s = timeout_s
-        self.join_s = timeout_s + 5  # a request under way ends first
+        self.timeout_s = scaled(timeout_s)
+        self.join_s = self.timeout_s + 5  # a request under way ends first
         self.pause_s = pause_s
         self.latencies: list[float] = []
         self.failures: list[str] = []
@@ -273,7 +276,7 @@ class HealthPoller(OnThread):
         return round(max(self.latencies, default=0.0) * 1000, 1)
 
 
-def wait_idle(served: Served, timeout_s: float = 30.0) -> float | None:
+def wait_idle(served: Served, timeout_s: float = CEILING_S) -> float | None:
     """Seconds until /healthz shows the engine neither busy nor queueing, None if it never did."""
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
@@ -310,7 +313,7 @@ def rows_for(db: Path, request_id: str) -> list[dict[str, Any]]:
     return ledger_rows(db, "request_id = ?", (request_id,))
 
 
-def wait_rows(db: Path, request_id: str, *, timeout_s: float = 15.0) -> list[dict[str, Any]]:
+def wait_rows(db: Path, request_id: str, *, timeout_s: float = CEILING_S) -> list[dict[str, Any]]:
     """The rows of ``request_id`` once there is one, and a moment more (a second would show)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

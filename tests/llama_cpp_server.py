@@ -22,9 +22,10 @@ from pathlib import Path
 import httpx
 
 from proxy.engine.model_files import bundled_model_path
+from tests.load_factor import CEILING_S
 from tests.loopback import free_port, poll_ready
 
-READY_TIMEOUT_S = 120.0
+READY_TIMEOUT_S = CEILING_S
 EXTRA = ("fastapi", "sse_starlette", "starlette_context", "pydantic_settings")
 
 

@@ -33,6 +33,8 @@ from typing import Any, Self
 import httpx
 import uvicorn
 
+from tests.load_factor import CEILING_S
+
 
 def free_port() -> int:
     """A loopback port free at the time of asking, for a server that binds it itself."""
@@ -116,7 +118,7 @@ class ThreadedServer:
         self.server: uvicorn.Server | None = None
         self.thread: threading.Thread | None = None
 
-    def start(self, timeout_s: float = 10.0) -> int:
+    def start(self, timeout_s: float = CEILING_S) -> int:
         """Serve, and return the port once uvicorn says it has started."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

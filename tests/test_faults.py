@@ -6,9 +6,12 @@ started once per config and shared by the rows that need it (module-scoped); a r
 its server (a memory bomb past :data:`RSS_KILL`, the SIGTERM row) does not break the next one:
 :class:`Lazy` starts a fresh server when the last one has died.
 
-Timing: nothing waits on a sleep for correctness. Where the issue states a bound ("an answer
-within 1 s", "idle within 1 s") the figure is measured, printed (``pytest -s``) and asserted with
-a 10x margin, so a loaded machine does not flake; /healthz latencies are printed, not asserted.
+Timing: nothing waits on a sleep for correctness; a wait for an event (a row, an idle engine, a
+disconnect) goes on until it comes, up to :data:`tests.load_factor.CEILING_S`. Where the issue
+states a bound ("an answer within 1 s", "idle within 1 s") the figure is measured, printed
+(``pytest -s``) and asserted with a 10x margin times the run's load factor
+(:func:`tests.load_factor.load_factor`), so a loaded machine does not flake; /healthz latencies
+are printed, not asserted.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from tests.faults_support import (
     wait_ready,
     wait_rows,
 )
+from tests.load_factor import CEILING_S, load_factor, scaled
 from tests.loopback import Listener, free_port
 from tests.server.test_serve import ACCEPT_ANY, FRUGAL, QUESTION, REJECT_ALL, Served
 
@@ -67,7 +71,7 @@ TO_API = {"x-frugal-route": "api"}
 TO_LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}
 LITELLM_MODEL = "claude"  # mapped to a litellm provider that speaks HTTP to the fake API
 RSS_KILL = 3072 * MB  # a process past this is SIGKILLed by the watch: the row fails, the box lives
-BOUND_MARGIN = 10  # timed bounds of the issue are asserted with this margin
+BOUND_MARGIN = 10 * load_factor()  # timed bounds of the issue are asserted with this margin
 LOCK_S = 60.0  # how long row 5 holds the database locked under load, as the issue asks
 LONG_PROMPT = "Count from 1 to 5000, one number per line, and write nothing else."
 REPLY = "The capital of France is Paris."
@@ -130,7 +134,7 @@ def hard_close(sock: socket.socket) -> None:
     sock.close()
 
 
-def one_row(served: Served, request_id: str, timeout_s: float = 15.0) -> dict[str, Any]:
+def one_row(served: Served, request_id: str, timeout_s: float = CEILING_S) -> dict[str, Any]:
     rows = wait_rows(served.db, request_id, timeout_s=timeout_s)
     assert len(rows) == 1, f"{len(rows)} ledger rows for {request_id} (want exactly one)"
     return rows[0]
@@ -278,7 +282,7 @@ def test_row1_control_the_litellm_route_reaches_the_configured_host(
     assert api.count == 1 and api.requests[0].body["model"] == "fake-claude"
     with Listener() as listener:
         socket.create_connection(("127.0.0.1", listener.port)).close()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + CEILING_S
         while listener.connections == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
     assert listener.connections == 1
@@ -449,7 +453,7 @@ def _api_requests(served: Served, n: int, label: str, threads: int = 4) -> dict[
     return statuses
 
 
-def _all_written(served: Served, ids: list[str], timeout_s: float = 20.0) -> dict[str, int]:
+def _all_written(served: Served, ids: list[str], timeout_s: float = CEILING_S) -> dict[str, int]:
     """{request id: rows} once every id has a row, or at the deadline."""
     deadline = time.monotonic() + timeout_s
     counts = {i: 0 for i in ids}
@@ -502,7 +506,7 @@ def _row5_locked(served: Served) -> None:
             finally:
                 conn.execute("ROLLBACK")
                 conn.close()
-            written = _all_written(served, list(statuses), timeout_s=30)
+            written = _all_written(served, list(statuses))
     reported = max((ledger_trouble(h) for h in seen), default=0)
     most_pending = max((int(h.get("pending") or 0) for h in seen), default=0)
     print(
@@ -541,7 +545,7 @@ def _row5_disk_full(tmp: Path, api: FakeAPI) -> None:
             time.sleep(1.0)
             health = ledger_health(served)
             filler.unlink()
-            written = _all_written(served, list(statuses), timeout_s=30)
+            written = _all_written(served, list(statuses))
         print(
             f"row5 disk full: statuses {sorted(set(statuses.values()))}, ledger while full "
             f"{health}, rows after space came back {sum(written.values())}/{len(written)}, "
@@ -584,9 +588,7 @@ def test_row6_sigterm_with_db_locked_and_engine_busy(tmp_path: Path, api: FakeAP
         statuses = _api_requests(served, 6, "sigterm")
         long_body = chat_body(messages=[{"role": "user", "content": LONG_PROMPT}], max_tokens=3000)
         sock = raw_request(served, long_body, {**TO_LOCAL, "x-request-id": long_id})
-        deadline = time.monotonic() + 20
-        while not served.health()["engine"]["busy"] and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_engine(served, "busy")
         busy = served.health()["engine"]["busy"]
         served.proc.send_signal(signal.SIGTERM)
         started = time.monotonic()
@@ -648,7 +650,7 @@ def test_row7_stored_keys_unreadable_at_start_never_open(tmp_path: Path, api: Fa
     served = launch(tmp_path, api, db=db)
     try:
         try:
-            wait_ready(served, timeout_s=60)
+            wait_ready(served)
         except AssertionError:
             if served.proc.poll() is None:
                 raise
@@ -714,17 +716,18 @@ def _long_local(max_tokens: int = 3000, **extra: Any) -> dict[str, Any]:
     )
 
 
-def _wait_engine(served: Served, field: str, timeout_s: float = 20.0) -> bool:
+def _wait_engine(served: Served, field: str, timeout_s: float = CEILING_S) -> bool:
     """Whether the engine's ``field`` in /healthz (``busy``, ``queue_depth``) turns true in time."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if served.health()["engine"][field]:
+        engine = served.engine_now()
+        if engine and engine[field]:
             return True
         time.sleep(0.02)
     return False
 
 
-def _wait_disconnects(api: FakeAPI, timeout_s: float = 10.0) -> int:
+def _wait_disconnects(api: FakeAPI, timeout_s: float = CEILING_S) -> int:
     deadline = time.monotonic() + timeout_s
     while api.disconnects == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -785,8 +788,8 @@ def test_row9_a_client_that_leaves_stops_the_work_and_gets_one_row(
         for s in socks:
             hard_close(s)
     left = time.monotonic()
-    idle_s = wait_idle(served, timeout_s=60)
-    gone = _wait_disconnects(api, timeout_s=20) if when == "mid_api_stream" else None
+    idle_s = wait_idle(served)
+    gone = _wait_disconnects(api) if when == "mid_api_stream" else None
     rows = {i: len(wait_rows(served.db, i)) for i in ids}
     print(
         f"row9 {when}: engine idle {idle_s if idle_s is None else round(idle_s, 3)} s after "
@@ -806,6 +809,13 @@ def test_row9_a_client_that_leaves_stops_the_work_and_gets_one_row(
 # -- row 10: slow readers and big bodies ----------------------------------------------------------
 
 N_CLIENTS = 64
+
+
+def _row10_growth_bound_mb() -> float:
+    """The issue's 1 GB of growth, scaled to the run's load (on a busy machine the 64 bodies wait
+    longer for the checker's threads, so more of them are held at once), and never past the
+    watch's kill line."""
+    return min(scaled(1024), RSS_KILL / MB)
 
 
 def _big_body(limit: int) -> bytes:
@@ -843,7 +853,7 @@ def test_row10_slow_readers_and_big_bodies_leave_others_served(main: Lazy, api: 
 
     def other_client() -> None:
         api_reply = REPLY
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + CEILING_S
         while time.monotonic() < deadline:
             try:
                 r = post(served, chat_body(), headers=TO_API, timeout=30)
@@ -864,27 +874,29 @@ def test_row10_slow_readers_and_big_bodies_leave_others_served(main: Lazy, api: 
             health = served.health()
             client = threading.Thread(target=other_client)
             client.start()
-            client.join(timeout=100)
+            client.join(timeout=CEILING_S)
             for t in senders:
-                t.join(timeout=120)
+                t.join(timeout=CEILING_S)
     finally:
         for sock in slow:
             hard_close(sock)
     # The readers are gone; their upstream streams must end too (sent out or cancelled), or
     # they keep the upstream busy for the rows after this one.
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + CEILING_S
     while api.open_streams and time.monotonic() < deadline:
         time.sleep(0.1)
     grown = watch.growth(served.proc.pid) / MB
+    bound_mb = _row10_growth_bound_mb()
     print(
-        f"row10: proxy RSS +{grown:.0f} MB, big bodies answered {sorted(set(statuses))}, "
+        f"row10: proxy RSS +{grown:.0f} MB (bound {bound_mb:.0f} MB), "
+        f"big bodies answered {sorted(set(statuses))}, "
         f"the other client got {other.get('statuses')} {other.get('errors', '')}, "
         f"/healthz {health.get('status')}"
     )
     assert not watch.killed, f"RSS passed {RSS_KILL // MB} MB: the proxy was killed"
     assert 200 in other.get("statuses", []), "another client was not served"
     assert all(s < 500 for s in statuses), statuses
-    assert grown < 1024
+    assert grown < bound_mb
     assert served.proc.poll() is None
     assert api.open_streams == 0, f"{api.open_streams} upstream streams outlived their readers"
 
@@ -1020,7 +1032,7 @@ def _key_spend(db: Path, name: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def _settled(db: Path, name: str, timeout_s: float = 10.0) -> tuple[int, int]:
+def _settled(db: Path, name: str, timeout_s: float = CEILING_S) -> tuple[int, int]:
     """The key's (spent, reserved) once nothing is reserved any more (settles run in the
     background after each answer)."""
     deadline = time.monotonic() + timeout_s
@@ -1157,7 +1169,7 @@ def test_issue24_row4_one_keys_stalled_bodies_leave_another_key_served(
     answers: dict[int, bytes] = {}
     try:
         socks = [_stalled_body(served, hog) for _ in range(STALLED)]
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + CEILING_S
         in_flight = 0.0
         while time.monotonic() < deadline:  # until each one is answered or held in flight
             for index, sock in enumerate(socks):
@@ -1213,7 +1225,7 @@ def test_issue24_row2_a_cut_stream_is_charged(main: Lazy, api: FakeAPI, upstream
     sock.settimeout(10)
     read_events(sock, 5)
     hard_close(sock)
-    row = one_row(served, request_id, timeout_s=30)
+    row = one_row(served, request_id)
     print(f"issue24 row2 {upstream}: row {row}")
     assert row["status"] == 499
     assert row["api_cost_pusd"] is not None and row["api_cost_pusd"] > 0, row
@@ -1702,7 +1714,7 @@ def test_issue39_row4_a_cut_stream_is_charged_the_prompt_the_provider_bills(
     path, body = _i39_money_body_cut_cases()[case]
     request_id = rid(f"i39r4-{case}")
     reply = post(served, body, headers={**TO_API, "x-request-id": request_id}, path=path)
-    row = one_row(served, request_id, timeout_s=30)
+    row = one_row(served, request_id)
     posted = api.requests[-1].body  # the exact body the provider got
     floor = IMAGE_TOKENS if case == "image" else body_tokens(posted)
     print(
@@ -1773,7 +1785,7 @@ def test_issue39_shares_one_keys_long_local_work_leaves_another_key_its_turn(
             headers = {**hog_auth, "x-request-id": rid(f"i39-hog{i}")}
             socks.append(raw_request(served, long_body, headers))
         waiting = _I39_ENGINE_FAIR_HELD - _I39_ENGINE_FAIR_PARALLEL
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + CEILING_S
         engine: dict[str, Any] = {}
         while time.monotonic() < deadline:
             engine = served.health()["engine"]
@@ -1838,7 +1850,7 @@ def _i39_bounds_backends_server(
     )
 
 
-def _i39_bounds_backends_up(served: Served, timeout_s: float = 30.0) -> None:
+def _i39_bounds_backends_up(served: Served, timeout_s: float = CEILING_S) -> None:
     """Wait until /healthz shows the remote backend up (its first probe answered)."""
 
     def states(value: Any) -> Iterator[str]:
@@ -2596,7 +2608,7 @@ def test_issue39_row3_streams_longer_than_the_lease_keep_spend_within_the_budget
         wait_ready(served)
         started = time.monotonic()
         first, first_out = _i39_money_time_wave(served, key)
-        deadline = started + 60
+        deadline = started + CEILING_S
         while len(first_out) < _I39_MONEY_TIME_WAVE - api.open_streams:  # refused ones answered
             assert time.monotonic() < deadline, "the first wave never settled into streams"
             time.sleep(0.05)

@@ -28,6 +28,7 @@ from proxy.errors import EngineCrashed
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.in_process import in_process
+from tests.load_factor import settle
 from tests.tool_turns import weather_tool
 
 PROMPTS = [
@@ -93,10 +94,7 @@ async def test_a_cancelled_request_leaves_the_batch_and_the_others_finish(
     long = {**_request(PROMPTS[2], 900)}
     tasks = [asyncio.create_task(engine.chat(r, deadline=deadline)) for r in requests[:3]]
     doomed = asyncio.create_task(engine.chat(long, deadline=deadline))
-    for _ in range(400):
-        if engine.active == 4:
-            break
-        await asyncio.sleep(0.02)
+    await settle(lambda: engine.active == 4, "four sequences in the batch")
     await asyncio.sleep(0.5)
     doomed.cancel()
     results = await asyncio.gather(*tasks)
@@ -125,29 +123,22 @@ async def test_a_deadline_ends_one_sequence_and_tools_run_alone(engine: LocalEng
 async def test_a_worker_crash_fails_every_sequence_of_the_batch(engine: LocalEngine) -> None:
     deadline = time.monotonic() + 300
     tasks = [asyncio.create_task(engine.chat(_request(p, 900), deadline=deadline)) for p in PROMPTS]
-    for _ in range(400):
-        if engine.active == 4:
-            break
-        await asyncio.sleep(0.02)
+    await settle(lambda: engine.active == 4, "four sequences in the batch")
     await asyncio.sleep(0.5)
     engine.worker.proc.kill()  # what an out-of-memory kill would do
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, EngineCrashed) for r in results), results
     assert engine.stats.crashes == 1 and engine.active == 0
-    for _ in range(600):
-        if engine.state == "ready":
-            break
-        await asyncio.sleep(0.05)
+    await settle(lambda: engine.state not in ("starting", "restarting"), "the restart's end")
     again = await engine.chat(_request(PROMPTS[1], 4), deadline=time.monotonic() + 120)
     assert again["usage"]["completion_tokens"] >= 1
 
 
 async def _wait_all_running(engine: LocalEngine, jobs: int) -> None:
-    for _ in range(600):
-        if engine.active == jobs and (engine.stats.batch or {}).get("decode_steps"):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{jobs} jobs never ran together")
+    await settle(
+        lambda: engine.active == jobs and bool((engine.stats.batch or {}).get("decode_steps")),
+        f"{jobs} jobs running together",
+    )
 
 
 async def test_a_worker_crash_sends_each_batched_request_to_the_api_with_one_row(

@@ -18,6 +18,7 @@ from proxy.engine.local_engine import LocalEngine
 from proxy.server.app import create_app
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
+from tests.load_factor import settle
 from tests.loopback import ThreadedServer
 
 LONG = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
@@ -38,17 +39,11 @@ async def test_a_full_queue_sends_the_next_request_to_the_api_at_once(
             client.post("/v1/chat/completions", json=slow, headers=local_only)
         )
         engine: LocalEngine = client.app.state.services.engine  # type: ignore[attr-defined]
-        for _ in range(200):
-            if engine.busy:
-                break
-            await asyncio.sleep(0.02)
+        await settle(lambda: engine.busy, "the engine busy with the slow request")
         waiting = asyncio.create_task(
             client.post("/v1/chat/completions", json=slow, headers=local_only)
         )
-        for _ in range(200):
-            if engine.queue_depth == 1:
-                break
-            await asyncio.sleep(0.02)
+        await settle(lambda: engine.queue_depth == 1, "the second request queued")
         assert engine.busy and engine.queue_depth == 1
         answer = await client.post(
             "/v1/chat/completions",

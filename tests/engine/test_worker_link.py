@@ -12,6 +12,7 @@ import pytest
 
 from proxy.errors import EngineCrashed
 from tests.engine.conftest import started
+from tests.load_factor import settle
 
 QUESTION = {"role": "user", "content": "Name three colors."}
 
@@ -32,10 +33,7 @@ async def test_a_crashed_worker_fails_its_job_and_is_replaced() -> None:
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(EngineCrashed):
             await job
-        for _ in range(200):
-            if own.state == "ready":
-                break
-            await asyncio.sleep(0.05)
+        await settle(lambda: own.state not in ("starting", "restarting"), "the restart's end")
         assert own.state == "ready"
         assert own.health()["pid"] not in (None, pid)
         assert own.stats.crashes == 1 and own.stats.restarts == 1

@@ -1,5 +1,8 @@
 """Clients that load a real ``frugal serve`` with forced-API chat requests, each with its own id
-(the ledger tests under load, ``bench/ledger_load.py`` and ``bench/ledger_kill9.py``)."""
+(the ledger tests under load, ``bench/ledger_load.py`` and ``bench/ledger_kill9.py``).
+
+A test that needs so many answers waits for them (:meth:`Load.answered`) rather than for a fixed
+time: on a busy machine the same seconds hold fewer answers."""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import asyncio
 import time
 
 import httpx
+
+from tests.load_factor import CEILING_S, scaled
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 
@@ -27,12 +32,22 @@ class Load:
     async def run(self, seconds: float | None) -> None:
         """Run until ``seconds`` have passed, or (``None``) until :attr:`stop` is set."""
         limits = httpx.Limits(max_connections=self.clients)
-        async with httpx.AsyncClient(base_url=self.base, limits=limits, timeout=60) as http:
+        timeout = scaled(60)
+        async with httpx.AsyncClient(base_url=self.base, limits=limits, timeout=timeout) as http:
             workers = [asyncio.create_task(self._client(http, n)) for n in range(self.clients)]
             if seconds is not None:
                 await asyncio.sleep(seconds)
                 self.stop.set()
             await asyncio.gather(*workers)
+
+    async def answered(self, count: int, ceiling_s: float = CEILING_S) -> None:
+        """Wait (while :meth:`run` runs) until ``count`` responses have arrived; an
+        AssertionError if ``ceiling_s`` passes first."""
+        deadline = time.monotonic() + ceiling_s
+        while len(self.completed) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(self.completed)} of {count} answers in {ceiling_s:g} s")
+            await asyncio.sleep(0.05)
 
     async def _client(self, http: httpx.AsyncClient, n: int) -> None:
         i = 0

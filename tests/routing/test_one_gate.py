@@ -25,6 +25,7 @@ from proxy.routing.pool import engine_gate
 from proxy.routing.remote import RemoteBackend
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
+from tests.load_factor import settle
 from tests.stand_in_servers import StandIn
 
 ACCEPT_ANY = {"x-frugal-min-quality": "0"}
@@ -52,11 +53,8 @@ def as_served(completion: dict[str, Any]) -> str:
 async def remote_of(client: Any) -> RemoteBackend:
     pool = client.app.state.services.router.pool
     backend: RemoteBackend = next(b for b in pool.backends if b.name == "twin")
-    for _ in range(400):
-        if backend.state == "up":
-            return backend
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"backend twin never came up: {backend.health()}")
+    await settle(lambda: backend.state == "up", "backend twin up", every_s=0.05)
+    return backend
 
 
 @pytest.mark.parametrize("request_body", REQUESTS, ids=["short", "cut"])
@@ -124,10 +122,7 @@ async def test_a_legacy_completion_gets_the_same_score_from_the_engine_and_a_bac
     )
     await backend.start()
     try:
-        for _ in range(200):
-            if backend.state == "up":
-                break
-            await asyncio.sleep(0.01)
+        await settle(lambda: backend.state == "up", "the backend up", every_s=0.01)
         answer = await backend.chat(
             {**body, "temperature": 0}, deadline=time.monotonic() + 30, kind="complete"
         )

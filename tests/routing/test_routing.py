@@ -24,6 +24,7 @@ from proxy.ledger.db.migrate import open_database
 from proxy.ledger.reports.build import Period, build, render
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
+from tests.load_factor import settle
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 LONG = [{"role": "user", "content": "Write a very long story about the sea and its ships."}]
@@ -50,10 +51,11 @@ async def queue_ahead(engine: LocalEngine, jobs: int = 3) -> AsyncIterator[float
     body = {"model": "local", "messages": LONG, "max_tokens": 200}
     tasks = [asyncio.create_task(engine.chat(body, deadline=deadline)) for _ in range(jobs)]
     try:
-        for _ in range(400):
-            if engine.busy and engine.queue_depth == jobs - 1:
-                break
-            await asyncio.sleep(0.01)
+        await settle(
+            lambda: engine.busy and engine.queue_depth == jobs - 1,
+            f"one job running and {jobs - 1} waiting",
+            every_s=0.01,
+        )
         wait = engine.predicted_wait_s()
         assert wait is not None and wait > 0
         yield wait
@@ -170,10 +172,7 @@ async def test_answer_lengths_are_learned_from_the_ledger_at_start(
     conn.close()
     async with make_client(settings_for(tmp_path, fake_api)) as client:
         router = client.app.state.services.router
-        for _ in range(200):
-            if router.predictor.lengths.seeded:
-                break
-            await asyncio.sleep(0.01)
+        await settle(lambda: router.predictor.lengths.seeded, "the lengths seeded", every_s=0.01)
         assert router.predictor.lengths.expected("gpt-4o-mini", 512) == 40
         # Without max_tokens, the prediction expects what was learned, not the engine's cap.
         plan = router.plan({"model": "gpt-4o-mini", "messages": QUESTION}, None)

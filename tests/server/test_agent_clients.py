@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +26,7 @@ import pytest
 
 from tests.conftest import module_api
 from tests.fake_api import FakeAPI
+from tests.load_factor import wait_until
 from tests.server.test_serve import ACCEPT_ANY, REJECT_ALL, Served, start_server, stop_server
 
 pytestmark = pytest.mark.serve
@@ -91,12 +91,10 @@ def responses_rows(served: Served) -> list[dict[str, Any]]:
 
 
 def wait_for_rows(served: Served, count: int) -> list[dict[str, Any]]:
-    for _ in range(200):
-        rows = responses_rows(served)
-        if len(rows) >= count:
-            return rows
-        time.sleep(0.05)
-    raise AssertionError(f"fewer than {count} responses rows: {responses_rows(served)}")
+    return wait_until(
+        lambda: rows if len(rows := responses_rows(served)) >= count else None,
+        f"{count} responses rows",
+    )
 
 
 def assert_tool_round_trip(api: FakeAPI) -> None:

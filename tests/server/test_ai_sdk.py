@@ -35,6 +35,7 @@ import pytest
 
 from tests.conftest import module_api
 from tests.fake_api import FakeAPI
+from tests.load_factor import scaled
 from tests.server.test_serve import Served, start_server, stop_server
 
 pytestmark = pytest.mark.serve
@@ -96,7 +97,7 @@ def ai_sdk(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=root,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
         check=False,
         env=node_env(),
     )
@@ -111,7 +112,7 @@ def run_agent(ai_sdk: Path, served: Served, route: str) -> dict[str, Any]:
         cwd=ai_sdk,
         capture_output=True,
         text=True,
-        timeout=480,
+        timeout=scaled(480),
         check=False,
         env=node_env(),
     )

@@ -27,7 +27,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ import pytest
 
 from tests.conftest import module_api
 from tests.fake_api import FakeAPI
+from tests.load_factor import scaled, wait_until
 from tests.server.test_serve import Served, start_server, stop_server
 
 pytestmark = pytest.mark.serve
@@ -70,7 +70,7 @@ def codex() -> Path:
             cwd=root,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=scaled(600),
             check=False,
         )
         assert done.returncode == 0, done.stderr
@@ -128,7 +128,7 @@ http_headers = {{ {sent} }}
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
         check=False,
     )
 
@@ -145,13 +145,11 @@ def responses_rows(served: Served) -> list[dict[str, Any]]:
 
 def new_rows(served: Served, before: int, count: int) -> list[dict[str, Any]]:
     """The ``count`` rows written after the first ``before`` (the writer flushes in batches)."""
-    rows: list[dict[str, Any]] = []
-    for _ in range(100):
-        rows = responses_rows(served)[before:]
-        if len(rows) >= count:
-            break
-        time.sleep(0.1)
-    return rows
+    return wait_until(
+        lambda: rows if len(rows := responses_rows(served)[before:]) >= count else None,
+        f"{count} new responses rows",
+        every_s=0.1,
+    )
 
 
 def _tool_loop_went_through(api: FakeAPI, done: subprocess.CompletedProcess[str]) -> None:

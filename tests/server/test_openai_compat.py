@@ -29,6 +29,7 @@ import pytest
 
 from tests.conftest import module_api
 from tests.fake_api import FakeAPI
+from tests.load_factor import scaled
 from tests.server.test_serve import ACCEPT_ANY, REJECT_ALL, Served, serving
 from tests.tool_turns import weather_tool
 
@@ -319,7 +320,7 @@ def node_openai(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=root,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
         check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -335,7 +336,7 @@ def run_script(node_openai: Path, script: str, served: Served) -> Any:
         cwd=node_openai,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         check=False,
         env={**os.environ, "NO_COLOR": "1"},
     )

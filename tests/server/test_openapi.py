@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from tests.fake_api import FakeAPI
+from tests.load_factor import scaled
 from tests.server.test_serve import Served, serving
 
 pytestmark = pytest.mark.serve
@@ -72,7 +73,7 @@ def schemathesis(served: Served, report_dir: Path, *args: str) -> dict[str, Any]
             "--workers",
             "1",
             "--request-timeout",
-            "30",
+            f"{scaled(30):g}",
             "--report",
             "json",
             "--report-dir",
@@ -81,7 +82,7 @@ def schemathesis(served: Served, report_dir: Path, *args: str) -> dict[str, Any]
         ],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=scaled(600),
         check=False,
         cwd=report_dir,  # st keeps a .schemathesis cache in its working directory
     )

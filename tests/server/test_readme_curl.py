@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.fake_api import FakeAPI
+from tests.load_factor import scaled
 from tests.server.test_serve import Served, serving
 
 pytestmark = pytest.mark.serve
@@ -90,7 +91,7 @@ def test_readme_curl_example_answers(served: Served, command: str) -> None:
     path = re.search(r"127\.0\.0\.1:8080(/\S*)", command).group(1)  # type: ignore[union-attr]
     run = command.replace(README_BASE, served.base) + " -w '\\n%{http_code}'"
     out = subprocess.run(
-        ["bash", "-c", run], capture_output=True, text=True, timeout=120, check=False
+        ["bash", "-c", run], capture_output=True, text=True, timeout=scaled(120), check=False
     )
     assert out.returncode == 0, out.stderr
     body, _, status = out.stdout.rstrip().rpartition("\n")

@@ -16,6 +16,7 @@ from proxy.engine.local_engine import LocalEngine
 from tests.conftest import settings_for
 from tests.engine.test_speculative import PARAGRAPH
 from tests.fake_api import FakeAPI
+from tests.load_factor import settle
 from tests.server.test_app import rows
 
 LOCAL = {"x-frugal-route": "local"}
@@ -76,10 +77,7 @@ async def test_responses_share_the_engines_batch_with_each_other(
     async with make_client(settings, own_engine=True) as http:
         engine: LocalEngine = http.app.state.services.engine
         running = asyncio.create_task(http.post("/v1/responses", json=long, headers=LOCAL))
-        for _ in range(500):  # until the long one is being decoded
-            if engine.active == 1:
-                break
-            await asyncio.sleep(0.02)
+        await settle(lambda: engine.active == 1, "the long one being decoded")
         assert engine.active == 1
         second = await http.post("/v1/responses", json=short, headers=LOCAL)
         first = await running

@@ -29,6 +29,7 @@ import structlog
 
 from tests.conftest import FAKE_KEY_ENV, module_api, settings_for
 from tests.fake_api import FakeAPI
+from tests.load_factor import CEILING_S
 from tests.server.test_serve import (
     ACCEPT_ANY,
     FRUGAL,
@@ -115,7 +116,7 @@ def chat_body(text: str, **extra: Any) -> dict[str, Any]:
 
 
 def ledger_rows(served: Served, request_id: str) -> list[sqlite3.Row]:
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + CEILING_S
     while True:
         with sqlite3.connect(served.db) as conn:
             conn.row_factory = sqlite3.Row
@@ -310,7 +311,7 @@ def test_one_request_over_the_concurrency_limit_gets_429_with_retry_after(
     try:
         for worker in workers:
             worker.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + CEILING_S
         while in_flight(guarded) < 2:
             assert time.monotonic() < deadline, "the two slow requests never got in flight"
             time.sleep(0.05)

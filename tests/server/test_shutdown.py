@@ -22,6 +22,7 @@ from proxy import config
 from proxy.ledger.writing.writer import SPILL_SUFFIX
 from proxy.server.shutdown import shutdown_budget_s
 from tests.fake_api import FakeAPI
+from tests.load_factor import CEILING_S, scaled
 from tests.server.test_serve import serving
 from tests.test_deploy import EXAMPLE, UNIT, unit_settings
 
@@ -76,7 +77,7 @@ def _drain(served: Any) -> None:
     workers = [threading.Thread(target=local_answer), threading.Thread(target=api_stream)]
     for worker in workers:
         worker.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + CEILING_S
     while not (served.health()["engine"]["busy"] and first_chunk.is_set()):
         assert time.monotonic() < deadline, "the requests never got in flight"
         time.sleep(0.05)
@@ -85,7 +86,7 @@ def _drain(served: Any) -> None:
     signalled = time.monotonic()
     # The listening socket closes at once: new connections are refused while the rest drain.
     refused = False
-    while time.monotonic() - signalled < 3 and not refused:
+    while time.monotonic() - signalled < scaled(3) and not refused:
         try:
             httpx.get(served.base + "/healthz", timeout=1)
         except (httpx.ConnectError, httpx.ReadError):
@@ -146,7 +147,7 @@ def _locked_stop(served: Any) -> None:
 
     for i in range(10):
         api_call(f"before-lock-{i}")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + CEILING_S
     while served.health()["ledger"]["rows_written"] < 10:
         assert time.monotonic() < deadline, "the first rows were never written"
         time.sleep(0.05)
@@ -157,7 +158,7 @@ def _locked_stop(served: Any) -> None:
             api_call(f"while-locked-{i}")
         local = threading.Thread(target=_local_answer, args=(served, sent))
         local.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + CEILING_S
         while not served.health()["engine"]["busy"]:
             assert time.monotonic() < deadline, "the local request never reached the engine"
             time.sleep(0.05)
