@@ -272,7 +272,9 @@ class BatchEngine:
             # last prompt token; and a speculating sequence's drafted tokens after its own.
             base = sum(1 for q in live if q.pending is not None or q.prefilled == len(q.prompt) - 1)
             spare = self.max_rows - base
-            for seq in live:
+            # Rows in ascending sequence id: measured here, rows out of that order (ids 1, 0, 3,
+            # 2, as streams are taken again after a batch) cost about 20% more CPU a step.
+            for seq in sorted(live, key=lambda q: q.seq_id):
                 if seq.pending is not None:
                     self._put(n, seq.pending, seq.n_past, seq.seq_id, True)
                     seq.draft = self._draft(seq, base, spare) if spare > 0 else []
