@@ -69,6 +69,7 @@ def validate(settings: Settings) -> Settings:
     _check_range("[local] default_max_tokens", s.local.default_max_tokens, 1)
     _check_range("[local] thinking_budget", s.local.thinking_budget, 1)
     _check_range("[local] max_queue", s.local.max_queue, 1)
+    _check_range("[local] max_deferred_queue", s.local.max_deferred_queue, 1)
     _check_range("[local] parallel", s.local.parallel, 1, 16)
     if s.local.speculative not in SPECULATIVE_MODES:
         raise ConfigError(

@@ -109,6 +109,7 @@ class LocalSettings:
     default_max_tokens: int = 512
     thinking_budget: int = 1024  # tokens a thinking model's answer may think for (reasoning.py)
     max_queue: int = 16
+    max_deferred_queue: int = 1024  # deferred jobs allowed to wait (proxy/engine/priority.py)
     parallel: int = 4  # sequences decoded together in one llama.cpp context (batch/decode.py)
     seed: int = 0
     draft_max_tokens: int = 8

@@ -2,6 +2,8 @@
 
     local_engine    ``LocalEngine``: queue, deadlines, cancellation, restart after a crash
     fair_queue      the order waiting jobs take the engine's slots in: in turn by client key
+    priority        interactive jobs first: deferred work (batch lines, background, flex) fills
+                    the slots they leave, pauses when they come, and waits in its own queue
     worker_link     the worker process as the proxy holds it, and the jobs running in it
     engine_stats    what the engine has done: counts, rates, the batch's state
     worker          the child process: loads the model, answers jobs over a pipe

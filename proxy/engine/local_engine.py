@@ -5,11 +5,15 @@ process through a :class:`~proxy.engine.worker_link.WorkerLink` (which also rest
 dies), and runs jobs on it. ``[local] parallel`` jobs run at a time (decoded together by the
 worker when more than one, see ``batch/decode.py``); others wait in a queue bounded by
 ``[local] max_queue``, served in turn by client key (``fair_queue.py``: one key's many jobs
-cannot hold another key's answer behind all of them). A job past its deadline is asked to stop
-(the worker checks the deadline every token, or every step of a batch); if the worker has not
-answered within a grace it is killed and replaced, so the CPU is never left working on an answer
-nobody will read. A worker that dies for any reason fails its current jobs with
-:class:`EngineCrashed`. What it has done is kept in
+cannot hold another key's answer behind all of them). A job is interactive (the default) or
+deferred (``priority="deferred"``: batch lines, background responses, flex): deferred jobs fill
+the places interactive ones leave, pause while interactive ones run, and wait in a queue of their
+own bounded by ``[local] max_deferred_queue`` (``priority.py``); they are left out of the
+forecasts that route interactive requests, since they never hold those back. A job past its
+deadline is asked to stop (the worker checks the deadline every token, or every step of a
+batch); if the worker has not answered within a grace it is killed and replaced, so the CPU is
+never left working on an answer nobody will read. A worker that dies for any reason fails its
+current jobs with :class:`EngineCrashed`. What it has done is kept in
 :class:`~proxy.engine.engine_stats.EngineStats`; what it will do is forecast from the work it
 holds (``rates.py``, ``batch/forecast.py``).
 """
@@ -28,10 +32,12 @@ from proxy.config import LocalSettings
 from proxy.engine import memory
 from proxy.engine.batch.forecast import BatchCosts, Forecast, Work, forecast
 from proxy.engine.engine_stats import EngineStats
-from proxy.engine.fair_queue import KEYLESS, FairSlots
+from proxy.engine.fair_queue import KEYLESS
 from proxy.engine.gguf import GGUFError, GGUFHeader, read_header
 from proxy.engine.model_files import ModelLoadError, bundled_model_path
+from proxy.engine.priority import DEFERRED, INTERACTIVE, PRIORITIES, PrioritySlots
 from proxy.engine.rates import PendingWork, Rates, WorkTracker
+from proxy.engine.worker import batchable
 from proxy.engine.worker_link import ContextOverflow, Unsupported, WorkerLink, seconds_left
 from proxy.errors import EngineBusy, EngineCrashed, EngineTimeout
 
@@ -45,18 +51,20 @@ class Ask:
     """How one request is to be answered: before ``deadline`` (a ``time.monotonic()`` value),
     its text handed to ``on_token`` as it comes when that is set, as a chat completion or, with
     ``kind="complete"``, a legacy text completion (``/v1/completions``); waiting in the turn of
-    ``share``, its client key's label (``fair_queue.share_label``; ``""``: no key)."""
+    ``share``, its client key's label (``fair_queue.share_label``; ``""``: no key); as
+    ``priority`` ``"interactive"`` or ``"deferred"`` work (``priority.py``)."""
 
     deadline: float
     on_token: Callable[[str], None] | None = None
     kind: str = "chat"
     share: str = KEYLESS
+    priority: str = INTERACTIVE
 
 
 class Answering:
     """The one way to ask for an answer, shared by the engine and every routing backend:
-    ``chat(request, deadline=..., on_token=..., kind=..., share=...)``, which each of them
-    implements as :meth:`answer` with the same four gathered in an :class:`Ask`."""
+    ``chat(request, deadline=..., on_token=..., kind=..., share=..., priority=...)``, which each
+    of them implements as :meth:`answer` with the same five gathered in an :class:`Ask`."""
 
     async def chat(
         self,
@@ -66,11 +74,15 @@ class Answering:
         on_token: Callable[[str], None] | None = None,
         kind: str = "chat",
         share: str = KEYLESS,
+        priority: str = INTERACTIVE,
     ) -> dict[str, Any]:
         """Answer ``request`` before ``deadline`` (a ``time.monotonic()`` value); with
         ``on_token``, its text is handed over as it comes; ``kind="complete"`` for a legacy
-        text completion (``/v1/completions``); ``share``: the client key's label."""
-        ask = Ask(deadline=deadline, on_token=on_token, kind=kind, share=share)
+        text completion (``/v1/completions``); ``share``: the client key's label;
+        ``priority="deferred"`` for work that can wait (``priority.py``)."""
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority {priority!r}: expected one of {PRIORITIES}")
+        ask = Ask(deadline=deadline, on_token=on_token, kind=kind, share=share, priority=priority)
         return await self.answer(request, ask)
 
     async def answer(self, request: dict[str, Any], ask: Ask) -> dict[str, Any]:
@@ -104,8 +116,8 @@ class LocalEngine(Answering):
         self.memory: memory.MemoryPlan | None = None
         self.max_token_bytes = 0
         self.parallel = max(1, settings.parallel)
-        self._slots = FairSlots(self.parallel)
-        self._waiting = 0
+        self._slots = PrioritySlots(self.parallel)
+        self._waiting = {INTERACTIVE: 0, DEFERRED: 0}
         self.worker = WorkerLink(stats=self.stats, private_env=self.private_env)
         self._failed: str | None = None  # the memory guard's refusal, before any worker
 
@@ -163,7 +175,7 @@ class LocalEngine(Answering):
             log.warning("engine_parallel_reduced", detail=plan.notes[0], parallel=plan.parallel)
             # Before the first job: no slot of the old count is held.
             self.parallel = plan.parallel
-            self._slots = FairSlots(self.parallel)
+            self._slots = PrioritySlots(self.parallel)
         if plan.shrunk:
             log.warning("engine_context_reduced", detail=plan.notes[-1], n_ctx=plan.n_ctx)
         self.n_ctx = plan.n_ctx
@@ -197,7 +209,13 @@ class LocalEngine(Answering):
 
     @property
     def queue_depth(self) -> int:
-        return self._waiting
+        """Interactive jobs waiting for a place."""
+        return self._waiting[INTERACTIVE]
+
+    @property
+    def deferred_depth(self) -> int:
+        """Deferred jobs waiting for a place (their own queue, ``priority.py``)."""
+        return self._waiting[DEFERRED]
 
     @property
     def busy(self) -> bool:
@@ -214,17 +232,23 @@ class LocalEngine(Answering):
         ``ask.kind="complete"`` runs a legacy text completion (``/v1/completions``) instead.
 
         A prompt that certainly cannot fit the context fails at once with ContextOverflow, and a
-        full queue with EngineBusy, without waiting. Cancelling the call (the client went away)
-        takes the request out of the queue, or stops its generation.
+        full queue (``ask.priority``'s own) with EngineBusy, without waiting. Cancelling the
+        call (the client went away) takes the request out of the queue, or stops its generation.
         """
         too_long = self.work.certainly_too_long(request, self.n_ctx, self.max_token_bytes)
         if too_long is not None:
             raise ContextOverflow(
                 f"a prompt of about {too_long} tokens does not fit a {self.n_ctx}-token context"
             )
-        if self._waiting >= self.settings.max_queue:
-            raise EngineBusy(f"the local queue is full ({self._waiting} waiting)")
-        ticket = self.work.admit(request, self._answer_budget(request), ask.share)
+        waiting = self._waiting[ask.priority]
+        if ask.priority == DEFERRED and waiting >= self.settings.max_deferred_queue:
+            raise EngineBusy(f"the local deferred queue is full ({waiting} waiting)")
+        if ask.priority == INTERACTIVE and waiting >= self.settings.max_queue:
+            raise EngineBusy(f"the local queue is full ({waiting} waiting)")
+        # Deferred work is no ticket of the forecast: it never holds an interactive job back.
+        ticket = 0
+        if ask.priority == INTERACTIVE:
+            ticket = self.work.admit(request, self._answer_budget(request), ask.share)
         completion: dict[str, Any] | None = None
         try:
             completion = await self._queued(request, ask, ticket)
@@ -238,11 +262,15 @@ class LocalEngine(Answering):
 
     async def _queued(self, request: dict[str, Any], ask: Ask, ticket: int) -> dict[str, Any]:
         deadline = ask.deadline
-        self._waiting += 1
+        # The worker pauses deferred plain chat on its batch; anything else it runs to the end.
+        pausable = self.parallel > 1 and batchable(ask.kind, request)
+        self._waiting[ask.priority] += 1
         try:
-            placed = await self._slots.acquire(ask.share, seconds_left(deadline))
+            placed = await self._slots.acquire(
+                ask.share, seconds_left(deadline), ask.priority, pausable=pausable
+            )
         finally:
-            self._waiting -= 1
+            self._waiting[ask.priority] -= 1
         if not placed:
             self.stats.timeouts += 1
             raise EngineTimeout("the deadline passed while waiting in the local queue")
@@ -253,9 +281,11 @@ class LocalEngine(Answering):
                 except TimeoutError as exc:
                     raise EngineCrashed(f"the local engine is not ready ({self.state})") from exc
             self.work.start(ticket)
-            return await self.worker.run(request, deadline, ask.on_token, ask.kind, ticket)
+            return await self.worker.run(
+                request, deadline, ask.on_token, ask.kind, ticket, ask.priority
+            )
         finally:
-            self._slots.release()
+            self._slots.release(ask.priority, pausable=pausable)
 
     @property
     def rates(self) -> Rates:
@@ -321,8 +351,13 @@ class LocalEngine(Answering):
             "n_ctx": self.info.get("n_ctx", self.n_ctx),
             "n_threads": self.settings.threads,
             "busy": self.busy,
-            "queue_depth": self._waiting,
+            "queue_depth": self._waiting[INTERACTIVE],
             "max_queue": self.settings.max_queue,
+            "deferred": {
+                "queue_depth": self._waiting[DEFERRED],
+                "max_queue": self.settings.max_deferred_queue,
+                "running": self._slots.running[DEFERRED],
+            },
             "completed": self.stats.completed,
             "timeouts": self.stats.timeouts,
             "crashes": self.stats.crashes,

@@ -2,7 +2,7 @@
 
 It is started with the ``spawn`` method and talks to the proxy over one duplex pipe:
 
-    proxy -> worker   ("job", job_id, request, stream, deadline, kind)   |  ("shutdown",)
+    proxy -> worker   ("job", job_id, request, stream, deadline, kind, priority) | ("shutdown",)
                       ("cancel", job_id)   (with [local] parallel > 1)
     worker -> proxy   ("ready", info)  |  ("fatal", message)
                       ("token", job_id, text)  |  ("done", job_id, completion)
@@ -18,8 +18,11 @@ With ``parallel`` > 1 several jobs are in flight at once: plain chat jobs run as
 :class:`~proxy.engine.batch.decode.BatchEngine` (one decode step over all of them at a time, new
 jobs joining at the next step; with ``speculative = "prompt-lookup"`` a greedy sequence's drafts are
 rows of the same step), and the others (tools, ``n`` > 1, legacy completions) run alone on the
-single path once the batch has drained. Each job is cancelled by its own ("cancel", job_id)
-message, the shared value being able to hold one id only.
+single path once the batch has drained. A job's ``priority`` is ``"interactive"`` or
+``"deferred"`` (``priority.py``): waiting interactive jobs join first, deferred sequences pause
+while interactive ones run (``batch/decode.py``), and an interactive job on the single path runs
+while deferred sequences are paused, without waiting for them to drain. Each job is cancelled
+by its own ("cancel", job_id) message, the shared value being able to hold one id only.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from proxy.engine.batch.sequence import Sequence
 from proxy.engine.gate import Gate
 from proxy.engine.generate import LocalModel, PromptTooLong
 from proxy.engine.model_files import ModelLoadError
+from proxy.engine.priority import DEFERRED
 from proxy.engine.speculative import PromptLookup
 
 PROGRESS_S = 0.25  # how often a batched worker reports its jobs' progress
@@ -177,7 +181,7 @@ def _run_job(
         conn.send(("done", job_id, completion))
 
 
-def _batchable(kind: str, request: dict[str, Any]) -> bool:
+def batchable(kind: str, request: dict[str, Any]) -> bool:
     """Plain chat with one answer and no tools: what a batch sequence can do by itself."""
     return kind == "chat" and int(request.get("n") or 1) == 1 and not tasks._needs_rewrite(request)
 
@@ -215,17 +219,22 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
 
     def admit() -> None:
         while waiting:
-            _, job_id, request, stream, deadline, *rest = waiting[0]
+            # Interactive jobs first, each class in the order it came (priority.py).
+            message = next((m for m in waiting if not _deferred(m)), waiting[0])
+            _, job_id, request, stream, deadline, *rest = message
             kind = rest[0] if rest else "chat"
+            deferred = _deferred(message)
             if job_id in cancelled:  # its client left before it started
-                waiting.popleft()
+                waiting.remove(message)
                 cancelled.discard(job_id)
                 conn.send(("error", job_id, "local_error", "cancelled before it started"))
                 continue
-            if not _batchable(kind, request):
-                if batch.active:
-                    return  # runs alone once the batch has drained; later jobs wait behind it
-                waiting.popleft()
+            if not batchable(kind, request):
+                # It runs alone once the batch has drained (an interactive one: once no
+                # interactive sequence runs, the deferred ones wait paused); later jobs wait.
+                if batch.busy if deferred else batch.interactive:
+                    return
+                waiting.remove(message)
                 _run_job(conn, cancel, model, job_id, request, stream, deadline, kind)
                 continue
             on_token = None
@@ -243,27 +252,28 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
                     should_stop=stopper(job_id, deadline),
                     grammar=grammar,
                     deadline=deadline,
+                    deferred=deferred,
                 )
             except PromptTooLong as exc:
-                waiting.popleft()
+                waiting.remove(message)
                 conn.send(("error", job_id, "context_overflow", str(exc)))
                 continue
             except (grammar_mod.GrammarError, tasks.BadGrammar) as exc:
-                waiting.popleft()
+                waiting.remove(message)
                 conn.send(("error", job_id, "unsupported", f"the grammar cannot be built: {exc}"))
                 continue
             except Exception as exc:  # noqa: BLE001 - this job fails, the batch goes on
-                waiting.popleft()
+                waiting.remove(message)
                 conn.send(("error", job_id, "local_error", f"{type(exc).__name__}: {exc}"))
                 continue
             if seq is None:
                 return  # no room yet: it joins when a sequence leaves
-            waiting.popleft()
+            waiting.remove(message)
             running[id(seq)] = (job_id, request)
 
     reported = 0.0
     while True:
-        idle = not batch.active and not waiting
+        idle = not batch.busy and not waiting
         try:
             while conn.poll(None if idle else 0):
                 idle = False
@@ -279,7 +289,7 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
         except (EOFError, OSError):
             return
         admit()
-        if not batch.active:
+        if not batch.busy:
             continue
         try:
             finished = batch.step()
@@ -290,6 +300,11 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
         if time.monotonic() - reported >= PROGRESS_S:
             reported = time.monotonic()
             conn.send(("progress", _progress(batch, running)))
+
+
+def _deferred(message: tuple[Any, ...]) -> bool:
+    """Whether a ("job", ...) message is deferred work (older messages have no priority)."""
+    return len(message) > 6 and message[6] == DEFERRED
 
 
 def _progress(batch: BatchEngine, running: dict[int, tuple[int, dict[str, Any]]]) -> dict[str, Any]:

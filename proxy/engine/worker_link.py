@@ -239,15 +239,17 @@ class WorkerLink:
         on_token: Callable[[str], None] | None,
         kind: str = "chat",
         ticket: int = 0,
+        priority: str = "interactive",
     ) -> dict[str, Any]:
-        """Run one job on the worker: its answer, or the error it ended with. Past its
+        """Run one job on the worker: its answer, or the error it ended with; ``priority``
+        ``"deferred"`` pauses it while interactive jobs run (``priority.py``). Past its
         deadline (and a grace, :meth:`grace_s`) the worker is killed; cancelled (the client
         went away), the job is asked to stop, and the worker is killed if it does not."""
         assert self._loop is not None
         job = _Job(next(self._ids), self._loop.create_future(), on_token, deadline, ticket)
         self.jobs[job.job_id] = job
         try:
-            self.send(("job", job.job_id, request, on_token is not None, deadline, kind))
+            self.send(("job", job.job_id, request, on_token is not None, deadline, kind, priority))
         except (OSError, ValueError) as exc:
             self.jobs.pop(job.job_id, None)
             raise EngineCrashed("the local engine is not reachable") from exc

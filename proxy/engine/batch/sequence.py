@@ -70,6 +70,8 @@ class Sequence:
     drafted: int = 0
     accepted: int = 0
     watch: Watch | None = None  # a thinking model's answer (proxy/engine/reasoning.py)
+    deferred: bool = False  # deferred work: paused while an interactive sequence runs
+    parked: Any = None  # a paused sequence's KV, moved out of its stream (batch/streams.py)
     _history: npt.NDArray[np.intc] | None = field(default=None, repr=False)
     _in_history: int = field(default=0, repr=False)
 
@@ -208,6 +210,8 @@ class BatchStats:
     reused_tokens: int = 0
     copies: int = 0  # prefixes copied from another sequence's stream
     followed: int = 0  # sequences that waited for another to prefill their prefix
+    parked: int = 0  # deferred sequences moved out of their stream for an interactive one
+    resumed: int = 0  # of them, put back into a stream
     prefill_rate: float | None = None  # prompt tokens per second of prefill steps (EWMA)
     # Decode steps by width (sequences in the step, drafted rows not counted): [seconds a
     # step, answer tokens a sequence gets from it, steps seen], seconds and tokens as moving
@@ -268,4 +272,5 @@ class BatchStats:
                 "copies": self.copies,
                 "followed": self.followed,
             },
+            "deferred": {"parked": self.parked, "resumed": self.resumed},
         }
