@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -238,6 +239,39 @@ async def test_batch_gauges_count_open_lines_and_batches_at_most_once_per_max_ag
     assert value(samples, "frugal_batch_lines", state="pending") == 2
     assert value(samples, "frugal_batch_lines", state="claimed") == 2
     assert value(samples, "frugal_batch_lines", state="deferred") == 1
+    pool.close()
+
+
+async def test_a_scrape_serves_the_last_reading_while_the_ledger_is_held_locked(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ledger.db"
+    pool = _ledger(parse_db(str(path)))
+    first = batch_of(pool, 4, now=time.time())
+    clock = [0.0]
+    gauges = BatchGauges(pool, max_age_s=5.0, wait_s=0.2, clock=lambda: clock[0])
+    metrics = Metrics(batches=gauges)
+    await metrics.fresh()
+    assert value(parse(metrics.render().decode()), "frugal_batch_lines", state="pending") == 4
+    BatchStore(pool).claim("w1", 1, lease_s=60, batch_id=first)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # as a backup or a long write would hold it
+    clock[0] += 5.0
+    started = time.monotonic()
+    await metrics.fresh()  # gives up waiting after wait_s; the reading goes on
+    print(f"scrape with the ledger locked: {time.monotonic() - started:.3f} s (wait_s 0.2)")
+    reading = gauges.reading
+    assert reading is not None and gauges.reads == 1
+    assert value(parse(metrics.render().decode()), "frugal_batch_lines", state="pending") == 4
+    await metrics.fresh()  # a scrape meanwhile shares the reading under way
+    assert gauges.reading is reading
+    holder.execute("COMMIT")
+    holder.close()
+    await reading
+    samples = parse(metrics.render().decode())
+    assert gauges.reads == 2 and gauges.reading is None
+    assert value(samples, "frugal_batch_lines", state="pending") == 3
+    assert value(samples, "frugal_batch_lines", state="claimed") == 1
     pool.close()
 
 
