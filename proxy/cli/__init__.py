@@ -6,6 +6,8 @@
                   [--chart FILE]
     frugal keys   create NAME | list | revoke NAME  [--config PATH | --db PATH|URL]
     frugal migrate [--config PATH | --db PATH|URL]
+    frugal batches list [--key NAME] [--limit N] [--format table|json] | show ID | cancel ID
+                  [--config PATH | --db PATH|URL]
     frugal check  [--config PATH]
     frugal calibrate [--config PATH] [--db PATH|URL] [--out PATH]
     frugal quantize IN.gguf OUT.gguf [--type Q4_K_M] [--force]
@@ -15,8 +17,9 @@
 Errors meant for the user (a bad config, a missing database) print one clean line and exit
 non-zero: 2 for a usage or config error, 3 when there is no ledger to read, 4 when the ledger
 has no request in the period asked for (``frugal report``; the zero report is still printed),
-1 when a ``frugal keys`` or ``frugal models`` request cannot be done (a name taken, no such
-key, a model that does not fit or whose download is corrupt). Each is a
+1 when a ``frugal keys``, ``frugal batches`` or ``frugal models`` request cannot be done (a
+name taken, no such key or batch, a batch that has ended, a model that does not fit or whose
+download is corrupt). Each is a
 :class:`proxy.errors.UserError`, with its label and exit code; :func:`main` is the one place
 they are caught and printed. A reader that has gone
 (``frugal report | head -1``) ends the command quietly, with status 141.
@@ -26,6 +29,7 @@ One module per group of commands, each with its options beside the code that run
     __init__  main: the parser assembled from the groups, the one catch of UserError
     serving   frugal serve
     ledger    frugal report, keys and migrate
+    batches   frugal batches list | show | cancel
     models    frugal models pull | list | rm, quantize and calibrate
     check     frugal check
 
@@ -43,12 +47,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from proxy.cli import check, ledger, models, serving
+from proxy.cli import batches, check, ledger, models, serving
 from proxy.errors import UserError
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-GROUPS = (serving, ledger, models, check)
+GROUPS = (serving, ledger, batches, models, check)
 
 
 def parser() -> argparse.ArgumentParser:

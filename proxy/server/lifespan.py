@@ -33,6 +33,7 @@ from proxy.ledger.writing.writer import Ledger
 from proxy.routing.router import Router
 from proxy.server.endpoints import Mounted
 from proxy.server.shutdown import AUDIT_STOP_S, AUX_STOP_S, bounded, shutdown
+from proxy.serving.batch_gauges import BatchGauges
 from proxy.serving.clients import Authenticator
 from proxy.serving.in_flight import InFlight
 from proxy.serving.metrics import Metrics
@@ -187,7 +188,11 @@ def _services(
         engine=parts.engine,
         router=parts.router,
         metrics=Metrics(
-            in_flight=in_flight, engine=parts.engine, router=parts.router, ledger=parts.ledger
+            in_flight=in_flight,
+            engine=parts.engine,
+            router=parts.router,
+            ledger=parts.ledger,
+            batches=BatchGauges(parts.quotas.pool),
         ),
         in_flight=in_flight,
         audit=parts.audit,

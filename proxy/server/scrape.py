@@ -22,4 +22,5 @@ async def endpoint(request: Request) -> Response:
             "--admin), or [server] metrics_open = true for a scraper without a key."
         )
     metrics = services.metrics
+    await metrics.fresh()  # the deferred work's counts, read at most every few seconds
     return Response(metrics.render(), headers={"content-type": CONTENT_TYPE_LATEST})

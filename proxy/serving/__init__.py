@@ -17,6 +17,8 @@ reads (a body to read, a caller's rights), never a route or an app to look itsel
                  caller may read (``sees_everything``, ``own_key``)
     in_flight    the count of requests being handled now
     metrics      the app's Prometheus counters, and what is read when they are scraped
+    batch_gauges the deferred work's gauges: open batch lines and batches, read from the
+                 ledger database at most every few seconds
     responses_state  stored Responses: ``store``, ``previous_response_id``, ``item_reference``,
                  who may read which
     body_check   a large body parsed and checked in a worker thread, off the event loop,

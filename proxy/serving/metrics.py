@@ -41,6 +41,9 @@ pricier one) cannot make a counter go down, so the exact figure over any window 
     frugal_ledger_rows_{written,rejected,dropped,spilled,lost}_total
     frugal_ledger_usage_invalid_total, frugal_ledger_write_{failures,retries}_total
     frugal_ledger_pending_rows, frugal_ledger_max_queue, frugal_ledger_degraded
+    frugal_batch_lines{state}, frugal_batches{status}      deferred work: open batch lines by
+                                                           state, batches by status, read every
+                                                           few seconds (proxy.serving.batch_gauges)
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ if TYPE_CHECKING:
     from proxy.engine.local_engine import LocalEngine
     from proxy.ledger.writing.writer import Ledger
     from proxy.routing.router import Router
+    from proxy.serving.batch_gauges import BatchGauges
     from proxy.serving.in_flight import InFlight
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
@@ -81,8 +85,10 @@ class Metrics:
         engine: LocalEngine | None = None,
         router: Router | None = None,
         ledger: Ledger | None = None,
+        batches: BatchGauges | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
+        self.batches = batches
         reg = self.registry
         self.requests = Counter(
             "frugal_requests",
@@ -165,6 +171,12 @@ class Metrics:
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()
 
+    async def fresh(self) -> None:
+        """Bring what is read from the database up to date, within its bound (awaited by the
+        scrape before :meth:`render`, which never waits on the database itself)."""
+        if self.batches is not None:
+            await self.batches.fresh()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -208,6 +220,8 @@ class _StateCollector(Collector):
             yield from self.router.metrics()
         if self.ledger is not None:
             yield from _ledger_metrics(self.ledger.health())
+        if m.batches is not None:
+            yield from m.batches.collect()
 
 
 def _ledger_metrics(health: dict[str, Any]) -> Iterator[Metric]:

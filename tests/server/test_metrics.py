@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,10 +15,17 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.ledger.batches.store import BatchStore
+from proxy.ledger.db.connections import Pool
+from proxy.ledger.db.location import Database, from_settings
+from proxy.ledger.db.location import parse as parse_db
+from proxy.ledger.db.migrate import open_database
 from proxy.routing.reasons import Reason
+from proxy.serving.batch_gauges import BatchGauges
 from proxy.serving.metrics import Metrics
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
+from tests.ledger.test_batch_store import batch_of
 from tests.server.test_serve import ACCEPT_ANY, REJECT_ALL, Served, start_server, stop_server
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -190,3 +199,90 @@ def test_money_is_summed_exactly_in_picodollars() -> None:
     assert metrics.counterfactual_pusd == 1_200_000 and metrics.saved_pusd == 1_000_000
     assert value(samples, "frugal_saved_usd_total") == 1e-6
     assert value(samples, "frugal_api_cost_usd_total") == 3e-7
+
+
+def _ledger(db: Database) -> Pool:
+    """A pool on the ledger ``db``, its schema in place."""
+    open_database(db)
+    return Pool(db, size=2)
+
+
+async def test_batch_gauges_count_open_lines_and_batches_at_most_once_per_max_age(
+    tmp_path: Path,
+) -> None:
+    pool = _ledger(parse_db(str(tmp_path / "ledger.db")))
+    first = batch_of(pool, 5, now=time.time())
+    store = BatchStore(pool)
+    store.cancel(batch_of(pool, 2, now=time.time()))
+    clock = [100.0]
+    gauges = BatchGauges(pool, max_age_s=5.0, clock=lambda: clock[0])
+    metrics = Metrics(batches=gauges)
+    assert not any(name.startswith("frugal_batch") for name, _ in parse(metrics.render().decode()))
+    await asyncio.gather(*(metrics.fresh() for _ in range(4)))  # four scrapes at once: one read
+    samples = parse(metrics.render().decode())
+    assert gauges.reads == 1
+    assert value(samples, "frugal_batch_lines", state="pending") == 5
+    assert value(samples, "frugal_batch_lines", state="claimed") == 0
+    assert value(samples, "frugal_batches", status="in_progress") == 1
+    assert value(samples, "frugal_batches", status="cancelled") == 1
+    assert value(samples, "frugal_batches", status="completed") == 0
+    claimed = store.claim("w1", 3, lease_s=60, batch_id=first)
+    store.defer_to_api([claimed[0].id], "batch_up")
+    clock[0] += 4.9  # within the bound: the last reading is served, the database not read
+    await metrics.fresh()
+    assert gauges.reads == 1
+    assert value(parse(metrics.render().decode()), "frugal_batch_lines", state="pending") == 5
+    clock[0] += 0.1  # past it: read again
+    await metrics.fresh()
+    samples = parse(metrics.render().decode())
+    assert gauges.reads == 2
+    assert value(samples, "frugal_batch_lines", state="pending") == 2
+    assert value(samples, "frugal_batch_lines", state="claimed") == 2
+    assert value(samples, "frugal_batch_lines", state="deferred") == 1
+    pool.close()
+
+
+async def test_a_scrape_serves_the_last_reading_while_the_ledger_is_held_locked(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ledger.db"
+    pool = _ledger(parse_db(str(path)))
+    first = batch_of(pool, 4, now=time.time())
+    clock = [0.0]
+    gauges = BatchGauges(pool, max_age_s=5.0, wait_s=0.2, clock=lambda: clock[0])
+    metrics = Metrics(batches=gauges)
+    await metrics.fresh()
+    assert value(parse(metrics.render().decode()), "frugal_batch_lines", state="pending") == 4
+    BatchStore(pool).claim("w1", 1, lease_s=60, batch_id=first)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # as a backup or a long write would hold it
+    clock[0] += 5.0
+    started = time.monotonic()
+    await metrics.fresh()  # gives up waiting after wait_s; the reading goes on
+    print(f"scrape with the ledger locked: {time.monotonic() - started:.3f} s (wait_s 0.2)")
+    reading = gauges.reading
+    assert reading is not None and gauges.reads == 1
+    assert value(parse(metrics.render().decode()), "frugal_batch_lines", state="pending") == 4
+    await metrics.fresh()  # a scrape meanwhile shares the reading under way
+    assert gauges.reading is reading
+    holder.execute("COMMIT")
+    holder.close()
+    await reading
+    samples = parse(metrics.render().decode())
+    assert gauges.reads == 2 and gauges.reading is None
+    assert value(samples, "frugal_batch_lines", state="pending") == 3
+    assert value(samples, "frugal_batch_lines", state="claimed") == 1
+    pool.close()
+
+
+async def test_a_served_apps_metrics_show_the_batches_in_its_ledger(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    settings = settings_for(tmp_path, fake_api)
+    pool = _ledger(from_settings(settings.ledger))
+    batch_of(pool, 3, now=time.time())
+    pool.close()
+    async with make_client(settings) as client:
+        samples = parse((await client.get("/metrics")).text)
+    assert value(samples, "frugal_batch_lines", state="pending") == 3
+    assert value(samples, "frugal_batches", status="in_progress") == 1

@@ -10,6 +10,8 @@ and their lines, which workers claim through the database.
     records      a batch's and a line's rows read back as objects, and the statements' helpers
     store        ``BatchStore``: batches made, listed, cancelled, expired; lines claimed under a
                  lease, finished once with their ledger row, deferred to the upstream's batch
+    tally        what an operator reads: a batch's money from its lines' ledger rows, the key
+                 names of its owners, the open lines by state and batches by status
 
 May import ``proxy.ledger.db``, ``proxy.ledger.pricing``, ``proxy.ledger.writing`` (a line's
 ledger row and its values) and the shared ``proxy.errors``.

@@ -1,0 +1,103 @@
+"""The ``/metrics`` gauges of deferred work: the batch lines that wait (``pending``), that a
+worker runs (``claimed``) or that wait for the upstream's own batch (``deferred``), and the
+batches by status, read from the ledger database every replica shares
+(:func:`proxy.ledger.batches.tally.census`).
+
+A scrape never reaches the database more often than every ``max_age_s``, and never waits on it
+longer than ``wait_s``: :meth:`BatchGauges.fresh`, awaited by the scrape before it renders,
+starts one reading in a worker thread when the last is older than ``max_age_s`` (scrapes that
+arrive meanwhile share it), and waits for it at most ``wait_s``. A reading that takes longer (a
+ledger held locked) goes on, and the scrape reports the last reading; a later scrape finds the
+new one. A reading that fails (the database busy or gone) keeps the last one, and is logged;
+before any reading the gauges are absent rather than zero, so that a dashboard never shows an
+empty queue it did not see.
+
+The figures are the whole database's, every replica's batches together, as the store keeps
+them; each replica reports the same figures, so sum none of them across replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+
+import structlog
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from proxy.ledger.batches.tally import Census, census
+from proxy.ledger.db.connections import Pool, Unavailable
+
+log = structlog.get_logger("frugal.batch_gauges")
+
+MAX_AGE_S = 5.0
+WAIT_S = 1.0
+
+
+class BatchGauges:
+    """The last counts of batch lines and batches, read again when older than ``max_age_s``,
+    a scrape waiting for a reading ``wait_s`` at most (``clock``: monotonic seconds, for the
+    tests)."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        max_age_s: float = MAX_AGE_S,
+        wait_s: float = WAIT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self.max_age_s = max_age_s
+        self.wait_s = wait_s
+        self.clock = clock
+        self.last: Census | None = None
+        self.reads = 0  # readings of the database ended (read or failed), for the tests
+        self.reading: asyncio.Task[None] | None = None  # the one under way, if any
+        self._read_at: float | None = None
+
+    async def fresh(self) -> None:
+        """Start a reading if the last is older than ``max_age_s`` (unless one is under way),
+        and wait for it ``wait_s`` at most."""
+        if not self._stale():
+            return
+        if self.reading is None:
+            self.reading = asyncio.create_task(self._read())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.reading), self.wait_s)
+
+    async def _read(self) -> None:
+        try:
+            self.last = await asyncio.to_thread(census, self.pool)
+        except Unavailable as exc:
+            log.warning("batch_gauges_unavailable", error=str(exc))
+        finally:
+            self.reads += 1
+            self._read_at = self.clock()
+            self.reading = None
+
+    def _stale(self) -> bool:
+        return self._read_at is None or self.clock() - self._read_at >= self.max_age_s
+
+    def collect(self) -> Iterator[Metric]:
+        if self.last is None:
+            return
+        lines = GaugeMetricFamily(
+            "frugal_batch_lines",
+            "Batch lines not yet answered, by state: pending (queued), claimed (a worker runs "
+            "them), deferred (sent to the upstream's batch). Every replica's, read every few "
+            "seconds.",
+            labels=["state"],
+        )
+        for state, n in sorted(self.last.lines.items()):
+            lines.add_metric([state], float(n))
+        yield lines
+        batches = GaugeMetricFamily(
+            "frugal_batches",
+            "Batches in the ledger database, by status. Every replica's, read every few seconds.",
+            labels=["status"],
+        )
+        for status, n in sorted(self.last.batches.items()):
+            batches.add_metric([status], float(n))
+        yield batches
