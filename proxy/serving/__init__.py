@@ -15,6 +15,8 @@ reads (a body to read, a caller's rights), never a route or an app to look itsel
     metrics      the app's Prometheus counters, and what is read when they are scraped
     responses_state  stored Responses: ``store``, ``previous_response_id``, ``item_reference``,
                  who may read which
+    batches_state  files and batches: the ledger's stores, their expiry swept, who may read
+                 which
     body_check   a large body parsed and checked in a worker thread, off the event loop,
                  within a time bound
     background   a service's background task (the key store's refresh, the quotas' sweep)
