@@ -6,6 +6,7 @@ stored; the browser rule for a form on a keyless proxy; a hostile form refused w
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -278,3 +279,34 @@ async def test_bad_list_parameters_are_400s_naming_them(app: Any) -> None:
             answer = await served.http.get(f"http://localhost/v1/files?{query}")
             assert answer.status_code == 400, (query, answer.text)
             assert answer.json()["error"]["param"] == param
+
+
+async def test_the_apps_upkeep_sweeps_expired_files_and_ends_expired_batches(app: Any) -> None:
+    """The lifespan's upkeep (every minute; one pass run here): a file whose ``expires_at`` has
+    passed is deleted and its bytes leave the quota; a batch past its window ends ``expired``."""
+    async with app() as served:
+        client = served.sdk()
+        kept = await client.files.create(file=("kept.jsonl", LINES), purpose="batch")
+        short = await client.files.create(
+            file=("short.jsonl", LINES),
+            purpose="batch",
+            expires_after={"anchor": "created_at", "seconds": 3600},
+        )
+        batch = await client.batches.create(
+            input_file_id=kept.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        with sqlite3.connect(served.ledger) as conn:  # an hour and a day later, as it were
+            conn.execute("UPDATE batch_files SET expires_at = 1 WHERE id = ?", (short.id,))
+            conn.execute("UPDATE batches SET expires_at = 1 WHERE id = ?", (batch.id,))
+        state = served.http.app.state.services.batches
+        assert await state.upkeep_once() == (1, 1)
+        assert [f.id for f in (await client.files.list(purpose="batch")).data] == [kept.id]
+        ended = await client.batches.retrieve(batch.id)
+        assert ended.status == "expired" and ended.error_file_id is not None
+        errors = (await client.files.content(ended.error_file_id)).read()
+        assert [json.loads(line)["custom_id"] for line in errors.splitlines()] == [
+            "line-0",
+            "line-1",
+            "line-2",
+        ]
+        assert served.used(None) == len(LINES) + len(errors)  # the error file counts
