@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.errors import BadRequest
 from proxy.ledger.batches.store import MAX_LIST
-from proxy.server.files import int_param, page, state_of
+from proxy.server.files import int_param, page, query_param, state_of
 from proxy.serving.batches_state import creator, may_read
 from proxy.serving.clients import own_key
 
@@ -82,9 +82,8 @@ async def cancel(request: Request) -> Response:
 
 async def list_batches(request: Request) -> Response:
     state = state_of(request)
-    query = request.query_params
-    limit = int_param(query.get("limit"), "limit", 20, MAX_LIST)
-    after = query.get("after")
+    limit = int_param(query_param(request, "limit"), "limit", 20, MAX_LIST)
+    after = query_param(request, "after")
     if after is not None:
         found = await state.call(state.batches.get, after)
         if found is None or not may_read(request, found.owner):

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.errors import BadRequest
 from proxy.ledger.batches.files import MAX_LIST
-from proxy.ledger.batches.objects import MAX_FILE_BYTES
+from proxy.ledger.batches.objects import MAX_FILE_BYTES, PURPOSES
 from proxy.server.lookup import services_of
 from proxy.server.uploads import FORM_SLACK, Part, boundary_of, parse_form, read_body
 from proxy.serving.batches_state import BatchesState, creator, may_read
@@ -54,6 +54,14 @@ def int_param(given: str | None, name: str, default: int, high: int) -> int:
     if not 1 <= value <= high:
         raise BadRequest(f"{name} {given[:32]!r}: expected an integer from 1 to {high}", param=name)
     return value
+
+
+def query_param(request: Request, name: str) -> str | None:
+    """A query parameter given at most once (twice: a 400 naming it)."""
+    given = request.query_params.getlist(name)
+    if len(given) > 1:
+        raise BadRequest(f"{name} is given {len(given)} times; give it once.", param=name)
+    return given[0] if given else None
 
 
 def _quota_error(room: int) -> BadRequest:
@@ -122,9 +130,11 @@ def _expires_after(form: dict[str, Part]) -> dict[str, object] | None:
 
 async def list_files(request: Request) -> Response:
     state = state_of(request)
-    query = request.query_params
-    limit = int_param(query.get("limit"), "limit", MAX_LIST, MAX_LIST)
-    after = query.get("after")
+    limit = int_param(query_param(request, "limit"), "limit", MAX_LIST, MAX_LIST)
+    after = query_param(request, "after")
+    purpose = query_param(request, "purpose")
+    if purpose is not None and purpose not in PURPOSES:
+        raise BadRequest(f"purpose must be one of {', '.join(PURPOSES)}.", param="purpose")
     if after is not None:
         found = await state.call(state.files.get, after)
         if found is None or not may_read(request, found.owner):
@@ -133,10 +143,10 @@ async def list_files(request: Request) -> Response:
         state.files.list_files,
         creator(request),
         anyone=own_key(request.scope) is None,
-        purpose=query.get("purpose"),
+        purpose=purpose,
         after=after,
         limit=limit,
-        order=query.get("order", "desc"),
+        order=query_param(request, "order") or "desc",
     )
     return JSONResponse(page([f.as_openai() for f in files], more))
 

@@ -275,6 +275,9 @@ async def test_bad_list_parameters_are_400s_naming_them(app: Any) -> None:
             ("limit=x", "limit"),
             ("order=up", "order"),
             ("after=file-nothere", "after"),
+            ("purpose=null", "purpose"),
+            ("purpose=batch&purpose=batch", "purpose"),
+            ("limit=1&limit=2", "limit"),
         ):
             answer = await served.http.get(f"http://localhost/v1/files?{query}")
             assert answer.status_code == 400, (query, answer.text)
