@@ -7,8 +7,8 @@ for files plus :data:`FORM_SLACK` for the other fields and the part headers), so
 cannot fit is refused before it is read to its end, let alone stored; ``[server]
 max_body_bytes`` still holds below it (:mod:`proxy.server.limits`). :func:`parse_form` splits
 the body by its boundary. Every field may come once: a field repeated, a field OpenAI does not
-have, a ``file`` part without a ``filename``, more than :data:`MAX_PARTS` parts or a body that
-is not a well-formed form is a 400 naming the field (``file`` for the form itself).
+have (so a form holds at most four parts), a ``file`` part without a ``filename`` or a body
+that is not a well-formed form is a 400 naming the field (``file`` for the form itself).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from proxy.errors import BadRequest
 
 FORM_SLACK = 64 * 1024  # the bytes of a form beyond its file: part headers, small fields
 MAX_FIELD_BYTES = 1024  # one field that is not the file
-MAX_PARTS = 8
 FIELDS = ("file", "purpose", "expires_after[anchor]", "expires_after[seconds]")
 _PARAM = re.compile(rb';\s*([A-Za-z*]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;\s]+))')
 
@@ -80,8 +79,6 @@ def parse_form(body: bytes, boundary: bytes) -> dict[str, Part]:
             raise BadRequest(f"Unknown form field {part.name[:64]!r}.", param=part.name[:64])
         if part.name in parts:
             raise BadRequest(f"The form field {part.name!r} is given twice.", param=part.name)
-        if len(parts) >= MAX_PARTS:
-            raise BadRequest(f"The form has more than {MAX_PARTS} parts.", param="file")
         parts[part.name] = part
         at = end + 2 + len(delimiter)
 
