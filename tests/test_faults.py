@@ -3108,3 +3108,133 @@ def test_issue39_row7_litellms_other_providers_read_a_huge_answer_only_up_to_the
     assert "too large" in error["message"] and "max_answer_bytes" in error["message"], error
     row = one_row(served, request_id)
     assert row["error"] == "upstream_failed", row
+
+
+# -- issue 41 (batch-http): hostile uploads to POST /v1/files ------------------------------------
+
+_I41_BATCH_HTTP_BOUNDARY = "i41-hostile"
+_I41_BATCH_HTTP_MAX_BODY = 1024 * 1024  # [server] max_body_bytes of this row's server
+_I41_BATCH_HTTP_QUOTA = 256 * 1024  # [batch] file_quota_bytes of this row's server
+
+
+def _i41_batch_http_form(parts: list[tuple[str, str | None, bytes]]) -> bytes:
+    out = b""
+    for name, filename, content in parts:
+        named = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        out += f"--{_I41_BATCH_HTTP_BOUNDARY}\r\nContent-Disposition: {named}\r\n\r\n".encode()
+        out += content + b"\r\n"
+    return out + f"--{_I41_BATCH_HTTP_BOUNDARY}--\r\n".encode()
+
+
+def _i41_batch_http_post(served: Served, body: bytes | Iterator[bytes]) -> httpx.Response:
+    """A form POSTed to /v1/files; an iterator is sent chunked (no Content-Length)."""
+    return httpx.post(
+        served.base + "/v1/files",
+        content=body,
+        headers={"content-type": f"multipart/form-data; boundary={_I41_BATCH_HTTP_BOUNDARY}"},
+        timeout=60,
+    )
+
+
+def _i41_batch_http_used(db: Path) -> tuple[int, int]:
+    """(the keyless proxy's bytes of files, the files kept), read from the ledger file."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute("SELECT bytes FROM batch_file_usage WHERE owner = ''").fetchall()
+        files = conn.execute("SELECT COUNT(*) FROM batch_files").fetchone()[0]
+    return (int(rows[0][0]) if rows else 0), int(files)
+
+
+def test_issue41_hostile_uploads_are_refused_naming_their_field(
+    tmp_path: Path, api: FakeAPI
+) -> None:
+    """A form declared far past ``[server] max_body_bytes`` is a 413 naming ``file`` before its
+    body is sent; one sent chunked, and one whose length is declared, past the key's room for
+    files a 400 ``file_quota_exceeded`` naming ``file`` (the chunked one as soon as it passes
+    the room); a ``file`` part with no filename, a field repeated, an unknown
+    field and a form of a thousand parts are 400s naming the field. None stores a byte, and
+    the server then takes a good upload."""
+    served = launch(
+        tmp_path,
+        api,
+        config={
+            "server": {"max_body_bytes": _I41_BATCH_HTTP_MAX_BODY},
+            "batch": {"file_quota_bytes": _I41_BATCH_HTTP_QUOTA},
+        },
+    )
+    wait_ready(served)
+    line = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
+    answers: dict[str, tuple[int, Any]] = {}
+    codes: dict[str, str | None] = {}
+    try:
+        port = int(served.base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            started = time.monotonic()
+            sock.sendall(
+                b"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: multipart/form-data; boundary=x\r\n"
+                b"Content-Length: 68719476736\r\n\r\n"
+            )
+            head = b""
+            while chunk := sock.recv(65536):  # the refusal closes the connection
+                head += chunk
+            declared_s = time.monotonic() - started
+        status_line, _, rest = head.partition(b"\r\n")
+        answers["declared 64 GiB"] = (
+            int(status_line.split()[1]),
+            json.loads(rest.partition(b"\r\n\r\n")[2] or b"{}").get("error", {}).get("param"),
+        )
+
+        def chunks(total: int) -> Iterator[bytes]:
+            yield f"--{_I41_BATCH_HTTP_BOUNDARY}\r\n".encode()
+            yield b'Content-Disposition: form-data; name="file"; filename="big.jsonl"\r\n\r\n'
+            for _ in range(total // 65536):
+                yield line * (65536 // len(line))
+
+        cases: dict[str, bytes | Iterator[bytes]] = {
+            "chunked 8 MiB": chunks(8 * 1024 * 1024),
+            "past the quota": _i41_batch_http_form(
+                [("purpose", None, b"batch"), ("file", "q.jsonl", line * 5000)]
+            ),
+            "no filename": _i41_batch_http_form(
+                [("purpose", None, b"batch"), ("file", None, line)]
+            ),
+            "purpose twice": _i41_batch_http_form(
+                [("purpose", None, b"batch"), ("purpose", None, b"batch"), ("file", "a", line)]
+            ),
+            "unknown field": _i41_batch_http_form(
+                [("purpose", None, b"batch"), ("file", "a", line), ("x" * 300, None, b"1")]
+            ),
+            "1000 parts": _i41_batch_http_form([("purpose", None, b"batch")] * 1000),
+        }
+        for name, body in cases.items():
+            reply = _i41_batch_http_post(served, body)
+            error = reply.json()["error"]
+            answers[name] = (reply.status_code, error.get("param"))
+            codes[name] = error.get("code")
+        used_after_hostile = _i41_batch_http_used(served.db)
+        good = _i41_batch_http_post(
+            served, _i41_batch_http_form([("purpose", None, b"batch"), ("file", "ok", line)])
+        )
+        health = httpx.get(served.base + "/healthz", timeout=10)
+        used_after_good = _i41_batch_http_used(served.db)
+    finally:
+        stop(served)
+    print(
+        f"\nissue41 hostile uploads: {answers}; the 64 GiB declaration refused in "
+        f"{declared_s * 1000:.0f} ms; (bytes, files) stored after them {used_after_hostile}, "
+        f"after a good upload ({good.status_code}) {used_after_good}"
+    )
+    assert answers == {
+        "declared 64 GiB": (413, "file"),
+        "chunked 8 MiB": (400, "file"),  # the key's room (256 KiB) ends it before 1 MiB
+        "past the quota": (400, "file"),
+        "no filename": (400, "file"),
+        "purpose twice": (400, "purpose"),
+        "unknown field": (400, "x" * 64),
+        "1000 parts": (400, "purpose"),
+    }
+    assert codes["chunked 8 MiB"] == codes["past the quota"] == "file_quota_exceeded"
+    assert used_after_hostile == (0, 0)
+    assert good.status_code == 200, good.text
+    assert health.status_code == 200
+    assert used_after_good == (len(line), 1)

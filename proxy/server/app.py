@@ -29,7 +29,7 @@ from proxy.models.cache import blob_sha256
 from proxy.models.cache import resolve as resolve_model
 from proxy.models.gate_status import described, weights_tag
 from proxy.protocol.params import LOCAL_ALIAS
-from proxy.server import scrape, stored_responses
+from proxy.server import batches, files, scrape, stored_responses
 from proxy.server.auth import AuthMiddleware, RequestGuard
 from proxy.server.dashboard import Dashboard
 from proxy.server.disconnect import CancelOnDisconnect
@@ -233,6 +233,18 @@ def _routes(settings: Settings, mounted: tuple[Mounted, ...]) -> list[Route]:
         Route("/responses/{response_id}", stored_responses.one, methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/input_items", stored_responses.list_input_items),
         Route("/responses/{response_id}/input_items", stored_responses.list_input_items),
+        *(
+            route
+            for prefix in ("/v1", "")
+            for route in (
+                Route(f"{prefix}/files", files.collection, methods=["GET", "POST"]),
+                Route(f"{prefix}/files/{{file_id}}", files.one, methods=["GET", "DELETE"]),
+                Route(f"{prefix}/files/{{file_id}}/content", files.content, methods=["GET"]),
+                Route(f"{prefix}/batches", batches.collection, methods=["GET", "POST"]),
+                Route(f"{prefix}/batches/{{batch_id}}", batches.retrieve, methods=["GET"]),
+                Route(f"{prefix}/batches/{{batch_id}}/cancel", batches.cancel, methods=["POST"]),
+            )
+        ),
         Route("/openapi.json", _openapi, methods=["GET"]),
         Route("/v1/models", _models, methods=["GET"]),
         Route("/models", _models, methods=["GET"]),

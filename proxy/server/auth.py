@@ -54,12 +54,19 @@ page in the operator's browser can reach a loopback port too. :class:`RequestGua
   sends its own name as ``Host``. A request without ``Host`` (HTTP/1.0) is let through: browsers
   always send one. With keys, a page has no key to send, so the header is not checked (a TLS
   proxy in front forwards the public name).
+- ``POST /v1/files`` is a form (``multipart/form-data``, else a 415), which a page can send
+  without asking first, and ``POST /v1/batches/{id}/cancel`` has no body at all. So in keyless
+  mode, on any bind, these refuse with a 403 a request that says it comes from a page: one with
+  an ``Origin`` header (OpenAI's SDKs and curl send none), or with ``Sec-Fetch-Site`` other than
+  ``none`` or ``same-origin`` (a browser sends it with every request). The ``Host`` check above
+  holds for them too. With keys, a page has no key to send.
 """
 
 from __future__ import annotations
 
 import functools
 import ipaddress
+import re
 from collections.abc import Iterable
 
 import structlog
@@ -68,6 +75,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy.config import ServerSettings, Settings
 from proxy.errors import (
     ConfigError,
+    Forbidden,
     MisdirectedRequest,
     ProxyError,
     Unauthorized,
@@ -84,6 +92,8 @@ log = structlog.get_logger("frugal.auth")
 
 OPEN_PATHS = frozenset({"/healthz", "/dashboard"})
 OPEN_PREFIXES = ("/dashboard/",)  # the dashboard's files
+FORM_PATHS = frozenset({"/v1/files", "/files"})  # a POST there is multipart/form-data
+_BARE_POST = re.compile(r"(/v1)?/batches/[^/]+/cancel")  # a POST there has no body
 
 
 def presented_key(scope: Scope) -> str | None:
@@ -204,11 +214,28 @@ class RequestGuard:
                     ),
                     "misdirected",
                 )
-        if (
-            scope.get("method") == "POST"
-            and scope.get("path") in self.json_paths
-            and not is_json(content_type)
+        path = scope.get("path")
+        if scope.get("method") == "POST" and (
+            path in FORM_PATHS or _BARE_POST.fullmatch(str(path))
         ):
+            if (services is None or not services.auth.enabled) and from_a_page(scope):
+                return (
+                    Forbidden(
+                        "This proxy has no client keys, so it refuses an upload or a cancel "
+                        "sent by a web page (an Origin or Sec-Fetch-Site header). Send it "
+                        "without one, or create a key: frugal keys create NAME."
+                    ),
+                    "cross_origin",
+                )
+            if path in FORM_PATHS and not content_type_is(content_type, "multipart/form-data"):
+                return (
+                    UnsupportedMediaType(
+                        "Send the file with the header 'Content-Type: multipart/form-data'."
+                    ),
+                    "unsupported_media_type",
+                )
+            return None, ""
+        if scope.get("method") == "POST" and path in self.json_paths and not is_json(content_type):
             return (
                 UnsupportedMediaType(
                     "Send the request body as JSON with the header "
@@ -221,9 +248,24 @@ class RequestGuard:
 
 def is_json(content_type: str | None) -> bool:
     """``application/json``, in any case, with or without parameters (``; charset=utf-8``)."""
+    return content_type_is(content_type, "application/json")
+
+
+def content_type_is(content_type: str | None, kind: str) -> bool:
     if content_type is None:
         return False
-    return content_type.partition(";")[0].strip().lower() == "application/json"
+    return content_type.partition(";")[0].strip().lower() == kind
+
+
+def from_a_page(scope: Scope) -> bool:
+    """Whether a request says it comes from a web page: an ``Origin`` header, or a
+    ``Sec-Fetch-Site`` other than ``none`` (typed by the user) or ``same-origin``."""
+    for name, value in scope.get("headers", ()):
+        if name == b"origin":
+            return True
+        if name == b"sec-fetch-site" and value.strip().lower() not in (b"none", b"same-origin"):
+            return True
+    return False
 
 
 @functools.lru_cache(maxsize=256)

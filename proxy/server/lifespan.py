@@ -1,15 +1,15 @@
 """The app's lifespan: the parts it starts, in order, and how it stops them.
 
-:func:`lifespan` opens the ledger, the key store, the quotas, the stored Responses and the
-upstream client, then starts the engine and the router, the shadow audits and (with ``[quality]
-auto_calibrate``) the calibrator. It keeps the typed :class:`~proxy.serving.services.Services` on
-``app.state.services`` and makes one handler per endpoint from them, each into the
-:class:`~proxy.server.endpoints.Mounted` its route serves, and serves once the ledger's token
-counter is in. On shutdown (after uvicorn has drained in-flight requests) it stops the calibrator,
-the audits, the quotas and the stored Responses, then :func:`proxy.server.shutdown.shutdown`
-flushes the ledger first, so that the rows of finished requests are safe whatever happens next,
-stops the rest with a bound on each step, and closes the ledger last (see
-:func:`proxy.server.shutdown.shutdown_budget_s`).
+:func:`lifespan` opens the ledger, the key store, the quotas, the stored Responses, the files and
+batches (their expiry swept every minute) and the upstream client, then starts the engine and the
+router, the shadow audits and (with ``[quality] auto_calibrate``) the calibrator. It keeps the
+typed :class:`~proxy.serving.services.Services` on ``app.state.services`` and makes one handler
+per endpoint from them, each into the :class:`~proxy.server.endpoints.Mounted` its route serves,
+and serves once the ledger's token counter is in. On shutdown (after uvicorn has drained in-flight
+requests) it stops the calibrator, the audits, the quotas and the stored Responses, then
+:func:`proxy.server.shutdown.shutdown` flushes the ledger first, so that the rows of finished
+requests are safe whatever happens next, stops the rest with a bound on each step, and closes the
+ledger last (see :func:`proxy.server.shutdown.shutdown_budget_s`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from proxy.routing.router import Router
 from proxy.server.endpoints import Mounted
 from proxy.server.shutdown import AUDIT_STOP_S, AUX_STOP_S, bounded, shutdown
 from proxy.serving.batch_gauges import BatchGauges
+from proxy.serving.batches_state import BatchesState
 from proxy.serving.clients import Authenticator
 from proxy.serving.in_flight import InFlight
 from proxy.serving.metrics import Metrics
@@ -56,6 +57,7 @@ class _Parts:
     auth: Authenticator
     quotas: Quotas
     stored: ResponsesState
+    batches: BatchesState
     upstream: Upstream
     engine: LocalEngine
     owns_engine: bool  # False: the caller's engine, which the app neither starts nor stops
@@ -113,6 +115,8 @@ async def _open_parts(settings: Settings, engine: LocalEngine | None) -> _Parts:
     await quotas.start()
     stored = ResponsesState(settings, from_settings(settings.ledger))
     await stored.start()
+    batches = BatchesState(settings, from_settings(settings.ledger), prices)
+    await batches.start()
     upstream = Upstream(settings.fallback, secrets=Secrets.known(settings))
     await upstream.start()
     local = engine or LocalEngine(
@@ -128,6 +132,7 @@ async def _open_parts(settings: Settings, engine: LocalEngine | None) -> _Parts:
         auth=auth,
         quotas=quotas,
         stored=stored,
+        batches=batches,
         upstream=upstream,
         engine=local,
         owns_engine=engine is None,
@@ -198,6 +203,7 @@ def _services(
         audit=parts.audit,
         quotas=parts.quotas,
         responses=parts.stored,
+        batches=parts.batches,
     )
 
 
@@ -237,6 +243,7 @@ async def _stop(settings: Settings, parts: _Parts, app: Starlette) -> None:
         await bounded(parts.audit.close(AUDIT_STOP_S), AUDIT_STOP_S + 0.5, "audit")
     await bounded(parts.quotas.stop(), AUX_STOP_S, "quotas")
     await bounded(parts.stored.stop(), AUX_STOP_S, "responses")
+    await bounded(parts.batches.stop(), AUX_STOP_S, "batches")
     built = getattr(app.state, "services", None)
     if built is not None:
         built.bodies.close()

@@ -41,6 +41,7 @@ from proxy.serving.in_flight import InFlight
 log = structlog.get_logger("frugal.limits")
 
 UNLIMITED_PATHS = frozenset({"/healthz", "/metrics"})
+UPLOAD_PATHS = frozenset({"/v1/files", "/files"})  # a body too large there names ``file``
 _CLOSE = (b"connection", b"close")
 
 
@@ -58,7 +59,7 @@ class LimitsMiddleware:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_body:
-            too_large = _too_large(self.max_body, headers={"connection": "close"})
+            too_large = _too_large(self.max_body, scope, headers={"connection": "close"})
             await self._refuse(scope, receive, send, too_large, "too_large")
             return
         if self.in_flight.count >= self.max_concurrency:
@@ -103,7 +104,7 @@ class LimitsMiddleware:
                 if received > max_body:
                     cut_short = body_done = True
                     self._count(scope, "too_large")
-                    raise _too_large(max_body)
+                    raise _too_large(max_body, scope)
                 body_done = not message.get("more_body", False)
             else:
                 body_done = True
@@ -158,11 +159,12 @@ def _chunked(scope: Scope) -> bool:
     return any(name == b"transfer-encoding" for name, _ in scope.get("headers", ()))
 
 
-def _too_large(limit: int, headers: dict[str, str] | None = None) -> PayloadTooLarge:
+def _too_large(limit: int, scope: Scope, headers: dict[str, str] | None = None) -> PayloadTooLarge:
     return PayloadTooLarge(
         f"the request body is larger than this proxy accepts ({limit} bytes, "
         "[server] max_body_bytes)",
         headers=headers,
+        param="file" if scope.get("path") in UPLOAD_PATHS else None,
     )
 
 

@@ -26,7 +26,7 @@ from proxy.protocol.answer_schemas import (
 )
 from proxy.protocol.shapes import Schema, obj
 from proxy.routing.reasons import Reason
-from proxy.server import report
+from proxy.server import openapi_batches, report
 from proxy.server.endpoints import ENDPOINTS
 from proxy.server.responses_compact import COMPACTED
 from proxy.server.responses_tokens import INPUT_TOKENS
@@ -212,6 +212,7 @@ def openapi_spec() -> dict[str, Any]:
                 },
                 "ResponseDeleted": RESPONSE_DELETED,
                 "ResponseInputItems": INPUT_ITEMS,
+                **openapi_batches.SCHEMAS,
                 "Models": MODELS,
                 "Report": report.REPORT,
                 "Error": ERROR,
@@ -253,6 +254,7 @@ def openapi_spec() -> dict[str, Any]:
                     ),
                 },
             },
+            **openapi_batches.PATHS,
             "/v1/models": {
                 "get": {
                     "summary": "The models that can be asked for",

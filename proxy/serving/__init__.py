@@ -21,6 +21,8 @@ reads (a body to read, a caller's rights), never a route or an app to look itsel
                  ledger database at most every few seconds
     responses_state  stored Responses: ``store``, ``previous_response_id``, ``item_reference``,
                  who may read which
+    batches_state  files and batches: the ledger's stores, their expiry swept, who may read
+                 which
     body_check   a large body parsed and checked in a worker thread, off the event loop,
                  within a time bound
     background   a service's background task (the key store's refresh, the quotas' sweep)

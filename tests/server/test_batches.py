@@ -1,0 +1,148 @@
+"""``/v1/batches`` against the in-process app, with the official ``openai`` SDK: create, read,
+list and cancel; a bad input file gives a ``failed`` batch with its ``errors``; each key its own
+batches; a bad parameter is a 400 naming it. (The lines are answered by the batch runner; here
+no line runs, so a batch stays ``in_progress`` until it is cancelled.)"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+
+from tests.server.test_files import ALICE, BOB, CAROL, LINES, app  # noqa: F401 - the fixture
+
+ENDPOINT = "/v1/chat/completions"
+
+
+async def test_a_batch_is_created_read_listed_and_cancelled_through_the_sdk(app: Any) -> None:  # noqa: F811
+    async with app() as served:
+        client = served.sdk()
+        upload = await client.files.create(file=("in.jsonl", LINES), purpose="batch")
+        made = await client.batches.create(
+            input_file_id=upload.id,
+            endpoint=ENDPOINT,
+            completion_window="24h",
+            metadata={"job": "nightly"},
+        )
+        assert made.object == "batch" and made.status == "in_progress"
+        assert made.input_file_id == upload.id and made.endpoint == ENDPOINT
+        assert made.request_counts is not None and made.request_counts.total == 3
+        assert made.metadata == {"job": "nightly"}
+        assert (await client.batches.retrieve(made.id)).id == made.id
+        second = await client.batches.create(
+            input_file_id=upload.id, endpoint=ENDPOINT, completion_window="24h"
+        )
+        listed = await client.batches.list()
+        assert {b.id for b in listed.data} == {made.id, second.id}
+        page = await client.batches.list(limit=1)
+        assert len(page.data) == 1 and page.has_more
+        rest = await client.batches.list(limit=1, after=page.data[0].id)
+        assert len(rest.data) == 1 and not rest.has_more
+        cancelled = await client.batches.cancel(made.id)
+        assert cancelled.status in ("cancelling", "cancelled")
+        assert (await client.batches.retrieve(made.id)).status == cancelled.status
+        assert (await client.batches.retrieve(second.id)).status == "in_progress"
+
+
+async def test_a_bad_input_file_gives_a_failed_batch_with_its_errors(app: Any) -> None:  # noqa: F811
+    bad = LINES + b"not json\n" + json.dumps({"custom_id": "x", "method": "GET"}).encode() + b"\n"
+    async with app() as served:
+        client = served.sdk()
+        upload = await client.files.create(file=("bad.jsonl", bad), purpose="batch")
+        made = await client.batches.create(
+            input_file_id=upload.id, endpoint=ENDPOINT, completion_window="24h"
+        )
+        assert made.status == "failed"
+        assert made.errors is not None and made.errors.data
+        assert [(e.line, e.code) for e in made.errors.data] == [
+            (4, "invalid_json_line"),
+            (5, "invalid_value"),
+        ]
+        assert made.request_counts is not None and made.request_counts.total == 0
+
+
+async def test_another_keys_batch_is_a_404_and_an_admin_sees_it(app: Any) -> None:  # noqa: F811
+    async with app(keys=True) as served:
+        bob, carol, alice = served.sdk(BOB), served.sdk(CAROL), served.sdk(ALICE)
+        upload = await bob.files.create(file=("in.jsonl", LINES), purpose="batch")
+        with pytest.raises(openai.NotFoundError) as not_hers:
+            await carol.batches.create(
+                input_file_id=upload.id, endpoint=ENDPOINT, completion_window="24h"
+            )
+        assert not_hers.value.body["param"] == "input_file_id"  # type: ignore[index]
+        made = await bob.batches.create(
+            input_file_id=upload.id, endpoint=ENDPOINT, completion_window="24h"
+        )
+        for call in (carol.batches.retrieve, carol.batches.cancel):
+            with pytest.raises(openai.NotFoundError) as hidden:
+                await call(made.id)
+            assert hidden.value.body["param"] == "batch_id"  # type: ignore[index]
+        assert (await carol.batches.list()).data == []
+        assert (await bob.batches.retrieve(made.id)).status == "in_progress"
+        assert [b.id for b in (await alice.batches.list()).data] == [made.id]
+        assert (await alice.batches.retrieve(made.id)).id == made.id
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"endpoint": ENDPOINT, "completion_window": "24h"}, "input_file_id"),
+        (
+            {"input_file_id": "FILE", "endpoint": "/v1/images", "completion_window": "24h"},
+            "endpoint",
+        ),
+        (
+            {"input_file_id": "FILE", "endpoint": ENDPOINT, "completion_window": "1h"},
+            "completion_window",
+        ),
+        ({"input_file_id": "FILE", "endpoint": ENDPOINT}, "completion_window"),
+        (
+            {"input_file_id": "file-nothere", "endpoint": ENDPOINT, "completion_window": "24h"},
+            "input_file_id",
+        ),
+        (
+            {
+                "input_file_id": "FILE",
+                "endpoint": ENDPOINT,
+                "completion_window": "24h",
+                "colour": 1,
+            },
+            "colour",
+        ),
+        (
+            {
+                "input_file_id": "FILE",
+                "endpoint": ENDPOINT,
+                "completion_window": "24h",
+                "metadata": 5,
+            },
+            "metadata",
+        ),
+    ],
+)
+async def test_a_bad_create_parameter_is_named(app: Any, body: dict[str, Any], param: str) -> None:  # noqa: F811
+    async with app() as served:
+        upload = await served.sdk().files.create(file=("in.jsonl", LINES), purpose="batch")
+        if body.get("input_file_id") == "FILE":
+            body = {**body, "input_file_id": upload.id}
+        answer = await served.http.post("http://localhost/v1/batches", json=body)
+        assert answer.status_code in (400, 404), answer.text
+        assert answer.json()["error"]["param"] == param
+        assert (await served.sdk().batches.list()).data == []
+
+
+async def test_bad_list_parameters_and_unknown_ids(app: Any) -> None:  # noqa: F811
+    async with app() as served:
+        for query in ("limit=0", "limit=101", "limit=x"):
+            answer = await served.http.get(f"http://localhost/v1/batches?{query}")
+            assert answer.status_code == 400 and answer.json()["error"]["param"] == "limit"
+        after = await served.http.get("http://localhost/v1/batches?after=batch_nothere")
+        assert after.status_code == 400 and after.json()["error"]["param"] == "after"
+        for method, path in (
+            ("GET", "/v1/batches/batch_x"),
+            ("POST", "/v1/batches/batch_x/cancel"),
+        ):
+            answer = await served.http.request(method, f"http://localhost{path}")
+            assert answer.status_code == 404 and answer.json()["error"]["param"] == "batch_id"
