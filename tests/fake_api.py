@@ -44,6 +44,10 @@ forgets the recorded requests):
   whatever its input ends with, and the script moves on; a request that does not offer it is
   answered as without the knob (``tool_call``, or the ``reply``). Every call has a new call id;
   ``set`` copies the list, and what is left of it is ``tool_script``
+- ``batch_polls``, ``batch_seconds``, ``batch_fail``, ``batch_expire_after``,
+  ``batch_line_error``, ``batch_output_extra``: the Files and Batch APIs' knobs (a slow, failed
+  or expired batch, a failed line, a hostile output file), described in
+  :mod:`tests.fake_batch`, which serves ``/v1/files`` and ``/v1/batches`` as OpenAI's do
 - ``served_tier``: the ``service_tier`` a chat answer (and each of its stream's chunks) says it
   was served at, as OpenAI's do (None: the field is left out)
 - ``refusal``: a text: a plain chat answer refuses, as OpenAI's does (its message's ``content``
@@ -113,6 +117,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from tests.fake_batch import ENDPOINTS, LINE_SCOPE, FakeBatches
 from tests.loopback import ThreadedServer, quiet_config
 
 DEFAULT_REPLY = "Paris is the capital of France."
@@ -143,6 +148,12 @@ DEFAULTS: dict[str, Any] = {
     "huge_reply_bytes": None,
     "echo_auth": False,
     "served_tier": None,
+    "batch_polls": 0,
+    "batch_seconds": 0.0,
+    "batch_fail": None,
+    "batch_expire_after": None,
+    "batch_line_error": None,
+    "batch_output_extra": (),
 }
 
 _ERROR_TYPES = {
@@ -364,6 +375,9 @@ class FakeAPI:
         self.resets = 0
         self.open_streams = 0  # event streams being sent now
         self.huge_sent = 0  # bytes of huge_reply_bytes answers sent
+        self.batches_made = 0  # batches created (POST /v1/batches), see tests/fake_batch.py
+        self.batch_lines: list[tuple[str, str, Any]] = []  # (custom_id, url, body) of each
+        self.batch_api = FakeBatches(self)
         self._lock = threading.Lock()
         self._seq = 0
         self._stopping = False
@@ -378,6 +392,7 @@ class FakeAPI:
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/v1/responses", self._responses, methods=["POST"]),
                 Route("/v1/responses/compact", self._compact, methods=["POST"]),
+                *self.batch_api.routes(),
             ]
         )
 
@@ -397,13 +412,30 @@ class FakeAPI:
         with self._lock:
             for name, value in DEFAULTS.items():
                 setattr(self, name, list(value) if name == "tool_script" else value)
-            self.disconnects = self.resets = self.huge_sent = 0
+            self.disconnects = self.resets = self.huge_sent = self.batches_made = 0
             self.requests.clear()
             self.request_times.clear()
+            self.batch_lines.clear()
+            self.batch_api.reset()
 
     @property
     def count(self) -> int:
         return len(self.requests)
+
+    @property
+    def single_calls(self) -> int:
+        """Requests to the answering endpoints (chat, completions, responses, embeddings) made
+        one by one, not as lines of a batch."""
+        return sum(1 for r in self.requests if r.path in ENDPOINTS)
+
+    def line_handlers(self) -> dict[str, Any]:
+        """The endpoint that answers a batch line of each ``url``."""
+        return {
+            "/v1/chat/completions": self._chat,
+            "/v1/completions": self._completions,
+            "/v1/responses": self._responses,
+            "/v1/embeddings": self._embeddings,
+        }
 
     @property
     def url(self) -> str:
@@ -438,15 +470,22 @@ class FakeAPI:
 
     # -- behaviour shared by every endpoint --------------------------------------------------
 
-    async def _enter(self, request: Request) -> tuple[Any, Response | None]:
-        """Record the request and apply the fault knobs; a Response means answer that instead."""
+    async def _enter(
+        self, request: Request, *, json_body: bool = True
+    ) -> tuple[Any, Response | None]:
+        """Record the request and apply the fault knobs; a Response means answer that instead.
+        ``json_body=False``: the body is not read here (a multipart upload, a cancel). A batch's
+        line (:data:`tests.fake_batch.LINE_SCOPE`) is neither recorded nor faulted."""
         body: Any = None
-        if request.method == "POST":
+        if request.method == "POST" and json_body:
             raw = await request.body()
             try:
                 body = json.loads(raw) if raw else None
             except ValueError:
                 body = None
+        if request.scope.get(LINE_SCOPE):
+            bad = JSONResponse(_error(400, "the body is not a JSON object"), 400)
+            return body, None if isinstance(body, dict) else bad
         with self._lock:
             if self.record:
                 self.requests.append(Recorded(request.url.path, dict(request.headers), body))
@@ -485,7 +524,7 @@ class FakeAPI:
             if self.echo_auth:
                 error = _echoed(error, request)
             return body, JSONResponse(error, status, headers=headers)
-        if request.method == "POST" and not isinstance(body, dict):
+        if request.method == "POST" and json_body and not isinstance(body, dict):
             return body, JSONResponse(_error(400, "the body is not a JSON object"), 400)
         return body, None
 

@@ -4,6 +4,7 @@
     load       the file found (--config, $FRUGAL_CONFIG, ./frugal.toml), parsed and built
     checks     the ranges and rules every loaded value is held to
     audit_settings  the ``[audit]`` section (``AuditSettings``)
+    batch_settings  the ``[batch]`` section (``BatchSettings``): work that can wait
     model_name      ``[local] model``: a model file, or a Hugging Face model by name
     secrets         ``Secrets``: the secret values the settings and the environment name, and
                     the one function that clears a foreign body of them (``scrub``)
@@ -19,13 +20,13 @@ imports :mod:`proxy.errors` only.
 
 from __future__ import annotations
 
+from proxy.config.batch_settings import BatchSettings
 from proxy.config.checks import validate
 from proxy.config.load import from_dict, load, resolve_path
 from proxy.config.sections import (
     BACKEND_KINDS,
     SECTIONS,
     BackendSettings,
-    BatchSettings,
     CacheSettings,
     CostSettings,
     FallbackSettings,

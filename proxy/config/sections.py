@@ -3,16 +3,16 @@
     Settings        every section, the ``[pricing]`` tables and where they came from
     SECTIONS        section name -> its dataclass, in the order of ``config.example.toml``
     ServerSettings, LocalSettings (with its BackendSettings), FallbackSettings, RouterSettings,
-    QualitySettings, LedgerSettings, CacheSettings, ResponsesSettings, BatchSettings,
-    CostSettings, ModelPrice
-    (``[audit]`` is :class:`proxy.config.audit_settings.AuditSettings`, which checks its own ranges)
+    QualitySettings, LedgerSettings, CacheSettings, ResponsesSettings, CostSettings, ModelPrice
+    (``[audit]`` is :class:`proxy.config.audit_settings.AuditSettings` and ``[batch]``
+    :class:`proxy.config.batch_settings.BatchSettings`; each checks its own ranges)
 
 Every field is documented in ``config.example.toml``; a test keeps the two in step. Nothing here
 reads a file or checks a range: :mod:`proxy.config.load` builds these from TOML and
 :mod:`proxy.config.checks` validates them.
 
-Imports :mod:`proxy.config.audit_settings` (the ``[audit]`` section, its one pure module) and
-nothing else of ``proxy``.
+Imports :mod:`proxy.config.audit_settings` and :mod:`proxy.config.batch_settings` (the
+``[audit]`` and ``[batch]`` sections, pure modules) and nothing else of ``proxy``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass, field
 
 from proxy.config.audit_settings import AuditSettings
+from proxy.config.batch_settings import BatchSettings
 
 SPECULATIVE_MODES = ("off", "prompt-lookup", "draft")
 MEMORY_GUARDS = ("shrink", "refuse", "off")
@@ -200,19 +201,6 @@ class ResponsesSettings:
     retention_days: float = 30.0  # older stored responses are deleted; 0: kept until deleted
     max_stored_bytes_per_key: int = 1024**3  # what one key keeps, in bytes of JSON (1 GiB)
     max_stored_per_key: int = 50_000  # how many responses one key keeps
-
-
-@dataclass(frozen=True, kw_only=True)
-class BatchSettings:
-    """``[batch]``: deferred work, which asks for no interactive answer time: OpenAI's Files and
-    Batch APIs, kept in the ledger database (proxy/ledger/batches/), and ``service_tier: "flex"``,
-    given ``flex_timeout_s`` as its local deadline in place of ``[local] timeout_s``
-    (proxy/routing/router.py)."""
-
-    flex_timeout_s: float = 600.0
-    file_quota_bytes: int = 2 * 1024**3  # the bytes of files one key keeps (2 GiB)
-    line_lease_s: float = 300.0  # a claimed batch line is another worker's after this long
-    line_max_claims: int = 3  # a line whose workers died this many times fails, not run again
 
 
 @dataclass(frozen=True, kw_only=True)

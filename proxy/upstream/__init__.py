@@ -15,6 +15,10 @@
                     (``store: false``, the whole conversation, none of our ids), its usage
     model_list      ``ModelList``: the upstream's own ``GET /models``, for ``/v1/models``,
                     cached and bounded in time, bytes and ids
+    batch_api       ``BatchAPI``: the upstream's own Files and Batch APIs (one JSONL file, one
+                    batch, polled, its output and error files read back, bounded)
+    deferred        ``Deferred``: lines that can wait sent by ``[batch] fallback`` (``batch``,
+                    ``flex`` or ``sync``), one outcome back: answers and the unanswered
     failures        ``translate``: every aiohttp, litellm or status failure becomes a
                     ``ProxyError`` here, once
 

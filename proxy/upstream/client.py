@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from proxy.config import FallbackSettings, Settings
+from proxy.config import BatchSettings, FallbackSettings, Settings
 from proxy.config.secrets import Secrets
 from proxy.errors import UpstreamError
 from proxy.params import (
@@ -73,6 +73,7 @@ from proxy.params import (
     EMBEDDINGS_PARAMETERS,
     forwarded,
 )
+from proxy.upstream.batch_api import BatchAPI, DirectWire
 from proxy.upstream.direct_route import DirectRoute
 from proxy.upstream.litellm_route import LitellmRoute
 from proxy.upstream.retry import BACKOFF_INITIAL_S, RetryPolicy
@@ -196,6 +197,16 @@ class Upstream(Closing):
     def model_ids(self) -> list[str]:
         """The names the mapping knows, for ``GET /v1/models``."""
         return list(self._settings.models)
+
+    def batch_api(self, settings: BatchSettings, requested_model: str = "") -> BatchAPI | None:
+        """The Files and Batch APIs that lines for ``requested_model`` go to
+        (:mod:`proxy.upstream.batch_api`), under this client's retries and secrets: those of
+        ``api_base`` for a model on the direct route; None for a model that litellm sends
+        (its lines go one call each: see :mod:`proxy.upstream.deferred`)."""
+        if self._model({"model": requested_model})[0] != DIRECT:
+            return None
+        wire, limit = DirectWire(self._direct), self._settings.max_answer_bytes
+        return BatchAPI(wire, self._retry, self._secrets, settings, max_line_bytes=limit)
 
     async def listed_models(self) -> list[str]:
         """The upstream's own model ids, for ``GET /v1/models``: cached and bounded

@@ -26,7 +26,7 @@ import asyncio
 import json
 import urllib.parse
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -57,7 +57,8 @@ _encode = json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
 
 class DirectRoute:
     """The :class:`~proxy.upstream.route.Route` to ``api_base``, plus ``post`` for the JSON
-    endpoints other than chat (``/completions``, ``/embeddings``)."""
+    endpoints other than chat (``/completions``, ``/embeddings``), and ``send`` and
+    ``open_get`` for the Files and Batch APIs."""
 
     def __init__(self, settings: FallbackSettings) -> None:
         self._settings = settings
@@ -126,6 +127,61 @@ class DirectRoute:
         if not isinstance(data, dict):
             raise UpstreamError("the upstream API answered with JSON that is not an object")
         return status, data, raw
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        request_id: str,
+        body: dict[str, Any] | None = None,
+        form: Mapping[str, str | tuple[str, bytes]] | None = None,
+    ) -> Answer:
+        """One ``method`` request to ``api_base + path`` with a JSON ``body``, a multipart
+        ``form`` (a field is a string, or a file as ``(filename, content)``) or neither; its
+        status, JSON object and bytes (at most ``[fallback] max_answer_bytes``). For the Files
+        and Batch APIs (:mod:`proxy.upstream.batch_api`); the form is made again each attempt."""
+        session, url = self._ready(), self._url(path)
+        headers = {"x-request-id": request_id}
+        data: Any = None
+        if form is not None:
+            data = aiohttp.FormData()
+            for name, value in form.items():
+                if isinstance(value, tuple):
+                    data.add_field(
+                        name, value[1], filename=value[0], content_type="application/jsonl"
+                    )
+                else:
+                    data.add_field(name, value)
+        elif body is not None:
+            data = _encode(body).encode()
+            headers["content-type"] = "application/json"
+        async with session.request(
+            method, url, data=data, headers=headers, proxy=self._proxy, allow_redirects=False
+        ) as response:
+            status = response.status
+            if status >= 300:
+                raw = await read_bounded(response, ERROR_BODY_BYTES, cut=True)
+                raise status_error(status, response.headers, raw)
+            raw = await read_bounded(response, self._settings.max_answer_bytes)
+        data = json.loads(raw) if len(raw) <= PARSE_IN_THREAD_BYTES else await _parse(raw)
+        if not isinstance(data, dict):
+            raise UpstreamError("the upstream API answered with JSON that is not an object")
+        return status, data, raw
+
+    async def open_get(self, path: str, request_id: str) -> Opened:
+        """A ``GET`` of ``api_base + path`` whose body is read by the caller, chunk by chunk (a
+        file's content); returns once the API has answered 2xx."""
+        session, url = self._ready(), self._url(path)
+        response = await session.get(
+            url, headers={"x-request-id": request_id}, proxy=self._proxy, allow_redirects=False
+        )
+        if response.status < 300:
+            return Opened(response.content.iter_chunked(_CHUNK), _closer(response))
+        try:
+            raw = await read_bounded(response, ERROR_BODY_BYTES, cut=True)
+        finally:
+            response.release()
+        raise status_error(response.status, response.headers, raw)
 
     async def open_stream(
         self, forward: dict[str, Any], request_id: str, path: str = "/chat/completions"
