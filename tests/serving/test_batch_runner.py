@@ -1,0 +1,369 @@
+"""The batch runner (proxy/serving/batch_runner.py) against real parts: the ledger's batch store
+on a SQLite file and on a real PostgreSQL, the fake API's Files and Batch APIs on loopback
+(tests/fake_batch.py), and the proxy's own upstream client. The local attempt is an injected
+function here (the runner's own logic: which lines it accepts is the test's choice); the
+cascade supplies the real one (plan, engine, gate).
+
+Covered: accepted lines finished locally and rejects sent upstream as one batch, every
+custom_id once in the client's order, one ledger row per line, API lines priced at the batch
+rate; an expired upstream batch whose unanswered lines are sent once more; a runner killed with
+SIGKILL after its lines were deferred, whose upstream batch a new runner resumes instead of
+sending again; a batch cancelled mid-way; a key past its budget."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.config import BatchSettings, FallbackSettings
+from proxy.ledger.batches.files import FileStore
+from proxy.ledger.batches.objects import Line
+from proxy.ledger.batches.store import BatchStore
+from proxy.ledger.db.connections import Pool
+from proxy.ledger.db.location import Database
+from proxy.ledger.pricing import Price, PriceBook, pico_per_token
+from proxy.ledger.tenants.budgets import Budgets
+from proxy.serving.batch_lines import Accepted, Attempted, CannotServe, LedgerPurse, Rejected
+from proxy.serving.batch_runner import BatchRunner
+from proxy.upstream.client import Upstream
+from proxy.upstream.deferred import Deferred
+from tests.conftest import module_api
+from tests.fake_api import FakeAPI
+
+KEY_ENV = "FRUGAL_TEST_RUNNER_KEY"
+KEY = "sk-test-runner-0123456789"
+CHAT = "/v1/chat/completions"
+MODEL = "gpt-4o-mini"
+PRICES = PriceBook({}, {MODEL: Price(input=pico_per_token(0.15), output=pico_per_token(0.6))})
+ROOT = Path(__file__).resolve().parents[2]
+
+api = module_api()
+
+
+@pytest.fixture(autouse=True)
+def fresh(api: FakeAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    api.reset()
+    monkeypatch.setenv(KEY_ENV, KEY)
+
+
+def request(i: int) -> dict[str, Any]:
+    return {
+        "custom_id": f"task-{i}",
+        "method": "POST",
+        "url": CHAT,
+        "body": {"model": MODEL, "messages": [{"role": "user", "content": f"question {i}"}]},
+    }
+
+
+def make_batch(pool: Pool, n: int, owner: str | None = "id:1") -> str:
+    files = FileStore(pool, quota_bytes=10**9)
+    content = "".join(json.dumps(request(i)) + "\n" for i in range(n)).encode()
+    upload = files.put(owner, purpose="batch", filename="in.jsonl", content=content)
+    return BatchStore(pool, prices=PRICES).create(owner, input_file_id=upload.id, endpoint=CHAT).id
+
+
+def index_of(body: dict[str, Any]) -> int:
+    return int(body["messages"][0]["content"].split()[-1])
+
+
+class Local:
+    """The injected local attempt: accepts the lines whose index is in ``accept``, cannot
+    serve those in ``cannot``, rejects the rest; records what it was asked."""
+
+    def __init__(self, accept: set[int], cannot: frozenset[int] = frozenset()) -> None:
+        self.accept, self.cannot = accept, cannot
+        self.asked: list[tuple[int, float, str]] = []
+
+    async def __call__(
+        self, url: str, body: dict[str, Any], *, deadline: float, priority: str
+    ) -> Attempted:
+        i = index_of(body)
+        self.asked.append((i, deadline, priority))
+        if i in self.cannot:
+            return CannotServe(reason="unsupported")
+        if i not in self.accept:
+            return Rejected(reason="low_quality")
+        usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+        answer = {
+            "object": "chat.completion",
+            "model": MODEL,
+            "usage": usage,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": f"a{i}"}}],
+        }
+        return Accepted(status_code=200, body=answer, usage=usage)
+
+
+@asynccontextmanager
+async def sender(api: FakeAPI) -> AsyncIterator[Deferred]:
+    fallback = FallbackSettings(
+        api_base=api.url, api_key_env=KEY_ENV, timeout_s=5.0, connect_timeout_s=1.0
+    )
+    settings = BatchSettings(poll_interval_s=0.01, max_poll_interval_s=0.05)
+    async with Upstream(fallback, backoff_s=0.01) as upstream:
+        yield Deferred(upstream, settings)
+
+
+def runner(pool: Pool, local: Any, deferred: Deferred, **kw: Any) -> BatchRunner:
+    store = BatchStore(pool, prices=PRICES)
+    return BatchRunner(
+        store, local, deferred, width=kw.pop("width", 8), lease_s=60.0, idle_s=0.05, **kw
+    )
+
+
+def output(pool: Pool, batch_id: str) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    files = FileStore(pool, quota_bytes=10**9)
+    batch = BatchStore(pool).get(batch_id)
+    assert batch is not None
+
+    def read(file_id: str | None) -> list[dict[str, Any]]:
+        content = files.content(file_id) if file_id else b""
+        return [json.loads(x) for x in (content or b"").decode().splitlines()]
+
+    return batch.status, read(batch.output_file_id), read(batch.error_file_id)
+
+
+def rows(pool: Pool) -> list[tuple[Any, ...]]:
+    with pool.transaction() as tx:
+        return tx.rows(
+            "SELECT request_id, route, reason, prompt_tokens, completion_tokens, api_cost_pusd, "
+            "service_tier, deferred_tier FROM requests ORDER BY request_id"
+        )
+
+
+def batch_cost(prompt: int, completion: int) -> int:
+    price = PRICES.price(MODEL, "batch")
+    assert price is not None
+    return prompt * price.input + completion * price.output
+
+
+# -- accepted locally, rejects together ----------------------------------------------------------
+
+
+async def test_rejects_reach_the_upstream_as_one_batch_and_every_line_is_answered_once(
+    api: FakeAPI, pool: Pool
+) -> None:
+    batch_id = make_batch(pool, 8)
+    local = Local(accept={0, 2, 3, 6}, cannot=frozenset({5}))
+    async with sender(api) as deferred:
+        work = runner(pool, local, deferred, width=3)
+        await work.drain()
+        print("gauges", work.gauges())
+    assert sorted(i for i, _, _ in local.asked) == list(range(8))  # each line tried locally once
+    assert {p for _, _, p in local.asked} == {"deferred"}
+    assert all(d > time.time() + 23 * 3600 for _, d, _ in local.asked)  # the batch's window
+    assert api.batches_made == 1 and api.single_calls == 0
+    status, out, errors = output(pool, batch_id)
+    assert status == "completed" and errors == []
+    assert [line["custom_id"] for line in out] == [f"task-{i}" for i in range(8)]
+    sent = [cid for cid, _, _ in api.batch_lines]
+    by_id = {line["id"]: int(line["custom_id"].split("-")[1]) for line in out}
+    assert [by_id[cid] for cid in sent] == [1, 4, 5, 7]  # the rejects, in order, once each
+    found = rows(pool)
+    assert sorted(r[0] for r in found) == sorted(by_id)
+    for request_id, route, reason, prompt, completion, cost, tier, deferred_tier in found:
+        i = by_id[request_id]
+        assert (tier, deferred_tier) == ("batch", "batch")
+        if i in {0, 2, 3, 6}:
+            assert (route, reason, cost) == ("local", "accepted", 0)
+        else:
+            assert route == "api" and reason == ("unsupported" if i == 5 else "low_quality")
+            usage = next(x for x in out if x["id"] == request_id)["response"]["body"]["usage"]
+            assert (prompt, completion) == (usage["prompt_tokens"], usage["completion_tokens"])
+            assert cost == batch_cost(prompt, completion) > 0
+    standard = PRICES.price(MODEL)
+    assert standard is not None and batch_cost(2, 2) * 2 == 2 * (standard.input + standard.output)
+    assert work.gauges().local_done == 4 and work.gauges().api_done == 4
+
+
+async def test_an_expired_upstream_batch_has_its_unanswered_lines_sent_once_more(
+    api: FakeAPI, pool: Pool
+) -> None:
+    batch_id = make_batch(pool, 4)
+    api.set(batch_expire_after=1)  # each upstream batch answers its first line only
+    async with sender(api) as deferred:
+        await runner(pool, Local(accept={0, 3}), deferred).drain()
+    assert api.batches_made == 2 and api.single_calls == 0
+    status, out, errors = output(pool, batch_id)
+    assert status == "completed" and errors == []
+    ids = {line["custom_id"]: line["id"] for line in out}
+    assert [cid for cid, _, _ in api.batch_lines] == [ids["task-1"], ids["task-2"], ids["task-2"]]
+    assert [line["custom_id"] for line in out] == [f"task-{i}" for i in range(4)]
+    assert sorted(r[0] for r in rows(pool)) == sorted(ids.values())
+
+
+# -- a runner killed with its lines at the upstream ----------------------------------------------
+
+_WORKER = """
+import asyncio, os, sys, time
+from proxy.ledger.batches.store import BatchStore
+from proxy.ledger.db.connections import Pool
+from proxy.ledger.db.location import parse
+from tests.serving.test_batch_runner import PRICES, KEY_ENV, Local, sender, runner
+from tests.fake_api import FakeAPI
+
+class Remote:
+    url = sys.argv[2]
+
+async def main() -> None:
+    pool = Pool(parse(sys.argv[1]))
+    store = BatchStore(pool, prices=PRICES)
+    async with sender(Remote()) as deferred:
+        work = runner(pool, Local(accept={0}), deferred)
+        await work.start()
+        while True:
+            ids = [k for k in store.deferred() if not k.startswith("frugal-")]
+            if ids:
+                print("deferred", ids[0], flush=True)
+                await asyncio.sleep(600)
+            await asyncio.sleep(0.02)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_runner_killed_after_sending_leaves_a_batch_a_new_runner_resumes(
+    api: FakeAPI, pool: Pool, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner process sends its three rejects upstream (the upstream batch holds them for a
+    while) and is killed with SIGKILL once its lines are deferred under the upstream's batch
+    id. A new runner resumes polling that batch: nothing is sent again, every line is answered
+    once and has one ledger row."""
+    batch_id = make_batch(pool, 4)
+    api.set(batch_seconds=3.0)
+    target = database.url if database.is_postgres else database.path
+    with subprocess.Popen(
+        [sys.executable, "-c", _WORKER, str(target), api.url],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as worker:
+        assert worker.stdout is not None
+        said = ""
+        while not said.startswith("deferred "):  # the runner's own log lines come first
+            said = await asyncio.to_thread(worker.stdout.readline)
+            assert said, "the worker ended before it deferred its lines"
+        worker.send_signal(signal.SIGKILL)
+        assert worker.wait(timeout=30) == -signal.SIGKILL
+    assert said.split()[0] == "deferred"
+    upstream_id = said.split()[1]
+    assert api.batches_made == 1
+    store = BatchStore(pool, prices=PRICES)
+    assert list(store.deferred()) == [upstream_id]
+    assert len(store.deferred()[upstream_id]) == 3
+    local = Local(accept=set())
+    async with sender(api) as deferred:
+        await runner(pool, local, deferred).drain()  # drain() starts with nothing to claim
+        work = runner(pool, local, deferred)
+        await work.resume()
+        await work.drain()
+    assert local.asked == []  # the resumed lines are not run again
+    assert api.batches_made == 1 and api.single_calls == 0
+    status, out, errors = output(pool, batch_id)
+    assert status == "completed" and errors == []
+    assert [line["custom_id"] for line in out] == [f"task-{i}" for i in range(4)]
+    assert [r[1] for r in rows(pool)].count("api") == 3
+    assert sorted(r[0] for r in rows(pool)) == sorted(line["id"] for line in out)
+
+
+# -- cancel --------------------------------------------------------------------------------------
+
+
+async def test_a_batch_cancelled_mid_way_finishes_its_running_lines_and_starts_no_more(
+    api: FakeAPI, pool: Pool
+) -> None:
+    """The client cancels while the runner's second line runs locally: the two running lines
+    finish, the rest are never started, and the batch ends ``cancelled``."""
+    batch_id = make_batch(pool, 6)
+    store = BatchStore(pool, prices=PRICES)
+
+    class Cancelling(Local):
+        async def __call__(
+            self, url: str, body: dict[str, Any], *, deadline: float, priority: str
+        ) -> Attempted:
+            if index_of(body) == 1:
+                await asyncio.to_thread(store.cancel, batch_id)
+            return await super().__call__(url, body, deadline=deadline, priority=priority)
+
+    local = Cancelling(accept=set(range(6)))
+    async with sender(api) as deferred:
+        work = runner(pool, local, deferred, width=2)
+        await work.drain()
+        store.expire()
+    assert sorted(i for i, _, _ in local.asked) == [0, 1]
+    status, out, errors = output(pool, batch_id)
+    assert status == "cancelled"
+    assert [line["custom_id"] for line in out] == ["task-0", "task-1"]
+    assert errors == []  # a cancelled line is in neither file, as OpenAI's are not
+    assert store.progress(batch_id)["cancelled"] == 4
+    assert len(rows(pool)) == 2 and api.batches_made == 0
+
+
+async def test_a_cancelled_batch_cancels_its_upstream_batch(api: FakeAPI, pool: Pool) -> None:
+    """Rejects at the upstream (its batch held in progress), then the client cancels: the
+    runner cancels the upstream batch, and the batch ends ``cancelled``, nothing billed."""
+    batch_id = make_batch(pool, 3)
+    store = BatchStore(pool, prices=PRICES)
+    api.set(batch_seconds=30.0)
+    async with sender(api) as deferred:
+        work = runner(pool, Local(accept=set()), deferred)
+        draining = asyncio.create_task(work.drain())
+        while not [k for k in store.deferred() if not k.startswith("frugal-")]:
+            await asyncio.sleep(0.02)
+        await asyncio.to_thread(store.cancel, batch_id)
+        await asyncio.wait_for(draining, 60)
+        store.expire()
+    cancels = [r for r in api.requests if r.path.endswith("/cancel")]
+    assert len(cancels) == 1
+    status, out, errors = output(pool, batch_id)
+    assert status == "cancelled" and out == [] and errors == []
+    assert store.progress(batch_id)["cancelled"] == 3 and rows(pool) == []
+
+
+# -- budgets -------------------------------------------------------------------------------------
+
+
+async def test_a_line_past_its_keys_budget_fails_with_insufficient_quota(
+    api: FakeAPI, pool: Pool
+) -> None:
+    """A key whose budget holds one line's worst case: the first reject is sent and settled at
+    its cost, the second gets OpenAI's 429 insufficient_quota; nothing stays reserved."""
+    batch_id = make_batch(pool, 2)
+    first = Line(
+        id="x",
+        batch_id=batch_id,
+        owner="id:1",
+        index=0,
+        custom_id="task-0",
+        method="POST",
+        url=CHAT,
+        body=request(0)["body"],
+        claims=1,
+    )
+    budgets = Budgets(pool)
+    one = LedgerPurse(budgets, PRICES, lambda key: None, ttl_s=60.0).worst_case(first)
+    purse = LedgerPurse(budgets, PRICES, lambda key: one + one // 2, ttl_s=60.0)
+    async with sender(api) as deferred:
+        await runner(pool, Local(accept=set()), deferred, purse=purse).drain()
+    status, out, errors = output(pool, batch_id)
+    assert [line["custom_id"] for line in out] == ["task-0"]
+    assert [line["custom_id"] for line in errors] == ["task-1"]
+    refused = errors[0]["response"]
+    assert refused["status_code"] == 429
+    assert refused["body"]["error"]["code"] == "insufficient_quota"
+    found = rows(pool)
+    assert sorted(r[2] for r in found) == ["budget_exhausted", "low_quality"]
+    with pool.transaction() as tx:
+        spent = tx.rows("SELECT key_name, spent_pusd, reserved_pusd FROM key_spend")
+    api_cost = next(r[5] for r in found if r[1] == "api")
+    assert spent == [("id:1", api_cost, 0)] and api_cost > 0
+    assert api.batches_made == 1 and len(api.batch_lines) == 1
