@@ -8,7 +8,9 @@ Covered: accepted lines finished locally and rejects sent upstream as one batch,
 custom_id once in the client's order, one ledger row per line, API lines priced at the batch
 rate; an expired upstream batch whose unanswered lines are sent once more; a runner killed with
 SIGKILL after its lines were deferred, whose upstream batch a new runner resumes instead of
-sending again; a batch cancelled mid-way; a key past its budget."""
+sending again; a batch cancelled mid-way; a key past its budget. One test runs the lines through
+the real bundled engine and its real quality gate (:class:`EngineAttempt`, a stand-in for the
+cascade's attempt until it supplies its own)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from typing import Any
 import pytest
 
 from proxy.config import BatchSettings, FallbackSettings
+from proxy.engine.local_engine import LocalEngine
 from proxy.ledger.batches.files import FileStore
 from proxy.ledger.batches.objects import Line
 from proxy.ledger.batches.store import BatchStore
@@ -73,7 +76,9 @@ def make_batch(pool: Pool, n: int, owner: str | None = "id:1") -> str:
 
 
 def index_of(body: dict[str, Any]) -> int:
-    return int(body["messages"][0]["content"].split()[-1])
+    content = body["messages"][0]["content"]
+    text = content if isinstance(content, str) else content[0]["text"]
+    return int(text.split()[-1])
 
 
 class Local:
@@ -367,3 +372,79 @@ async def test_a_line_past_its_keys_budget_fails_with_insufficient_quota(
     api_cost = next(r[5] for r in found if r[1] == "api")
     assert spent == [("id:1", api_cost, 0)] and api_cost > 0
     assert api.batches_made == 1 and len(api.batch_lines) == 1
+
+
+# -- the real engine and gate --------------------------------------------------------------------
+
+
+class EngineAttempt:
+    """A local attempt on the real bundled engine, gated by its real quality score against
+    ``threshold`` (``[quality] threshold``'s default); a line with an image is one the local
+    text model cannot serve."""
+
+    def __init__(self, engine: LocalEngine, threshold: float = 0.6) -> None:
+        self.engine, self.threshold = engine, threshold
+        self.scores: dict[int, float | None] = {}
+
+    async def __call__(
+        self, url: str, body: dict[str, Any], *, deadline: float, priority: str
+    ) -> Attempted:
+        content = body["messages"][0]["content"]
+        if isinstance(content, list):
+            return CannotServe(reason="unsupported")
+        started = time.monotonic()
+        answer = await self.engine.chat(dict(body), deadline=started + (deadline - time.time()))
+        value = answer["frugal"]["quality"]["value"]
+        self.scores[index_of(body)] = value
+        local_ms = (time.monotonic() - started) * 1000.0
+        if value is None or value < self.threshold:
+            return Rejected(reason="low_quality", local_ms=local_ms)
+        shown = {k: v for k, v in answer.items() if k != "frugal"}
+        return Accepted(status_code=200, body=shown, usage=answer.get("usage"), local_ms=local_ms)
+
+
+async def test_lines_run_on_the_real_engine_and_gate_and_the_rest_go_up_as_one_batch(
+    api: FakeAPI, pool: Pool, engine: LocalEngine, database: Database
+) -> None:
+    """Three questions for the real engine (its gate decides which are kept) and two lines
+    with an image, which it cannot serve: whatever the gate rejected and the two image lines
+    reach the fake as one batch; every line is answered once, in order."""
+    if database.is_postgres:
+        pytest.skip("the engine's path is the same on either backend; run once")
+    questions = ["What is the capital of France?", "Name three primary colors.", "What is 2+2?"]
+    image = [
+        {"type": "text", "text": "question 9"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    ]
+    lines = []
+    for i, text in enumerate(questions):
+        body = {
+            "model": MODEL,
+            "max_tokens": 24,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": f"{text} question {i}"}],
+        }
+        lines.append({"custom_id": f"task-{i}", "method": "POST", "url": CHAT, "body": body})
+    for i in (3, 4):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": image}]}
+        lines.append({"custom_id": f"task-{i}", "method": "POST", "url": CHAT, "body": body})
+    files = FileStore(pool, quota_bytes=10**9)
+    content = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    upload = files.put("id:1", purpose="batch", filename="in.jsonl", content=content)
+    batch_id = (
+        BatchStore(pool, prices=PRICES).create("id:1", input_file_id=upload.id, endpoint=CHAT).id
+    )
+    local = EngineAttempt(engine)
+    async with sender(api) as deferred:
+        await runner(pool, local, deferred, width=4).drain()
+    print("gate scores", local.scores)
+    kept = sorted(i for i, v in local.scores.items() if v is not None and v >= 0.6)
+    status, out, errors = output(pool, batch_id)
+    assert status == "completed" and errors == []
+    assert [line["custom_id"] for line in out] == [f"task-{i}" for i in range(5)]
+    by_id = {line["id"]: int(line["custom_id"].split("-")[1]) for line in out}
+    sent = [by_id[cid] for cid, _, _ in api.batch_lines]
+    assert sent == [i for i in range(5) if i not in kept]
+    assert api.batches_made == 1 and api.single_calls == 0
+    routes = {by_id[r[0]]: r[1] for r in rows(pool)}
+    assert routes == {i: "local" if i in kept else "api" for i in range(5)}
