@@ -6,6 +6,8 @@ a hostile output file; and the flex and sync modes, one call per line."""
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -284,6 +286,48 @@ async def test_an_output_line_past_max_answer_bytes_is_dropped_and_the_rest_are_
     assert sorted(outcome.results) == ["a"] and outcome.results["a"].ok
     assert outcome.ignored == 3  # the two long lines and the line that is not JSON
     assert outcome.unanswered == ("b", "c")
+
+
+def _serve_fake(ports: Any, extra_lines: int, line_bytes: int) -> None:
+    """A FakeAPI in a process of its own (so that its memory is not the test's), whose batch
+    output files end with ``extra_lines`` lines of ``line_bytes`` for a custom_id never sent."""
+    pad = "a" * (line_bytes - 40)
+    line = json.dumps({"custom_id": "never-sent", "pad": pad})
+    with FakeAPI(batch_output_extra=[line] * extra_lines) as fake:
+        ports.put(fake.port)
+        while True:
+            time.sleep(1)
+
+
+async def test_a_large_hostile_output_file_is_read_without_holding_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """128 MiB of output lines the proxy never sent: read line by line and let go, the
+    client's memory grows by far less than the file."""
+    from tests.faults_support import MB, RssWatch
+
+    spawn = multiprocessing.get_context("spawn")
+    ports = spawn.Queue()
+    lines, size = 128 * 1024, 1024
+    child = spawn.Process(target=_serve_fake, args=(ports, lines, size), daemon=True)
+    child.start()
+    try:
+        port = ports.get(timeout=60)
+        remote = FakeAPI(port=port)  # only its url: the server runs in the child
+        started = time.monotonic()
+        with RssWatch([os.getpid()], every_s=0.005) as watch:
+            async with deferred(remote) as sender:
+                outcome = await sender.send([chat_line("a")], request_id="r")
+        growth = watch.growth(os.getpid())
+        print(
+            f"read {lines * size // MB} MiB of output in {time.monotonic() - started:.2f} s; "
+            f"the client's RSS grew by {growth / MB:.1f} MiB"
+        )
+    finally:
+        child.kill()
+        child.join()
+    assert outcome.ignored == lines and outcome.results["a"].ok
+    assert growth < 32 * MB
 
 
 async def test_an_answer_that_echoes_the_proxys_key_is_cleared_of_it(api: FakeAPI) -> None:
