@@ -293,8 +293,7 @@ class BatchRunner:
             for attempt in range(1, self.max_sends + 1):
                 if not open_lines:
                     return
-                outcome = await self._one_send(batch_id, list(open_lines.values()), first)
-                first = None
+                outcome, first = await self._one_send(batch_id, list(open_lines.values()), first)
                 for cid, answer in outcome.results.items():
                     answered = open_lines.pop(cid, None)
                     if answered is None:
@@ -332,9 +331,11 @@ class BatchRunner:
 
     async def _one_send(
         self, batch_id: str, lines: list[Line], resume_id: str | None
-    ) -> DeferredOutcome:
-        """One upstream round for ``lines``: resume ``resume_id``, or mark and send them. A
-        failure leaves the lines unanswered (sent again) when no upstream batch was made."""
+    ) -> tuple[DeferredOutcome, str | None]:
+        """One upstream round for ``lines``: resume ``resume_id``, or mark and send them; what
+        came back, and the upstream batch to resume next round. A failure leaves the lines
+        unanswered; once the upstream has made their (one) batch, the next round polls that
+        batch again instead of sending them twice."""
         sent = [DeferredLine(custom_id=line.id, url=line.url, body=line.body) for line in lines]
         handle = f"{HANDLE_PREFIX}{secrets.token_hex(8)}"
         made: list[str] = []
@@ -343,28 +344,28 @@ class BatchRunner:
             made.append(upstream_id)
             await self._call(self.store.defer_to_api, list(ids), upstream_id)
 
-        watch = asyncio.create_task(self._watch_cancel(batch_id, sent, made, resume_id))
+        watch = asyncio.create_task(self._watch_cancel(batch_id, sent, made))
         try:
             if resume_id is not None:
-                return await self.deferred.resume(resume_id, sent, request_id=handle)
+                made.append(resume_id)
+                return await self.deferred.resume(resume_id, sent, request_id=handle), None
             await self._call(self.store.defer_to_api, [line.id for line in lines], handle)
-            return await self.deferred.send(sent, request_id=handle, submitted=submitted)
+            return await self.deferred.send(sent, request_id=handle, submitted=submitted), None
         except ProxyError as exc:
             log.warning("batch_upstream_failed", batch=batch_id, error=exc.code, made=made)
-            return DeferredOutcome(unanswered=tuple(line.id for line in lines))
+            again = made[0] if len(made) == 1 else None
+            return DeferredOutcome(unanswered=tuple(line.id for line in lines)), again
         finally:
             watch.cancel()
 
-    async def _watch_cancel(
-        self, batch_id: str, sent: list[DeferredLine], made: list[str], resume_id: str | None
-    ) -> None:
+    async def _watch_cancel(self, batch_id: str, sent: list[DeferredLine], made: list[str]) -> None:
         """While an upstream batch runs: cancel it once the client cancels the batch."""
         while True:
             await asyncio.sleep(self.idle_s)
             batch = await self._call(self.store.get, batch_id)
             if batch is not None and batch.status == "in_progress":
                 continue
-            for upstream_id in [*made, *([resume_id] if resume_id else [])]:
+            for upstream_id in made:
                 with contextlib.suppress(ProxyError, ValueError):
                     await self.deferred.cancel(upstream_id, sent, request_id=upstream_id)
             return

@@ -280,6 +280,28 @@ async def test_a_runner_killed_after_sending_leaves_a_batch_a_new_runner_resumes
     assert sorted(r[0] for r in rows(pool)) == sorted(line["id"] for line in out)
 
 
+async def test_an_upstream_batch_whose_poll_failed_is_polled_again_not_sent_again(
+    api: FakeAPI, pool: Pool
+) -> None:
+    """The upstream has made the batch of the rejects, then refuses one poll: the runner's next
+    round polls the same upstream batch again instead of sending the lines a second time."""
+    batch_id = make_batch(pool, 3)
+    store = BatchStore(pool, prices=PRICES)
+    api.set(batch_seconds=1.0)
+    async with sender(api) as deferred:
+        draining = asyncio.create_task(runner(pool, Local(accept={0}), deferred).drain())
+        while not [k for k in store.deferred() if not k.startswith("frugal-")]:
+            await asyncio.sleep(0.01)
+        api.set(fail_status=400, fail_times=1)  # the next poll is refused
+        await asyncio.wait_for(draining, 60)
+    assert api.fail_times == 0  # the refusal was used
+    assert api.batches_made == 1 and len(api.batch_lines) == 2
+    status, out, errors = output(pool, batch_id)
+    assert status == "completed" and errors == []
+    assert [line["custom_id"] for line in out] == ["task-0", "task-1", "task-2"]
+    assert len(rows(pool)) == 3
+
+
 # -- cancel --------------------------------------------------------------------------------------
 
 
