@@ -1,22 +1,24 @@
 """The batch runner: a long-lived task that drains the ledger's batch lines, local model first,
 and sends what the local model did not answer well enough to the upstream's Batch API, together.
 
-**A round.** :meth:`BatchRunner.run_once` claims up to ``width`` lines
-(:meth:`~proxy.ledger.batches.store.BatchStore.claim`, under a lease of ``lease_s`` that a
-ticker renews while they run) and runs each through the injected
+**Local slots.** The started runner keeps ``width`` lines running, claiming another as soon
+as one ends (:meth:`BatchRunner.run_once`, for tests and tools, runs one round of ``width``
+lines instead). Lines are claimed with :meth:`~proxy.ledger.batches.store.BatchStore.claim`,
+under a lease of ``lease_s`` that a ticker renews while they run, and each runs through the
+injected
 :class:`~proxy.serving.batch_lines.LocalAttempt` at once, with the batch's window as its
 deadline and ``priority="deferred"``. An accepted answer is finished with route ``local`` and
 its ledger row (one transaction, once). A rejected line, or one the local model cannot serve,
 stays claimed by the runner (its lease renewed) and waits with the other rejects of its batch.
 
-**Rejects go up together.** Once no line of a batch is left pending, its held rejects are sent
-as one call of :meth:`proxy.upstream.deferred.Deferred.send` (one upstream batch per endpoint
-and model). Each line goes up under its own line id as ``custom_id`` (unique across the
-proxy's batches). Before the upload the lines are marked deferred under a handle of the
-runner's (``frugal-…``, :meth:`~BatchStore.defer_to_api`); once the upstream has made its batch,
-under the upstream's batch id. Each answer is finished with route ``api`` and its ledger row,
-priced from the upstream's usage at the batch rate; a second answer for a line is refused by
-the store (``AlreadyFinished``) and billed nowhere. Lines the upstream left unanswered (its
+**Rejects go up together.** Once no line of a batch is left pending (nor running here), its held
+rejects are sent as one call of :meth:`proxy.upstream.deferred.Deferred.send` (one upstream
+batch per endpoint and model). Each line goes up under its own line id as ``custom_id`` (unique
+across the proxy's batches). Before the upload the lines are marked deferred under a handle of
+the runner's (``frugal-…``, :meth:`~BatchStore.defer_to_api`); once the upstream has made its
+batch, under the upstream's batch id. Each answer is finished with route ``api`` and its ledger
+row, priced from the upstream's usage at the batch rate; a second answer for a line is refused
+by the store (``AlreadyFinished``) and billed nowhere. Lines the upstream left unanswered (its
 batch ``expired``, ``failed``, a 429) are sent again, up to ``max_sends`` times in all; then
 they end in the batch's error file as ``upstream_unanswered``.
 
@@ -170,16 +172,48 @@ class BatchRunner:
                 await asyncio.wait(set(self._sends), timeout=self.idle_s)
 
     async def _run_forever(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                worked = await self.run_once()
-            except Exception:  # the database went away: try again after a pause
-                log.exception("batch_runner_round_failed")
-                worked = 0
-            if not worked:
-                await self._call(self.store.expire)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), self.idle_s)
+        """Keep ``width`` lines running locally: a slot that frees is filled by the next claim;
+        after each line, the rejects of a batch with nothing left pending or running go up."""
+        running: set[asyncio.Task[None]] = set()
+        try:
+            while not self._stopping.is_set():
+                claimed = 0
+                try:
+                    claimed = await self._fill(running)
+                    if not running:
+                        await self._flush(everything=not claimed)
+                except Exception:  # the database went away: try again after a pause
+                    log.exception("batch_runner_round_failed")
+                if running:
+                    _, _ = await asyncio.wait(
+                        running, timeout=self.idle_s, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    with contextlib.suppress(Exception):
+                        await self._flush(everything=False)
+                    continue
+                if not claimed:
+                    with contextlib.suppress(Exception):
+                        await self._call(self.store.expire)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), self.idle_s)
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _fill(self, running: set[asyncio.Task[None]]) -> int:
+        free = self.width - len(self._running)
+        if free <= 0:
+            return 0
+        lines = await self._call(
+            self.store.claim, self.worker, free, lease_s=self.lease_s, max_claims=self.max_claims
+        )
+        for line in lines:
+            self._running[line.id] = line
+            task = asyncio.create_task(self._run_local(line))
+            running.add(task)
+            task.add_done_callback(running.discard)
+        return len(lines)
 
     async def _renew_forever(self) -> None:
         while True:
@@ -244,7 +278,10 @@ class BatchRunner:
     async def _flush(self, *, everything: bool) -> None:
         """Send the held rejects of each batch with no line pending (of every batch, when
         ``everything``); release those of a batch that is no longer running."""
+        busy = {line.batch_id for line in self._running.values()}
         for batch_id in list(self._held):
+            if batch_id in busy:
+                continue
             counts = await self._call(self.store.progress, batch_id)
             if not everything and counts.get("pending", 0):
                 continue

@@ -15,6 +15,7 @@ cascade's attempt until it supplies its own)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
@@ -204,6 +205,51 @@ async def test_an_expired_upstream_batch_has_its_unanswered_lines_sent_once_more
     assert [cid for cid, _, _ in api.batch_lines] == [ids["task-1"], ids["task-2"], ids["task-2"]]
     assert [line["custom_id"] for line in out] == [f"task-{i}" for i in range(4)]
     assert sorted(r[0] for r in rows(pool)) == sorted(ids.values())
+
+
+async def test_a_started_runner_refills_a_slot_as_a_line_ends_and_stop_gives_lines_back(
+    api: FakeAPI, pool: Pool
+) -> None:
+    """Width 2, and line 0 runs until the test lets it go: every other line passes through the
+    second slot meanwhile. Stopped while line 0 runs, the runner gives it back, pending, and a
+    new runner finishes it (its rejects with the rest, as one upstream batch)."""
+    batch_id = make_batch(pool, 6)
+    store = BatchStore(pool, prices=PRICES)
+    hold = asyncio.Event()
+
+    class Slow(Local):
+        async def __call__(
+            self, url: str, body: dict[str, Any], *, deadline: float, priority: str
+        ) -> Attempted:
+            if index_of(body) == 0 and not hold.is_set():
+                self.asked.append((0, deadline, priority))
+                await hold.wait()
+            return await super().__call__(url, body, deadline=deadline, priority=priority)
+
+    local = Slow(accept={1, 2, 3})
+    async with sender(api) as deferred:
+        work = runner(pool, local, deferred, width=2)
+        await work.start()
+
+        async def all_asked() -> None:
+            while len(local.asked) < 6:
+                await asyncio.sleep(0.01)
+
+        with contextlib.suppress(TimeoutError):  # a generous bound, never a timing assertion
+            await asyncio.wait_for(all_asked(), 60)
+        assert sorted(i for i, _, _ in local.asked) == list(range(6))
+        assert work.gauges().running == 1 and work.gauges().held == 2
+        await work.stop()
+        assert work.gauges().running == 0
+        assert store.progress(batch_id)["pending"] == 3  # line 0 and the two held rejects
+        assert api.batches_made == 0
+        hold.set()
+        await runner(pool, local, deferred).drain()
+    status, out, _ = output(pool, batch_id)
+    assert status == "completed" and [x["custom_id"] for x in out] == [
+        f"task-{i}" for i in range(6)
+    ]
+    assert api.batches_made == 1 and len(api.batch_lines) == 3
 
 
 # -- a runner killed with its lines at the upstream ----------------------------------------------
