@@ -348,6 +348,28 @@ async def test_an_upstream_batch_whose_poll_failed_is_polled_again_not_sent_agai
     assert len(rows(pool)) == 3
 
 
+async def test_lines_marked_for_an_upload_that_never_happened_are_run_again(
+    api: FakeAPI, pool: Pool
+) -> None:
+    """A runner died after marking two rejects with its own handle and before the upstream made
+    their batch: the next runner gives them back and runs them again; the rejects go up once."""
+    batch_id = make_batch(pool, 3)
+    store = BatchStore(pool, prices=PRICES)
+    dead = store.claim("dead", 2, lease_s=600)
+    assert store.defer_to_api([line.id for line in dead], "frugal-0123456789abcdef") == 2
+    local = Local(accept={0})
+    async with sender(api) as deferred:
+        work = runner(pool, local, deferred)
+        await work.resume()
+        await work.drain()
+    assert sorted(i for i, _, _ in local.asked) == [0, 1, 2]
+    assert store.deferred() == {}
+    status, out, errors = output(pool, batch_id)
+    assert status == "completed" and errors == []
+    assert [line["custom_id"] for line in out] == ["task-0", "task-1", "task-2"]
+    assert api.batches_made == 1 and len(api.batch_lines) == 2 and len(rows(pool)) == 3
+
+
 # -- cancel --------------------------------------------------------------------------------------
 
 
