@@ -27,7 +27,9 @@ that writes the line's result (:meth:`proxy.ledger.batches.store.BatchStore.fini
 settles it with what the line cost. :class:`LedgerPurse` is the ledger's own
 (:class:`proxy.ledger.tenants.budgets.Budgets`), at the batch rate; a line past its key's
 budget gets OpenAI's ``insufficient_quota`` error as its result (:func:`over_budget`), as an
-interactive request gets a 429.
+interactive request gets a 429. A reservation lives while its line waits for the upstream (the
+runner's ticker calls :meth:`Purse.renew`, every third of ``[batch] line_lease_s``: a purse's
+``ttl_s`` must be at least that), and expires if the runner dies, as the interactive path's do.
 """
 
 from __future__ import annotations
@@ -219,6 +221,10 @@ class Purse(Protocol):
 
     def settle(self, held: Reservation, line: Line, result: UpstreamResult | None) -> None: ...
 
+    def renew(self) -> None:
+        """Keep the reservations held alive (an upstream batch can run for hours)."""
+        ...
+
 
 class LedgerPurse:
     """:class:`Purse` on the ledger's budgets: ``budget_of(key_name)`` is the key's monthly
@@ -267,3 +273,6 @@ class LedgerPurse:
             completion = _tokens(usage, "completion_tokens", "output_tokens") or 0
             cost = prompt * price.input + completion * price.output
         self.budgets.settle(held, cost)
+
+    def renew(self) -> None:
+        self.budgets.renew(self.ttl_s)

@@ -218,9 +218,17 @@ class BatchRunner:
     async def _renew_forever(self) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 3)
-            ids = list(self._running) + [ln.id for h in self._held.values() for ln, _ in h]
-            if ids:
-                await self._call(self.store.renew, self.worker, ids, lease_s=self.lease_s)
+            with contextlib.suppress(Exception):  # the database went away: the next tick
+                await self._renew()
+
+    async def _renew(self) -> None:
+        """Extend the leases of the lines running or held here, and the budget reservations of
+        the lines with the upstream."""
+        ids = list(self._running) + [ln.id for h in self._held.values() for ln, _ in h]
+        if ids:
+            await self._call(self.store.renew, self.worker, ids, lease_s=self.lease_s)
+        if self.purse is not None and self._upstream:
+            await self._call(self.purse.renew)
 
     @staticmethod
     async def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -121,9 +121,8 @@ async def sender(api: FakeAPI) -> AsyncIterator[Deferred]:
 
 def runner(pool: Pool, local: Any, deferred: Deferred, **kw: Any) -> BatchRunner:
     store = BatchStore(pool, prices=PRICES)
-    return BatchRunner(
-        store, local, deferred, width=kw.pop("width", 8), lease_s=60.0, idle_s=0.05, **kw
-    )
+    width, lease_s = kw.pop("width", 8), kw.pop("lease_s", 60.0)
+    return BatchRunner(store, local, deferred, width=width, lease_s=lease_s, idle_s=0.05, **kw)
 
 
 def output(pool: Pool, batch_id: str) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
@@ -538,3 +537,36 @@ async def test_lines_run_on_the_real_engine_and_gate_and_the_rest_go_up_as_one_b
     assert api.batches_made == 1 and api.single_calls == 0
     routes = {by_id[r[0]]: r[1] for r in rows(pool)}
     assert routes == {i: "local" if i in kept else "api" for i in range(5)}
+
+
+async def test_a_reservation_is_kept_while_its_line_waits_for_the_upstream(
+    api: FakeAPI, pool: Pool
+) -> None:
+    """A line's reservation outlives its ttl while the upstream batch runs (the runner renews
+    it): the sweep that would release an abandoned one leaves it; settled once answered."""
+    batch_id = make_batch(pool, 1)
+    budgets = Budgets(pool)
+    purse = LedgerPurse(budgets, PRICES, lambda key: 10**15, ttl_s=0.3)
+    store = BatchStore(pool, prices=PRICES)
+    api.set(batch_seconds=2.0)  # the upstream holds the batch for several ttls
+    async with sender(api) as deferred:
+        work = runner(pool, Local(accept=set()), deferred, purse=purse, lease_s=0.3)
+        await work.start()
+        while not [k for k in store.deferred() if not k.startswith("frugal-")]:
+            await asyncio.sleep(0.01)
+        seen, swept, late = time.monotonic(), [], False
+        while store.deferred():
+            await asyncio.sleep(0.1)
+            swept.append(await asyncio.to_thread(budgets.sweep))
+            with pool.transaction() as tx:
+                (reserved,) = tx.rows("SELECT reserved_pusd FROM key_spend")[0]
+            if store.deferred():  # still with the upstream: still reserved
+                assert reserved > 0
+                late = late or time.monotonic() - seen > 3 * 0.3  # swept past several ttls
+        await work.stop()
+    print("sweeps", len(swept))
+    assert sum(swept) == 0 and late
+    status, _, _ = output(pool, batch_id)
+    assert status == "completed"
+    with pool.transaction() as tx:
+        assert tx.rows("SELECT reserved_pusd FROM key_spend") == [(0,)]
