@@ -68,6 +68,9 @@ class Accepted:
     usage: dict[str, Any] | None = None
     local_ms: float = 0.0
     local_model: str | None = None
+    # the counterfactual (prompt, completion) tokens, the requested model's count, when the
+    # cascade has it; None: the local model's usage stands in, as the writer does
+    counted: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

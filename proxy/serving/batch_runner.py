@@ -267,16 +267,24 @@ class BatchRunner:
                 status_code=answer.status_code, request_id=line.id, body=answer.body
             )
             row = local_row(line, answer, key_name=self.key_name(line.owner), started=started)
-            await self._finish(line, result, "local", row)
+            await self._finish(line, result, "local", row, counted=answer.counted)
             return
         reason = "local_error" if answer is None else answer.reason
         self._held.setdefault(line.batch_id, []).append((line, reason))
 
     async def _finish(
-        self, line: Line, result: LineResult, route: str, row: LedgerRow | None
+        self,
+        line: Line,
+        result: LineResult,
+        route: str,
+        row: LedgerRow | None,
+        *,
+        counted: tuple[int, int] | None = None,
     ) -> bool:
         try:
-            await self._call(self.store.finish, line.id, result, route=route, row=row)
+            await self._call(
+                self.store.finish, line.id, result, route=route, row=row, counted=counted
+            )
         except AlreadyFinished:
             log.info("batch_line_finished_already", line=line.id)
             return False

@@ -106,7 +106,7 @@ class Local:
             "usage": usage,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": f"a{i}"}}],
         }
-        return Accepted(status_code=200, body=answer, usage=usage)
+        return Accepted(status_code=200, body=answer, usage=usage, counted=(9, 4))
 
 
 @asynccontextmanager
@@ -141,7 +141,8 @@ def rows(pool: Pool) -> list[tuple[Any, ...]]:
     with pool.transaction() as tx:
         return tx.rows(
             "SELECT request_id, route, reason, prompt_tokens, completion_tokens, api_cost_pusd, "
-            "service_tier, deferred_tier FROM requests ORDER BY request_id"
+            "service_tier, deferred_tier, counterfactual_cost_pusd FROM requests "
+            "ORDER BY request_id"
         )
 
 
@@ -175,11 +176,12 @@ async def test_rejects_reach_the_upstream_as_one_batch_and_every_line_is_answere
     assert [by_id[cid] for cid in sent] == [1, 4, 5, 7]  # the rejects, in order, once each
     found = rows(pool)
     assert sorted(r[0] for r in found) == sorted(by_id)
-    for request_id, route, reason, prompt, completion, cost, tier, deferred_tier in found:
+    for request_id, route, reason, prompt, completion, cost, tier, deferred_tier, saved in found:
         i = by_id[request_id]
         assert (tier, deferred_tier) == ("batch", "batch")
         if i in {0, 2, 3, 6}:
             assert (route, reason, cost) == ("local", "accepted", 0)
+            assert saved == batch_cost(9, 4)  # the counted tokens, at the batch rate
         else:
             assert route == "api" and reason == ("unsupported" if i == 5 else "low_quality")
             usage = next(x for x in out if x["id"] == request_id)["response"]["body"]["usage"]
