@@ -253,6 +253,33 @@ async def test_a_started_runner_refills_a_slot_as_a_line_ends_and_stop_gives_lin
     assert api.batches_made == 1 and len(api.batch_lines) == 3
 
 
+async def test_two_replicas_draining_one_batch_answer_every_line_once(
+    api: FakeAPI, pool: Pool, database: Database
+) -> None:
+    """Two runners (two workers, two pools on one database: replicas) drain one batch at once:
+    each line is run locally by one of them, every reject reaches the upstream once, and the
+    output and the ledger hold each line once."""
+    batch_id = make_batch(pool, 24)
+    other = Pool(database, size=4, timeout_s=10.0)
+    try:
+        one, two = Local(accept=set(range(0, 24, 3))), Local(accept=set(range(0, 24, 3)))
+        async with sender(api) as deferred:
+            first = runner(pool, one, deferred, width=3, worker="replica-1")
+            second = runner(other, two, deferred, width=3, worker="replica-2")
+            await asyncio.gather(first.drain(), second.drain())
+    finally:
+        other.close()
+    asked = sorted(i for i, _, _ in one.asked + two.asked)
+    print("replica 1 ran", len(one.asked), "replica 2 ran", len(two.asked))
+    assert asked == list(range(24))
+    status, out, errors = output(pool, batch_id)
+    assert status == "completed" and errors == []
+    assert [line["custom_id"] for line in out] == [f"task-{i}" for i in range(24)]
+    sent = [cid for cid, _, _ in api.batch_lines]
+    assert len(sent) == len(set(sent)) == 16 and api.single_calls == 0
+    assert sorted(r[0] for r in rows(pool)) == sorted(line["id"] for line in out)
+
+
 # -- a runner killed with its lines at the upstream ----------------------------------------------
 
 _WORKER = """
