@@ -27,6 +27,13 @@ reads (a body to read, a caller's rights), never a route or an app to look itsel
                  within a time bound
     background   a service's background task (the key store's refresh, the quotas' sweep)
                  cancelled and awaited when the service stops
+    batch_runner  ``BatchRunner``: a long-lived task that claims batch lines from the ledger,
+                 runs each local first (the batch's window as its deadline), finishes the
+                 accepted ones, and sends the rejects to the upstream's Batch API together;
+                 resumes an upstream batch after a restart; ``RunnerGauges``
+    batch_lines  what the runner asks of the cascade (``LocalAttempt``: ``Accepted``,
+                 ``Rejected``, ``CannotServe``), a line's ledger rows at the batch tier, and the
+                 budget's ``Purse`` (``LedgerPurse``)
     services     the frozen bundle of the services above and below, built by the lifespan
 
 May import ``proxy.routing``, ``proxy.upstream``, ``proxy.audit``, ``proxy.engine``,
