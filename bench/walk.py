@@ -19,7 +19,9 @@ the app starts a thread, for the work it hands to threads) is active only while 
 holds a walk. A wrapper around the app sets it when the request arrives and closes the walk when
 the app returns; tasks the request creates and ``asyncio.to_thread`` calls copy the context, so
 their work is in the walk, while the ledger's writer thread and the engine worker process are
-not (they serve every request, and the row is written after the answer). Each fresh call (not a
+not (they serve every request, and the row is written after the answer), nor is work handed to
+``loop.run_in_executor``, which does not copy the context (a body over 64 KiB checked in the
+body checker's pool: the bodies here are small, checked on the loop). Each fresh call (not a
 coroutine resumed after an ``await``) of a function whose file is under the tree's ``proxy/`` or
 ``quality/`` is a visit. The HTTP room is ``proxy/server/`` where the tree has it, else
 ``proxy/http/``. Three counts of how often the walk comes back into it:
