@@ -100,7 +100,7 @@ class BatchAttempt:
         try:
             line = _read(url, body)
         except ProxyError as exc:  # the endpoint's own answer to that body: a 4xx naming it
-            return Accepted(status_code=exc.status, body=exc.body())
+            return _refused(exc)
         if isinstance(line, CannotServe):
             return line
         window_s = deadline - time.time()
@@ -110,7 +110,7 @@ class BatchAttempt:
             plan = self.router.plan(line.chat, None, window_s=window_s)
             threshold = self.router.threshold(None, line.chat["model"])
         except ProxyError as exc:
-            return Accepted(status_code=exc.status, body=exc.body())
+            return _refused(exc)
         if plan.route != "local":
             reason = plan.reason or Reason.UNSUPPORTED
             if reason in CANNOT:
@@ -131,7 +131,9 @@ class BatchAttempt:
                     f"the local model could not answer ({attempt.reason}) and this line "
                     "cannot go to the API"
                 )
-                return Accepted(status_code=failed.status, body=failed.body())
+                return Accepted(
+                    status_code=failed.status, body=failed.body(), reason=attempt.reason.value
+                )
             return Rejected(reason=attempt.reason.value, local_ms=attempt.elapsed_ms)
         ran = completion.get("model")
         return Accepted(
@@ -141,6 +143,7 @@ class BatchAttempt:
             local_ms=attempt.elapsed_ms,
             local_model=ran if isinstance(ran, str) and ran else None,
             counted=await self._counted(line, completion),
+            reason=_kept_because(attempt.accepted, local_only=plan.local_only).value,
         )
 
     def _answer(self, line: _Asked, completion: dict[str, Any]) -> dict[str, Any]:
@@ -169,6 +172,19 @@ class BatchAttempt:
         except Exception as exc:  # noqa: BLE001 - the local usage stands in, as the writer's
             log.info("batch_line_count_failed", error=type(exc).__name__)
             return None
+
+
+def _kept_because(accepted: bool, *, local_only: bool) -> Reason:
+    """Why a local answer is the line's, as the interactive path says it."""
+    if local_only:
+        return Reason.FORCED  # model "local": never sent to the API
+    return Reason.ACCEPTED if accepted else Reason.NO_FALLBACK
+
+
+def _refused(exc: ProxyError) -> Accepted:
+    """The line's answer when its endpoint would refuse it: the error in OpenAI's shape."""
+    reason = Reason.BAD_REQUEST if exc.status == 400 else Reason.ERROR
+    return Accepted(status_code=exc.status, body=exc.body(), reason=reason.value)
 
 
 def _read(url: str, body: dict[str, Any]) -> _Asked | CannotServe:

@@ -227,6 +227,7 @@ def test_a_mixed_batch_runs_locally_first_and_its_rejects_go_up_as_one_batch(
         assert row["api_cost_pusd"] == cost
     print("reasons", reasons)
     assert reasons["chat-kept"] == reasons["text-kept"] == reasons["resp-kept"] == "accepted"
+    assert reasons["chat-bad"] == "bad_request"
     assert reasons["chat-refused"] == reasons["text-refused"] == "low_quality"
     assert reasons["resp-refused"] == "low_quality"
     assert (
