@@ -3238,3 +3238,127 @@ def test_issue41_hostile_uploads_are_refused_naming_their_field(
     assert good.status_code == 200, good.text
     assert health.status_code == 200
     assert used_after_good == (len(line), 1)
+
+
+# -- issue 41 (batch-wire): kill -9 of frugal serve in the middle of a batch ---------------------
+
+_I41_BATCH_WIRE_KEPT, _I41_BATCH_WIRE_REFUSED = "gpt-4o-mini", "gpt-4o"
+_I41_BATCH_WIRE_CONFIG: dict[str, Any] = {
+    # the gate keeps any answer for the first model, none for the second ([quality.models])
+    "quality": {"models": {_I41_BATCH_WIRE_KEPT: 0.0, _I41_BATCH_WIRE_REFUSED: 1.0}},
+    # a dead worker's claimed lines are free again after 2 s, not 5 minutes
+    "batch": {"poll_interval_s": 0.05, "max_poll_interval_s": 0.2, "line_lease_s": 2.0},
+}
+
+
+def _i41_batch_wire_get(served: Served, path: str) -> httpx.Response:
+    return httpx.get(served.base + path, timeout=30)
+
+
+def _i41_batch_wire_batch(served: Served, batch_id: str) -> dict[str, Any]:
+    reply = _i41_batch_wire_get(served, f"/v1/batches/{batch_id}")
+    assert reply.status_code == 200, reply.text
+    return dict(reply.json())
+
+
+def _i41_batch_wire_lines(served: Served, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    reply = _i41_batch_wire_get(served, f"/v1/files/{file_id}/content")
+    assert reply.status_code == 200, reply.text
+    return [json.loads(x) for x in reply.text.splitlines()]
+
+
+def test_issue41_a_batch_survives_kill_9_of_frugal_serve_every_line_once_and_billed_once(
+    tmp_path: Path, api: FakeAPI
+) -> None:
+    """Eight lines (six the gate keeps, two it refuses) on a one-slot engine; ``frugal serve``
+    is killed with SIGKILL once some lines are done and others are not, then started again on
+    the same ledger. The batch completes: every custom_id once in the output, in order, and
+    exactly one ledger row per line (none lost, none twice); the refused lines reached the
+    fake API in an upstream batch, never as single calls."""
+    db = tmp_path / "ledger.db"
+    n = 8
+    lines = []
+    for i in range(n):
+        model = _I41_BATCH_WIRE_REFUSED if i in (2, 5) else _I41_BATCH_WIRE_KEPT
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": f"{QUESTION} ({i})"}],
+            "max_tokens": 16,
+            "temperature": 0,
+        }
+        lines.append(
+            {"custom_id": f"k-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        )
+    content = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    for run in ("first", "second"):
+        (tmp_path / run).mkdir()
+    first = wait_ready(launch(tmp_path / "first", api, config=_I41_BATCH_WIRE_CONFIG, db=db))
+    try:
+        uploaded = httpx.post(
+            first.base + "/v1/files",
+            data={"purpose": "batch"},
+            files={"file": ("in.jsonl", content, "application/jsonl")},
+            timeout=30,
+        )
+        assert uploaded.status_code == 200, uploaded.text
+        made = httpx.post(
+            first.base + "/v1/batches",
+            json={
+                "input_file_id": uploaded.json()["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+            timeout=30,
+        )
+        assert made.status_code == 200, made.text
+        batch_id = made.json()["id"]
+        done_before = 0
+        end = time.monotonic() + CEILING_S
+        while time.monotonic() < end:
+            counts = _i41_batch_wire_batch(first, batch_id)["request_counts"]
+            done_before = counts["completed"] + counts["failed"]
+            if done_before >= 2:
+                break
+            time.sleep(0.1)
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(timeout=30)
+    finally:
+        if first.proc.poll() is None:
+            first.proc.kill()
+    assert 2 <= done_before < n, done_before  # killed mid-batch
+    rows_at_kill = len(ledger_rows(db, "deferred_tier = 'batch'"))
+    second = wait_ready(launch(tmp_path / "second", api, config=_I41_BATCH_WIRE_CONFIG, db=db))
+    try:
+        batch = _i41_batch_wire_batch(second, batch_id)
+        end = time.monotonic() + CEILING_S
+        while batch["status"] not in ("completed", "failed", "expired", "cancelled"):
+            assert time.monotonic() < end, batch
+            time.sleep(0.2)
+            batch = _i41_batch_wire_batch(second, batch_id)
+        out = _i41_batch_wire_lines(second, batch.get("output_file_id"))
+        errors = _i41_batch_wire_lines(second, batch.get("error_file_id"))
+        deadline = time.monotonic() + CEILING_S
+        rows = ledger_rows(db, "deferred_tier = 'batch'")
+        while len(rows) < n and time.monotonic() < deadline:
+            time.sleep(0.2)
+            rows = ledger_rows(db, "deferred_tier = 'batch'")
+    finally:
+        stop(second)
+    print(
+        f"\nissue41 kill -9 mid-batch: {done_before} of {n} lines done and {rows_at_kill} rows "
+        f"at the kill; after the restart {batch['status']} {batch['request_counts']}, "
+        f"{len(rows)} rows, {api.batches_made} upstream batch(es), "
+        f"{len(api.batch_lines)} line(s) sent up"
+    )
+    assert batch["status"] == "completed", batch
+    assert errors == []
+    assert [x["custom_id"] for x in out] == [f"k-{i}" for i in range(n)]  # each once, in order
+    assert sorted(r["request_id"] for r in rows) == sorted(x["id"] for x in out)  # one row each
+    routes = {x["id"]: x["custom_id"] for x in out}
+    api_rows = sorted(routes[r["request_id"]] for r in rows if r["route"] == "api")
+    assert api_rows == ["k-2", "k-5"]
+    assert api.single_calls == 0 and api.batches_made >= 1
+    sent = {cid for cid, _, _ in api.batch_lines}
+    assert {routes[cid] for cid in sent} == {"k-2", "k-5"}

@@ -19,6 +19,8 @@ checked, and how a Responses request and answer are translated to and from chat.
     responses_translate  a Responses request as the chat request the cascade answers
     responses_answer  chat's answer back as a ``response`` object or its typed events
     responses_usage the usage of either API as the same figures, a Responses usage as chat's
+    answers         the engine's completion as OpenAI sends it (``public_answer``), its usage
+                    in OpenAI's keys
     answer_schemas  the JSON Schemas of the answers (a completion, a ``response``, the error)
 
 May import the shared ``proxy.errors`` and ``proxy.logs``, and ``quality`` (pure: the JSON Schema

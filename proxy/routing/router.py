@@ -12,7 +12,9 @@
     accept?         score >= threshold  -> local;  otherwise the API, when there is one
 
 The deadline is the backend's (``[local] timeout_s``, or a remote backend's own), except for
-deferred work: a request with ``service_tier: "flex"`` (:func:`deferred_tier`) said that slow
+deferred work. A batch line is planned with its batch's window (``plan(..., window_s=)``) as its
+deadline and runs in the engine's ``deferred`` priority class (``Plan.priority``), which yields to
+interactive requests. A request with ``service_tier: "flex"`` (:func:`deferred_tier`) said that slow
 is fine, and gets ``[batch] flex_timeout_s`` instead, both for the ``predicted_slow`` check and
 for the attempt itself; the objective "latency" does not send it to a faster API either.
 
@@ -31,6 +33,7 @@ from prometheus_client.core import Metric
 from proxy.config import Settings
 from proxy.engine.fair_queue import KEYLESS, share_label
 from proxy.engine.local_engine import LocalEngine
+from proxy.engine.priority import DEFERRED, INTERACTIVE
 from proxy.errors import BadRequest, EngineError
 from proxy.protocol.params import LOCAL_ALIAS
 from proxy.routing.base import Choice
@@ -61,6 +64,7 @@ class Plan:
     forced: bool = False
     choice: Choice | None = None  # the local backend picked, with its predicted finish
     share: str = KEYLESS  # the client key's label: whose turn a local attempt waits in
+    priority: str = INTERACTIVE  # the engine's class: "deferred" for a batch line
 
 
 @dataclass(kw_only=True)
@@ -104,14 +108,30 @@ class Router:
         await self.pool.close()
 
     def plan(
-        self, body: dict[str, Any], forced_header: str | None, *, client: str | None = None
+        self,
+        body: dict[str, Any],
+        forced_header: str | None,
+        *,
+        client: str | None = None,
+        window_s: float | None = None,
     ) -> Plan:
         """The route of ``body``; ``client`` is the identity of the key that sent it (None:
-        keyless), whose share of the local queue a local attempt waits in."""
+        keyless), whose share of the local queue a local attempt waits in. ``window_s``: a
+        batch line's seconds left in its batch's window, its local deadline (in place of any
+        other), and its attempt in the engine's ``deferred`` class."""
         share = share_label(client)
-        return replace(self._plan(body, forced_header, share), share=share)
+        planned = replace(self._plan(body, forced_header, share, window_s), share=share)
+        if window_s is None:
+            return planned
+        return replace(planned, priority=DEFERRED)
 
-    def _plan(self, body: dict[str, Any], forced_header: str | None, share: str) -> Plan:
+    def _plan(
+        self,
+        body: dict[str, Any],
+        forced_header: str | None,
+        share: str,
+        window_s: float | None = None,
+    ) -> Plan:
         model = body["model"]
         local_only = model == LOCAL_ALIAS
         forced = (forced_header or "").strip().lower()
@@ -136,7 +156,7 @@ class Router:
                 )
             return Plan(route="api", reason=Reason.UNSUPPORTED, local_only=False)
         kind = "chat" if "messages" in body else "complete"
-        choice = self._deadline(body, self.pool.choose(body, kind, share))
+        choice = self._deadline(body, self.pool.choose(body, kind, share), window_s)
         # Definite reasons win over predicted ones: a prompt that cannot fit is not "slow".
         overflow = choice.backend.cannot_fit(body)
         if overflow is not None and not (local_only or forced == "local"):
@@ -153,7 +173,7 @@ class Router:
             and self.predictor.too_slow(
                 choice.prediction.seconds,
                 choice.timeout_s,
-                deferred=deferred_tier(body) is not None,
+                deferred=window_s is not None or deferred_tier(body) is not None,
             )
         ):
             return Plan(route="api", reason=Reason.PREDICTED_SLOW, local_only=False, choice=choice)
@@ -170,9 +190,13 @@ class Router:
             route="local", reason=None, local_only=local_only, forced=local_only, choice=choice
         )
 
-    def _deadline(self, body: dict[str, Any], choice: Choice) -> Choice:
-        """``choice`` with the seconds ``body`` may wait for its local answer: ``[batch]
-        flex_timeout_s`` for deferred work, else the backend's own."""
+    def _deadline(
+        self, body: dict[str, Any], choice: Choice, window_s: float | None = None
+    ) -> Choice:
+        """``choice`` with the seconds ``body`` may wait for its local answer: a batch line's
+        ``window_s``, ``[batch] flex_timeout_s`` for deferred work, else the backend's own."""
+        if window_s is not None:
+            return replace(choice, timeout_s=window_s)
         if deferred_tier(body) is None:
             return choice
         return replace(choice, timeout_s=self.settings.batch.flex_timeout_s)
@@ -219,8 +243,7 @@ class Router:
         deadline = time.monotonic() + choice.timeout_s
         attempt = LocalAttempt(choice=choice, prediction=choice.prediction)
         try:
-            # Deferred work (deferred_tier(body)) would yield to interactive requests here,
-            # once the engine takes a priority class: pass it on as that class, not as a share.
+            # A batch line's plan is the engine's deferred class: it yields to interactive work.
             completion, attempt.choice = await self.pool.run(
                 body,
                 choice,
@@ -228,6 +251,7 @@ class Router:
                 on_token=on_token,
                 kind=kind,
                 share=plan.share if plan is not None else KEYLESS,
+                priority=plan.priority if plan is not None else INTERACTIVE,
             )
         except EngineError as exc:
             attempt.reason = Reason(exc.reason)  # the engine's own words, one of ours

@@ -18,7 +18,6 @@ imports Starlette or uvicorn (import-linter's forbidden contract holds the other
                  handlers the lifespan makes and the OpenAPI paths are read from it
     cascade      the cascade every endpoint composes (none subclasses another): plan, local
                  attempt, gate, fallback, answer, exactly one ledger row
-    answers      the engine's completion as OpenAI sends it
     chat         ``POST /v1/chat/completions``: the cascade as HTTP
     completions  ``POST /v1/completions`` and ``POST /v1/embeddings``
     responses    ``POST /v1/responses``: translated to chat (``proxy.protocol``), answered by

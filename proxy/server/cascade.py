@@ -38,8 +38,8 @@ and attempts go into the row as they are. What each step notes goes on the excha
 named steps (:mod:`proxy.serving.exchange`).
 
 Imports :mod:`proxy.routing` (the plan and the local attempt), :mod:`proxy.upstream` (the reply's
-type, the chat path), :mod:`proxy.errors` and this room's answers, charges, exchange, live,
-record, render, services, shadow and sse modules.
+type, the chat path), :mod:`proxy.errors`, :mod:`proxy.protocol.answers`, and this room's
+charges, exchange, live, record, render, services, shadow and sse modules.
 """
 
 from __future__ import annotations
@@ -60,11 +60,11 @@ from proxy.errors import (
     LocalUnavailable,
     ProxyError,
 )
+from proxy.protocol.answers import public_answer
 from proxy.routing.reasons import Reason
 from proxy.routing.router import ROUTE_HEADER, LocalAttempt, Plan, deferred_tier
 from proxy.routing.servable import live_streamable
 from proxy.server import sse
-from proxy.server.answers import public_answer
 from proxy.server.render import sse_event, unexpected
 from proxy.serving import charges, record, shadow
 from proxy.serving.exchange import Exchange

@@ -21,12 +21,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.errors import LocalUnavailable, ProxyError
+from proxy.protocol.answers import public_answer, public_usage
 from proxy.protocol.params import LOCAL_ALIAS
 from proxy.protocol.validate import chat_request
 from proxy.routing.reasons import Reason
 from proxy.routing.router import LocalAttempt
 from proxy.server import sse
-from proxy.server.answers import public_answer
 from proxy.server.cascade import Cascade, Planned, aiter_of
 from proxy.server.render import sse_event
 from proxy.serving.exchange import Exchange
@@ -158,7 +158,7 @@ async def _live_chunks(
             ex.local_timed_out()
         yield writer.finish(completion["choices"][0].get("finish_reason") or "stop")
         if include_usage:
-            yield writer.usage(sse.public_usage(completion.get("usage") or {}))
+            yield writer.usage(public_usage(completion.get("usage") or {}))
         yield sse.DONE
     finally:
         await cancel(task)

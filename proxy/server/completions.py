@@ -29,12 +29,12 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.engine import legacy
 from proxy.errors import BadRequest, LocalUnavailable
+from proxy.protocol.answers import public_answer
 from proxy.protocol.params import LOCAL_ALIAS
 from proxy.protocol.validate import completions_request, embeddings_request
 from proxy.routing.reasons import Reason
 from proxy.routing.router import ROUTE_HEADER
 from proxy.server import sse
-from proxy.server.answers import public_answer
 from proxy.server.cascade import Cascade, aiter_of
 from proxy.serving.exchange import Exchange
 from proxy.serving.services import Services

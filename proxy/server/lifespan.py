@@ -2,11 +2,14 @@
 
 :func:`lifespan` opens the ledger, the key store, the quotas, the stored Responses, the files and
 batches (their expiry swept every minute) and the upstream client, then starts the engine and the
-router, the shadow audits and (with ``[quality] auto_calibrate``) the calibrator. It keeps the
-typed :class:`~proxy.serving.services.Services` on ``app.state.services`` and makes one handler
-per endpoint from them, each into the :class:`~proxy.server.endpoints.Mounted` its route serves,
-and serves once the ledger's token counter is in. On shutdown (after uvicorn has drained in-flight
-requests) it stops the calibrator, the audits, the quotas and the stored Responses, then
+router, the shadow audits, (with ``[quality] auto_calibrate``) the calibrator, and the batch
+runner (:func:`_start_batch_runner`). It keeps the typed
+:class:`~proxy.serving.services.Services` on ``app.state.services`` and makes one handler per
+endpoint from them, each into the :class:`~proxy.server.endpoints.Mounted` its route serves, and
+serves once the ledger's token counter is in. On shutdown (after uvicorn has drained in-flight
+requests) it stops the batch runner first (the lines it holds go back to pending, for the next
+start or another replica; lines with the upstream stay there, and are resumed), then the
+calibrator, the audits, the quotas and the stored Responses, then
 :func:`proxy.server.shutdown.shutdown` flushes the ledger first, so that the rows of finished
 requests are safe whatever happens next, stops the rest with a bound on each step, and closes the
 ledger last (see :func:`proxy.server.shutdown.shutdown_budget_s`).
@@ -14,6 +17,7 @@ ledger last (see :func:`proxy.server.shutdown.shutdown_budget_s`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,13 +31,18 @@ from proxy.audit.runner import AuditRunner
 from proxy.config import Settings
 from proxy.config.secrets import Secrets
 from proxy.engine.local_engine import LocalEngine
+from proxy.ledger.batches.store import BatchStore
+from proxy.ledger.db.connections import Pool
 from proxy.ledger.db.location import from_settings
 from proxy.ledger.pricing import PriceBook, load_price_map
 from proxy.ledger.writing.writer import Ledger
 from proxy.routing.router import Router
 from proxy.server.endpoints import Mounted
 from proxy.server.shutdown import AUDIT_STOP_S, AUX_STOP_S, bounded, shutdown
+from proxy.serving.batch_attempt import BatchAttempt
 from proxy.serving.batch_gauges import BatchGauges
+from proxy.serving.batch_lines import LedgerPurse
+from proxy.serving.batch_runner import BatchRunner
 from proxy.serving.batches_state import BatchesState
 from proxy.serving.clients import Authenticator
 from proxy.serving.in_flight import InFlight
@@ -42,6 +51,7 @@ from proxy.serving.quotas import AuditPurse, Quotas
 from proxy.serving.responses_state import ResponsesState
 from proxy.serving.services import Services
 from proxy.upstream.client import Upstream
+from proxy.upstream.deferred import Deferred
 
 log = structlog.get_logger("frugal.app")
 
@@ -64,6 +74,8 @@ class _Parts:
     router: Router | None = None
     audit: AuditRunner | None = None
     calibrator: AutoCalibrator | None = None
+    runner: BatchRunner | None = None
+    runner_pool: Pool | None = None
 
 
 def lifespan(
@@ -84,6 +96,7 @@ def lifespan(
             await _start_routing(settings, parts)
             await _start_audit(settings, parts)
             _start_calibrator(settings, parts)
+            await _start_batch_runner(settings, parts)
             services = _services(settings, parts, started_at, in_flight)
             _mount_handlers(app, services, mounted)
             await _ready(settings, parts)
@@ -178,6 +191,42 @@ def _start_calibrator(settings: Settings, parts: _Parts) -> None:
     parts.calibrator.start()
 
 
+async def _start_batch_runner(settings: Settings, parts: _Parts) -> None:
+    """The batch runner (:mod:`proxy.serving.batch_runner`): ``[local] parallel`` lines at a
+    time, each tried by the router on the bundled engine and the remote backends in the
+    engine's ``deferred`` class (:class:`~proxy.serving.batch_attempt.BatchAttempt`), the rejects
+    sent to the upstream's Batch API together (``[batch] fallback``), each key's budget held
+    for them. It resumes what a previous run left claimed or with the upstream. A line the
+    router cannot plan locally (embeddings, a feature no local backend has) goes straight to
+    the upstream; with no API fallback configured, a local answer is kept whatever its score,
+    and a line only the API can serve ends in the batch's error file. Its store is on a pool of
+    its own, so that its claims never wait behind the Files and Batches endpoints'."""
+    assert parts.router is not None  # started by _start_routing
+    batch = settings.batch
+    parts.runner_pool = Pool(from_settings(settings.ledger), size=2, timeout_s=10.0)
+    auth = parts.auth
+
+    def budget_of(key_name: str) -> int | None:
+        key = auth.stored_key(key_name)
+        return None if key is None else key.monthly_budget_pusd
+
+    parts.runner = BatchRunner(
+        BatchStore(parts.runner_pool, prices=parts.prices),
+        BatchAttempt(
+            parts.router,
+            count=parts.ledger.counter.submit,
+            default_max_tokens=settings.local.default_max_tokens,
+        ),
+        Deferred(parts.upstream, batch),
+        width=settings.local.parallel,
+        lease_s=batch.line_lease_s,
+        max_claims=batch.line_max_claims,
+        purse=LedgerPurse(parts.quotas.budgets, parts.prices, budget_of, ttl_s=batch.line_lease_s),
+        key_name=auth.name_by_identity,
+    )
+    await parts.runner.start()
+
+
 def _services(
     settings: Settings, parts: _Parts, started_at: float, in_flight: InFlight
 ) -> Services:
@@ -234,7 +283,13 @@ async def _ready(settings: Settings, parts: _Parts) -> None:
 async def _stop(settings: Settings, parts: _Parts, app: Starlette) -> None:
     """Stops what started, after uvicorn's drain: the calibrator, the audits, the quotas, the
     stored Responses, the body checker, then :func:`proxy.server.shutdown.shutdown` (the ledger
-    flushed first and closed last), each step bounded."""
+    flushed first and closed last), each step bounded. The batch runner goes first: the lines
+    it holds go back to pending (its local attempts cancelled), and the rows of those it
+    finished are in the ledger's hands before the flush."""
+    if parts.runner is not None:
+        await bounded(parts.runner.stop(), AUX_STOP_S, "batch_runner")
+    if parts.runner_pool is not None:
+        await asyncio.to_thread(parts.runner_pool.close)
     if parts.calibrator is not None:
         await bounded(parts.calibrator.close(), AUX_STOP_S, "calibrator")
     if parts.audit is not None:

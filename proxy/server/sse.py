@@ -25,6 +25,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from proxy.engine.reasoning import ReasoningText
+from proxy.protocol.answers import public_usage
 
 DONE = b"data: [DONE]\n\n"
 ARGUMENT_PIECE = 32  # characters of a tool call's arguments per chunk
@@ -271,14 +272,3 @@ def replay_text_completion(
     if include_usage:
         yield event({**base, "choices": [], "usage": public_usage(completion.get("usage") or {})})
     yield DONE
-
-
-def public_usage(usage: dict[str, Any]) -> dict[str, Any]:
-    public = {
-        "prompt_tokens": usage.get("prompt_tokens", 0),
-        "completion_tokens": usage.get("completion_tokens", 0),
-        "total_tokens": usage.get("total_tokens", 0),
-    }
-    if usage.get("completion_tokens_details"):
-        public["completion_tokens_details"] = usage["completion_tokens_details"]
-    return public

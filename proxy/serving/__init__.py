@@ -31,6 +31,9 @@ reads (a body to read, a caller's rights), never a route or an app to look itsel
                  runs each local first (the batch's window as its deadline), finishes the
                  accepted ones, and sends the rejects to the upstream's Batch API together;
                  resumes an upstream batch after a restart; ``RunnerGauges``
+    batch_attempt  ``BatchAttempt``: a batch line's local attempt, the endpoint's checks, plan,
+                 engine and gate with the batch's window as its deadline, in the engine's
+                 ``deferred`` class; the line's answer as its endpoint would send it
     batch_lines  what the runner asks of the cascade (``LocalAttempt``: ``Accepted``,
                  ``Rejected``, ``CannotServe``), a line's ledger rows at the batch tier, and the
                  budget's ``Purse`` (``LedgerPurse``)

@@ -71,6 +71,9 @@ class Accepted:
     # the counterfactual (prompt, completion) tokens, the requested model's count, when the
     # cascade has it; None: the local model's usage stands in, as the writer does
     counted: tuple[int, int] | None = None
+    # the ledger row's reason: "accepted" by the gate, "no_fallback" (kept with no API to send
+    # it to), "bad_request" (the line's own 400, answered as its endpoint answers it)
+    reason: str = "accepted"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,7 +120,7 @@ def local_row(line: Line, answer: Accepted, *, key_name: str | None, started: fl
         endpoint=ENDPOINT_NAMES.get(line.url, line.url),
         requested_model=_model(line),
         route="local",
-        reason="accepted",
+        reason=answer.reason,
         status=answer.status_code,
         prompt_tokens=prompt,
         completion_tokens=completion,

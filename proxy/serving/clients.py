@@ -111,6 +111,16 @@ class Authenticator:
         which has none, or no key)."""
         return self._by_name.get(name) if name else None
 
+    def name_by_identity(self, identity: str | None) -> str | None:
+        """The name of the key whose identity is ``identity`` (what a batch's owner is kept
+        as), or None: no key, or one revoked since."""
+        if identity is None:
+            return None
+        for key in (*self._env, *self._stored):
+            if key.identity == identity:
+                return key.name
+        return None
+
     def name_of(self, presented: str | None) -> str | None:
         """The name of the key ``presented``, or None. Every known digest is compared."""
         key = self.key_of(presented)

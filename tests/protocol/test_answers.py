@@ -1,11 +1,11 @@
-"""The engine's completion as OpenAI sends it (proxy/server/answers.py): private fields removed,
+"""The engine's completion as OpenAI sends it (proxy/protocol/answers.py): private fields removed,
 logprobs only as the request asked for them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from proxy.server.answers import public_answer
+from proxy.protocol.answers import public_answer
 
 
 def _completion(choice: dict[str, Any]) -> dict[str, Any]:

@@ -3,15 +3,17 @@
     public_answer(completion, body, text=False)   private fields removed (``frugal``), usage in
                                                   OpenAI's keys, logprobs only as the request
                                                   asked for them (chat, or legacy text)
+    public_usage(usage)                           the engine's usage in OpenAI's keys (the
+                                                  replayed streams' last chunk too)
 
-Imports :mod:`proxy.server.sse` (the public usage, shared with the replayed streams) only.
+Shared by the endpoints (``proxy.server``) and a batch line's local attempt
+(``proxy.serving.batch_attempt``), which answers a line as the endpoint would. Imports nothing
+of the proxy's.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from proxy.server.sse import public_usage
 
 
 def public_answer(
@@ -44,3 +46,15 @@ def _public_choice(choice: dict[str, Any], body: dict[str, Any], text: bool) -> 
         content = [{**entry, "top_logprobs": []} for entry in logprobs["content"]]
         return {**choice, "logprobs": {**logprobs, "content": content}}
     return choice
+
+
+def public_usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """The engine's usage in OpenAI's keys (its own details left out)."""
+    public = {
+        "prompt_tokens": usage.get("prompt_tokens", 0),
+        "completion_tokens": usage.get("completion_tokens", 0),
+        "total_tokens": usage.get("total_tokens", 0),
+    }
+    if usage.get("completion_tokens_details"):
+        public["completion_tokens_details"] = usage["completion_tokens_details"]
+    return public
