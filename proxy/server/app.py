@@ -29,15 +29,16 @@ from proxy.models.cache import blob_sha256
 from proxy.models.cache import resolve as resolve_model
 from proxy.models.gate_status import described, weights_tag
 from proxy.protocol.params import LOCAL_ALIAS
-from proxy.server import batches, files, scrape, stored_responses
+from proxy.server import scrape, stored_responses
 from proxy.server.auth import AuthMiddleware, RequestGuard
+from proxy.server.batch import batches, files
 from proxy.server.dashboard import Dashboard
 from proxy.server.disconnect import CancelOnDisconnect
 from proxy.server.endpoints import ENDPOINTS, Mounted, both_paths
 from proxy.server.lifespan import lifespan
 from proxy.server.limits import LimitsMiddleware
 from proxy.server.lookup import services_of
-from proxy.server.openapi import openapi_spec
+from proxy.server.openapi.document import openapi_spec
 from proxy.server.render import exception_handlers, render, unexpected
 from proxy.server.report import ReportEndpoint
 from proxy.server.shares import KeyShareMiddleware, KeyShares

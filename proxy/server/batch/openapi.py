@@ -1,6 +1,6 @@
-"""The OpenAPI entries of ``/v1/files`` and ``/v1/batches`` (:mod:`proxy.server.files`,
-:mod:`proxy.server.batches`): their paths and their objects' schemas, merged into
-``/openapi.json`` by :mod:`proxy.server.openapi`."""
+"""The OpenAPI entries of ``/v1/files`` and ``/v1/batches`` (:mod:`proxy.server.batch.files`,
+:mod:`proxy.server.batch.batches`): their paths and their objects' schemas, merged into
+``/openapi.json`` by :mod:`proxy.server.openapi.document`."""
 
 from __future__ import annotations
 

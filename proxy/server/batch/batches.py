@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.errors import BadRequest
 from proxy.ledger.batches.store import MAX_LIST
-from proxy.server.files import int_param, page, query_param, state_of
+from proxy.server.batch.files import int_param, page, query_param, state_of
 from proxy.serving.batches_state import creator, may_read
 from proxy.serving.clients import own_key
 

@@ -26,7 +26,8 @@ from proxy.protocol.answer_schemas import (
 )
 from proxy.protocol.shapes import Schema, obj
 from proxy.routing.reasons import Reason
-from proxy.server import openapi_batches, report
+from proxy.server import report
+from proxy.server.batch import openapi as openapi_batches
 from proxy.server.endpoints import ENDPOINTS
 from proxy.server.responses_compact import COMPACTED
 from proxy.server.responses_tokens import INPUT_TOKENS

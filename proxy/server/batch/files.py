@@ -1,10 +1,10 @@
 """``/v1/files``: OpenAI's Files API over the ledger's file store
 (:class:`~proxy.serving.batches_state.BatchesState`).
 
-``POST /v1/files`` takes the form OpenAI's SDKs send (:mod:`proxy.server.uploads`). Before a
+``POST /v1/files`` takes the form OpenAI's SDKs send (:mod:`proxy.server.batch.uploads`). Before a
 byte is stored, the upload is held to the key's room for files (``[batch]
 file_quota_bytes`` less what it keeps): a declared ``Content-Length`` past that room (plus
-:data:`~proxy.server.uploads.FORM_SLACK`) is refused before the body is read, and a body
+:data:`~proxy.server.batch.uploads.FORM_SLACK`) is refused before the body is read, and a body
 without one is refused as soon as it passes it; the store then checks the file itself against
 the quota and OpenAI's sizes (200 MB for ``batch``, 512 MB otherwise) in the transaction that
 writes it. ``GET /v1/files`` lists (``purpose``, ``after``, ``limit``, ``order``), ``GET
@@ -20,8 +20,8 @@ from starlette.responses import JSONResponse, Response
 from proxy.errors import BadRequest
 from proxy.ledger.batches.files import MAX_LIST
 from proxy.ledger.batches.objects import MAX_FILE_BYTES, PURPOSES
+from proxy.server.batch.uploads import FORM_SLACK, Part, boundary_of, parse_form, read_body
 from proxy.server.lookup import services_of
-from proxy.server.uploads import FORM_SLACK, Part, boundary_of, parse_form, read_body
 from proxy.serving.batches_state import BatchesState, creator, may_read
 from proxy.serving.clients import own_key
 
