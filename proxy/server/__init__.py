@@ -2,7 +2,10 @@
 imports Starlette or uvicorn (import-linter's forbidden contract holds the others to it).
 
     app          ``create_app(settings)``, assembled from the routes, the lifespan and the
-                 middleware; ``/healthz``, ``/v1/models``, ``/openapi.json``
+                 middleware
+    routes       every route, ``POST`` and ``GET``, declared once with its OpenAPI entry: the
+                 app's routes and ``/openapi.json``'s paths are read from it; ``/healthz``,
+                 ``/v1/models``, ``/openapi.json``
     lifespan     the parts the app starts, in order (ledger, keys, quotas, upstream, engine,
                  router, audits), the ``Services`` and handlers made from them, and their stop
     shutdown     the orderly stop after the drain (ledger flushed first), and its time bound
@@ -14,8 +17,9 @@ imports Starlette or uvicorn (import-linter's forbidden contract holds the other
     limits       body size, header time, concurrency
     shares       a client key's rpm and its share of the concurrency, checked from the headers
     disconnect   a client that leaves cancels its handler (and so its local work)
-    endpoints    each endpoint declared once (path, handler, OpenAPI entry): the routes, the
-                 handlers the lifespan makes and the OpenAPI paths are read from it
+    endpoints    the endpoints that answer requests (``POST``), each declared once (path,
+                 handler, OpenAPI entry): the first of the routes, their handlers made by the
+                 lifespan
     cascade      the cascade every endpoint composes (none subclasses another): plan, local
                  attempt, gate, fallback, answer, exactly one ledger row
     answers      the engine's completion as OpenAI sends it

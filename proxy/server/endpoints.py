@@ -1,20 +1,22 @@
 """The endpoints that answer requests, each declared once.
 
 An :class:`Endpoint` names its path, the handler the lifespan makes for it from the services,
-and what ``/openapi.json`` says of it. From :data:`ENDPOINTS`, ``app.py`` makes one
+and what ``/openapi.json`` says of it (:attr:`Endpoint.openapi`). :data:`ENDPOINTS` opens the
+list of every route, :data:`proxy.server.routes.ROUTES`: from it ``app.py`` makes one
 :class:`Mounted` per endpoint and serves its :meth:`Mounted.serve` at the path and again
 without ``/v1`` (and lets a client that leaves cancel the cascade ones); the lifespan is handed
 the same :class:`Mounted` objects and fills each with its handler once the services exist
-(:meth:`Mounted.fill`); ``openapi.py`` writes each path and its request schema. So a route's
-handler is found by reading: the route is ``Mounted.serve``, its handler ``Endpoint.make``. Adding
-an endpoint is its parameter table (:mod:`proxy.protocol.params`), its handler module and one entry
-here (``docs/architecture.md``, "An endpoint").
+(:meth:`Mounted.fill`); the OpenAPI document writes each path and its request schema. So a
+route's handler is found by reading: the route is ``Mounted.serve``, its handler
+``Endpoint.make``. Adding an endpoint is its parameter table (:mod:`proxy.protocol.params`), its
+handler module and one entry here (``docs/architecture.md``, "An endpoint").
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -28,6 +30,7 @@ from proxy.protocol.request_schema import (
 from proxy.protocol.shapes import Schema
 from proxy.server.chat import ChatHandler
 from proxy.server.completions import CompletionsHandler, EmbeddingsHandler
+from proxy.server.openapi.parts import post
 from proxy.server.responses import ResponsesHandler
 from proxy.server.responses_compact import COMPACT_REQUEST, CompactHandler
 from proxy.server.responses_tokens import INPUT_TOKENS_REQUEST, InputTokensHandler
@@ -48,6 +51,28 @@ class Endpoint:
     stream: bool = True  # ``stream: true`` answers with Server-Sent Events
     events: str = "With `stream: true`: `data: <chunk>` events, then `data: [DONE]`."
     also: tuple[int, ...] = ()  # statuses beyond the ones every POST may answer
+
+    @property
+    def bare(self) -> bool:
+        """Served without ``/v1`` too, as OpenAI's clients use both."""
+        return True
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return ("POST",)
+
+    @property
+    def openapi(self) -> dict[str, Any]:
+        """Its OpenAPI path item."""
+        return post(
+            self.summary,
+            self.request[0],
+            self.response,
+            stream=self.stream,
+            cascade=self.cascade,
+            events=self.events,
+            also=self.also,
+        )
 
 
 ENDPOINTS: tuple[Endpoint, ...] = (

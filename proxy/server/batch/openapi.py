@@ -1,6 +1,7 @@
 """The OpenAPI entries of ``/v1/files`` and ``/v1/batches`` (:mod:`proxy.server.batch.files`,
-:mod:`proxy.server.batch.batches`): their paths and their objects' schemas, merged into
-``/openapi.json`` by :mod:`proxy.server.openapi.document`."""
+:mod:`proxy.server.batch.batches`): a path item for each of their routes, which
+:data:`proxy.server.routes.ROUTES` declares beside its handler, and their objects' schemas, which
+:mod:`proxy.server.openapi.document` puts in the components."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from proxy.ledger.batches.objects import ENDPOINTS, PURPOSES, UPLOAD_PURPOSES
 from proxy.protocol.shapes import Schema, obj
+from proxy.server.openapi.parts import answer, path_id, query
 
 _REASONS = {
     400: "Invalid request; `param` names the field (`file_quota_exceeded`: past the key's "
@@ -23,6 +25,7 @@ _REASONS = {
     503: "The ledger database that keeps files and batches cannot be reached.",
 }
 _STRING = {"type": "string"}
+_BINARY = {"type": "string", "format": "binary"}
 _NULLABLE_INT = {"type": ["integer", "null"]}
 _NULLABLE_STRING = {"type": ["string", "null"]}
 
@@ -114,124 +117,109 @@ SCHEMAS: dict[str, Schema] = {
 }
 
 
-def _answer(description: str, schema: str, *errors: int, media: str = "") -> dict[str, Any]:
-    content = (
-        {media: {"schema": {"type": "string", "format": "binary"}}}
-        if media
-        else {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}
-    )
-    return {
-        "200": {"description": description, "content": content},
-        **{
-            str(status): {
-                "description": _REASONS[status],
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-            }
-            for status in errors
-        },
-    }
+def _answer(
+    description: str, schema: str | Schema, *statuses: int, media: str = "application/json"
+) -> dict[str, Any]:
+    """An answer whose errors say what they mean for files and batches."""
+    return answer(description, schema, *statuses, media=media, reasons=_REASONS)
 
 
-def _query(name: str, description: str, schema: Schema) -> dict[str, Any]:
-    return {
-        "name": name,
-        "in": "query",
-        "required": False,
-        "description": description,
-        "schema": schema,
-    }
-
-
-def _path_id(name: str) -> dict[str, Any]:
-    return {"name": name, "in": "path", "required": True, "schema": _STRING}
-
-
-PATHS: dict[str, Any] = {
-    "/v1/files": {
-        "post": {
-            "summary": "Upload a file (the key's own, within its quota for files)",
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "multipart/form-data": {"schema": {"$ref": "#/components/schemas/FileUpload"}}
-                },
+FILES: dict[str, Any] = {
+    "post": {
+        "summary": "Upload a file (the key's own, within its quota for files)",
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {"schema": {"$ref": "#/components/schemas/FileUpload"}}
             },
-            "responses": _answer("The file.", "OpenAIFile", 400, 401, 403, 413, 415, 421, 503),
         },
-        "get": {
-            "summary": "The key's files (an admin key's: every key's), a page at a time",
-            "parameters": [
-                _query("purpose", "Only files of this purpose.", {"enum": list(PURPOSES)}),
-                _query("after", "A file id: the page starts after it.", _STRING),
-                _query(
-                    "limit",
-                    "Files in a page (10000).",
-                    {"type": "integer", "minimum": 1, "maximum": 10000},
-                ),
-                _query(
-                    "order",
-                    "By `created_at`: `desc` (the default) or `asc`.",
-                    {"enum": ["asc", "desc"]},
-                ),
-            ],
-            "responses": _answer("A page of files.", "OpenAIFileList", 400, 401, 503),
-        },
+        "responses": _answer("The file.", "OpenAIFile", 400, 401, 403, 413, 415, 421, 503),
     },
-    "/v1/files/{file_id}": {
-        "parameters": [_path_id("file_id")],
-        "get": {
-            "summary": "A file (the key's own; an admin key's: any)",
-            "responses": _answer("The file.", "OpenAIFile", 401, 404, 503),
-        },
-        "delete": {
-            "summary": "Delete a file; its bytes leave the key's quota",
-            "responses": _answer("Deleted.", "FileDeleted", 401, 404, 503),
-        },
+    "get": {
+        "summary": "The key's files (an admin key's: every key's), a page at a time",
+        "parameters": [
+            query("purpose", "Only files of this purpose.", {"enum": list(PURPOSES)}),
+            query("after", "A file id: the page starts after it.", _STRING),
+            query(
+                "limit",
+                "Files in a page (10000).",
+                {"type": "integer", "minimum": 1, "maximum": 10000},
+            ),
+            query(
+                "order",
+                "By `created_at`: `desc` (the default) or `asc`.",
+                {"enum": ["asc", "desc"]},
+            ),
+        ],
+        "responses": _answer("A page of files.", "OpenAIFileList", 400, 401, 503),
     },
-    "/v1/files/{file_id}/content": {
-        "parameters": [_path_id("file_id")],
-        "get": {
-            "summary": "A file's bytes",
-            "responses": _answer("The bytes.", "", 401, 404, 503, media="application/octet-stream"),
-        },
+}
+
+
+FILE: dict[str, Any] = {
+    "parameters": [path_id("file_id")],
+    "get": {
+        "summary": "A file (the key's own; an admin key's: any)",
+        "responses": _answer("The file.", "OpenAIFile", 401, 404, 503),
     },
-    "/v1/batches": {
-        "post": {
-            "summary": "Make a batch of an input file: `in_progress` with its lines, or "
-            "`failed` with `errors`; lines are answered local first",
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {"schema": {"$ref": "#/components/schemas/BatchCreate"}}
-                },
+    "delete": {
+        "summary": "Delete a file; its bytes leave the key's quota",
+        "responses": _answer("Deleted.", "FileDeleted", 401, 404, 503),
+    },
+}
+
+
+FILE_CONTENT: dict[str, Any] = {
+    "parameters": [path_id("file_id")],
+    "get": {
+        "summary": "A file's bytes",
+        "responses": _answer(
+            "The bytes.", _BINARY, 401, 404, 503, media="application/octet-stream"
+        ),
+    },
+}
+
+
+BATCHES: dict[str, Any] = {
+    "post": {
+        "summary": "Make a batch of an input file: `in_progress` with its lines, or "
+        "`failed` with `errors`; lines are answered local first",
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/BatchCreate"}}
             },
-            "responses": _answer("The batch.", "Batch", 400, 401, 404, 415, 421, 503),
         },
-        "get": {
-            "summary": "The key's batches (an admin key's: every key's), newest first",
-            "parameters": [
-                _query("after", "A batch id: the page starts after it.", _STRING),
-                _query(
-                    "limit",
-                    "Batches in a page (20).",
-                    {"type": "integer", "minimum": 1, "maximum": 100},
-                ),
-            ],
-            "responses": _answer("A page of batches.", "BatchList", 400, 401, 503),
-        },
+        "responses": _answer("The batch.", "Batch", 400, 401, 404, 415, 421, 503),
     },
-    "/v1/batches/{batch_id}": {
-        "parameters": [_path_id("batch_id")],
-        "get": {
-            "summary": "A batch, with its progress (`request_counts`)",
-            "responses": _answer("The batch.", "Batch", 401, 404, 503),
-        },
+    "get": {
+        "summary": "The key's batches (an admin key's: every key's), newest first",
+        "parameters": [
+            query("after", "A batch id: the page starts after it.", _STRING),
+            query(
+                "limit",
+                "Batches in a page (20).",
+                {"type": "integer", "minimum": 1, "maximum": 100},
+            ),
+        ],
+        "responses": _answer("A page of batches.", "BatchList", 400, 401, 503),
     },
-    "/v1/batches/{batch_id}/cancel": {
-        "parameters": [_path_id("batch_id")],
-        "post": {
-            "summary": "Cancel a batch: `cancelling` while claimed lines run on, then `cancelled`",
-            "responses": _answer("The batch.", "Batch", 400, 401, 403, 404, 421, 503),
-        },
+}
+
+
+BATCH: dict[str, Any] = {
+    "parameters": [path_id("batch_id")],
+    "get": {
+        "summary": "A batch, with its progress (`request_counts`)",
+        "responses": _answer("The batch.", "Batch", 401, 404, 503),
+    },
+}
+
+
+BATCH_CANCEL: dict[str, Any] = {
+    "parameters": [path_id("batch_id")],
+    "post": {
+        "summary": "Cancel a batch: `cancelling` while claimed lines run on, then `cancelled`",
+        "responses": _answer("The batch.", "Batch", 400, 401, 403, 404, 421, 503),
     },
 }
