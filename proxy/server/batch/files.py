@@ -14,6 +14,9 @@ its own files; another's is a 404 naming ``file_id``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -62,6 +65,17 @@ def query_param(request: Request, name: str) -> str | None:
     if len(given) > 1:
         raise BadRequest(f"{name} is given {len(given)} times; give it once.", param=name)
     return given[0] if given else None
+
+
+async def after_param(request: Request, get: Callable[[str], Any], what: str) -> str | None:
+    """The ``after`` of a list: an id the key may read (``get`` finds it in its store), else a
+    400 naming ``after``; None when not given."""
+    after = query_param(request, "after")
+    if after is not None:
+        found = await state_of(request).call(get, after)
+        if found is None or not may_read(request, found.owner):
+            raise BadRequest(f"No {what} {after[:64]!r} to list after.", param="after")
+    return after
 
 
 def _quota_error(room: int) -> BadRequest:
@@ -131,14 +145,10 @@ def _expires_after(form: dict[str, Part]) -> dict[str, object] | None:
 async def list_files(request: Request) -> Response:
     state = state_of(request)
     limit = int_param(query_param(request, "limit"), "limit", MAX_LIST, MAX_LIST)
-    after = query_param(request, "after")
     purpose = query_param(request, "purpose")
     if purpose is not None and purpose not in PURPOSES:
         raise BadRequest(f"purpose must be one of {', '.join(PURPOSES)}.", param="purpose")
-    if after is not None:
-        found = await state.call(state.files.get, after)
-        if found is None or not may_read(request, found.owner):
-            raise BadRequest(f"No file {after[:64]!r} to list after.", param="after")
+    after = await after_param(request, state.files.get, "file")
     files, more = await state.call(
         state.files.list_files,
         creator(request),

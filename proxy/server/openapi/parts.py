@@ -1,7 +1,8 @@
 """The pieces every path of ``/openapi.json`` is written with: the ``x-frugal-*`` headers, the
-error answers by status, an answer, a path or query parameter, a page's parameters, and the
-whole entry of a ``POST`` endpoint. A route's own entry (:mod:`proxy.server.routes`,
-:mod:`proxy.server.endpoints`) is put together from them beside the route it describes.
+error answers by status, an answer, a path or query parameter, a page's parameters, a request
+that takes part of a Responses request, and the whole entry of a ``POST`` endpoint. A route's
+own entry (:mod:`proxy.server.routes`, :mod:`proxy.server.endpoints`) is put together from them
+beside the route it describes.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.protocol.answer_schemas import ref
+from proxy.protocol.request_schema import RESPONSES_REQUEST
 from proxy.protocol.shapes import Schema, obj
 from proxy.routing.reasons import Reason
 
@@ -71,6 +73,21 @@ REASONS: dict[int, str] = {
     "responses cannot be read (`store_unavailable`).",
     504: "The API did not answer in time.",
 }
+
+
+def responses_subset(description: str, fields: tuple[str, ...]) -> Schema:
+    """A request that takes ``fields`` of a Responses request, as ``/v1/responses`` describes
+    them (``model`` and ``input`` required)."""
+    return {
+        "type": "object",
+        "description": description,
+        "required": ["model", "input"],
+        "properties": {
+            name: schema
+            for name, schema in RESPONSES_REQUEST["properties"].items()
+            if name in fields
+        },
+    }
 
 
 # The statuses any POST endpoint may answer besides 200.
