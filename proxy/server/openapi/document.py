@@ -6,40 +6,18 @@ the ``x-frugal-*`` headers. Its paths are the routes' own entries, handed in by
 written with :mod:`proxy.server.openapi.parts`); this module adds the components. The request
 schemas are generated from the parameter tables of :mod:`proxy.protocol.params`
 (:mod:`proxy.protocol.request_schema`), the rows :mod:`proxy.protocol.validate` checks a body
-against; the answers' schemas are :mod:`proxy.protocol.answer_schemas`. A schemathesis run over
-this document is part of the test suite (``tests/server/test_openapi.py``).
+against; each endpoint names its answer's schema (most are :mod:`proxy.protocol.answer_schemas`).
+A schemathesis run over this document is part of the test suite (``tests/server/test_openapi.py``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from proxy.protocol.answer_schemas import (
-    CHAT_COMPLETION,
-    EMBEDDINGS,
-    ERROR,
-    INPUT_ITEMS,
-    MODELS,
-    RESPONSE,
-    RESPONSE_DELETED,
-    TEXT_COMPLETION,
-)
-from proxy.protocol.shapes import Schema
+from proxy.protocol.answer_schemas import ERROR, INPUT_ITEMS, MODELS, RESPONSE_DELETED
 from proxy.server import report
 from proxy.server.batch import openapi as openapi_batches
 from proxy.server.endpoints import ENDPOINTS
-from proxy.server.responses_compact import COMPACTED
-from proxy.server.responses_tokens import INPUT_TOKENS
-
-# The answers' schemas, by the component name an endpoint's ``response`` gives.
-ANSWERS: dict[str, Schema] = {
-    "ChatCompletion": CHAT_COMPLETION,
-    "TextCompletion": TEXT_COMPLETION,
-    "Embeddings": EMBEDDINGS,
-    "Response": RESPONSE,
-    "ResponseInputTokens": INPUT_TOKENS,
-    "CompactedResponse": COMPACTED,
-}
 
 
 def openapi_document(paths: dict[str, Any]) -> dict[str, Any]:
@@ -55,11 +33,7 @@ def openapi_document(paths: dict[str, Any]) -> dict[str, Any]:
         "servers": [{"url": "/"}],
         "components": {
             "schemas": {
-                **{
-                    name: schema
-                    for e in ENDPOINTS
-                    for name, schema in (e.request, (e.response, ANSWERS[e.response]))
-                },
+                **{name: schema for e in ENDPOINTS for name, schema in (e.request, e.response)},
                 "ResponseDeleted": RESPONSE_DELETED,
                 "ResponseInputItems": INPUT_ITEMS,
                 **openapi_batches.SCHEMAS,
