@@ -9,7 +9,7 @@ from typing import Any
 
 from proxy.ledger.batches.objects import ENDPOINTS, PURPOSES, UPLOAD_PURPOSES
 from proxy.protocol.shapes import Schema, obj
-from proxy.server.openapi.parts import answer, path_id, query
+from proxy.server.openapi.parts import answer, path_id, query, request_body
 
 _REASONS = {
     400: "Invalid request; `param` names the field (`file_quota_exceeded`: past the key's "
@@ -127,12 +127,7 @@ def _answer(
 FILES: dict[str, Any] = {
     "post": {
         "summary": "Upload a file (the key's own, within its quota for files)",
-        "requestBody": {
-            "required": True,
-            "content": {
-                "multipart/form-data": {"schema": {"$ref": "#/components/schemas/FileUpload"}}
-            },
-        },
+        "requestBody": request_body("FileUpload", "multipart/form-data"),
         "responses": _answer("The file.", "OpenAIFile", 400, 401, 403, 413, 415, 421, 503),
     },
     "get": {
@@ -184,12 +179,7 @@ BATCHES: dict[str, Any] = {
     "post": {
         "summary": "Make a batch of an input file: `in_progress` with its lines, or "
         "`failed` with `errors`; lines are answered local first",
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/BatchCreate"}}
-            },
-        },
+        "requestBody": request_body("BatchCreate"),
         "responses": _answer("The batch.", "Batch", 400, 401, 404, 415, 421, 503),
     },
     "get": {

@@ -123,6 +123,11 @@ def answer(
     }
 
 
+def request_body(schema: str, media: str = "application/json") -> dict[str, Any]:
+    """A required body of ``media``, its schema the component ``schema``."""
+    return {"required": True, "content": {media: {"schema": ref(schema)}}}
+
+
 def path_id(name: str) -> dict[str, Any]:
     """The id in a path, ``{name}``."""
     return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
@@ -173,10 +178,7 @@ def post(
         "post": {
             "summary": summary,
             "parameters": REQUEST_HEADERS if cascade else REQUEST_HEADERS[:1],
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": ref(request)}},
-            },
+            "requestBody": request_body(request),
             "responses": {
                 "200": {
                     "description": "The answer.",
