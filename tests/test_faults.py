@@ -1869,6 +1869,20 @@ def _i39_bounds_backends_up(served: Served, timeout_s: float = CEILING_S) -> Non
         time.sleep(0.1)
 
 
+def _i39_bounds_backends_too_large(response: httpx.Response, stream: bool) -> None:
+    """The answer cut at ``[fallback] max_answer_bytes``: a 502, or (the stream had started) a
+    200 whose last event is the error, then ``[DONE]``; the error says it was too large."""
+    if response.status_code == 502:
+        error = response.json()["error"]
+    else:
+        assert stream and response.status_code == 200, response.text[:500]
+        events = [e for e in response.text.split("\n\n") if e.startswith("data: {")]
+        error = json.loads(events[-1][6:])["error"]
+        assert response.text.rstrip().endswith("data: [DONE]")
+    assert error["type"] == "upstream_error", error
+    assert "too large" in error["message"] and "max_answer_bytes" in error["message"], error
+
+
 @pytest.mark.parametrize(
     ("source", "stream"),
     [
@@ -1935,15 +1949,7 @@ def test_issue39_row7_an_answer_far_too_large_is_cut_within_the_deadline(
         assert one_row(served, request_id)["status"] == 200
     else:
         assert api.count == 1  # not retried: the API did the work
-        if response.status_code == 502:
-            error = response.json()["error"]
-        else:  # the stream had started: its last event is the error, then [DONE]
-            assert stream and response.status_code == 200, response.text[:500]
-            events = [e for e in response.text.split("\n\n") if e.startswith("data: {")]
-            error = json.loads(events[-1][6:])["error"]
-            assert response.text.rstrip().endswith("data: [DONE]")
-        assert error["type"] == "upstream_error", error
-        assert "too large" in error["message"] and "max_answer_bytes" in error["message"], error
+        _i39_bounds_backends_too_large(response, stream)
         row = one_row(served, request_id)  # a stream that had started: a 200 with its error
         assert (row["status"], row["error"]) == (200 if stream else 502, "upstream_failed"), row
 
@@ -2817,15 +2823,7 @@ def _i39_litellm_bound_cut(
     assert api.huge_sent <= _I39_LITELLM_BOUND_LIMIT + 32 * MB  # the bound and socket buffers
     assert elapsed < _I39_LITELLM_BOUND_DEADLINE_S
     assert api.count == 1  # not retried: the API did the work
-    if response.status_code == 502:
-        error = response.json()["error"]
-    else:  # the stream had started: its last event is the error, then [DONE]
-        assert stream and response.status_code == 200, response.text[:500]
-        events = [e for e in response.text.split("\n\n") if e.startswith("data: {")]
-        error = json.loads(events[-1][6:])["error"]
-        assert response.text.rstrip().endswith("data: [DONE]")
-    assert error["type"] == "upstream_error", error
-    assert "too large" in error["message"] and "max_answer_bytes" in error["message"], error
+    _i39_bounds_backends_too_large(response, stream)
     row = one_row(served, request_id)
     assert row["error"] == "upstream_failed", row
 
