@@ -1869,6 +1869,19 @@ def _i39_bounds_backends_up(served: Served, timeout_s: float = CEILING_S) -> Non
         time.sleep(0.1)
 
 
+def _i39_bounds_backends_timed_post(
+    served: Served, body: dict[str, Any], headers: dict[str, str]
+) -> tuple[httpx.Response | None, float]:
+    """``body`` posted with 120 s to answer, and the seconds it took; no answer (a timeout, or
+    the server killed by the caller's watch) is None."""
+    started = time.perf_counter()
+    try:
+        response: httpx.Response | None = post(served, body, headers=headers, timeout=120)
+    except httpx.HTTPError:
+        response = None
+    return response, time.perf_counter() - started
+
+
 def _i39_bounds_backends_too_large(response: httpx.Response, stream: bool) -> None:
     """The answer cut at ``[fallback] max_answer_bytes``: a 502, or (the stream had started) a
     200 whose last event is the error, then ``[DONE]``; the error says it was too large."""
@@ -1915,12 +1928,7 @@ def test_issue39_row7_an_answer_far_too_large_is_cut_within_the_deadline(
         RssWatch([served.proc.pid], kill_above=RSS_KILL) as watch,
         HealthPoller(served.base, timeout_s=10.0) as poller,
     ):
-        started = time.perf_counter()
-        try:
-            response: httpx.Response | None = post(served, body, headers=headers, timeout=120)
-        except httpx.HTTPError:  # a timeout, or the server killed by the watch
-            response = None
-        elapsed = time.perf_counter() - started
+        response, elapsed = _i39_bounds_backends_timed_post(served, body, headers)
     grown = watch.growth(served.proc.pid)
     status = response.status_code if response is not None else "no answer"
     print(
@@ -2802,14 +2810,9 @@ def _i39_litellm_bound_cut(
     request_id = rid(f"i39r7-{label.replace('/', '-')}-{stream}")  # a safe x-request-id
     body = chat_body(model=model, stream=True) if stream else chat_body(model=model)
     with RssWatch([served.proc.pid], kill_above=RSS_KILL) as watch:
-        started = time.perf_counter()
-        try:
-            response: httpx.Response | None = post(
-                served, body, headers={**TO_API, "x-request-id": request_id}, timeout=120
-            )
-        except httpx.HTTPError:  # a timeout, or the server killed by the watch
-            response = None
-        elapsed = time.perf_counter() - started
+        response, elapsed = _i39_bounds_backends_timed_post(
+            served, body, {**TO_API, "x-request-id": request_id}
+        )
     grown = watch.growth(served.proc.pid)
     status = response.status_code if response is not None else "no answer"
     print(
