@@ -241,6 +241,19 @@ def _vector(text: str) -> list[float]:
     return [round(b / 127.5 - 1.0, 6) for b in digest[:EMBEDDING_DIM]]
 
 
+def _watch_disconnect(receive: Receive) -> tuple[asyncio.Event, asyncio.Task[None]]:
+    """An event set once the client has left, and the task that reads ``receive`` for it (the
+    caller cancels the task when its answer is done)."""
+    gone = asyncio.Event()
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    return gone, asyncio.create_task(watch())
+
+
 class _SSE(Response):
     """Streams prepared events; with ``cut_after`` it drops the connection after that many.
     A client that leaves before the last event is counted in ``api.disconnects``."""
@@ -262,14 +275,7 @@ class _SSE(Response):
         self.cut_after = cut_after
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gone = asyncio.Event()
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-
-        watcher = asyncio.create_task(watch())
+        gone, watcher = _watch_disconnect(receive)
         if self.api is not None:
             with self.api._lock:
                 self.api.open_streams += 1
@@ -316,14 +322,7 @@ class _Huge(Response):
             self.tail = b'"},"finish_reason":"stop"}],"usage":null}'
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gone = asyncio.Event()
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-
-        watcher = asyncio.create_task(watch())
+        gone, watcher = _watch_disconnect(receive)
         piece = b"a" * (1 << 20)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})

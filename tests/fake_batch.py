@@ -174,8 +174,13 @@ class FakeBatches:
         made = self._add_file(filename or "upload.jsonl", "batch", content, expires_s)
         return JSONResponse(made.obj)
 
-    def _find_file(self, request: Request) -> _File | None:
-        return self.files.get(request.path_params["file_id"])
+    async def _file_of(self, request: Request) -> _File | Response:
+        """The file the path names, or the answer to send instead (a knob's, or a 404)."""
+        _, early = await self.api._enter(request, json_body=False)
+        if early is not None:
+            return early
+        found = self.files.get(request.path_params["file_id"])
+        return found if found is not None else _error(404, "No such File object", "id")
 
     async def list_files(self, request: Request) -> Response:
         _, early = await self.api._enter(request, json_body=False)
@@ -185,31 +190,22 @@ class FakeBatches:
         return JSONResponse({"object": "list", "data": data, "has_more": False})
 
     async def file(self, request: Request) -> Response:
-        _, early = await self.api._enter(request, json_body=False)
-        if early is not None:
-            return early
-        found = self._find_file(request)
-        if found is None:
-            return _error(404, "No such File object", "id")
+        found = await self._file_of(request)
+        if isinstance(found, Response):
+            return found
         return JSONResponse(found.obj)
 
     async def delete_file(self, request: Request) -> Response:
-        _, early = await self.api._enter(request, json_body=False)
-        if early is not None:
-            return early
-        found = self._find_file(request)
-        if found is None:
-            return _error(404, "No such File object", "id")
+        found = await self._file_of(request)
+        if isinstance(found, Response):
+            return found
         del self.files[found.obj["id"]]
         return JSONResponse({"id": found.obj["id"], "object": "file", "deleted": True})
 
     async def content(self, request: Request) -> Response:
-        _, early = await self.api._enter(request, json_body=False)
-        if early is not None:
-            return early
-        found = self._find_file(request)
-        if found is None:
-            return _error(404, "No such File object", "id")
+        found = await self._file_of(request)
+        if isinstance(found, Response):
+            return found
         return Response(found.content, media_type="application/octet-stream")
 
     # -- batches -------------------------------------------------------------------------------
@@ -287,23 +283,25 @@ class FakeBatches:
             }
         )
 
-    async def retrieve(self, request: Request) -> Response:
+    async def _batch_of(self, request: Request) -> _Batch | Response:
+        """The batch the path names, or the answer to send instead (a knob's, or a 404)."""
         _, early = await self.api._enter(request, json_body=False)
         if early is not None:
             return early
-        batch = self.batches.get(request.path_params["batch_id"])
-        if batch is None:
-            return _error(404, "No such Batch object", "batch_id")
+        found = self.batches.get(request.path_params["batch_id"])
+        return found if found is not None else _error(404, "No such Batch object", "batch_id")
+
+    async def retrieve(self, request: Request) -> Response:
+        batch = await self._batch_of(request)
+        if isinstance(batch, Response):
+            return batch
         await self._advance(batch)
         return JSONResponse(batch.obj)
 
     async def cancel(self, request: Request) -> Response:
-        _, early = await self.api._enter(request, json_body=False)
-        if early is not None:
-            return early
-        batch = self.batches.get(request.path_params["batch_id"])
-        if batch is None:
-            return _error(404, "No such Batch object", "batch_id")
+        batch = await self._batch_of(request)
+        if isinstance(batch, Response):
+            return batch
         obj = batch.obj
         if obj["status"] in FINAL:
             return _error(409, f"Cannot cancel a batch with status '{obj['status']}'.", None)

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import openai
 
 from proxy.server.app import create_app
 
@@ -27,3 +28,10 @@ async def in_process(
         ) as client:
             client.app = app  # type: ignore[attr-defined]
             yield client
+
+
+def openai_on(http: httpx.AsyncClient) -> openai.AsyncOpenAI:
+    """The official SDK on an :func:`in_process` client (no retries: a test sees each answer)."""
+    return openai.AsyncOpenAI(
+        api_key="sk-unused", base_url="http://localhost/v1", http_client=http, max_retries=0
+    )

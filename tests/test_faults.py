@@ -1869,6 +1869,33 @@ def _i39_bounds_backends_up(served: Served, timeout_s: float = CEILING_S) -> Non
         time.sleep(0.1)
 
 
+def _i39_bounds_backends_timed_post(
+    served: Served, body: dict[str, Any], headers: dict[str, str]
+) -> tuple[httpx.Response | None, float]:
+    """``body`` posted with 120 s to answer, and the seconds it took; no answer (a timeout, or
+    the server killed by the caller's watch) is None."""
+    started = time.perf_counter()
+    try:
+        response: httpx.Response | None = post(served, body, headers=headers, timeout=120)
+    except httpx.HTTPError:
+        response = None
+    return response, time.perf_counter() - started
+
+
+def _i39_bounds_backends_too_large(response: httpx.Response, stream: bool) -> None:
+    """The answer cut at ``[fallback] max_answer_bytes``: a 502, or (the stream had started) a
+    200 whose last event is the error, then ``[DONE]``; the error says it was too large."""
+    if response.status_code == 502:
+        error = response.json()["error"]
+    else:
+        assert stream and response.status_code == 200, response.text[:500]
+        events = [e for e in response.text.split("\n\n") if e.startswith("data: {")]
+        error = json.loads(events[-1][6:])["error"]
+        assert response.text.rstrip().endswith("data: [DONE]")
+    assert error["type"] == "upstream_error", error
+    assert "too large" in error["message"] and "max_answer_bytes" in error["message"], error
+
+
 @pytest.mark.parametrize(
     ("source", "stream"),
     [
@@ -1901,12 +1928,7 @@ def test_issue39_row7_an_answer_far_too_large_is_cut_within_the_deadline(
         RssWatch([served.proc.pid], kill_above=RSS_KILL) as watch,
         HealthPoller(served.base, timeout_s=10.0) as poller,
     ):
-        started = time.perf_counter()
-        try:
-            response: httpx.Response | None = post(served, body, headers=headers, timeout=120)
-        except httpx.HTTPError:  # a timeout, or the server killed by the watch
-            response = None
-        elapsed = time.perf_counter() - started
+        response, elapsed = _i39_bounds_backends_timed_post(served, body, headers)
     grown = watch.growth(served.proc.pid)
     status = response.status_code if response is not None else "no answer"
     print(
@@ -1935,15 +1957,7 @@ def test_issue39_row7_an_answer_far_too_large_is_cut_within_the_deadline(
         assert one_row(served, request_id)["status"] == 200
     else:
         assert api.count == 1  # not retried: the API did the work
-        if response.status_code == 502:
-            error = response.json()["error"]
-        else:  # the stream had started: its last event is the error, then [DONE]
-            assert stream and response.status_code == 200, response.text[:500]
-            events = [e for e in response.text.split("\n\n") if e.startswith("data: {")]
-            error = json.loads(events[-1][6:])["error"]
-            assert response.text.rstrip().endswith("data: [DONE]")
-        assert error["type"] == "upstream_error", error
-        assert "too large" in error["message"] and "max_answer_bytes" in error["message"], error
+        _i39_bounds_backends_too_large(response, stream)
         row = one_row(served, request_id)  # a stream that had started: a 200 with its error
         assert (row["status"], row["error"]) == (200 if stream else 502, "upstream_failed"), row
 
@@ -2786,31 +2800,23 @@ _I39_LITELLM_BOUND_RSS = 100 * MB
 _I39_LITELLM_BOUND_DEADLINE_S = 3.0 * BOUND_MARGIN  # MAIN_CONFIG's [fallback] timeout_s
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["row7-litellm-json", "row7-litellm-stream"])
-def test_issue39_row7_the_litellm_route_reads_a_huge_answer_only_up_to_its_bound(
-    main: Lazy, api: FakeAPI, stream: bool
+def _i39_litellm_bound_cut(
+    served: Served, api: FakeAPI, model: str, stream: bool, label: str
 ) -> None:
-    """A 200 MB answer (one JSON body, or a stream whose one event is a 200 MB line) from a
-    litellm provider is cut at ``[fallback] max_answer_bytes``: a 502 (or the stream's final
-    error event) that says it was too large, one attempt, one ledger row, the proxy's RSS
-    growing less than 100 MB, and the fake having sent far less than the whole answer."""
-    served = main.get()
+    """The checks of row 7 on every litellm route: a 200 MB answer to ``model`` is cut at the
+    bound (the JSON body's 502, or the stream's last event), one attempt, one ledger row, the
+    proxy's RSS growing less than 100 MB, the fake having sent far less than the whole."""
     api.set(huge_reply_bytes=_I39_LITELLM_BOUND_HUGE)
-    request_id = rid(f"i39r7-litellm-{stream}")
-    body = chat_body(model=LITELLM_MODEL, stream=True) if stream else chat_body(model=LITELLM_MODEL)
+    request_id = rid(f"i39r7-{label.replace('/', '-')}-{stream}")  # a safe x-request-id
+    body = chat_body(model=model, stream=True) if stream else chat_body(model=model)
     with RssWatch([served.proc.pid], kill_above=RSS_KILL) as watch:
-        started = time.perf_counter()
-        try:
-            response: httpx.Response | None = post(
-                served, body, headers={**TO_API, "x-request-id": request_id}, timeout=120
-            )
-        except httpx.HTTPError:  # a timeout, or the server killed by the watch
-            response = None
-        elapsed = time.perf_counter() - started
+        response, elapsed = _i39_bounds_backends_timed_post(
+            served, body, {**TO_API, "x-request-id": request_id}
+        )
     grown = watch.growth(served.proc.pid)
     status = response.status_code if response is not None else "no answer"
     print(
-        f"\nissue39 row7 litellm {'stream' if stream else 'json'}: a "
+        f"\nissue39 row7 {label} {'stream' if stream else 'json'}: a "
         f"{_I39_LITELLM_BOUND_HUGE // MB} MB answer ({api.huge_sent / MB:.0f} MB of it sent "
         f"before the proxy left): HTTP {status} in {elapsed:.2f} s, proxy RSS +{grown / MB:.1f} MB"
     )
@@ -2820,17 +2826,20 @@ def test_issue39_row7_the_litellm_route_reads_a_huge_answer_only_up_to_its_bound
     assert api.huge_sent <= _I39_LITELLM_BOUND_LIMIT + 32 * MB  # the bound and socket buffers
     assert elapsed < _I39_LITELLM_BOUND_DEADLINE_S
     assert api.count == 1  # not retried: the API did the work
-    if response.status_code == 502:
-        error = response.json()["error"]
-    else:  # the stream had started: its last event is the error, then [DONE]
-        assert stream and response.status_code == 200, response.text[:500]
-        events = [e for e in response.text.split("\n\n") if e.startswith("data: {")]
-        error = json.loads(events[-1][6:])["error"]
-        assert response.text.rstrip().endswith("data: [DONE]")
-    assert error["type"] == "upstream_error", error
-    assert "too large" in error["message"] and "max_answer_bytes" in error["message"], error
+    _i39_bounds_backends_too_large(response, stream)
     row = one_row(served, request_id)
     assert row["error"] == "upstream_failed", row
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["row7-litellm-json", "row7-litellm-stream"])
+def test_issue39_row7_the_litellm_route_reads_a_huge_answer_only_up_to_its_bound(
+    main: Lazy, api: FakeAPI, stream: bool
+) -> None:
+    """A 200 MB answer (one JSON body, or a stream whose one event is a 200 MB line) from a
+    litellm provider is cut at ``[fallback] max_answer_bytes``: a 502 (or the stream's final
+    error event) that says it was too large, one attempt, one ledger row, the proxy's RSS
+    growing less than 100 MB, and the fake having sent far less than the whole answer."""
+    _i39_litellm_bound_cut(main.get(), api, LITELLM_MODEL, stream, "litellm")
 
 
 # -- issue 41: service_tier "flex" is deferred work -----------------------------------------------
@@ -3038,10 +3047,6 @@ _I39_GAPS39_MODELS = {
     "i39-via-handler": "deepseek/fake-model",
     "i39-via-sdk": "deepinfra/fake-model",
 }
-_I39_GAPS39_HUGE = 200 * MB
-_I39_GAPS39_LIMIT = 32 * 1024 * 1024  # [fallback] max_answer_bytes' default
-_I39_GAPS39_RSS = 100 * MB
-_I39_GAPS39_DEADLINE_S = 3.0 * BOUND_MARGIN  # the server's [fallback] timeout_s
 
 
 @pytest.fixture(scope="module")
@@ -3070,44 +3075,8 @@ def test_issue39_row7_litellms_other_providers_read_a_huge_answer_only_up_to_the
     (deepinfra) is cut at ``[fallback] max_answer_bytes``: a 502 (or the stream's final error
     event) that says it was too large, one attempt, one ledger row, the proxy's RSS growing
     less than 100 MB, and the fake having sent far less than the whole answer."""
-    served = _i39_gaps39_server.get()
-    api.set(huge_reply_bytes=_I39_GAPS39_HUGE)
-    request_id = rid(f"i39-gaps39-{model}-{stream}")
-    body = chat_body(model=model, stream=True) if stream else chat_body(model=model)
-    with RssWatch([served.proc.pid], kill_above=RSS_KILL) as watch:
-        started = time.perf_counter()
-        try:
-            response: httpx.Response | None = post(
-                served, body, headers={**TO_API, "x-request-id": request_id}, timeout=120
-            )
-        except httpx.HTTPError:  # a timeout, or the server killed by the watch
-            response = None
-        elapsed = time.perf_counter() - started
-    grown = watch.growth(served.proc.pid)
-    status = response.status_code if response is not None else "no answer"
-    print(
-        f"\nissue39 row7 {_I39_GAPS39_MODELS[model]} {'stream' if stream else 'json'}: a "
-        f"{_I39_GAPS39_HUGE // MB} MB answer ({api.huge_sent / MB:.0f} MB of it sent before the "
-        f"proxy left): HTTP {status} in {elapsed:.2f} s, proxy RSS +{grown / MB:.1f} MB"
-    )
-    assert not watch.killed, f"RSS passed {RSS_KILL // MB} MB: killed {watch.killed}"
-    assert response is not None, "no answer within 120 s"
-    assert grown < _I39_GAPS39_RSS
-    assert api.huge_sent <= _I39_GAPS39_LIMIT + 32 * MB  # the bound and socket buffers
-    assert elapsed < _I39_GAPS39_DEADLINE_S
-    assert api.count == 1  # not retried: the API did the work
+    _i39_litellm_bound_cut(_i39_gaps39_server.get(), api, model, stream, _I39_GAPS39_MODELS[model])
     assert api.requests[0].headers["authorization"].endswith("-test")  # the provider's own key
-    if response.status_code == 502:
-        error = response.json()["error"]
-    else:  # the stream had started: its last event is the error, then [DONE]
-        assert stream and response.status_code == 200, response.text[:500]
-        events = [e for e in response.text.split("\n\n") if e.startswith("data: {")]
-        error = json.loads(events[-1][6:])["error"]
-        assert response.text.rstrip().endswith("data: [DONE]")
-    assert error["type"] == "upstream_error", error
-    assert "too large" in error["message"] and "max_answer_bytes" in error["message"], error
-    row = one_row(served, request_id)
-    assert row["error"] == "upstream_failed", row
 
 
 # -- issue 41 (batch-http): hostile uploads to POST /v1/files ------------------------------------

@@ -10,7 +10,9 @@ it says it does not. And the docstrings and comments of proxy/ and quality/ spea
 repository: none cites by number (:data:`PRIVATE_SOURCES`) the articles the project was first
 drawn from, which a reader of the repository does not have; the ideas are named instead
 (finish-time routing, profiling-informed scheduling, the production account the project
-started from).
+started from). And the rooms stay small enough to read: no module of proxy/ or quality/ is over
+:data:`MOST_LINES` lines, and no folder holds more than :data:`MOST_MODULES` modules directly
+(a folder that fills up gets a sub-room with its own docstring).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ FOLDERS = sorted(
     if p.parent != ROOT / "proxy"
 )
 SHARED = ["proxy.config", "proxy.errors", "proxy.logs", "quality"]
+MOST_LINES = 500
+MOST_MODULES = 30
 PRIVATE_SOURCES = re.compile(r"\bseeds?[ _-]?00[024]\b", re.IGNORECASE)
 
 
@@ -133,3 +137,26 @@ def test_no_docstring_or_comment_cites_a_private_article() -> None:
         for match in PRIVATE_SOURCES.finditer(text)
     ]
     assert cited == []
+
+
+def test_no_module_is_over_500_lines() -> None:
+    long = {
+        str(path.relative_to(ROOT)): lines
+        for room in ("proxy", "quality")
+        for path in sorted((ROOT / room).rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > MOST_LINES
+    }
+    assert long == {}, f"split these along their seams: {long}"
+
+
+def test_no_folder_holds_more_than_30_modules() -> None:
+    modules = {
+        str(folder.relative_to(ROOT)): len(
+            [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        )
+        for room in ("proxy", "quality")
+        for folder in [ROOT / room, *(p for p in (ROOT / room).rglob("*") if p.is_dir())]
+        if "__pycache__" not in folder.parts
+    }
+    print(f"the fullest folders: {sorted(modules.items(), key=lambda kv: -kv[1])[:3]}")
+    assert {f: n for f, n in modules.items() if n > MOST_MODULES} == {}, "make a sub-room"

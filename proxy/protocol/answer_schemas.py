@@ -1,7 +1,7 @@
 """The JSON Schemas of OpenAI's answers as the proxy sends them: a chat completion, a text
 completion, embeddings, a ``response`` object and what its routes read back, the model list, and
-the error shape. The OpenAPI document (:mod:`proxy.server.openapi`) puts them in its components;
-:func:`ref` is how a path names one.
+the error shape. The OpenAPI document (:mod:`proxy.server.openapi.document`) puts them in its
+components; :func:`ref` is how a path names one.
 """
 
 from __future__ import annotations

@@ -71,10 +71,11 @@ def _load(name: str) -> Asset:
 
 
 class Dashboard:
-    """The page and its files, read once; ``page`` serves ``/dashboard``, ``asset`` the rest."""
+    """The page and its files (``names`` of :data:`FILES`), read once; ``page`` serves
+    ``/dashboard``, ``asset`` the rest."""
 
-    def __init__(self) -> None:
-        self.assets = {name: _load(name) for name in FILES}
+    def __init__(self, names: tuple[str, ...] = FILES) -> None:
+        self.assets = {name: _load(name) for name in names}
 
     async def page(self, request: Request) -> Response:
         return self._send(request, self.assets[PAGE])

@@ -1,24 +1,28 @@
 """The endpoints that answer requests, each declared once.
 
 An :class:`Endpoint` names its path, the handler the lifespan makes for it from the services,
-and what ``/openapi.json`` says of it. From :data:`ENDPOINTS`, ``app.py`` makes one
+and what ``/openapi.json`` says of it (:attr:`Endpoint.openapi`, its request's and answer's
+schemas). :data:`ENDPOINTS` opens the
+list of every route, :data:`proxy.server.routes.ROUTES`: from it ``app.py`` makes one
 :class:`Mounted` per endpoint and serves its :meth:`Mounted.serve` at the path and again
 without ``/v1`` (and lets a client that leaves cancel the cascade ones); the lifespan is handed
 the same :class:`Mounted` objects and fills each with its handler once the services exist
-(:meth:`Mounted.fill`); ``openapi.py`` writes each path and its request schema. So a route's
-handler is found by reading: the route is ``Mounted.serve``, its handler ``Endpoint.make``. Adding
-an endpoint is its parameter table (:mod:`proxy.protocol.params`), its handler module and one entry
-here (``docs/architecture.md``, "An endpoint").
+(:meth:`Mounted.fill`); the OpenAPI document writes each path and its request schema. So a
+route's handler is found by reading: the route is ``Mounted.serve``, its handler
+``Endpoint.make``. Adding an endpoint is its parameter table (:mod:`proxy.protocol.params`), its
+handler module and one entry here (``docs/architecture.md``, "An endpoint").
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.protocol.answer_schemas import CHAT_COMPLETION, EMBEDDINGS, RESPONSE, TEXT_COMPLETION
 from proxy.protocol.request_schema import (
     CHAT_REQUEST,
     COMPLETIONS_REQUEST,
@@ -28,9 +32,10 @@ from proxy.protocol.request_schema import (
 from proxy.protocol.shapes import Schema
 from proxy.server.chat import ChatHandler
 from proxy.server.completions import CompletionsHandler, EmbeddingsHandler
+from proxy.server.openapi.parts import post
 from proxy.server.responses import ResponsesHandler
-from proxy.server.responses_compact import COMPACT_REQUEST, CompactHandler
-from proxy.server.responses_tokens import INPUT_TOKENS_REQUEST, InputTokensHandler
+from proxy.server.responses_compact import COMPACT_REQUEST, COMPACTED, CompactHandler
+from proxy.server.responses_tokens import INPUT_TOKENS, INPUT_TOKENS_REQUEST, InputTokensHandler
 from proxy.serving.services import Services
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -43,11 +48,33 @@ class Endpoint:
     make: Callable[[Services], Handler]  # the handler, made once when the app starts
     summary: str  # the OpenAPI path's summary
     request: tuple[str, Schema]  # the request schema: its component name, and the schema
-    response: str  # the component name of the answer's schema (in ``openapi.py``)
+    response: tuple[str, Schema]  # the answer's schema: its component name, and the schema
     cascade: bool = True  # local first: the routing headers, and a client that leaves cancels
     stream: bool = True  # ``stream: true`` answers with Server-Sent Events
     events: str = "With `stream: true`: `data: <chunk>` events, then `data: [DONE]`."
     also: tuple[int, ...] = ()  # statuses beyond the ones every POST may answer
+
+    @property
+    def bare(self) -> bool:
+        """Served without ``/v1`` too, as OpenAI's clients use both."""
+        return True
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return ("POST",)
+
+    @property
+    def openapi(self) -> dict[str, Any]:
+        """Its OpenAPI path item."""
+        return post(
+            self.summary,
+            self.request[0],
+            self.response[0],
+            stream=self.stream,
+            cascade=self.cascade,
+            events=self.events,
+            also=self.also,
+        )
 
 
 ENDPOINTS: tuple[Endpoint, ...] = (
@@ -57,7 +84,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         make=ChatHandler,
         summary="Chat completion, local first",
         request=("ChatCompletionRequest", CHAT_REQUEST),
-        response="ChatCompletion",
+        response=("ChatCompletion", CHAT_COMPLETION),
     ),
     Endpoint(
         name="completions",
@@ -65,7 +92,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         make=CompletionsHandler,
         summary="Legacy text completion, local first",
         request=("CompletionRequest", COMPLETIONS_REQUEST),
-        response="TextCompletion",
+        response=("TextCompletion", TEXT_COMPLETION),
     ),
     Endpoint(
         name="embeddings",
@@ -73,7 +100,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         make=EmbeddingsHandler,
         summary="Embeddings, passed through to the API",
         request=("EmbeddingsRequest", EMBEDDINGS_REQUEST),
-        response="Embeddings",
+        response=("Embeddings", EMBEDDINGS),
         cascade=False,
         stream=False,
     ),
@@ -84,7 +111,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         summary="A Responses answer, local first (translated to chat; stored unless "
         "`store: false`)",
         request=("ResponsesRequest", RESPONSES_REQUEST),
-        response="Response",
+        response=("Response", RESPONSE),
         events="With `stream: true`: the typed events (`event: response.created` ... "
         "`response.completed`, `response.incomplete` or `response.failed`), each with its "
         "`sequence_number`; no `[DONE]`.",
@@ -97,7 +124,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         summary="The input tokens of a Responses request, counted with the model's tokenizer "
         "(no ledger row)",
         request=("ResponsesInputTokensRequest", INPUT_TOKENS_REQUEST),
-        response="ResponseInputTokens",
+        response=("ResponseInputTokens", INPUT_TOKENS),
         cascade=False,
         stream=False,
         also=(404,),  # previous_response_id: not stored, or another key's
@@ -109,7 +136,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         summary="A conversation compacted by the upstream's own Responses API (always the "
         "API; a 400 when the fallback translates to chat)",
         request=("ResponsesCompactRequest", COMPACT_REQUEST),
-        response="CompactedResponse",
+        response=("CompactedResponse", COMPACTED),
         cascade=False,
         stream=False,
         also=(404,),  # previous_response_id: not stored, or another key's

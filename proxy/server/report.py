@@ -40,7 +40,7 @@ from quality.combiner import file_sha256
 REPORTS_AT_ONCE = 2
 BY = report_mod.GROUPINGS  # model, day, key, reason, and kind (the quality keys by task kind)
 
-# -- its OpenAPI description (proxy/server/openapi.py serves it; docs/report.md has every key) ---
+# -- its OpenAPI description (proxy/server/routes.py serves it; docs/report.md has every key) --
 
 _MONEY: Schema = {"type": "number", "description": "USD, exact to the micro-dollar"}
 _SHARE: Schema = {"type": "number", "minimum": 0, "maximum": 1}

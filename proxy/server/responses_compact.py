@@ -26,9 +26,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.errors import BadRequest
-from proxy.protocol.request_schema import RESPONSES_REQUEST
 from proxy.protocol.shapes import Schema
 from proxy.server.cascade import Cascade
+from proxy.server.openapi.parts import responses_subset
 from proxy.serving.exchange import Exchange
 from proxy.serving.responses_state import (
     ResponsesState,
@@ -43,14 +43,10 @@ from proxy.upstream.client import COMPACT_PATH
 FIELDS = ("model", "input", "instructions", "previous_response_id", "prompt_cache_key")
 """OpenAI's parameters of a compaction that this endpoint takes."""
 
-COMPACT_REQUEST: Schema = {
-    "type": "object",
-    "description": "A conversation to compact, sent to the upstream's own Responses API.",
-    "required": ["model", "input"],
-    "properties": {
-        name: schema for name, schema in RESPONSES_REQUEST["properties"].items() if name in FIELDS
-    },
-}
+COMPACT_REQUEST: Schema = responses_subset(
+    "A conversation to compact, sent to the upstream's own Responses API.",
+    FIELDS,
+)
 
 COMPACTED: Schema = {
     "type": "object",

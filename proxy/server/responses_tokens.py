@@ -31,9 +31,9 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.errors import CountUnavailable
 from proxy.ledger.writing.tokens import CountJob
-from proxy.protocol.request_schema import RESPONSES_REQUEST
 from proxy.protocol.responses_translate import chat_of, stand_in
 from proxy.protocol.shapes import Schema
+from proxy.server.openapi.parts import responses_subset
 from proxy.serving.responses_state import (
     ResponsesState,
     fields_checked,
@@ -60,14 +60,10 @@ FIELDS = (
 )
 """OpenAI's parameters of the count that this endpoint takes (``conversation`` is not)."""
 
-INPUT_TOKENS_REQUEST: Schema = {
-    "type": "object",
-    "description": "A Responses request's input side, counted with the model's tokenizer.",
-    "required": ["model", "input"],
-    "properties": {
-        name: schema for name, schema in RESPONSES_REQUEST["properties"].items() if name in FIELDS
-    },
-}
+INPUT_TOKENS_REQUEST: Schema = responses_subset(
+    "A Responses request's input side, counted with the model's tokenizer.",
+    FIELDS,
+)
 
 INPUT_TOKENS: Schema = {
     "type": "object",

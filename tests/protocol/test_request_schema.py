@@ -35,7 +35,7 @@ from proxy.protocol.validate import (
     embeddings_request,
     responses_request,
 )
-from proxy.server.openapi import openapi_spec
+from proxy.server.routes import openapi_spec
 
 MSG = [{"role": "user", "content": "hi"}]
 ENDPOINTS: list[tuple[str, tuple[Param, ...], tuple[Rule, ...], Any, dict[str, Any]]] = [

@@ -14,7 +14,7 @@ from pathlib import Path
 import proxy
 from proxy.errors import EngineError
 from proxy.routing.reasons import Reason
-from proxy.server.openapi import openapi_spec
+from proxy.server.routes import openapi_spec
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 VALUES = {reason.value for reason in Reason}

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.routing import Route
 from structlog.testing import capture_logs
 
 from proxy import config
@@ -206,7 +207,13 @@ async def test_an_unexpected_error_is_an_openai_500_with_the_request_id_logged_o
         raise RuntimeError(f"failed on {secret}")
 
     async with make_client(settings_for(tmp_path)) as client:
-        client.app.state.chat = broken  # type: ignore[attr-defined]
+        # The chat route's place (proxy/server/endpoints.py's Mounted) hands requests to broken.
+        [mounted] = {
+            route.endpoint.__self__
+            for route in client.app.routes
+            if isinstance(route, Route) and route.path == "/v1/chat/completions"
+        }
+        mounted.handler = broken
         with capture_logs() as logs:
             r = await client.post(
                 "/v1/chat/completions",

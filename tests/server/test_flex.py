@@ -7,7 +7,6 @@ by the API, charged at that rate."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +17,12 @@ from proxy.serving.quotas import worst_case_tokens
 from proxy.upstream.client import COMPLETIONS_PATH
 from tests.conftest import AppFactory, ledger_settings, settings_for
 from tests.fake_api import FakeAPI
+from tests.server.test_app import rows
 from tests.server.test_serve import ACCEPT_ANY
 
 MODEL = "gpt-4o-mini"  # no flex rate in the map: half the standard rate
 PROMPT = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 8}
 API = {"x-frugal-route": "api"}
-
-
-def rows(db: Path) -> list[dict[str, Any]]:
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute("SELECT * FROM requests ORDER BY id")]
-    finally:
-        conn.close()
 
 
 def cost(row: dict[str, Any], tier: str | None) -> int | None:

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
 from proxy.config import LocalSettings
@@ -22,7 +21,7 @@ from proxy.engine.local_engine import LocalEngine
 from proxy.routing.servable import chat_blocker
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
-from tests.in_process import in_process
+from tests.in_process import in_process, openai_on
 from tests.server.test_app import rows
 from tests.thinking_model import thinking_gguf
 
@@ -132,9 +131,7 @@ async def test_responses_return_the_thinking_as_a_reasoning_item(
 ) -> None:
     asked = {"model": "gpt-4o-mini", "input": "What is 2+2?", "max_output_tokens": 5}
     async with in_process(settings_for(tmp_path), thinker) as http:
-        client = openai.AsyncOpenAI(
-            api_key="sk-unused", base_url="http://localhost/v1", http_client=http, max_retries=0
-        )
+        client = openai_on(http)
         answer = await client.responses.create(**asked, temperature=0, extra_headers=LOCAL)
         events = [
             event
@@ -164,9 +161,7 @@ async def test_a_live_responses_stream_sends_the_reasoning_item_first(
     asked = {"model": "gpt-4o-mini", "input": "What is 2+2?", "max_output_tokens": 5}
     settings = settings_for(tmp_path, router={"stream_mode": "live"})
     async with in_process(settings, thinker) as http:
-        client = openai.AsyncOpenAI(
-            api_key="sk-unused", base_url="http://localhost/v1", http_client=http, max_retries=0
-        )
+        client = openai_on(http)
         answer = await client.responses.create(**asked, temperature=0, extra_headers=LOCAL)
         events = [
             event
@@ -197,9 +192,7 @@ async def test_responses_reasoning_effort_turns_thinking_off_or_on_locally(
 ) -> None:
     asked = {"model": "gpt-4o-mini", "input": "What is 2+2?", "max_output_tokens": 5}
     async with in_process(settings_for(tmp_path), thinker) as http:
-        client = openai.AsyncOpenAI(
-            api_key="sk-unused", base_url="http://localhost/v1", http_client=http, max_retries=0
-        )
+        client = openai_on(http)
         off = await client.responses.create(
             **asked, reasoning={"effort": "none"}, temperature=0, extra_headers=LOCAL
         )

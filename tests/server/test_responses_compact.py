@@ -5,7 +5,6 @@ call; with ``[fallback] responses = "translate"``, a 400 naming the parameter.""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +16,12 @@ from proxy.ledger.tenants import keys
 from tests.conftest import AppFactory
 from tests.fake_api import FakeAPI
 from tests.ledger.conftest import database, pg_server  # noqa: F401 - fixtures
+from tests.server.test_app import rows
 from tests.server.test_responses import API, QUESTION
 from tests.server.test_responses_state import sdk  # noqa: F401 - fixture
 from tests.serving.test_budgets import spend
 
 OWN = {"fallback": {"responses": "responses"}}
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    with sqlite3.connect(path) as conn:
-        conn.row_factory = sqlite3.Row
-        return [dict(r) for r in conn.execute("SELECT * FROM requests ORDER BY id")]
 
 
 async def test_compact_sends_the_whole_conversation_and_bills_the_call(
@@ -55,15 +49,15 @@ async def test_compact_sends_the_whole_conversation_and_bills_the_call(
     assert [item["role"] for item in sent["input"]] == ["user", "assistant", "user"]
     assert all("id" not in item for item in sent["input"])  # none of our ids leave the proxy
     assert "previous_response_id" not in sent
-    rows = _rows(tmp_path / "ledger.db")
-    assert [(r["endpoint"], r["route"], r["reason"], r["status"]) for r in rows] == [
+    written = rows(tmp_path / "ledger.db")
+    assert [(r["endpoint"], r["route"], r["reason"], r["status"]) for r in written] == [
         ("responses", "api", "forced", 200),
         ("responses_compact", "api", "unsupported", 200),
     ]
-    assert rows[1]["prompt_tokens"] == compacted.usage.input_tokens
-    assert rows[1]["completion_tokens"] == 1
+    assert written[1]["prompt_tokens"] == compacted.usage.input_tokens
+    assert written[1]["completion_tokens"] == 1
     # gpt-4o-mini's prices: $0.15 and $0.60 a million tokens, in pico-dollars a token
-    assert rows[1]["api_cost_pusd"] == compacted.usage.input_tokens * 150_000 + 600_000
+    assert written[1]["api_cost_pusd"] == compacted.usage.input_tokens * 150_000 + 600_000
 
 
 async def test_a_compaction_item_goes_to_the_upstreams_own_responses(

@@ -85,13 +85,11 @@ async def _post(http: Any, body: dict[str, Any], headers: dict[str, str]) -> Any
     return made
 
 
-async def test_a_local_answer_and_its_stream_follow_the_published_schema(
-    tmp_path: Path, fake_api: FakeAPI, make_client: Any
-) -> None:
-    """No temperature nor top_p asked: the values the engine used are echoed (greedy: 0 and
-    1), in the object and in every event (the default limit: the test below)."""
-    settings = settings_for(tmp_path, fake_api)
-    asked = {"model": "gpt-4o-mini", "input": QUESTION, "max_output_tokens": 24}
+async def _local_both_ways(
+    make_client: Any, settings: Any, asked: dict[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``asked`` answered locally as JSON and as a stream, both checked against the schema:
+    the answer and the stream's events."""
     async with make_client(settings) as http:
         plain = await _post(http, asked, LOCAL)
         streamed = await _post(http, {**asked, "stream": True}, LOCAL)
@@ -103,6 +101,17 @@ async def test_a_local_answer_and_its_stream_follow_the_published_schema(
     )
     assert not (errors := response_errors(response)), errors
     assert not (errors := event_errors(events)), errors
+    return response, events
+
+
+async def test_a_local_answer_and_its_stream_follow_the_published_schema(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any
+) -> None:
+    """No temperature nor top_p asked: the values the engine used are echoed (greedy: 0 and
+    1), in the object and in every event (the default limit: the test below)."""
+    settings = settings_for(tmp_path, fake_api)
+    asked = {"model": "gpt-4o-mini", "input": QUESTION, "max_output_tokens": 24}
+    response, events = await _local_both_ways(make_client, settings, asked)
     final = events[-1]["response"]
     assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
     for made in (response, final):
@@ -284,17 +293,7 @@ async def test_a_local_function_call_and_its_stream_follow_the_schema(
         "tool_choice": "required",
         "max_output_tokens": 64,
     }
-    async with make_client(settings) as http:
-        plain = await _post(http, asked, LOCAL)
-        streamed = await _post(http, {**asked, "stream": True}, LOCAL)
-    response = plain.json()
-    events = sse_events(streamed.content)
-    assert (plain.headers["x-frugal-route"], streamed.headers["x-frugal-route"]) == (
-        "local",
-        "local",
-    )
-    assert not (errors := response_errors(response)), errors
-    assert not (errors := event_errors(events)), errors
+    response, events = await _local_both_ways(make_client, settings, asked)
     for made in (response, events[-1]["response"]):
         calls = [i for i in made["output"] if i["type"] == "function_call"]
         assert [c["name"] for c in calls] == ["get_weather"], made["output"]

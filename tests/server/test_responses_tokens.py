@@ -4,7 +4,6 @@ item references counted, a key's own stored responses only, no ledger row, and b
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +12,11 @@ import pytest
 import tiktoken
 
 from tests.fake_api import FakeAPI
+from tests.server.test_app import rows
 from tests.server.test_responses import API, LOCAL, QUESTION, WEATHER
 from tests.server.test_responses_state import BOB, CAROL, sdk  # noqa: F401 - fixture
 
 INSTRUCTIONS = "Answer in one word."
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    with sqlite3.connect(path) as conn:
-        conn.row_factory = sqlite3.Row
-        return [dict(r) for r in conn.execute("SELECT * FROM requests ORDER BY id")]
 
 
 async def test_the_count_is_the_ledgers_count_of_the_same_request(
@@ -52,7 +46,7 @@ async def test_the_count_is_the_ledgers_count_of_the_same_request(
             model="gpt-4o-mini", input="And of Italy?", previous_response_id=answered.id
         )
     assert counted.object == "response.input_tokens"
-    [row] = _rows(tmp_path / "ledger.db")  # the counts wrote no row
+    [row] = rows(tmp_path / "ledger.db")  # the counts wrote no row
     assert row["route"] == "local"
     assert counted.input_tokens == row["counterfactual_prompt_tokens"]
     # gpt-4o-mini's o200k: 3 tokens per message, its role and text, and 3 to prime the reply.
@@ -114,4 +108,4 @@ async def test_bad_input_is_a_400_naming_the_parameter(
                 )
             params.append(caught.value.body["param"])  # type: ignore[index]
     assert params == [param for _body, param in cases]
-    assert _rows(tmp_path / "ledger.db") == []
+    assert rows(tmp_path / "ledger.db") == []

@@ -1,18 +1,23 @@
 """The batch store's rows and statements: a ``batches`` or ``batch_lines`` row read back as
 its object, the columns read, OpenAI's metadata checked, and the few helpers every statement of
 :mod:`proxy.ledger.batches.store` shares (many rows in one call, a list of placeholders, the
-batch's lock taken before its lines').
+batch's lock taken before its lines', a finished line's ledger row written in the transaction
+that finishes it).
 """
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
 from typing import Any
 
 from proxy.errors import BadRequest
 from proxy.ledger.batches.objects import TIMESTAMPS, Batch, Line
 from proxy.ledger.db import postgres
 from proxy.ledger.db.connections import Tx
+from proxy.ledger.pricing import PriceBook
+from proxy.ledger.writing.ledger_row import COLUMNS, LedgerRow
+from proxy.ledger.writing.rows import row_values
 
 MAX_METADATA = (16, 64, 512)  # pairs, characters of a key, characters of a value
 BATCH_COLUMNS = (
@@ -24,6 +29,8 @@ LINE_COLUMNS = (
     "l.id, l.batch_id, b.owner, l.idx, l.custom_id, l.method, l.url, l.body, l.claims, "
     "l.upstream_batch_id"
 )
+
+INSERT_ROW = f"INSERT INTO requests ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 
 
 def to_json(value: Any) -> str:
@@ -109,3 +116,14 @@ def check_metadata(metadata: Any) -> dict[str, str] | None:
             param="metadata",
         )
     return dict(metadata)
+
+
+def insert_row(tx: Tx, row: LedgerRow, counted: tuple[int, int] | None, prices: PriceBook) -> None:
+    """``row`` written in ``tx``, its costs computed as the batched writer computes them
+    (``counted``: a local answer's counterfactual tokens, when known)."""
+    count: Future[tuple[int, int]] | None = None
+    if counted is not None:
+        count = Future()
+        count.set_result(counted)
+    values, _, _ = row_values(row, count, prices, COLUMNS)
+    tx.run(INSERT_ROW, values)

@@ -52,7 +52,6 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
-from concurrent.futures import Future
 from typing import Any
 
 from proxy.errors import BadRequest, NotFound
@@ -81,6 +80,7 @@ from proxy.ledger.batches.records import (
     batch_of,
     check_metadata,
     insert_many,
+    insert_row,
     line_of,
     lock_batch_of,
     marks,
@@ -88,13 +88,9 @@ from proxy.ledger.batches.records import (
 )
 from proxy.ledger.db.connections import Pool, Tx
 from proxy.ledger.pricing import PriceBook
-from proxy.ledger.writing.ledger_row import COLUMNS, LedgerRow
-from proxy.ledger.writing.rows import row_values
+from proxy.ledger.writing.ledger_row import LedgerRow
 
 MAX_LIST = 100  # OpenAI's most batches in one page
-_INSERT_ROW = (
-    f"INSERT INTO requests ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
-)
 
 
 class AlreadyFinished(Exception):
@@ -473,18 +469,10 @@ class BatchStore:
             tally = "completed = completed + 1" if result.ok else "failed = failed + 1"
             tx.run(f"UPDATE batches SET {tally} WHERE id = ?", (batch_id,))
             if row is not None:
-                self._bill(tx, dataclasses.replace(row, request_id=line_id), counted)
+                if self.prices is None:
+                    raise ValueError("BatchStore(prices=...) is needed to write ledger rows")
+                insert_row(tx, dataclasses.replace(row, request_id=line_id), counted, self.prices)
             return settle(tx, batch_id, int(at))
-
-    def _bill(self, tx: Tx, row: LedgerRow, counted: tuple[int, int] | None) -> None:
-        if self.prices is None:
-            raise ValueError("BatchStore(prices=...) is needed to write ledger rows")
-        count: Future[tuple[int, int]] | None = None
-        if counted is not None:
-            count = Future()
-            count.set_result(counted)
-        values, _, _ = row_values(row, count, self.prices, COLUMNS)
-        tx.run(_INSERT_ROW, values)
 
     def progress(self, batch_id: str) -> dict[str, int]:
         """How many of the batch's lines are in each state, and how many each route answered

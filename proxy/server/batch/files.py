@@ -1,10 +1,10 @@
 """``/v1/files``: OpenAI's Files API over the ledger's file store
 (:class:`~proxy.serving.batches_state.BatchesState`).
 
-``POST /v1/files`` takes the form OpenAI's SDKs send (:mod:`proxy.server.uploads`). Before a
+``POST /v1/files`` takes the form OpenAI's SDKs send (:mod:`proxy.server.batch.uploads`). Before a
 byte is stored, the upload is held to the key's room for files (``[batch]
 file_quota_bytes`` less what it keeps): a declared ``Content-Length`` past that room (plus
-:data:`~proxy.server.uploads.FORM_SLACK`) is refused before the body is read, and a body
+:data:`~proxy.server.batch.uploads.FORM_SLACK`) is refused before the body is read, and a body
 without one is refused as soon as it passes it; the store then checks the file itself against
 the quota and OpenAI's sizes (200 MB for ``batch``, 512 MB otherwise) in the transaction that
 writes it. ``GET /v1/files`` lists (``purpose``, ``after``, ``limit``, ``order``), ``GET
@@ -14,14 +14,17 @@ its own files; another's is a 404 naming ``file_id``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.errors import BadRequest
 from proxy.ledger.batches.files import MAX_LIST
 from proxy.ledger.batches.objects import MAX_FILE_BYTES, PURPOSES
+from proxy.server.batch.uploads import FORM_SLACK, Part, boundary_of, parse_form, read_body
 from proxy.server.lookup import services_of
-from proxy.server.uploads import FORM_SLACK, Part, boundary_of, parse_form, read_body
 from proxy.serving.batches_state import BatchesState, creator, may_read
 from proxy.serving.clients import own_key
 
@@ -62,6 +65,17 @@ def query_param(request: Request, name: str) -> str | None:
     if len(given) > 1:
         raise BadRequest(f"{name} is given {len(given)} times; give it once.", param=name)
     return given[0] if given else None
+
+
+async def after_param(request: Request, get: Callable[[str], Any], what: str) -> str | None:
+    """The ``after`` of a list: an id the key may read (``get`` finds it in its store), else a
+    400 naming ``after``; None when not given."""
+    after = query_param(request, "after")
+    if after is not None:
+        found = await state_of(request).call(get, after)
+        if found is None or not may_read(request, found.owner):
+            raise BadRequest(f"No {what} {after[:64]!r} to list after.", param="after")
+    return after
 
 
 def _quota_error(room: int) -> BadRequest:
@@ -131,14 +145,10 @@ def _expires_after(form: dict[str, Part]) -> dict[str, object] | None:
 async def list_files(request: Request) -> Response:
     state = state_of(request)
     limit = int_param(query_param(request, "limit"), "limit", MAX_LIST, MAX_LIST)
-    after = query_param(request, "after")
     purpose = query_param(request, "purpose")
     if purpose is not None and purpose not in PURPOSES:
         raise BadRequest(f"purpose must be one of {', '.join(PURPOSES)}.", param="purpose")
-    if after is not None:
-        found = await state.call(state.files.get, after)
-        if found is None or not may_read(request, found.owner):
-            raise BadRequest(f"No file {after[:64]!r} to list after.", param="after")
+    after = await after_param(request, state.files.get, "file")
     files, more = await state.call(
         state.files.list_files,
         creator(request),

@@ -19,8 +19,8 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.errors import BadRequest
 from proxy.ledger.batches.store import MAX_LIST
-from proxy.server.files import int_param, page, query_param, state_of
-from proxy.serving.batches_state import creator, may_read
+from proxy.server.batch.files import after_param, int_param, page, query_param, state_of
+from proxy.serving.batches_state import creator
 from proxy.serving.clients import own_key
 
 CREATE_PARAMS = ("input_file_id", "endpoint", "completion_window", "metadata")
@@ -83,11 +83,7 @@ async def cancel(request: Request) -> Response:
 async def list_batches(request: Request) -> Response:
     state = state_of(request)
     limit = int_param(query_param(request, "limit"), "limit", 20, MAX_LIST)
-    after = query_param(request, "after")
-    if after is not None:
-        found = await state.call(state.batches.get, after)
-        if found is None or not may_read(request, found.owner):
-            raise BadRequest(f"No batch {after[:64]!r} to list after.", param="after")
+    after = await after_param(request, state.batches.get, "batch")
     batches, more = await state.call(
         state.batches.list_batches,
         creator(request),
