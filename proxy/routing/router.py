@@ -104,14 +104,23 @@ class Router:
         await self.pool.close()
 
     def plan(
-        self, body: dict[str, Any], forced_header: str | None, *, client: str | None = None
+        self,
+        body: dict[str, Any],
+        forced_header: str | None,
+        *,
+        client: str | None = None,
+        deferred: bool = False,
     ) -> Plan:
         """The route of ``body``; ``client`` is the identity of the key that sent it (None:
-        keyless), whose share of the local queue a local attempt waits in."""
+        keyless), whose share of the local queue a local attempt waits in. ``deferred``: deferred
+        work however ``body`` asks (a background response), with flex's long deadline."""
         share = share_label(client)
-        return replace(self._plan(body, forced_header, share), share=share)
+        deferred = deferred or deferred_tier(body) is not None
+        return replace(self._plan(body, forced_header, share, deferred), share=share)
 
-    def _plan(self, body: dict[str, Any], forced_header: str | None, share: str) -> Plan:
+    def _plan(
+        self, body: dict[str, Any], forced_header: str | None, share: str, deferred: bool
+    ) -> Plan:
         model = body["model"]
         local_only = model == LOCAL_ALIAS
         forced = (forced_header or "").strip().lower()
@@ -136,7 +145,7 @@ class Router:
                 )
             return Plan(route="api", reason=Reason.UNSUPPORTED, local_only=False)
         kind = "chat" if "messages" in body else "complete"
-        choice = self._deadline(body, self.pool.choose(body, kind, share))
+        choice = self._deadline(self.pool.choose(body, kind, share), deferred)
         # Definite reasons win over predicted ones: a prompt that cannot fit is not "slow".
         overflow = choice.backend.cannot_fit(body)
         if overflow is not None and not (local_only or forced == "local"):
@@ -153,7 +162,7 @@ class Router:
             and self.predictor.too_slow(
                 choice.prediction.seconds,
                 choice.timeout_s,
-                deferred=deferred_tier(body) is not None,
+                deferred=deferred,
             )
         ):
             return Plan(route="api", reason=Reason.PREDICTED_SLOW, local_only=False, choice=choice)
@@ -170,10 +179,10 @@ class Router:
             route="local", reason=None, local_only=local_only, forced=local_only, choice=choice
         )
 
-    def _deadline(self, body: dict[str, Any], choice: Choice) -> Choice:
-        """``choice`` with the seconds ``body`` may wait for its local answer: ``[batch]
-        flex_timeout_s`` for deferred work, else the backend's own."""
-        if deferred_tier(body) is None:
+    def _deadline(self, choice: Choice, deferred: bool) -> Choice:
+        """``choice`` with the seconds a request may wait for its local answer: ``[batch]
+        flex_timeout_s`` for ``deferred`` work, else the backend's own."""
+        if not deferred:
             return choice
         return replace(choice, timeout_s=self.settings.batch.flex_timeout_s)
 
@@ -215,7 +224,9 @@ class Router:
         legacy text completion."""
         started = time.perf_counter()
         choice = plan.choice if plan is not None and plan.choice is not None else None
-        choice = choice or self._deadline(body, self.pool.choose(body, kind))
+        choice = choice or self._deadline(
+            self.pool.choose(body, kind), deferred_tier(body) is not None
+        )
         deadline = time.monotonic() + choice.timeout_s
         attempt = LocalAttempt(choice=choice, prediction=choice.prediction)
         try:

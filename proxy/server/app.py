@@ -231,6 +231,8 @@ def _routes(settings: Settings, mounted: tuple[Mounted, ...]) -> list[Route]:
         ),
         Route("/v1/responses/{response_id}", stored_responses.one, methods=["GET", "DELETE"]),
         Route("/responses/{response_id}", stored_responses.one, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", stored_responses.cancel, methods=["POST"]),
+        Route("/responses/{response_id}/cancel", stored_responses.cancel, methods=["POST"]),
         Route("/v1/responses/{response_id}/input_items", stored_responses.list_input_items),
         Route("/responses/{response_id}/input_items", stored_responses.list_input_items),
         *(

@@ -162,15 +162,25 @@ class Cascade:
     # -- plan, local attempt, gate --------------------------------------------------------------
 
     def begin(
-        self, request: Request, body: dict[str, Any], ex: Exchange, *, stream: bool | None = None
+        self,
+        request: Request,
+        body: dict[str, Any],
+        ex: Exchange,
+        *,
+        stream: bool | None = None,
+        deferred: str | None = None,
     ) -> Planned:
         """The validated ``body``'s model and mode noted (``stream``: when the endpoint streams
-        otherwise than ``body`` says); its plan and quality bar."""
+        otherwise than ``body`` says); its plan and quality bar. ``deferred``: the tier of
+        deferred work the endpoint runs ``body`` as (a background response), where the body
+        itself asks for none."""
         streamed = bool(body.get("stream")) if stream is None else stream
-        ex.asked(body["model"], stream=streamed, deferred_tier=deferred_tier(body))
+        tier = deferred_tier(body) or deferred
+        ex.asked(body["model"], stream=streamed, deferred_tier=tier)
         key = getattr(request.state, "client_key", None)  # its share of the local queue
         client = None if key is None else key.identity
-        plan = self.router.plan(body, request.headers.get(ROUTE_HEADER), client=client)
+        header = request.headers.get(ROUTE_HEADER)
+        plan = self.router.plan(body, header, client=client, deferred=tier is not None)
         ex.take_plan(plan)
         threshold = self.router.threshold(request.headers.get(MIN_QUALITY_HEADER), body["model"])
         return Planned(plan, threshold)

@@ -244,6 +244,15 @@ def openapi_spec() -> dict[str, Any]:
                     "responses": _answer("Deleted.", "ResponseDeleted", 401, 404, 503),
                 },
             },
+            "/v1/responses/{response_id}/cancel": {
+                "parameters": [RESPONSE_ID],
+                "post": {
+                    "summary": "Cancel a background response (the key's own; an admin key's: "
+                    "any): a queued or running one is `cancelled`, a finished one is answered "
+                    "as it is; one that is not a background response is a 400",
+                    "responses": _answer("The response object.", "Response", 400, 401, 404, 503),
+                },
+            },
             "/v1/responses/{response_id}/input_items": {
                 "parameters": [RESPONSE_ID],
                 "get": {

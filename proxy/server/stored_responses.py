@@ -1,6 +1,7 @@
 """``GET``/``DELETE /v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items``: the stored
 Responses (:class:`proxy.serving.responses_state.ResponsesState`, which says who may read which)
-read and deleted over HTTP, with OpenAI's list pagination.
+read and deleted over HTTP, with OpenAI's list pagination; ``POST /v1/responses/{id}/cancel``:
+a background response cancelled (:mod:`proxy.serving.background_responses`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,16 @@ async def retrieve(request: Request) -> Response:
     """``GET /v1/responses/{response_id}``: the stored response object."""
     found = await _state(request).visible(request, request.path_params["response_id"])
     return JSONResponse(found.response)
+
+
+async def cancel(request: Request) -> Response:
+    """``POST /v1/responses/{response_id}/cancel``: the background response, cancelled when it
+    was queued or running, else as it is; not a background response: a 400."""
+    background = services_of(request).background
+    if background is None:
+        raise RuntimeError("the app was built without background responses")
+    found = await background.cancel(request, request.path_params["response_id"])
+    return JSONResponse(found)
 
 
 async def delete(request: Request) -> Response:

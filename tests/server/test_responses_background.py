@@ -1,0 +1,232 @@
+"""Background responses (issue 41) against the in-process app, with the official ``openai`` SDK:
+``background: true`` answered at once with a ``queued`` response, then polled to its end with
+``responses.retrieve`` (the local answer when the gate accepts it, the API's when it rejects
+it); ``responses.cancel`` of one whose API call is under way (the call abandoned); another
+key's 404; the 400s of ``store: false``, ``stream`` and a cancel of a response that is not a
+background one; and the responses a stopped proxy left open, at the next start. Each background
+response is one ledger row, ``deferred_tier`` ``background``."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from proxy.ledger.db.connections import Pool
+from proxy.ledger.db.location import parse
+from proxy.ledger.responses_store import ResponseStore, StoredResponse
+from tests.conftest import settings_for
+from tests.fake_api import DEFAULT_REPLY, FakeAPI
+from tests.load_factor import scaled
+from tests.server.test_responses import API, LOCAL, QUESTION
+
+KEYS_ENV = "FRUGAL_TEST_BACKGROUND_KEYS"
+ALICE, BOB, CAROL = "sk-alice-admin-0001", "sk-bob-client-0002", "sk-carol-client-0003"
+OPEN = ("queued", "in_progress")
+REJECT = {"x-frugal-min-quality": "1"}  # the gate's bar: no local answer reaches it
+
+
+@pytest.fixture
+def sdk(
+    tmp_path: Path, fake_api: FakeAPI, make_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Any]:
+    """``async with sdk() as client``: ``client(key)`` is an ``AsyncOpenAI`` on the in-process
+    app, which wants ALICE (admin), BOB or CAROL; its API fallback is the fake's Chat
+    Completions (``[fallback] responses = "translate"``)."""
+    monkeypatch.setenv(KEYS_ENV, f"alice;admin:{ALICE},bob:{BOB},carol:{CAROL}")
+
+    @asynccontextmanager
+    async def factory() -> AsyncIterator[Callable[[str], openai.AsyncOpenAI]]:
+        settings = settings_for(
+            tmp_path,
+            fake_api,
+            server={"api_keys_env": KEYS_ENV},
+            fallback={"responses": "translate"},
+        )
+        async with make_client(settings) as http:
+
+            def client(key: str) -> openai.AsyncOpenAI:
+                return openai.AsyncOpenAI(
+                    api_key=key, base_url="http://localhost/v1", http_client=http, max_retries=0
+                )
+
+            yield client
+            assert await http.app.state.services.ledger.flush(10)  # type: ignore[attr-defined]
+
+    return factory
+
+
+def _rows(db: Path) -> list[dict[str, Any]]:
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute("SELECT * FROM requests ORDER BY id")]
+    finally:
+        conn.close()
+
+
+async def _polled(client: openai.AsyncOpenAI, rid: str, *, until: tuple[str, ...]) -> Any:
+    """The response ``rid``, retrieved until its status is one of ``until``."""
+    deadline = time.monotonic() + scaled(120)
+    while True:
+        found = await client.responses.retrieve(rid)
+        if found.status in until or time.monotonic() > deadline:
+            return found
+        await asyncio.sleep(0.05)
+
+
+async def test_a_background_response_is_queued_then_answered_locally(
+    sdk: Any, fake_api: FakeAPI, tmp_path: Path
+) -> None:
+    async with sdk() as client:
+        bob = client(BOB)
+        made = await bob.responses.create(
+            model="gpt-4o-mini",
+            input=QUESTION,
+            max_output_tokens=16,
+            background=True,
+            extra_headers=LOCAL,
+        )
+        assert (made.status, made.background, made.store, made.output) == ("queued", True, True, [])
+        done = await _polled(bob, made.id, until=("completed", "incomplete", "failed"))
+    print(f"background local answer: {done.status} {done.output_text!r}")
+    assert done.id == made.id and done.background is True
+    assert done.status in ("completed", "incomplete") and done.output_text
+    assert done.output_text != DEFAULT_REPLY and fake_api.count == 0  # the local model's
+    [row] = _rows(tmp_path / "ledger.db")  # the queueing wrote none: the run wrote one
+    assert (row["endpoint"], row["route"], row["deferred_tier"]) == (
+        "responses",
+        "local",
+        "background",
+    )
+
+
+async def test_a_background_response_the_gate_rejects_is_the_apis(
+    sdk: Any, fake_api: FakeAPI, tmp_path: Path
+) -> None:
+    async with sdk() as client:
+        bob = client(BOB)
+        made = await bob.responses.create(
+            model="gpt-4o-mini",
+            input=QUESTION,
+            max_output_tokens=16,
+            background=True,
+            extra_headers=REJECT,
+        )
+        assert made.status == "queued"
+        done = await _polled(bob, made.id, until=("completed", "incomplete", "failed"))
+    assert (done.status, done.output_text) == ("completed", DEFAULT_REPLY)
+    assert fake_api.single_calls == 1
+    [row] = _rows(tmp_path / "ledger.db")
+    assert (row["route"], row["deferred_tier"], row["status"]) == ("api", "background", 200)
+
+
+async def test_a_running_background_response_is_cancelled_and_its_api_call_abandoned(
+    sdk: Any, fake_api: FakeAPI, tmp_path: Path
+) -> None:
+    fake_api.set(hang=True)
+    async with sdk() as client:
+        bob, carol = client(BOB), client(CAROL)
+        made = await bob.responses.create(
+            model="gpt-4o-mini", input=QUESTION, background=True, extra_headers=API
+        )
+        running = await _polled(bob, made.id, until=("in_progress",))
+        assert running.status == "in_progress"
+        deadline = time.monotonic() + scaled(30)
+        while fake_api.count == 0 and time.monotonic() < deadline:  # the call is under way
+            await asyncio.sleep(0.02)
+        with pytest.raises(openai.NotFoundError):
+            await carol.responses.cancel(made.id)  # another key's: as if it did not exist
+        with pytest.raises(openai.NotFoundError):
+            await carol.responses.retrieve(made.id)
+        cancelled = await bob.responses.cancel(made.id)
+        assert (cancelled.id, cancelled.status) == (made.id, "cancelled")
+        again = await bob.responses.cancel(made.id)  # a finished one is answered as it is
+        assert again.status == "cancelled"
+        deadline = time.monotonic() + scaled(30)
+        while fake_api.disconnects == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert (await bob.responses.retrieve(made.id)).status == "cancelled"
+    assert (fake_api.count, fake_api.disconnects) == (1, 1)  # the API call was abandoned
+    [row] = _rows(tmp_path / "ledger.db")
+    assert (row["deferred_tier"], row["status"]) == ("background", 499)
+
+
+async def test_background_needs_store_and_no_stream_and_only_it_is_cancelled(
+    sdk: Any, fake_api: FakeAPI, tmp_path: Path
+) -> None:
+    async with sdk() as client:
+        bob = client(BOB)
+        with pytest.raises(openai.BadRequestError) as refused:
+            await bob.responses.create(
+                model="gpt-4o-mini", input=QUESTION, background=True, store=False
+            )
+        assert refused.value.body["param"] == "store"  # type: ignore[index]
+        with pytest.raises(openai.BadRequestError) as refused:
+            await bob.responses.create(
+                model="gpt-4o-mini", input=QUESTION, background=True, stream=True
+            )
+        assert refused.value.body["param"] == "stream"  # type: ignore[index]
+        plain = await bob.responses.create(
+            model="gpt-4o-mini", input=QUESTION, max_output_tokens=8, extra_headers=LOCAL
+        )
+        with pytest.raises(openai.BadRequestError) as refused:
+            await bob.responses.cancel(plain.id)
+        assert refused.value.body["param"] == "response_id"  # type: ignore[index]
+    assert fake_api.count == 0 and len(_rows(tmp_path / "ledger.db")) == 3
+
+
+def _left_open(db: Path, rid: str, status: str) -> None:
+    """A background response ``status`` in the store, as a proxy killed mid-run leaves it."""
+    pool = Pool(parse(str(db)), size=1, timeout_s=3.0)
+    try:
+        ResponseStore(pool, retention_days=0).put(
+            StoredResponse(
+                id=rid,
+                owner=None,
+                key_name="bob",
+                created_at=time.time(),
+                previous_id=None,
+                route="background",
+                response={"id": rid, "status": status, "background": True, "output": []},
+                input_items=[],
+            )
+        )
+    finally:
+        pool.close()
+
+
+async def test_background_responses_left_open_are_failed_at_start_with_one_row_each(
+    sdk: Any, fake_api: FakeAPI, tmp_path: Path
+) -> None:
+    async with sdk() as client:  # a first start makes the ledger; then a killed run's leftovers
+        fake_api.set(hang=True)
+        made = await client(BOB).responses.create(
+            model="gpt-4o-mini", input=QUESTION, background=True, extra_headers=API
+        )
+        await _polled(client(BOB), made.id, until=("in_progress",))
+    # stopped mid-run: its run wrote its row, and it is failed
+    assert [r["status"] for r in _rows(tmp_path / "ledger.db")] == [499]
+    _left_open(tmp_path / "ledger.db", "resp_killed_queued", "queued")
+    _left_open(tmp_path / "ledger.db", "resp_killed_running", "in_progress")
+    fake_api.reset()
+    async with sdk() as client:
+        alice = client(ALICE)  # the admin reads every key's
+        for rid in (made.id, "resp_killed_queued", "resp_killed_running"):
+            found = await alice.responses.retrieve(rid)
+            assert found.status == "failed" and found.error is not None, rid
+    rows = _rows(tmp_path / "ledger.db")
+    print([(r["status"], r["error"], r["deferred_tier"]) for r in rows])
+    assert [(r["status"], r["deferred_tier"]) for r in rows] == [
+        (499, "background"),
+        (500, "background"),
+        (500, "background"),
+    ]
+    assert fake_api.count == 0  # not run again
