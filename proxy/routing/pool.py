@@ -29,6 +29,7 @@ from proxy.config.secrets import Secrets
 from proxy.engine.fair_queue import KEYLESS
 from proxy.engine.gate import Gate
 from proxy.engine.local_engine import Ask, LocalEngine
+from proxy.engine.priority import INTERACTIVE
 from proxy.errors import EngineBusy
 from proxy.routing.base import Backend, BackendDown, Choice, left, rounded
 from proxy.routing.estimator import (
@@ -280,15 +281,22 @@ class BackendPool:
         on_token: Callable[[str], None] | None = None,
         kind: str = "chat",
         share: str = KEYLESS,
+        priority: str = INTERACTIVE,
     ) -> tuple[dict[str, Any], Choice]:
         """Run on the chosen backend; when it is down or full, on the next best one that can
         still finish before ``deadline``. Returns the answer and where it ran. ``share``: the
-        client key's label, whose turn the request waits in (``proxy.engine.fair_queue``)."""
+        client key's label, whose turn the request waits in (``proxy.engine.fair_queue``);
+        ``priority``: its class of engine work (``proxy.engine.priority``)."""
         tried: set[str] = set()
         while True:
             try:
                 completion = await choice.backend.chat(
-                    request, deadline=deadline, on_token=on_token, kind=kind, share=share
+                    request,
+                    deadline=deadline,
+                    on_token=on_token,
+                    kind=kind,
+                    share=share,
+                    priority=priority,
                 )
                 return completion, choice
             except (BackendDown, EngineBusy) as exc:

@@ -14,7 +14,10 @@
 The deadline is the backend's (``[local] timeout_s``, or a remote backend's own), except for
 deferred work: a request with ``service_tier: "flex"`` (:func:`deferred_tier`) said that slow
 is fine, and gets ``[batch] flex_timeout_s`` instead, both for the ``predicted_slow`` check and
-for the attempt itself; the objective "latency" does not send it to a faster API either.
+for the attempt itself; the objective "latency" does not send it to a faster API either. So
+does a background response (``Router.plan(..., deferred=True)``), which also runs as the engine's
+deferred class (:attr:`Plan.priority`, ``proxy/engine/priority.py``): it yields its place to
+interactive requests.
 
 The router knows nothing of HTTP; ``proxy.server.chat`` turns its decisions into responses.
 """
@@ -31,6 +34,7 @@ from prometheus_client.core import Metric
 from proxy.config import Settings
 from proxy.engine.fair_queue import KEYLESS, share_label
 from proxy.engine.local_engine import LocalEngine
+from proxy.engine.priority import DEFERRED, INTERACTIVE
 from proxy.errors import BadRequest, EngineError
 from proxy.protocol.params import LOCAL_ALIAS
 from proxy.routing.base import Choice
@@ -61,6 +65,7 @@ class Plan:
     forced: bool = False
     choice: Choice | None = None  # the local backend picked, with its predicted finish
     share: str = KEYLESS  # the client key's label: whose turn a local attempt waits in
+    priority: str = INTERACTIVE  # its class of engine work: deferred for a background response
 
 
 @dataclass(kw_only=True)
@@ -115,8 +120,11 @@ class Router:
         keyless), whose share of the local queue a local attempt waits in. ``deferred``: deferred
         work however ``body`` asks (a background response), with flex's long deadline."""
         share = share_label(client)
+        # Only the endpoint's own deferred work yields in the engine; flex keeps its class.
+        priority = DEFERRED if deferred else INTERACTIVE
         deferred = deferred or deferred_tier(body) is not None
-        return replace(self._plan(body, forced_header, share, deferred), share=share)
+        planned = self._plan(body, forced_header, share, deferred)
+        return replace(planned, share=share, priority=priority)
 
     def _plan(
         self, body: dict[str, Any], forced_header: str | None, share: str, deferred: bool
@@ -230,8 +238,8 @@ class Router:
         deadline = time.monotonic() + choice.timeout_s
         attempt = LocalAttempt(choice=choice, prediction=choice.prediction)
         try:
-            # Deferred work (deferred_tier(body)) would yield to interactive requests here,
-            # once the engine takes a priority class: pass it on as that class, not as a share.
+            # A background response runs as the engine's deferred class (Plan.priority); flex
+            # (deferred_tier(body)) would too, once it is passed on here.
             completion, attempt.choice = await self.pool.run(
                 body,
                 choice,
@@ -239,6 +247,7 @@ class Router:
                 on_token=on_token,
                 kind=kind,
                 share=plan.share if plan is not None else KEYLESS,
+                priority=plan.priority if plan is not None else INTERACTIVE,
             )
         except EngineError as exc:
             attempt.reason = Reason(exc.reason)  # the engine's own words, one of ours

@@ -30,6 +30,7 @@ from tests.server.test_responses import API, LOCAL, QUESTION
 KEYS_ENV = "FRUGAL_TEST_BACKGROUND_KEYS"
 ALICE, BOB, CAROL = "sk-alice-admin-0001", "sk-bob-client-0002", "sk-carol-client-0003"
 OPEN = ("queued", "in_progress")
+COUNT = "Count from one to two hundred in words, separated by commas."
 REJECT = {"x-frugal-min-quality": "1"}  # the gate's bar: no local answer reaches it
 
 
@@ -43,13 +44,12 @@ def sdk(
     monkeypatch.setenv(KEYS_ENV, f"alice;admin:{ALICE},bob:{BOB},carol:{CAROL}")
 
     @asynccontextmanager
-    async def factory() -> AsyncIterator[Callable[[str], openai.AsyncOpenAI]]:
-        settings = settings_for(
-            tmp_path,
-            fake_api,
-            server={"api_keys_env": KEYS_ENV},
-            fallback={"responses": "translate"},
-        )
+    async def factory(
+        **sections: dict[str, Any],
+    ) -> AsyncIterator[Callable[[str], openai.AsyncOpenAI]]:
+        sections.setdefault("server", {})["api_keys_env"] = KEYS_ENV
+        sections.setdefault("fallback", {})["responses"] = "translate"
+        settings = settings_for(tmp_path, fake_api, **sections)
         async with make_client(settings) as http:
 
             def client(key: str) -> openai.AsyncOpenAI:
@@ -57,6 +57,7 @@ def sdk(
                     api_key=key, base_url="http://localhost/v1", http_client=http, max_retries=0
                 )
 
+            client.http = http  # type: ignore[attr-defined]
             yield client
             assert await http.app.state.services.ledger.flush(10)  # type: ignore[attr-defined]
 
@@ -106,6 +107,35 @@ async def test_a_background_response_is_queued_then_answered_locally(
         "local",
         "background",
     )
+
+
+async def test_a_background_response_runs_as_deferred_work_past_the_interactive_deadline(
+    sdk: Any, fake_api: FakeAPI, tmp_path: Path
+) -> None:
+    """``[local] timeout_s`` too short for the answer; the background run has flex's window,
+    and holds its engine place as deferred work (/healthz's ``engine.deferred.running``)."""
+    long = {"input": COUNT, "max_output_tokens": 96, "extra_headers": LOCAL}
+    async with sdk(local={"timeout_s": 0.2}, batch={"flex_timeout_s": 600.0}) as client:
+        bob = client(BOB)
+        interactive = await bob.responses.create(model="gpt-4o-mini", **long)
+        made = await bob.responses.create(model="gpt-4o-mini", background=True, **long)
+        seen_deferred = 0
+        deadline = time.monotonic() + scaled(120)
+        while time.monotonic() < deadline:
+            auth = {"authorization": f"Bearer {ALICE}"}
+            health = (await client.http.get("/healthz", headers=auth)).json()
+            seen_deferred = max(seen_deferred, health["engine"]["deferred"]["running"])
+            done = await bob.responses.retrieve(made.id)
+            if done.status not in OPEN:
+                break
+            await asyncio.sleep(0.01)
+    print(f"interactive: {interactive.status}; background: {done.status}, {done.usage}")
+    assert interactive.status == "failed"  # cut by [local] timeout_s
+    assert interactive.error is not None and "timeout_s" in interactive.error.message
+    assert done.status in ("completed", "incomplete") and done.error is None
+    assert done.usage is not None and done.usage.output_tokens > 0
+    assert seen_deferred == 1  # it ran in the engine's deferred class
+    assert fake_api.count == 0
 
 
 async def test_a_background_response_the_gate_rejects_is_the_apis(
