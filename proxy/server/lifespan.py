@@ -88,7 +88,7 @@ def lifespan(
             services = _services(settings, parts, started_at, in_flight)
             _mount_handlers(app, services, mounted)
             assert services.background is not None
-            await services.background.recover(services)  # left open by a proxy that stopped
+            await services.background.start(services)  # fails those a stopped proxy left open
             await _ready(settings, parts)
             yield
         finally:
@@ -207,7 +207,9 @@ def _services(
         quotas=parts.quotas,
         responses=parts.stored,
         batches=parts.batches,
-        background=BackgroundResponses(parts.stored),
+        background=BackgroundResponses(
+            parts.stored, max_per_key=settings.responses.max_background_per_key
+        ),
     )
 
 

@@ -139,8 +139,9 @@ class ResponsesHandler:
             respond = functools.partial(self._respond, asked=rest, background=rid)
             await self.cascade.serve(request, respond)
 
+        made = await background.submit(request, shell, items, run)  # refused: this row says so
         ex.recorded = True  # no row for the queueing: the run writes the response's one row
-        return JSONResponse(await background.submit(request, shell, items, run))
+        return JSONResponse(made)
 
     async def _respond(
         self, request: Request, ex: Exchange, asked: dict[str, Any], background: str | None = None

@@ -19,6 +19,10 @@ Every move is one conditional write (:meth:`ResponsesState.advance`): ``queued``
 run's own end cannot both win: the one that writes second finds the status moved and changes
 nothing.
 
+**Bound.** A key has at most ``[responses] max_background_per_key`` background responses
+queued or running in this process: one more is a 429 naming ``background``, before anything is
+stored or spent (each is a task holding its request until it ends).
+
 **Cancel** (:meth:`cancel`): a queued or running response is marked ``cancelled``, and its run,
 when this process holds it, is cancelled: the local generation stops, an API call is abandoned,
 and the cascade writes its row (``client_gone``). A finished response is answered as it is,
@@ -27,7 +31,8 @@ as OpenAI answers a second cancel. One that is not a background response is a 40
 
 **Stop and start.** When the app stops, the runs it holds are cancelled (each writes its row)
 and their responses marked ``failed``; those cancelled before their run began stay ``queued``.
-At start (:meth:`recover`) every background response left ``queued`` or ``in_progress`` (by a
+A response cancelled while queued has a row of its own (499, nothing spent).
+At start (:meth:`start`) every background response left ``queued`` or ``in_progress`` (by a
 proxy killed with ``kill -9``, or one stopped before the run began) is marked ``failed``
 (``server_error``, "the proxy stopped before ...") with one ledger row of its own, since its run
 wrote none. They are not run again: the client that polls learns that it failed, and may send it
@@ -45,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from proxy.errors import BadRequest, ProxyError, StoreUnavailable
+from proxy.errors import BadRequest, ProxyError, StoreUnavailable, TooManyRequests
 from proxy.serving import record
 from proxy.serving.clients import Caller
 from proxy.serving.exchange import Exchange
@@ -89,10 +94,15 @@ def _failed(response: dict[str, Any], message: str, code: str = "server_error") 
 class BackgroundResponses:
     """The background responses of one app: their runs, their moves in the store."""
 
-    def __init__(self, state: ResponsesState) -> None:
+    def __init__(self, state: ResponsesState, *, max_per_key: int) -> None:
         self.state = state
+        self.max_per_key = max_per_key
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._begun: set[str] = set()  # runs that reached the cascade (and so write a row)
+        self._held: dict[str | None, int] = {}  # per key identity: queued or running here
+        self._services: Services | None = None  # for the rows of runs that never began
+        self._stopping = False
+        self._cancelled: set[str] = set()  # cancelled by a client, not by the stop
 
     @property
     def running(self) -> int:
@@ -104,15 +114,59 @@ class BackgroundResponses:
     ) -> dict[str, Any]:
         """Store ``response`` (the request's, with ``input`` ``items``) as queued, start its
         ``run``, and return the queued response. Not stored: a 503, and nothing runs."""
+        key = getattr(request.state, "client_key", None)
+        owner = key.identity if key is not None else None
+        if self._held.get(owner, 0) >= self.max_per_key:
+            raise TooManyRequests(
+                f"This key has {self.max_per_key} background responses queued or running "
+                "([responses] max_background_per_key): wait for one to end, or cancel one.",
+                param="background",
+            )
+        self._held[owner] = self._held.get(owner, 0) + 1  # held before the first await
         shell = queued(response)
-        if not await self.state.keep(request, shell, items, ROUTE):
+        try:
+            kept = await self.state.keep(request, shell, items, ROUTE)
+        except BaseException:
+            self._release(owner)
+            raise
+        if not kept:
+            self._release(owner)
             raise StoreUnavailable(
                 "The background response could not be stored (the ledger database is "
                 "unavailable, or the key is at its quota of stored responses), so it was not run."
             )
         rid = shell["id"]
-        self._runs[rid] = asyncio.create_task(self._run(rid, shell, run), name=f"background {rid}")
+        task = asyncio.create_task(self._run(rid, shell, run), name=f"background {rid}")
+        self._runs[rid] = task
+        # a callback, not a finally: a task cancelled before its first step never runs one
+        key_name = getattr(request.state, "key_name", None)
+        task.add_done_callback(lambda _: self._ended(rid, owner, key_name, shell["model"]))
         return {**shell, "store": True}
+
+    def _ended(self, rid: str, owner: str | None, key_name: str | None, model: str) -> None:
+        self._runs.pop(rid, None)
+        self._release(owner)
+        if rid in self._begun:
+            self._begun.discard(rid)  # its run wrote its row
+        elif rid in self._cancelled or not self._stopping:  # its one row, nothing spent
+            self._row(key_name, model, 499, "client_gone")
+        self._cancelled.discard(rid)
+
+    def _row(self, key_name: str | None, model: str, status: int, error: str) -> None:
+        """The ledger row of a background response whose run never reached the cascade."""
+        if self._services is None:
+            return
+        ex = Exchange(request_id=uuid.uuid4().hex, endpoint="responses", key_name=key_name)
+        ex.asked(model, deferred_tier=TIER)
+        ex.failed(status, error)
+        record.finish(ex, self._services)
+
+    def _release(self, owner: str | None) -> None:
+        left = self._held.get(owner, 0) - 1
+        if left > 0:
+            self._held[owner] = left
+        else:
+            self._held.pop(owner, None)
 
     async def _run(self, rid: str, shell: dict[str, Any], run: Run) -> None:
         try:
@@ -130,9 +184,6 @@ class BackgroundResponses:
             await self._end(rid, _failed(shell, "The background response failed on the proxy."))
         else:  # ended without an answer kept (the store was unavailable at its end)
             await self._end(rid, _failed(shell, "The background response's answer was not kept."))
-        finally:
-            self._runs.pop(rid, None)
-            self._begun.discard(rid)
 
     async def _end(self, rid: str, response: dict[str, Any]) -> None:
         try:
@@ -159,6 +210,7 @@ class BackgroundResponses:
             if await self.state.advance(rid, cancelled, found.route, only_from=OPEN):
                 task = self._runs.get(rid)
                 if task is not None:
+                    self._cancelled.add(rid)
                     task.cancel()
                 return cancelled
             found = await self.state.visible(request, rid)  # it ended meanwhile
@@ -167,7 +219,8 @@ class BackgroundResponses:
     async def stop(self) -> None:
         """Mark ``failed`` the runs this process holds that have begun (each writes its row as
         it is cancelled), then cancel them all; those not begun stay ``queued``, for
-        :meth:`recover`. Marked first: a cancelled run may take a while to end."""
+        :meth:`start`. Marked first: a cancelled run may take a while to end."""
+        self._stopping = True
         runs = dict(self._runs)
         for rid in set(self._begun) & set(runs):
             try:
@@ -181,9 +234,10 @@ class BackgroundResponses:
             task.cancel()
         await asyncio.gather(*runs.values(), return_exceptions=True)
 
-    async def recover(self, services: Services) -> int:
+    async def start(self, services: Services) -> int:
         """At start: mark ``failed`` the background responses a stopped proxy left open, each
         with one ledger row; how many."""
+        self._services = services
         try:
             left = await self.state.unfinished()
         except ProxyError as exc:
@@ -194,16 +248,12 @@ class BackgroundResponses:
             ended = _failed(stored.response, _STOPPED)
             if not await self.state.advance(stored.id, ended, stored.route, only_from=OPEN):
                 continue
-            ex = Exchange(
-                request_id=uuid.uuid4().hex, endpoint="responses", key_name=stored.key_name
-            )
-            ex.asked(str(stored.response.get("model") or ""), deferred_tier=TIER)
-            ex.failed(500, "server_restarted")
-            record.finish(ex, services)
+            self._row(stored.key_name, str(stored.response.get("model") or ""), 500, _RESTARTED)
             marked += 1
         if marked:
             log.warning("background_marked_failed", count=marked)
         return marked
 
 
+_RESTARTED = "server_restarted"
 _STOPPED = "The proxy stopped before this background response finished; send it again."

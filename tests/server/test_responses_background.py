@@ -260,3 +260,36 @@ async def test_background_responses_left_open_are_failed_at_start_with_one_row_e
         (500, "background"),
     ]
     assert fake_api.count == 0  # not run again
+
+
+async def test_a_key_past_its_background_bound_gets_a_429_naming_background(
+    sdk: Any, fake_api: FakeAPI, tmp_path: Path
+) -> None:
+    fake_api.set(hang=True)
+    async with sdk(responses={"max_background_per_key": 1}) as client:
+        bob, carol = client(BOB), client(CAROL)
+        first = await bob.responses.create(
+            model="gpt-4o-mini", input=QUESTION, background=True, extra_headers=API
+        )
+        with pytest.raises(openai.RateLimitError) as refused:
+            await bob.responses.create(
+                model="gpt-4o-mini", input=QUESTION, background=True, extra_headers=API
+            )
+        assert refused.value.body["param"] == "background"  # type: ignore[index]
+        other = await carol.responses.create(  # another key's bound is its own
+            model="gpt-4o-mini", input=QUESTION, background=True, extra_headers=API
+        )
+        await bob.responses.cancel(first.id)
+        await carol.responses.cancel(other.id)
+        background = client.http.app.state.services.background
+        deadline = time.monotonic() + scaled(30)
+        while background.running and time.monotonic() < deadline:  # until both runs end
+            await asyncio.sleep(0.02)
+        third = await bob.responses.create(  # its place is free once its run has ended
+            model="gpt-4o-mini", input=QUESTION, background=True, extra_headers=API
+        )
+        await bob.responses.cancel(third.id)
+    assert third.status == "queued"
+    rows = [(r["status"], r["deferred_tier"]) for r in _rows(tmp_path / "ledger.db")]
+    # one each, queued or running when cancelled; the refusal's own, as any refusal's
+    assert sorted(rows, key=str) == [(429, None), *[(499, "background")] * 3]
