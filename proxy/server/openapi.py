@@ -236,8 +236,21 @@ def openapi_spec() -> dict[str, Any]:
             "/v1/responses/{response_id}": {
                 "parameters": [RESPONSE_ID],
                 "get": {
-                    "summary": "A stored response (the key's own; an admin key's: any)",
-                    "responses": _answer("The response object.", "Response", 401, 404, 503),
+                    "summary": "A stored response (the key's own; an admin key's: any); with "
+                    "`stream=true`, a background response's events once it has ended, from "
+                    "`starting_after` + 1",
+                    "parameters": [
+                        {"name": "stream", "in": "query", "schema": {"type": "boolean"}},
+                        {"name": "starting_after", "in": "query", "schema": {"type": "integer"}},
+                    ],
+                    "responses": _answer(
+                        "The response object, or its events (text/event-stream).",
+                        "Response",
+                        400,
+                        401,
+                        404,
+                        503,
+                    ),
                 },
                 "delete": {
                     "summary": "Delete a stored response (the key's own; an admin key's: any)",

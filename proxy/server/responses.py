@@ -38,6 +38,11 @@ conversation and never one of our ids. With ``store`` (the default) the finished
 its input items are kept, before the answer (or a stream's last event) is sent, so that the next
 turn can name it; a key at its quota of stored responses gets a 400 before anything is spent.
 
+With ``background: true`` the request is answered at once with a ``queued`` response, stored,
+and run afterwards by :mod:`proxy.serving.background_responses` through this same handler
+(:meth:`ResponsesHandler._respond`, with the queued response's id): as deferred work (flex's
+long local deadline, the engine's deferred class), its answer put in the queued one's place.
+
 The ledger row's ``endpoint`` is ``responses``.
 """
 
@@ -60,7 +65,7 @@ from proxy.protocol.responses_answer import (
     timed_out,
 )
 from proxy.protocol.responses_translate import chat_of, completion_of, effort_only, stand_in
-from proxy.server import responses_upstream
+from proxy.server import responses_upstream, stored_responses
 from proxy.server.cascade import Cascade, Planned, aiter_of
 from proxy.server.responses_live import Keep, live_events
 from proxy.serving.background_responses import TIER, BackgroundResponses
@@ -133,7 +138,7 @@ class ResponsesHandler:
             await state.history(request, previous)  # a 404 now, rather than a failed run
         await state.admit(request, items)
         shell = {**response_of({}, asked), "previous_response_id": previous}
-        rest = {k: v for k, v in asked.items() if k != "background"}
+        rest = {k: v for k, v in asked.items() if k not in ("background", "stream")}
 
         async def run(rid: str) -> None:
             respond = functools.partial(self._respond, asked=rest, background=rid)
@@ -141,6 +146,8 @@ class ResponsesHandler:
 
         made = await background.submit(request, shell, items, run)  # refused: this row says so
         ex.recorded = True  # no row for the queueing: the run writes the response's one row
+        if asked.get("stream") is True:  # its events once it has ended, resumable by GET
+            return await stored_responses.background_stream(request, made["id"], -1)
         return JSONResponse(made)
 
     async def _respond(

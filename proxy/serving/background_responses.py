@@ -19,6 +19,12 @@ Every move is one conditional write (:meth:`ResponsesState.advance`): ``queued``
 run's own end cannot both win: the one that writes second finds the status moved and changes
 nothing.
 
+**Streams.** ``stream: true`` with ``background: true``, and ``GET /v1/responses/{id}?stream=
+true&starting_after=N``, send the response's typed events once it has ended (:meth:`ended`,
+which reads the store until then), from sequence number N+1. The events are made again from the
+stored response, always the same for the same response, so a client that lost its stream
+resumes it where it left off; they come when the response has ended, not token by token.
+
 **Bound.** A key has at most ``[responses] max_background_per_key`` background responses
 queued or running in this process: one more is a 429 naming ``background``, before anything is
 stored or spent (each is a task holding its request until it ends).
@@ -44,6 +50,7 @@ new one would mark the others' running responses failed.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -68,6 +75,9 @@ TIER = "background"
 """The ledger's ``deferred_tier`` of a background response (``flex`` when it asked for flex)."""
 ROUTE = "background"
 """The stored row's ``route`` until the run says which route answered."""
+
+POLL_S = 0.1
+"""How often a stream of a background response reads the store until the response has ended."""
 
 Run = Callable[[str], Awaitable[None]]
 """Runs the background response with this id to its end (its :meth:`finish` included)."""
@@ -215,6 +225,16 @@ class BackgroundResponses:
                 return cancelled
             found = await self.state.visible(request, rid)  # it ended meanwhile
         return found.response
+
+    async def ended(self, request: Caller, rid: str, *, wait_s: float) -> dict[str, Any]:
+        """The response ``rid`` once it has ended (read every :data:`POLL_S` seconds), or as it
+        is after ``wait_s``; another key's: a 404."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            found = await self.state.visible(request, rid)
+            if found.response.get("status") not in OPEN or time.monotonic() >= deadline:
+                return found.response
+            await asyncio.sleep(POLL_S)
 
     async def stop(self) -> None:
         """Mark ``failed`` the runs this process holds that have begun (each writes its row as

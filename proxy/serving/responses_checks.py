@@ -9,7 +9,7 @@ is large).
                     with ``item_reference`` items has only those checked: the rest is checked
                     once they are put in place (:meth:`ResponsesState.resolved`), by calling
                     this again; a ``background`` body is first held to its own rules
-                    (:func:`background_checked`: stored, not streamed)
+                    (:func:`background_checked`: stored)
 
 Imports :mod:`proxy.upstream.responses_api` (what only the API can do), the protocol's
 validate, responses_shapes and responses_translate modules, and this room's responses_state.
@@ -55,18 +55,10 @@ def checked(body: dict[str, Any], api_own: Callable[[Any], bool]) -> dict[str, A
 
 
 def background_checked(body: dict[str, Any]) -> None:
-    """A ``background`` request's own rules: it is stored (the client polls for it), and not
-    streamed (not served yet)."""
+    """A ``background`` request's own rule: it is stored (the client polls for it)."""
     if body.get("store") is False:
         raise BadRequest(
             "A background response must be stored: 'store' false cannot be used with "
             "'background' true.",
             param="store",
-        )
-    if body.get("stream") is True:
-        raise BadRequest(
-            "'stream' with 'background' is not supported yet by the proxy: poll the response "
-            "with GET /v1/responses/{id}.",
-            param="stream",
-            code="unsupported_parameter",
         )

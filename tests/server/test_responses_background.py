@@ -189,7 +189,7 @@ async def test_a_running_background_response_is_cancelled_and_its_api_call_aband
     assert (row["deferred_tier"], row["status"]) == ("background", 499)
 
 
-async def test_background_needs_store_and_no_stream_and_only_it_is_cancelled(
+async def test_background_needs_store_and_only_it_is_cancelled(
     sdk: Any, fake_api: FakeAPI, tmp_path: Path
 ) -> None:
     async with sdk() as client:
@@ -199,18 +199,16 @@ async def test_background_needs_store_and_no_stream_and_only_it_is_cancelled(
                 model="gpt-4o-mini", input=QUESTION, background=True, store=False
             )
         assert refused.value.body["param"] == "store"  # type: ignore[index]
-        with pytest.raises(openai.BadRequestError) as refused:
-            await bob.responses.create(
-                model="gpt-4o-mini", input=QUESTION, background=True, stream=True
-            )
-        assert refused.value.body["param"] == "stream"  # type: ignore[index]
         plain = await bob.responses.create(
             model="gpt-4o-mini", input=QUESTION, max_output_tokens=8, extra_headers=LOCAL
         )
         with pytest.raises(openai.BadRequestError) as refused:
             await bob.responses.cancel(plain.id)
         assert refused.value.body["param"] == "response_id"  # type: ignore[index]
-    assert fake_api.count == 0 and len(_rows(tmp_path / "ledger.db")) == 3
+        with pytest.raises(openai.BadRequestError) as refused:
+            await bob.responses.retrieve(plain.id, stream=True)
+        assert refused.value.body["param"] == "stream"  # type: ignore[index]
+    assert fake_api.count == 0 and len(_rows(tmp_path / "ledger.db")) == 2
 
 
 def _left_open(db: Path, rid: str, status: str) -> None:
@@ -293,3 +291,34 @@ async def test_a_key_past_its_background_bound_gets_a_429_naming_background(
     rows = [(r["status"], r["deferred_tier"]) for r in _rows(tmp_path / "ledger.db")]
     # one each, queued or running when cancelled; the refusal's own, as any refusal's
     assert sorted(rows, key=str) == [(429, None), *[(499, "background")] * 3]
+
+
+async def test_a_streamed_background_response_is_resumed_after_a_sequence_number(
+    sdk: Any, fake_api: FakeAPI, tmp_path: Path
+) -> None:
+    async with sdk() as client:
+        bob, carol = client(BOB), client(CAROL)
+        stream = await bob.responses.create(
+            model="gpt-4o-mini",
+            input=QUESTION,
+            max_output_tokens=16,
+            background=True,
+            stream=True,
+            extra_headers=LOCAL,
+        )
+        first = [event async for event in stream]
+        rid = first[0].response.id  # type: ignore[union-attr]
+        resumed = [
+            event
+            async for event in await bob.responses.retrieve(rid, stream=True, starting_after=2)
+        ]
+        with pytest.raises(openai.NotFoundError):
+            await carol.responses.retrieve(rid, stream=True)
+    numbers = [event.sequence_number for event in first]
+    print(f"streamed: {[event.type for event in first]}")
+    assert numbers == list(range(len(first))) and len(first) > 3
+    assert first[-1].type in ("response.completed", "response.incomplete")  # 16 tokens may end it
+    assert first[-1].response.output_text  # type: ignore[union-attr]
+    assert [e.model_dump() for e in resumed] == [e.model_dump() for e in first[3:]]
+    [row] = _rows(tmp_path / "ledger.db")
+    assert (row["route"], row["deferred_tier"]) == ("local", "background")
