@@ -20,10 +20,12 @@ import openai
 import pytest
 
 from proxy.ledger.db.connections import Pool
-from proxy.ledger.db.location import parse
+from proxy.ledger.db.location import Database, parse
+from proxy.ledger.db.migrate import open_database
 from proxy.ledger.responses_store import ResponseStore, StoredResponse
 from tests.conftest import settings_for
 from tests.fake_api import DEFAULT_REPLY, FakeAPI
+from tests.ledger.conftest import database, pg_server  # noqa: F401 - fixtures
 from tests.load_factor import scaled
 from tests.server.test_responses import API, LOCAL, QUESTION
 
@@ -322,3 +324,57 @@ async def test_a_streamed_background_response_is_resumed_after_a_sequence_number
     assert [e.model_dump() for e in resumed] == [e.model_dump() for e in first[3:]]
     [row] = _rows(tmp_path / "ledger.db")
     assert (row["route"], row["deferred_tier"]) == ("local", "background")
+
+
+def test_a_background_responses_moves_are_conditional_on_either_ledger_backend(
+    database: Database,  # noqa: F811
+) -> None:
+    """The store's side, on SQLite and on PostgreSQL (replicas): each move happens only from
+    the statuses it names, so a cancel and the run's end cannot both win; the open ones are
+    listed for the restart; the key's tally follows each row's bytes."""
+    open_database(database)
+    pool = Pool(database, size=1, timeout_s=3.0)
+    store = ResponseStore(pool, retention_days=0)
+    try:
+        for rid in ("resp_a", "resp_b"):
+            shell = {"id": rid, "status": "queued", "background": True, "output": []}
+            store.put(
+                StoredResponse(
+                    id=rid,
+                    owner="bob-id",
+                    key_name="bob",
+                    created_at=time.time(),
+                    previous_id=None,
+                    route="background",
+                    response=shell,
+                    input_items=[{"type": "message", "role": "user", "content": "q"}],
+                )
+            )
+        open_before = sorted(s.id for s in store.unfinished())
+        running = {"id": "resp_a", "status": "in_progress", "background": True, "output": []}
+        moves = [
+            store.advance("resp_a", running, route="background", only_from=("queued",)),
+            store.advance("resp_a", running, route="background", only_from=("queued",)),
+            store.advance(
+                "resp_a",
+                {**running, "status": "cancelled"},
+                route="background",
+                only_from=("queued", "in_progress"),
+            ),
+        ]
+        answer = {**running, "status": "completed", "output": [{"id": "msg_1", "text": "x" * 50}]}
+        late = store.advance("resp_a", answer, route="local", only_from=("in_progress",))
+        done_b = store.advance("resp_b", answer, route="local", only_from=("queued",))
+        found_a, found_b = store.get("resp_a"), store.get("resp_b")
+        open_ids = [s.id for s in store.unfinished()]
+        usage = store.usage("bob-id")
+        with pool.transaction() as tx:
+            kept = sum(int(row[0]) for row in tx.rows("SELECT bytes FROM responses"))
+    finally:
+        pool.close()
+    assert moves == [True, False, True] and (late, done_b) == (False, True)
+    assert found_a is not None and found_a.response["status"] == "cancelled"
+    assert found_b is not None and found_b.response["output"] == answer["output"]
+    assert found_b.route == "local" and found_b.response["store"] is True
+    assert (open_before, open_ids) == (["resp_a", "resp_b"], [])
+    assert (usage.count, usage.bytes) == (2, kept)
