@@ -3331,3 +3331,83 @@ def test_issue41_a_batch_survives_kill_9_of_frugal_serve_every_line_once_and_bil
     assert api.single_calls == 0 and api.batches_made >= 1
     sent = {cid for cid, _, _ in api.batch_lines}
     assert {routes[cid] for cid in sent} == {"k-2", "k-5"}
+
+
+# -- issue 41 (background): a background response in progress when the proxy is killed ----------
+
+
+def _i41_background_get(served: Served, rid: str) -> dict[str, Any]:
+    reply = httpx.get(f"{served.base}/v1/responses/{rid}", timeout=30)
+    assert reply.status_code == 200, reply.text[:500]
+    return dict(reply.json())
+
+
+def _i41_background_until(served: Served, rid: str, done: Callable[[dict[str, Any]], bool]) -> Any:
+    deadline = time.monotonic() + CEILING_S
+    while True:
+        found = _i41_background_get(served, rid)
+        if done(found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def test_issue41_a_background_response_killed_mid_run_is_failed_at_restart_with_one_row(
+    tmp_path: Path, api: FakeAPI
+) -> None:
+    """``kill -9`` while a background response's API call is under way (the fake API hangs),
+    then a restart on the same ledger: the response is not left ``in_progress`` for ever; it is
+    ``failed`` (not run again: the killed run may have paid for its call), with exactly one
+    ledger row (the killed run wrote none), and a cancel answers it as it is."""
+    body = {"model": "gpt-4o-mini", "input": QUESTION, "background": True}
+    api.set(hang=True)
+    served = launch(tmp_path, api)
+    try:
+        wait_ready(served)
+        made = httpx.post(
+            served.base + "/v1/responses",
+            json=body,
+            headers={**ACCEPT_ANY, "x-frugal-route": "api"},
+            timeout=30,
+        )
+        assert made.status_code == 200, made.text[:500]
+        rid = made.json()["id"]
+        queued = made.json()["status"]
+        running = _i41_background_until(
+            served, rid, lambda r: r["status"] != "queued" and api.count > 0
+        )
+        served.proc.kill()  # kill -9: no stop, no row, no status written
+        served.proc.wait(timeout=30)
+    finally:
+        if served.running():
+            stop(served)
+        api.reset()
+    rows_before = ledger_rows(served.db, "endpoint = 'responses'")
+    again = launch(tmp_path, api)
+    try:
+        wait_ready(again)
+        after = _i41_background_get(again, rid)
+        cancel = httpx.post(
+            f"{again.base}/v1/responses/{rid}/cancel", headers=ACCEPT_ANY, timeout=30
+        )
+        deadline = time.monotonic() + CEILING_S
+        rows = ledger_rows(again.db, "endpoint = 'responses'")
+        while not rows and time.monotonic() < deadline:
+            time.sleep(0.1)
+            rows = ledger_rows(again.db, "endpoint = 'responses'")
+        calls_after = api.count
+    finally:
+        stop(again)
+        api.reset()
+    print(
+        f"\nissue41 background: {queued} -> {running['status']} -> kill -9 -> restart: "
+        f"{after['status']} ({after['error']}); rows before {len(rows_before)}, after "
+        f"{[(r['status'], r['error'], r['deferred_tier']) for r in rows]}"
+    )
+    assert (queued, running["status"]) == ("queued", "in_progress")
+    assert after["status"] == "failed" and after["error"]["code"] == "server_error", after
+    assert cancel.status_code == 200 and cancel.json()["status"] == "failed", cancel.text
+    assert rows_before == []
+    assert [(r["status"], r["error"], r["deferred_tier"]) for r in rows] == [
+        (500, "server_restarted", "background")
+    ]
+    assert calls_after == 0  # not run again

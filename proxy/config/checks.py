@@ -133,6 +133,9 @@ def validate(settings: Settings) -> Settings:
     _check_range("[responses] retention_days", s.responses.retention_days, 0.0, 36500.0)
     _check_range("[responses] max_stored_bytes_per_key", s.responses.max_stored_bytes_per_key, 1024)
     _check_range("[responses] max_stored_per_key", s.responses.max_stored_per_key, 1)
+    _check_range(
+        "[responses] max_background_per_key", s.responses.max_background_per_key, 1, 100_000
+    )
     _check_range("[costs] monthly_fixed_usd", s.costs.monthly_fixed_usd, 0.0)
     return settings
 

@@ -202,6 +202,7 @@ class ResponsesSettings:
     retention_days: float = 30.0  # older stored responses are deleted; 0: kept until deleted
     max_stored_bytes_per_key: int = 1024**3  # what one key keeps, in bytes of JSON (1 GiB)
     max_stored_per_key: int = 50_000  # how many responses one key keeps
+    max_background_per_key: int = 64  # background responses one key has queued or running
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -279,6 +279,48 @@ class ResponseStore:
             )
         return Kept(cost=cost, usage=after)
 
+    def advance(
+        self, response_id: str, response: dict[str, Any], *, route: str, only_from: tuple[str, ...]
+    ) -> bool:
+        """A background response's next state: ``response`` (kept whole, its output inline)
+        replaces the stored one, and ``route`` its route, only while the stored one's
+        ``status`` is one of ``only_from``; whether it did. One transaction, so a cancel and
+        the run's own end cannot both win. The key's tally takes the change of bytes, not
+        checked against its quota (the queued response was, when it was made)."""
+        text = _json({**response, "store": True})
+        with self.pool.transaction() as tx:
+            if tx.db.is_postgres:
+                tx.rows("SELECT pg_advisory_xact_lock(hashtext(?))", (f"response:{response_id}",))
+            rows = tx.rows(
+                "SELECT response, owner, bytes, output_digest, input_items FROM responses "
+                "WHERE id = ?",
+                (response_id,),
+            )
+            if not rows or rows[0][3] is not None:  # gone, or not a background response's row
+                return False
+            if json.loads(rows[0][0]).get("status") not in only_from:
+                return False
+            cost = len(text.encode("utf-8")) + len(str(rows[0][4]).encode("utf-8"))
+            tx.run(
+                "UPDATE responses SET response = ?, route = ?, bytes = ? WHERE id = ?",
+                (text, route, cost, response_id),
+            )
+            _count(tx, rows[0][1], 0, cost - int(rows[0][2]))
+            return True
+
+    def unfinished(self) -> list[StoredResponse]:
+        """The background responses still ``queued`` or ``in_progress``: at start, those a
+        proxy that stopped left behind."""
+        with self.pool.transaction() as tx:
+            rows = tx.rows(f"{_READ} WHERE r.response LIKE ?", ('%"background":true%',))
+        found = [_stored(row) for row in rows]
+        return [
+            stored
+            for stored in found
+            if stored.response.get("background") is True
+            and stored.response.get("status") in ("queued", "in_progress")
+        ]
+
     def get(self, response_id: str) -> StoredResponse | None:
         with self.pool.transaction() as tx:
             rows = tx.rows(f"{_READ} WHERE r.id = ?", (response_id,))

@@ -143,7 +143,11 @@ RESPONSE: Schema = obj(
         },
         "object": {"const": "response"},
         "created_at": {"type": "integer"},
-        "status": {"enum": ["completed", "incomplete"]},
+        "status": {
+            "enum": ["completed", "incomplete", "failed", "queued", "in_progress", "cancelled"],
+            "description": "queued, in_progress and cancelled: a background response's.",
+        },
+        "background": {"type": "boolean"},
         "incomplete_details": {
             "anyOf": [obj(["reason"], {"reason": {"type": "string"}}), {"type": "null"}]
         },
@@ -151,20 +155,25 @@ RESPONSE: Schema = obj(
         "output": {"type": "array", "items": _RESPONSE_ITEM},
         "previous_response_id": {"type": ["string", "null"]},
         "store": {"type": "boolean", "description": "Whether it was stored."},
-        "usage": obj(
-            ["input_tokens", "output_tokens", "total_tokens"],
-            {
-                "input_tokens": {"type": "integer"},
-                "input_tokens_details": obj(
-                    ["cached_tokens"], {"cached_tokens": {"type": "integer"}}
+        "usage": {
+            "anyOf": [
+                obj(
+                    ["input_tokens", "output_tokens", "total_tokens"],
+                    {
+                        "input_tokens": {"type": "integer"},
+                        "input_tokens_details": obj(
+                            ["cached_tokens"], {"cached_tokens": {"type": "integer"}}
+                        ),
+                        "output_tokens": {"type": "integer"},
+                        "output_tokens_details": obj(
+                            ["reasoning_tokens"], {"reasoning_tokens": {"type": "integer"}}
+                        ),
+                        "total_tokens": {"type": "integer"},
+                    },
                 ),
-                "output_tokens": {"type": "integer"},
-                "output_tokens_details": obj(
-                    ["reasoning_tokens"], {"reasoning_tokens": {"type": "integer"}}
-                ),
-                "total_tokens": {"type": "integer"},
-            },
-        ),
+                {"type": "null", "description": "A background response not answered yet."},
+            ]
+        },
     },
 )
 

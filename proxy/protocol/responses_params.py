@@ -102,6 +102,15 @@ RESPONSES: tuple[Param, ...] = (
         type="boolean",
     ),
     Param(
+        name="background",
+        handling=HONOURED,
+        doc="true: answered at once with a `queued` response, run afterwards as deferred work "
+        "(local first, with `[batch] flex_timeout_s` as its deadline, then the API); poll it "
+        "with GET /v1/responses/{id}, cancel it with POST /v1/responses/{id}/cancel. Needs "
+        "`store` (false is a 400 naming `store`).",
+        type="boolean",
+    ),
+    Param(
         name="previous_response_id",
         handling=HONOURED,
         doc="A stored response of the same key to continue: its conversation (every earlier "
@@ -131,14 +140,13 @@ RESPONSES: tuple[Param, ...] = (
 RESPONSES_NOT_YET: dict[str, str] = {
     "conversation": "conversations are not served: use previous_response_id, or send the whole "
     "conversation in 'input'",
-    "background": "background responses need stored responses",
     "reasoning": "the local model does not reason, and the fallback is Chat Completions "
     '([fallback] responses = "translate")',
     "prompt": "stored prompt templates are OpenAI's own",
     "max_tool_calls": "built-in tools are not served by Chat Completions",
     "top_logprobs": "logprobs are not in Responses answers yet",
     "access_programs": "it is OpenAI's own",
-    "background_options": "background responses need stored responses",
+    "background_options": "background responses take no options",
     "context_management": "the fallback is Chat Completions",
     "image": "image output is not served",
     "moderation": "the fallback is Chat Completions",

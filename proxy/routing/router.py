@@ -16,7 +16,10 @@ deferred work. A batch line is planned with its batch's window (``plan(..., wind
 deadline and runs in the engine's ``deferred`` priority class (``Plan.priority``), which yields to
 interactive requests. A request with ``service_tier: "flex"`` (:func:`deferred_tier`) said that slow
 is fine, and gets ``[batch] flex_timeout_s`` instead, both for the ``predicted_slow`` check and
-for the attempt itself; the objective "latency" does not send it to a faster API either.
+for the attempt itself; the objective "latency" does not send it to a faster API either. So
+does a background response (``Router.plan(..., deferred=True)``), which also runs as the engine's
+deferred class (:attr:`Plan.priority`, ``proxy/engine/priority.py``): it yields its place to
+interactive requests.
 
 The router knows nothing of HTTP; ``proxy.server.chat`` turns its decisions into responses.
 """
@@ -64,7 +67,9 @@ class Plan:
     forced: bool = False
     choice: Choice | None = None  # the local backend picked, with its predicted finish
     share: str = KEYLESS  # the client key's label: whose turn a local attempt waits in
-    priority: str = INTERACTIVE  # the engine's class: "deferred" for a batch line
+    priority: str = (
+        INTERACTIVE  # the engine's class: "deferred" for a batch line or a background response
+    )
 
 
 @dataclass(kw_only=True)
@@ -114,23 +119,26 @@ class Router:
         *,
         client: str | None = None,
         window_s: float | None = None,
+        deferred: bool = False,
     ) -> Plan:
         """The route of ``body``; ``client`` is the identity of the key that sent it (None:
         keyless), whose share of the local queue a local attempt waits in. ``window_s``: a
         batch line's seconds left in its batch's window, its local deadline (in place of any
-        other), and its attempt in the engine's ``deferred`` class."""
+        other). ``deferred``: deferred work however ``body`` asks (a background response), with
+        flex's long deadline. Both run in the engine's ``deferred`` class; flex keeps its class."""
         share = share_label(client)
-        planned = replace(self._plan(body, forced_header, share, window_s), share=share)
-        if window_s is None:
-            return planned
-        return replace(planned, priority=DEFERRED)
+        yields = window_s is not None or deferred
+        slow_ok = yields or deferred_tier(body) is not None
+        planned = self._plan(body, forced_header, share, window_s, slow_ok)
+        return replace(planned, share=share, priority=DEFERRED if yields else INTERACTIVE)
 
     def _plan(
         self,
         body: dict[str, Any],
         forced_header: str | None,
         share: str,
-        window_s: float | None = None,
+        window_s: float | None,
+        deferred: bool,
     ) -> Plan:
         model = body["model"]
         local_only = model == LOCAL_ALIAS
@@ -156,7 +164,7 @@ class Router:
                 )
             return Plan(route="api", reason=Reason.UNSUPPORTED, local_only=False)
         kind = "chat" if "messages" in body else "complete"
-        choice = self._deadline(body, self.pool.choose(body, kind, share), window_s)
+        choice = self._deadline(self.pool.choose(body, kind, share), window_s, deferred)
         # Definite reasons win over predicted ones: a prompt that cannot fit is not "slow".
         overflow = choice.backend.cannot_fit(body)
         if overflow is not None and not (local_only or forced == "local"):
@@ -173,7 +181,7 @@ class Router:
             and self.predictor.too_slow(
                 choice.prediction.seconds,
                 choice.timeout_s,
-                deferred=window_s is not None or deferred_tier(body) is not None,
+                deferred=deferred,
             )
         ):
             return Plan(route="api", reason=Reason.PREDICTED_SLOW, local_only=False, choice=choice)
@@ -190,14 +198,13 @@ class Router:
             route="local", reason=None, local_only=local_only, forced=local_only, choice=choice
         )
 
-    def _deadline(
-        self, body: dict[str, Any], choice: Choice, window_s: float | None = None
-    ) -> Choice:
-        """``choice`` with the seconds ``body`` may wait for its local answer: a batch line's
-        ``window_s``, ``[batch] flex_timeout_s`` for deferred work, else the backend's own."""
+    def _deadline(self, choice: Choice, window_s: float | None, deferred: bool) -> Choice:
+        """``choice`` with the seconds a request may wait for its local answer: a batch line's
+        ``window_s``, ``[batch] flex_timeout_s`` for other ``deferred`` work, else the
+        backend's own."""
         if window_s is not None:
             return replace(choice, timeout_s=window_s)
-        if deferred_tier(body) is None:
+        if not deferred:
             return choice
         return replace(choice, timeout_s=self.settings.batch.flex_timeout_s)
 
@@ -239,11 +246,14 @@ class Router:
         legacy text completion."""
         started = time.perf_counter()
         choice = plan.choice if plan is not None and plan.choice is not None else None
-        choice = choice or self._deadline(body, self.pool.choose(body, kind))
+        choice = choice or self._deadline(
+            self.pool.choose(body, kind), None, deferred_tier(body) is not None
+        )
         deadline = time.monotonic() + choice.timeout_s
         attempt = LocalAttempt(choice=choice, prediction=choice.prediction)
         try:
-            # A batch line's plan is the engine's deferred class: it yields to interactive work.
+            # A batch line or a background response runs as the engine's deferred class
+            # (Plan.priority): it yields to interactive work.
             completion, attempt.choice = await self.pool.run(
                 body,
                 choice,

@@ -26,16 +26,14 @@ one ledger row.
       live          ``stream_mode = "live"``: the local tokens streamed as they come
                     (:mod:`proxy.serving.live`); only a failure before the first falls back
       stream        the SSE response, which writes the row when it ends
-    aiter_of        chunks made already (a replayed answer), as a stream's async generator
 
-An endpoint's ``handle`` returns JSON or ``stream(...)``. The row is written by ``serve`` for a
-JSON answer or an error, and by the :class:`proxy.server.sse.EventStream` of a stream when its
-last byte is out or its client left (status 499, ``client_gone``; a client that leaves in the
-middle of its request body too). An API call whose client left is charged what the API bills
-for it (:mod:`proxy.serving.charges`). Upstream failures arrive as
-:class:`~proxy.errors.ProxyError` (the upstream client translates its own): their status, code
-and attempts go into the row as they are. What each step notes goes on the exchange through its
-named steps (:mod:`proxy.serving.exchange`).
+An endpoint's ``handle`` returns JSON or ``stream(...)``. The row is written by ``serve`` for a JSON
+answer or an error, and by the :class:`proxy.server.sse.EventStream` of a stream when its last byte
+is out or its client left (status 499, ``client_gone``; a client that leaves in the middle of its
+request body too). An API call whose client left is charged what the API bills for it
+(:mod:`proxy.serving.charges`). Upstream failures arrive as :class:`~proxy.errors.ProxyError` (the
+upstream client translates its own): their status, code and attempts go into the row as they are.
+What each step notes goes on the exchange through its named steps (:mod:`proxy.serving.exchange`).
 
 Imports :mod:`proxy.routing` (the plan and the local attempt), :mod:`proxy.upstream` (the reply's
 type, the chat path), :mod:`proxy.errors`, :mod:`proxy.protocol.answers`, and this room's
@@ -162,15 +160,25 @@ class Cascade:
     # -- plan, local attempt, gate --------------------------------------------------------------
 
     def begin(
-        self, request: Request, body: dict[str, Any], ex: Exchange, *, stream: bool | None = None
+        self,
+        request: Request,
+        body: dict[str, Any],
+        ex: Exchange,
+        *,
+        stream: bool | None = None,
+        deferred: str | None = None,
     ) -> Planned:
         """The validated ``body``'s model and mode noted (``stream``: when the endpoint streams
-        otherwise than ``body`` says); its plan and quality bar."""
+        otherwise than ``body`` says); its plan and quality bar. ``deferred``: the tier of
+        deferred work the endpoint runs ``body`` as (a background response), where the body
+        itself asks for none."""
         streamed = bool(body.get("stream")) if stream is None else stream
-        ex.asked(body["model"], stream=streamed, deferred_tier=deferred_tier(body))
+        tier = deferred_tier(body) or deferred
+        ex.asked(body["model"], stream=streamed, deferred_tier=tier)
         key = getattr(request.state, "client_key", None)  # its share of the local queue
         client = None if key is None else key.identity
-        plan = self.router.plan(body, request.headers.get(ROUTE_HEADER), client=client)
+        header = request.headers.get(ROUTE_HEADER)
+        plan = self.router.plan(body, header, client=client, deferred=tier is not None)
         ex.take_plan(plan)
         threshold = self.router.threshold(request.headers.get(MIN_QUALITY_HEADER), body["model"])
         return Planned(plan, threshold)
@@ -490,9 +498,3 @@ class Cascade:
             on_end=on_end,
             cleanups=tuple(cleanups),
         )
-
-
-async def aiter_of(chunks: Iterable[bytes]) -> AsyncGenerator[bytes, None]:
-    """``chunks`` (made already: a replayed answer) as the async generator a stream takes."""
-    for chunk in chunks:
-        yield chunk

@@ -27,8 +27,9 @@ from proxy.protocol.validate import chat_request
 from proxy.routing.reasons import Reason
 from proxy.routing.router import LocalAttempt
 from proxy.server import sse
-from proxy.server.cascade import Cascade, Planned, aiter_of
+from proxy.server.cascade import Cascade, Planned
 from proxy.server.render import sse_event
+from proxy.server.sse import aiter_of
 from proxy.serving.exchange import Exchange
 from proxy.serving.live import cancel, live_tokens
 from proxy.serving.services import Services

@@ -35,7 +35,8 @@ from proxy.protocol.validate import completions_request, embeddings_request
 from proxy.routing.reasons import Reason
 from proxy.routing.router import ROUTE_HEADER
 from proxy.server import sse
-from proxy.server.cascade import Cascade, aiter_of
+from proxy.server.cascade import Cascade
+from proxy.server.sse import aiter_of
 from proxy.serving.exchange import Exchange
 from proxy.serving.services import Services
 from proxy.upstream.client import COMPLETIONS_PATH, EMBEDDINGS_PATH

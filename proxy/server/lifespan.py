@@ -39,6 +39,8 @@ from proxy.ledger.writing.writer import Ledger
 from proxy.routing.router import Router
 from proxy.server.endpoints import Mounted
 from proxy.server.shutdown import AUDIT_STOP_S, AUX_STOP_S, bounded, shutdown
+from proxy.serving import record
+from proxy.serving.background_responses import BackgroundResponses
 from proxy.serving.batch_attempt import BatchAttempt
 from proxy.serving.batch_gauges import BatchGauges
 from proxy.serving.batch_lines import LedgerPurse
@@ -99,6 +101,9 @@ def lifespan(
             await _start_batch_runner(settings, parts)
             services = _services(settings, parts, started_at, in_flight)
             _mount_handlers(app, services, mounted)
+            assert services.background is not None
+            # fails those a stopped proxy left open, each with its row
+            await services.background.start(lambda ex: record.finish(ex, services))
             await _ready(settings, parts)
             yield
         finally:
@@ -253,6 +258,9 @@ def _services(
         quotas=parts.quotas,
         responses=parts.stored,
         batches=parts.batches,
+        background=BackgroundResponses(
+            parts.stored, max_per_key=settings.responses.max_background_per_key
+        ),
     )
 
 
@@ -296,10 +304,12 @@ async def _stop(settings: Settings, parts: _Parts, app: Starlette) -> None:
         # The audits before the quotas: an audit that ends pays its cost from the key's budget
         # through them (the ledger's flush comes after both, in shutdown).
         await bounded(parts.audit.close(AUDIT_STOP_S), AUDIT_STOP_S + 0.5, "audit")
+    built = getattr(app.state, "services", None)
+    if built is not None and built.background is not None:  # before the store they write to
+        await bounded(built.background.stop(), AUX_STOP_S, "background")
     await bounded(parts.quotas.stop(), AUX_STOP_S, "quotas")
     await bounded(parts.stored.stop(), AUX_STOP_S, "responses")
     await bounded(parts.batches.stop(), AUX_STOP_S, "batches")
-    built = getattr(app.state, "services", None)
     if built is not None:
         built.bodies.close()
     await shutdown(

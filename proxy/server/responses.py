@@ -38,6 +38,11 @@ conversation and never one of our ids. With ``store`` (the default) the finished
 its input items are kept, before the answer (or a stream's last event) is sent, so that the next
 turn can name it; a key at its quota of stored responses gets a 400 before anything is spent.
 
+With ``background: true`` the request is answered at once with a ``queued`` response, stored,
+and run afterwards by :mod:`proxy.serving.background_responses` through this same handler
+(:meth:`ResponsesHandler._respond`, with the queued response's id): as deferred work (flex's
+long local deadline, the engine's deferred class), its answer put in the queued one's place.
+
 The ledger row's ``endpoint`` is ``responses``.
 """
 
@@ -60,9 +65,11 @@ from proxy.protocol.responses_answer import (
     timed_out,
 )
 from proxy.protocol.responses_translate import chat_of, completion_of, effort_only, stand_in
-from proxy.server import responses_upstream
-from proxy.server.cascade import Cascade, Planned, aiter_of
+from proxy.server import responses_upstream, stored_responses
+from proxy.server.cascade import Cascade, Planned
 from proxy.server.responses_live import Keep, live_events
+from proxy.server.sse import aiter_of
+from proxy.serving.background_responses import TIER, BackgroundResponses
 from proxy.serving.exchange import Exchange
 from proxy.serving.responses_checks import checked
 from proxy.serving.responses_state import ResponsesState, input_items, references
@@ -105,17 +112,56 @@ class ResponsesHandler:
         return not self.services.upstream.via_litellm(model)
 
     async def handle(self, request: Request, ex: Exchange) -> Response:
-        cascade = self.cascade
-        check = functools.partial(checked, api_own=self._api_own)
-        asked = await self.services.bodies.read(request, check)
-        state = self._state()
+        asked = await self.services.bodies.read(request, self._check)
+        if asked.get("background") is True:
+            return await self._queue(request, ex, asked)
+        return await self._respond(request, ex, asked)
+
+    def _check(self, body: dict[str, Any]) -> dict[str, Any]:
+        return checked(body, api_own=self._api_own)
+
+    async def _resolved(self, request: Request, asked: dict[str, Any]) -> dict[str, Any]:
         if references(asked):
             # the items put in place may make it large: checked again off the event loop
-            asked = await asyncio.to_thread(check, await state.resolved(request, asked))
+            resolved = await self._state().resolved(request, asked)
+            return await asyncio.to_thread(self._check, resolved)
+        return asked
+
+    async def _queue(self, request: Request, ex: Exchange, asked: dict[str, Any]) -> Response:
+        """``background: true``: the queued response, stored and sent at once; the request runs
+        afterwards (:mod:`proxy.serving.background_responses`), and its run writes its one
+        ledger row."""
+        state, background = self._state(), self._background()
+        asked = await self._resolved(request, asked)
+        items = input_items(asked["input"])
+        previous = asked.get("previous_response_id")
+        if previous is not None:
+            await state.history(request, previous)  # a 404 now, rather than a failed run
+        await state.admit(request, items)
+        shell = {**response_of({}, asked), "previous_response_id": previous}
+        rest = {k: v for k, v in asked.items() if k not in ("background", "stream")}
+
+        async def run(rid: str) -> None:
+            respond = functools.partial(self._respond, asked=rest, background=rid)
+            await self.cascade.serve(request, respond)
+
+        made = await background.submit(request, shell, items, run)  # refused: this row says so
+        ex.recorded = True  # no row for the queueing: the run writes the response's one row
+        if asked.get("stream") is True:  # its events once it has ended, resumable by GET
+            return await stored_responses.background_stream(request, made["id"], -1)
+        return JSONResponse(made)
+
+    async def _respond(
+        self, request: Request, ex: Exchange, asked: dict[str, Any], background: str | None = None
+    ) -> Response:
+        """The request answered; ``background``: the id of the background response it runs."""
+        cascade = self.cascade
+        state = self._state()
+        asked = await self._resolved(request, asked)
         previous = asked.get("previous_response_id")
         items = input_items(asked["input"])
         earlier = await state.history(request, previous) if previous is not None else []
-        if asked.get("store") is not False:  # its key's quota, before anything is spent
+        if asked.get("store") is not False and background is None:  # its key's quota, first
             await state.admit(request, items)
         conversation = [*earlier, *items]
         # Without an earlier turn, the input as it was sent (a string stays one message).
@@ -130,7 +176,13 @@ class ResponsesHandler:
             taken = [t for t in taken if t != "'reasoning'"]
         ex.asking(body, log_content=self.services.settings.server.log_content)
         # The chat request itself is asked for JSON: the stream is the Responses request's.
-        planned = cascade.begin(request, body, ex, stream=bool(asked.get("stream")))
+        planned = cascade.begin(
+            request,
+            body,
+            ex,
+            stream=bool(asked.get("stream")),
+            deferred=None if background is None else TIER,
+        )
         # The key's models; the cache entry, keyed on what was asked: the whole conversation.
         await cascade.admit(request, _cache_body(asked, conversation), ex)
         hit = await cascade.cached(ex)
@@ -146,7 +198,9 @@ class ResponsesHandler:
                 }
             if response.get("status") != "failed":  # as chat's would be (Cascade.remember)
                 cascade.remember(ex, {**response, "store": False})
-            if asked.get("store") is not False:
+            if background is not None:  # in the queued response's place
+                response["store"] = await self._background().finish(background, response, ex.route)
+            elif asked.get("store") is not False:
                 response["store"] = await state.keep(request, response, items, ex.route)
 
         turn = _Turn(asked, body, ex, keep)
@@ -232,6 +286,12 @@ class ResponsesHandler:
                 self.cascade, turn.ex, turn.body, turn.asked, sent, turn.keep
             )
         return await responses_upstream.answer(self.cascade, turn.ex, turn.asked, sent, turn.keep)
+
+    def _background(self) -> BackgroundResponses:
+        background = self.services.background
+        if background is None:
+            raise RuntimeError("the app was built without background responses")
+        return background
 
     def _state(self) -> ResponsesState:
         state = self.services.responses

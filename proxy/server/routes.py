@@ -213,12 +213,38 @@ ROUTES: tuple[Route, ...] = (
         openapi={
             "parameters": [_RESPONSE_ID],
             "get": {
-                "summary": "A stored response (the key's own; an admin key's: any)",
-                "responses": answer("The response object.", "Response", 401, 404, 503),
+                "summary": "A stored response (the key's own; an admin key's: any); with "
+                "`stream=true`, a background response's events once it has ended, from "
+                "`starting_after` + 1",
+                "parameters": [
+                    {"name": "stream", "in": "query", "schema": {"type": "boolean"}},
+                    {"name": "starting_after", "in": "query", "schema": {"type": "integer"}},
+                ],
+                "responses": answer(
+                    "The response object, or its events (text/event-stream).",
+                    "Response",
+                    400,
+                    401,
+                    404,
+                    503,
+                ),
             },
             "delete": {
                 "summary": "Delete a stored response (the key's own; an admin key's: any)",
                 "responses": answer("Deleted.", "ResponseDeleted", 401, 404, 503),
+            },
+        },
+    ),
+    Page(
+        path="/v1/responses/{response_id}/cancel",
+        make=always(stored_responses.cancel),
+        openapi={
+            "parameters": [_RESPONSE_ID],
+            "post": {
+                "summary": "Cancel a background response (the key's own; an admin key's: any): "
+                "a queued or running one is `cancelled`, a finished one is answered as it is; "
+                "one that is not a background response is a 400",
+                "responses": answer("The response object.", "Response", 400, 401, 404, 503),
             },
         },
     ),

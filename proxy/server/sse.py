@@ -18,7 +18,15 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from typing import Any
 
 from starlette.responses import StreamingResponse
@@ -272,3 +280,9 @@ def replay_text_completion(
     if include_usage:
         yield event({**base, "choices": [], "usage": public_usage(completion.get("usage") or {})})
     yield DONE
+
+
+async def aiter_of(chunks: Iterable[bytes]) -> AsyncGenerator[bytes, None]:
+    """``chunks`` (made already: a replayed answer) as the async generator a stream takes."""
+    for chunk in chunks:
+        yield chunk

@@ -1,14 +1,19 @@
 """``GET``/``DELETE /v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items``: the stored
 Responses (:class:`proxy.serving.responses_state.ResponsesState`, which says who may read which)
-read and deleted over HTTP, with OpenAI's list pagination.
+read and deleted over HTTP, with OpenAI's list pagination; ``POST /v1/responses/{id}/cancel``:
+a background response cancelled (:mod:`proxy.serving.background_responses`).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
+
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from proxy.errors import BadRequest
+from proxy.protocol.responses_answer import events
 from proxy.server.lookup import services_of
 from proxy.serving.responses_state import ResponsesState
 
@@ -30,9 +35,58 @@ async def one(request: Request) -> Response:
 
 
 async def retrieve(request: Request) -> Response:
-    """``GET /v1/responses/{response_id}``: the stored response object."""
+    """``GET /v1/responses/{response_id}``: the stored response object; with ``stream=true``
+    (a background response), its events from ``starting_after`` + 1 once it has ended."""
+    if request.query_params.get("stream", "false").lower() == "true":
+        after = _starting_after(request.query_params.get("starting_after"))
+        return await background_stream(request, request.path_params["response_id"], after)
     found = await _state(request).visible(request, request.path_params["response_id"])
     return JSONResponse(found.response)
+
+
+async def cancel(request: Request) -> Response:
+    """``POST /v1/responses/{response_id}/cancel``: the background response, cancelled when it
+    was queued or running, else as it is; not a background response: a 400."""
+    background = services_of(request).background
+    if background is None:
+        raise RuntimeError("the app was built without background responses")
+    found = await background.cancel(request, request.path_params["response_id"])
+    return JSONResponse(found)
+
+
+async def background_stream(request: Request, rid: str, after: int) -> Response:
+    """The background response ``rid``'s typed events whose ``sequence_number`` is past
+    ``after``, sent once it has ended (:meth:`BackgroundResponses.ended`); not a background
+    response: a 400 naming ``stream``."""
+    services = services_of(request)
+    found = await _state(request).visible(request, rid)
+    if found.response.get("background") is not True or services.background is None:
+        raise BadRequest(
+            f"Response '{rid}' is not a background response: only those can be streamed again.",
+            param="stream",
+        )
+    background = services.background
+    wait_s = services.settings.batch.flex_timeout_s
+
+    async def chunks() -> AsyncIterator[bytes]:
+        response = await background.ended(request, rid, wait_s=wait_s)
+        for chunk in events(response):
+            data = json.loads(chunk.split(b"data: ", 1)[1])
+            if data["sequence_number"] > after:
+                yield chunk
+
+    return StreamingResponse(chunks(), media_type="text/event-stream")
+
+
+def _starting_after(given: str | None) -> int:
+    if given is None:
+        return -1
+    try:
+        return int(given)
+    except ValueError:
+        raise BadRequest(
+            f"starting_after {given!r}: expected an integer", param="starting_after"
+        ) from None
 
 
 async def delete(request: Request) -> Response:

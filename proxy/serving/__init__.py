@@ -37,6 +37,9 @@ reads (a body to read, a caller's rights), never a route or an app to look itsel
     batch_lines  what the runner asks of the cascade (``LocalAttempt``: ``Accepted``,
                  ``Rejected``, ``CannotServe``), a line's ledger rows at the batch tier, and the
                  budget's ``Purse`` (``LedgerPurse``)
+    background_responses  ``background: true`` on ``/v1/responses``: the queued response
+                 stored, run afterwards as deferred work, its status moved in the store,
+                 cancelled, and those a stopped proxy left open failed at start
     services     the frozen bundle of the services above and below, built by the lifespan
 
 May import ``proxy.routing``, ``proxy.upstream``, ``proxy.audit``, ``proxy.engine``,

@@ -31,6 +31,7 @@ A database that cannot be reached: storing a new response is skipped (its answer
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections.abc import Callable
@@ -325,6 +326,22 @@ class ResponsesState:
             return False
         self.tallies.set(stored.owner, kept.usage, self.store.prunes)
         return True
+
+    async def advance(
+        self, response_id: str, response: dict[str, Any], route: str, *, only_from: tuple[str, ...]
+    ) -> bool:
+        """A background response's next state, only while its status is one of ``only_from``
+        (:meth:`ResponseStore.advance`); whether it was written."""
+        advance = functools.partial(self.store.advance, route=route, only_from=only_from)
+        return await self._call(advance, response_id, response)
+
+    async def get(self, response_id: str) -> StoredResponse | None:
+        """The stored response ``response_id``, whoever made it (the service's own read)."""
+        return await self._call(self.store.get, response_id)
+
+    async def unfinished(self) -> list[StoredResponse]:
+        """The background responses left ``queued`` or ``in_progress``."""
+        return await self._call(self.store.unfinished)
 
     async def remove(self, response_id: str) -> None:
         freed = await self._call(self.store.delete, response_id)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from proxy.ledger.pricing import PriceBook
     from proxy.ledger.writing.writer import Ledger
     from proxy.routing.router import Router
+    from proxy.serving.background_responses import BackgroundResponses
     from proxy.serving.batches_state import BatchesState
     from proxy.serving.clients import Authenticator
     from proxy.serving.in_flight import InFlight
@@ -47,4 +48,5 @@ class Services:
     quotas: Quotas | None = None  # key budgets, limits and the response cache (issue 19)
     responses: ResponsesState | None = None  # stored Responses (issue 26); None: not kept
     batches: BatchesState | None = None  # files and batches (issue 41); None: not served
+    background: BackgroundResponses | None = None  # background responses (issue 41)
     bodies: BodyChecker = field(default_factory=BodyChecker)  # large bodies checked off the loop

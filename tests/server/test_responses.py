@@ -292,7 +292,7 @@ async def _refused(translate_sdk: Any, fake_api: FakeAPI, extra: dict[str, Any],
     [
         ({"conversation": "conv_123"}, "conversation"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
-        ({"background": True}, "background"),
+        ({"background_options": {}}, "background_options"),  # background itself is served
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         (
             {
