@@ -453,6 +453,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
                 response = await client.post(line["url"], json=line["body"])
                 response.raise_for_status()
                 route = response.headers.get("x-frugal-route", "?")
+                route += " " + response.headers.get("x-frugal-reason", "?")
                 serial_routes[route] = serial_routes.get(route, 0) + 1
             serial_wall = time.perf_counter() - serial_started
     ref += reference_rate(args.width, args.threads, args.reps, 128)
