@@ -399,14 +399,17 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
                 idle.append((await probe(client, i, args.probe_tokens))[0])
 
             outputs: dict[str, dict[str, Any]] = {}
+            written = 0  # output lines, so that a custom_id twice is seen
             for b in made:
                 got = store.get(b)
                 assert got is not None and got.status == "completed", got
                 for raw in (files.content(got.output_file_id) or b"").decode().splitlines():
                     out = json.loads(raw)
                     outputs[out["custom_id"]] = out
+                    written += 1
                 assert got.error_file_id is None, "a line failed"
-            assert sorted(outputs) == sorted(by_id), "a line is missing or twice"
+            assert sorted(outputs) == sorted(by_id), "a line is missing"
+            assert written == len(lines), "a line is answered twice"
             with pool.transaction() as tx:
                 rows = tx.rows(
                     "SELECT route, reason, api_cost_pusd, counterfactual_cost_pusd FROM requests"
