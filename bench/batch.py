@@ -8,12 +8,13 @@ fixed seed; and about one line in ten the local model cannot serve at all: embed
 of their own, as OpenAI's Batch API takes one endpoint per batch), a chat line asking for the
 provider's built-in web search, and a prompt past the local context.
 
-The batch runs through the proxy's own parts, in-process (``frugal serve`` does not run the
-batch runner yet): the ledger's batch store on a SQLite file, :class:`BatchRunner` at
-``--width`` lines, each line a deferred job of the real bundled engine (SmolLM2-135M) gated by
-its real quality score against ``[quality] threshold``'s default, and the rejects sent as one
-upstream batch per endpoint to the fake API's Batch API (``tests/fake_batch.py``) on loopback,
-through the proxy's upstream client. Printed, side by side from the same run:
+The batch runs through the proxy's own parts, in-process (``frugal serve`` did not run the batch
+runner in the tree this was written on): the ledger's batch store on a SQLite file,
+:class:`BatchRunner` at ``--width`` lines, each line a deferred job of the real bundled engine
+(SmolLM2-135M) gated by its real quality score against ``[quality] threshold``'s default, and
+the rejects sent as one upstream batch per endpoint to the fake API's Batch API
+(``tests/fake_batch.py``) on loopback, through the proxy's upstream client. Printed, side by
+side from the same run:
 
     local share      lines the gate accepted / all lines
     cost             the ledger's API cost of the batch through the proxy, against the same
