@@ -161,7 +161,7 @@ async def test_a_key_with_nothing_waiting_is_predicted_behind_the_running_work_o
         waiting.append(asyncio.create_task(slots.acquire(hog, timeout=60.0)))
     await asyncio.sleep(0)
     try:
-        assert slots.waiting == 12
+        assert slots.waiting() == 12
         fair = backend.predict_for(_long_request(), 10.0, other)
         own = backend.predict_for(_long_request(), 10.0, hog)
         everyone = backend.predict(_long_request(), 10.0)
