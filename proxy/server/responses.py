@@ -146,7 +146,7 @@ class ResponsesHandler:
             await self.cascade.serve(request, respond)
 
         made = await background.submit(request, shell, items, run)  # refused: this row says so
-        ex.recorded = True  # no row for the queueing: the run writes the response's one row
+        ex.handed_on()  # no row for the queueing: the run writes the response's one row
         if asked.get("stream") is True:  # its events once it has ended, resumable by GET
             return await stored_responses.background_stream(request, made["id"], -1)
         return JSONResponse(made)

@@ -371,6 +371,11 @@ class Exchange:
         first, self.recorded = not self.recorded, True
         return first
 
+    def handed_on(self) -> None:
+        """No row for this exchange: another writes the request's one row (a background
+        response's run writes it, not the request that queued it)."""
+        self.recorded = True
+
     # -- the answer's text, for the content log or the audit's reference ----------------------
 
     def keep(self, completion: dict[str, Any]) -> None:
