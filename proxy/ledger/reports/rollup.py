@@ -167,25 +167,31 @@ def _params(bounds: tuple[Any, Any], key: str | None) -> tuple[Any, ...]:
     return (*bounds, key) if key is not None else tuple(bounds)
 
 
+def _totals(sums: list[Any]) -> Totals:
+    """One group's sums as read (requests, local, api, failed, paid, counterfactual, uncosted,
+    tax_ms, taxed). int(): PostgreSQL sums BIGINTs as NUMERIC, which psycopg reads as Decimals."""
+    n, local, api, failed, paid, cf, uncosted, tax_ms, taxed = sums
+    return Totals(
+        requests=int(n),
+        local=int(local or 0),
+        api=int(api or 0),
+        failed=int(failed or 0),
+        paid=int(paid or 0),
+        counterfactual=int(cf or 0),
+        uncosted=int(uncosted or 0),
+        tax_ms=float(tax_ms or 0.0),
+        taxed=int(taxed or 0),
+    )
+
+
 def aggregate(
     conn: access.Connection, query: str, days: tuple[int, int], key: str | None = None
 ) -> dict[Any, Totals]:
     groups: dict[Any, Totals] = {}
     for row in conn.query(query, _params(days, key)):
-        key, reason, n, local, api, failed, paid, cf, uncosted, tax_ms, taxed = row
-        # int(): PostgreSQL sums BIGINTs as NUMERIC, which psycopg reads as exact Decimals.
-        part = Totals(
-            requests=int(n),
-            local=int(local or 0),
-            api=int(api or 0),
-            failed=int(failed or 0),
-            paid=int(paid or 0),
-            counterfactual=int(cf or 0),
-            uncosted=int(uncosted or 0),
-            tax_ms=float(tax_ms or 0.0),
-            taxed=int(taxed or 0),
-            reasons={reason: int(n)},
-        )
+        key, reason, *sums = row
+        part = _totals(sums)
+        part.reasons = {reason: part.requests}
         groups.setdefault(key if key != "" else None, Totals()).add(part)
     return groups
 
@@ -254,21 +260,10 @@ def deferred_work(
     total = Totals()
     tiers: dict[str, int] = {}
     for row in conn.query(DEFERRED.format(key=_clause(key)), _params(bounds, key)):
-        tier, n, local, api, failed, paid, cf, uncosted, tax_ms, taxed = row
-        total.add(
-            Totals(
-                requests=int(n),
-                local=int(local or 0),
-                api=int(api or 0),
-                failed=int(failed or 0),
-                paid=int(paid or 0),
-                counterfactual=int(cf or 0),
-                uncosted=int(uncosted or 0),
-                tax_ms=float(tax_ms or 0.0),
-                taxed=int(taxed or 0),
-            )
-        )
-        tiers[str(tier)] = int(n)
+        tier, *sums = row
+        part = _totals(sums)
+        total.add(part)
+        tiers[str(tier)] = part.requests
     return {**total.as_dict(), "tiers": dict(sorted(tiers.items()))}
 
 
