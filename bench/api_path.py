@@ -36,7 +36,6 @@ from typing import Any
 
 import upstream_fast  # a sibling in bench/, the script's folder
 
-UPSTREAM_KEY = "sk-bench-upstream-" + "0" * 16
 BODY = json.dumps(
     {
         "model": "gpt-4o-mini",
@@ -159,19 +158,7 @@ async def one_request(app: Any, state: dict[str, Any]) -> int:
 async def measure(args: argparse.Namespace, base: str, tmp: Path) -> dict[str, Any]:
     from proxy import config, logs
 
-    settings = config.from_dict(
-        {
-            "server": {"log_format": "json"},
-            "local": {"n_threads": 1},
-            "fallback": {
-                "api_base": base,
-                "api_key_env": "BENCH_UPSTREAM_KEY",
-                "max_retries": 1,
-                "timeout_s": 30,
-            },
-            "ledger": {"path": str(tmp / "ledger.db")},
-        }
-    )
+    settings = config.from_dict(upstream_fast.proxy_settings(base, tmp / "ledger.db"))
     log_file = (tmp / "serve.log").open("w")
     stderr = os.dup(2)
     os.dup2(log_file.fileno(), 2)  # the JSON log lines go to a file, as under systemd
@@ -237,7 +224,7 @@ def main() -> int:
     parser.add_argument("--profile", help="write cProfile stats of the timed requests here")
     parser.add_argument("--cpu", default="0", help="pin this process to this CPU ('' for none)")
     args = parser.parse_args()
-    os.environ["BENCH_UPSTREAM_KEY"] = UPSTREAM_KEY
+    os.environ["BENCH_UPSTREAM_KEY"] = upstream_fast.UPSTREAM_KEY
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     pinned = len(os.sched_getaffinity(0)) >= 2 and args.cpu
     with upstream_fast.started(free_port(), cpu=1 if pinned else None) as base:

@@ -32,8 +32,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPLY = "Paris is the capital of France."
+UPSTREAM_KEY = "sk-bench-upstream-" + "0" * 16
+"""The fallback key of the benchmarks' proxies (:func:`proxy_settings`)."""
 USAGE = {"prompt_tokens": 14, "completion_tokens": 7, "total_tokens": 21}
 RESPONSES_USAGE = {
     "input_tokens": 14,
@@ -255,6 +258,24 @@ def started(port: int, cpu: int | None = None) -> Iterator[str]:
     finally:
         child.terminate()
         child.wait()
+
+
+def proxy_settings(base: str, ledger: Path) -> dict[str, Any]:
+    """The settings of a proxy built in a benchmark's own process (``config.from_dict``) whose
+    fallback is the upstream at ``base``: one engine thread, JSON logs, one retry, the ledger
+    file ``ledger``. The key is read from ``BENCH_UPSTREAM_KEY``: set it to :data:`UPSTREAM_KEY`
+    before the app is built."""
+    return {
+        "server": {"log_format": "json"},
+        "local": {"n_threads": 1},
+        "fallback": {
+            "api_base": base,
+            "api_key_env": "BENCH_UPSTREAM_KEY",
+            "max_retries": 1,
+            "timeout_s": 30,
+        },
+        "ledger": {"path": str(ledger)},
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -63,10 +63,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import upstream_fast  # a sibling in bench/, the script's folder (stdlib only: safe in a child)
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 MODEL = "gpt-4o-mini"
-UPSTREAM_KEY = "sk-bench-upstream-" + "0" * 16
 HEADERS = {"x-frugal-min-quality": "0", "authorization": "Bearer unused-locally"}
 ENDPOINTS: dict[str, tuple[str, Callable[[str], dict[str, Any]]]] = {
     "chat": (
@@ -224,19 +225,7 @@ async def walk_tree(upstream: str, ledger: Path) -> dict[str, Any]:
     # the app's module by the layout: proxy/server/app.py since issue 40, proxy/http/app.py before
     create_app = importlib.import_module(http_room.replace("/", ".") + ".app").create_app
 
-    settings = config.from_dict(
-        {
-            "server": {"log_format": "json"},
-            "local": {"n_threads": 1},
-            "fallback": {
-                "api_base": upstream,
-                "api_key_env": "BENCH_UPSTREAM_KEY",
-                "max_retries": 1,
-                "timeout_s": 30,
-            },
-            "ledger": {"path": str(ledger)},
-        }
-    )
+    settings = config.from_dict(upstream_fast.proxy_settings(upstream, ledger))
     app = create_app(settings)
     pending: dict[str, Walk] = {}
     result: dict[str, Any] = {"tree": str(tree), "http_room": http_room, "walks": {}}
@@ -299,7 +288,7 @@ def summary(walk: Walk, wall_ms: float) -> dict[str, Any]:
 
 
 def child(upstream: str) -> int:
-    os.environ["BENCH_UPSTREAM_KEY"] = UPSTREAM_KEY
+    os.environ["BENCH_UPSTREAM_KEY"] = upstream_fast.UPSTREAM_KEY
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     with tempfile.TemporaryDirectory(prefix="frugal-walk-") as tmp:
         result = asyncio.run(walk_tree(upstream, Path(tmp) / "ledger.db"))
