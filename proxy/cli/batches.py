@@ -28,7 +28,6 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from proxy import config as config_mod
@@ -104,12 +103,8 @@ def _pool(args: argparse.Namespace) -> Iterator[Pool]:
     from proxy.ledger.db.migrate import open_database
 
     db = _database(args)
-    if not db.is_postgres and not Path(db.path).is_file():
-        raise BatchCommandError(
-            f"no ledger database at {db.path}: the proxy has not run there yet "
-            "(or [ledger] path / --db points elsewhere)",
-            EXIT_NO_DATABASE,
-        )
+    if (missing := db.missing("run there")) is not None:
+        raise BatchCommandError(missing, EXIT_NO_DATABASE)
     try:
         open_database(db)  # a ledger from before the batches gets their tables (none in them)
     except (UserError, OSError) as exc:

@@ -49,6 +49,17 @@ class Database:
         """What messages and ``/healthz`` show: the file, or the URL (no password in it)."""
         return self.url if self.is_postgres else self.path
 
+    def missing(self, not_yet: str) -> str | None:
+        """Why a command cannot read this ledger before it even tries: its SQLite file is not
+        there (the message says the proxy has not ``not_yet`` there yet). ``None`` when the file
+        is there, and always on PostgreSQL, whose absence shows when it is reached."""
+        if self.is_postgres or os.path.isfile(self.path):
+            return None
+        return (
+            f"no ledger database at {self.path}: the proxy has not {not_yet} yet "
+            "(or [ledger] path / --db points elsewhere)"
+        )
+
     def connect_kwargs(self) -> dict[str, Any]:
         """psycopg's ``connect`` arguments: the URL, and the password from the environment."""
         kwargs: dict[str, Any] = {"conninfo": self.url, "connect_timeout": 5}

@@ -46,7 +46,6 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 from proxy.errors import ConfigError, UserError
@@ -193,12 +192,8 @@ def _connect(db: Database) -> Iterator[access.Connection]:
     """Open the ledger for reading, upgrading it first if an older proxy wrote it."""
     from proxy.ledger.db.migrate import open_database, schema_state
 
-    if not db.is_postgres and not Path(db.path).is_file():
-        raise ReportError(
-            f"no ledger database at {db.path}: the proxy has not recorded any request yet "
-            "(or [ledger] path / --db points elsewhere)",
-            EXIT_NO_DATABASE,
-        )
+    if (missing := db.missing("recorded any request")) is not None:
+        raise ReportError(missing, EXIT_NO_DATABASE)
     try:
         if schema_state(db)[1]:
             open_database(db)
