@@ -387,29 +387,26 @@ class BatchStore:
     def release(self, line_ids: list[str]) -> int:
         """Give claimed or deferred lines back, pending, to be claimed again (a worker yielding
         to interactive work; an upstream batch that failed and must be re-sent); how many."""
-        if not line_ids:
-            return 0
-        with self.pool.transaction() as tx:
-            return tx.count(
-                "UPDATE batch_lines SET state = 'pending', worker = NULL, lease_until = NULL, "
-                f"upstream_batch_id = NULL WHERE id IN ({marks(line_ids)}) "
-                "AND state IN ('claimed', 'deferred')",
-                line_ids,
-            )
+        return self._unclaim(line_ids, "pending", None)
 
     def defer_to_api(self, line_ids: list[str], upstream_batch_id: str) -> int:
         """Record claimed lines as sent to the upstream's batch ``upstream_batch_id`` (no lease
         now: no worker will claim them while that batch runs); how many. Lines deferred already
         take the new id, so a runner may record its own handle before it uploads and the
         upstream's id once it has it, and find either with :meth:`deferred` after a crash."""
+        return self._unclaim(line_ids, "deferred", upstream_batch_id)
+
+    def _unclaim(self, line_ids: list[str], state: str, upstream_batch_id: str | None) -> int:
+        """Move the claimed or deferred ones of ``line_ids`` to ``state`` with no worker and no
+        lease, waiting on ``upstream_batch_id`` (or on none); how many."""
         if not line_ids:
             return 0
         with self.pool.transaction() as tx:
             return tx.count(
-                "UPDATE batch_lines SET state = 'deferred', upstream_batch_id = ?, "
-                f"worker = NULL, lease_until = NULL WHERE id IN ({marks(line_ids)}) "
+                "UPDATE batch_lines SET state = ?, upstream_batch_id = ?, worker = NULL, "
+                f"lease_until = NULL WHERE id IN ({marks(line_ids)}) "
                 "AND state IN ('claimed', 'deferred')",
-                (upstream_batch_id, *line_ids),
+                (state, upstream_batch_id, *line_ids),
             )
 
     def deferred(self, upstream_batch_id: str | None = None) -> dict[str, list[Line]]:
