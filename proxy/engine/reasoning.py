@@ -25,7 +25,7 @@ What the engine then does with an answer (as llama-server's ``--reasoning-format
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
@@ -68,15 +68,11 @@ class ThinkFormat:
     open_tag: str = OPEN_TAG
     close_tag: str = CLOSE_TAG
     switch: bool = False
-    special: bool = False
+    special_tokens: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "open_tag": self.open_tag,
-            "close_tag": self.close_tag,
-            "switch": self.switch,
-            "special_tokens": self.special,
-        }
+        """What ``/healthz`` shows of it: its four fields, by name."""
+        return asdict(self)
 
 
 def detect(template: str, count_tokens: Callable[[str], int]) -> ThinkFormat | None:
@@ -87,7 +83,7 @@ def detect(template: str, count_tokens: Callable[[str], int]) -> ThinkFormat | N
     if OPEN_TAG not in template or CLOSE_TAG not in template:
         return None
     special = count_tokens(OPEN_TAG) == 1 and count_tokens(CLOSE_TAG) == 1
-    return ThinkFormat(switch="enable_thinking" in template, special=special)
+    return ThinkFormat(switch="enable_thinking" in template, special_tokens=special)
 
 
 def enable_thinking(request: dict[str, Any]) -> bool:

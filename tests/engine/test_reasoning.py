@@ -62,7 +62,7 @@ def test_the_thinking_format_is_read_from_the_template(
     assert thinker.thinking is not None
     assert (thinker.thinking.open_tag, thinker.thinking.close_tag) == ("<think>", "</think>")
     assert thinker.thinking.switch  # the template reads enable_thinking
-    assert not thinker.thinking.special  # SmolLM2's vocabulary has no such special tokens
+    assert not thinker.thinking.special_tokens  # SmolLM2's vocabulary has no such special tokens
     assert model.thinking is None  # the bundled template does not think
 
 
