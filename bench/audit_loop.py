@@ -59,7 +59,7 @@ from proxy.ledger.db.migrate import open_database
 from quality import signals
 from quality.combiner import HARD_CAP, Combiner, default_combiner
 from quality.dev.content import is_content_correct
-from quality.dev.devset import is_correct, load
+from quality.dev.devset import Prompt, is_correct, load
 from quality.dev.local_answers import Graded, grade, load_answers, request_for
 from quality.logistic import roc_auc
 from tests.audit.judge_server import http_transport
@@ -72,9 +72,7 @@ GRADERS = {"strict": is_correct, "content": is_content_correct}
 
 @dataclass(frozen=True)
 class Case:
-    id: str
-    kind: str
-    split: str
+    prompt: Prompt  # the dev set's prompt the local answer is to (its id, kind and split)
     features: dict[str, float]
     hard: bool
     truth: bool  # the notion's grader on the local answer
@@ -128,9 +126,7 @@ async def audit_all(items: Sequence[Answer], api: FakeAPI, correctness: str) -> 
                 verdict, method = outcome.correct, "judge"
             cases.append(
                 Case(
-                    prompt.id,
-                    prompt.kind,
-                    prompt.split,
+                    prompt,
                     item.features,
                     item.hard,
                     grader(prompt.check, candidate),
@@ -183,7 +179,7 @@ def report(
     """``drawn``: the ids of the answers the audit sampler drew (each with chance ``rate``)."""
     accepted = [c for c in cases if score(gate, c) >= threshold]
     true_precision = sum(c.truth for c in accepted) / len(accepted) if accepted else None
-    sampled = [c for c in accepted if c.id in drawn and c.verdict is not None]
+    sampled = [c for c in accepted if c.prompt.id in drawn and c.verdict is not None]
     share = weighted_share((1.0 / rate, bool(c.verdict)) for c in sampled)
     return Report(
         threshold=threshold,
@@ -216,7 +212,7 @@ def one_run(
     correctness: str,
     prior_strength: float = cal.PRIOR_STRENGTH,
 ) -> Run:
-    order = sorted(cases, key=lambda c: c.id)
+    order = sorted(cases, key=lambda c: c.prompt.id)
     random.Random(seed).shuffle(order)  # the same split for every notion and every variant
     half = len(order) // 2
     first, second = order[:half], order[half:]
@@ -227,7 +223,7 @@ def one_run(
     conn = sqlite3.connect(db)
     records = [
         AuditRecord(
-            request_id=c.id,
+            request_id=c.prompt.id,
             ts=float(i),
             accepted=score(shipped, c) >= CONFIGURED,
             verdict=c.verdict,
@@ -236,7 +232,7 @@ def one_run(
             features=c.features,
             score=score(shipped, c),
             threshold=CONFIGURED,
-            task_kind=c.kind,
+            task_kind=c.prompt.kind,
             correctness=correctness,
             local_model="SmolLM2-135M-Instruct.Q4_1.gguf",
         )
@@ -259,9 +255,9 @@ def one_run(
         for t in targets
     }
     calibrated = Combiner.from_dict(results[targets[0]].weights)  # the same refit for every t
-    heldout = [c for c in second if c.split == "heldout"]
+    heldout = [c for c in second if c.prompt.split == "heldout"]
     draw = random.Random(f"{seed}:audits")
-    drawn = {c.id for c in second if draw.random() < rate}
+    drawn = {c.prompt.id for c in second if draw.random() < rate}
     return Run(
         auc_shipped=auc(shipped, second),
         auc_calibrated=auc(calibrated, second),
