@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import openai
@@ -137,14 +137,20 @@ def create(client: openai.OpenAI, url: str, lines: list[dict[str, Any]]) -> Any:
     return client.batches.create(input_file_id=made.id, endpoint=url, completion_window="24h")  # type: ignore[arg-type]
 
 
-def finished(client: openai.OpenAI, batch_id: str, bound_s: float) -> Any:
-    """The batch once it has ended (a generous bound, never a timing assertion)."""
+def settled(read: Callable[[], Any], ends: Collection[str], bound_s: float = CEILING_S) -> Any:
+    """What ``read()`` returns once its ``status`` is one of ``ends`` (a generous bound, never a
+    timing assertion)."""
     end = time.monotonic() + bound_s
-    batch = client.batches.retrieve(batch_id)
-    while batch.status not in DONE and time.monotonic() < end:
+    got = read()
+    while got.status not in ends and time.monotonic() < end:
         time.sleep(0.2)
-        batch = client.batches.retrieve(batch_id)
-    return batch
+        got = read()
+    return got
+
+
+def finished(client: openai.OpenAI, batch_id: str, bound_s: float) -> Any:
+    """The batch once it has ended."""
+    return settled(lambda: client.batches.retrieve(batch_id), DONE, bound_s)
 
 
 def read(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
@@ -282,3 +288,60 @@ def test_a_batch_cancelled_while_its_upstream_batch_runs_is_cancelled_there_too(
     assert {x["custom_id"] for x in errors} <= {x["custom_id"] for x in lines}
     assert batch.request_counts.completed == 0
     assert api.single_calls == 0
+
+
+def background_rows(served: Served, count: int) -> list[dict[str, Any]]:
+    """The ledger's rows of background responses, once there are ``count`` (a generous bound)."""
+    end, found = time.monotonic() + CEILING_S, []
+    while len(found) < count and time.monotonic() < end:
+        time.sleep(0.2)
+        with sqlite3.connect(served.db) as db:
+            db.row_factory = sqlite3.Row
+            found = db.execute(
+                "SELECT route, status, deferred_tier FROM requests "
+                "WHERE deferred_tier = 'background' ORDER BY ts"
+            ).fetchall()
+    return [dict(row) for row in found]
+
+
+def test_background_responses_are_polled_to_their_end_or_cancelled_on_a_real_server(
+    served: Served, api: FakeAPI
+) -> None:
+    """``background: true`` through the SDK on ``frugal serve``: one the gate keeps, polled from
+    ``queued`` to its end (``completed``, or ``incomplete`` when cut by its output limit) with
+    no API call; one the gate refuses, whose API call the fake holds, polled while
+    ``in_progress`` and then cancelled (the call abandoned). One ledger row each, marked
+    background; another key's retrieve and cancel are 404s."""
+    alice = served.client()
+    kept = alice.responses.create(model=KEPT, input=QUESTION, max_output_tokens=16, background=True)
+    assert kept.status in ("queued", "in_progress") and kept.background
+    done = settled(
+        lambda: alice.responses.retrieve(kept.id),
+        ("completed", "incomplete", "failed", "cancelled"),
+    )
+    # The local answer, whole or cut by max_output_tokens (a local answer the gate keeps).
+    assert done.status in ("completed", "incomplete") and done.output_text.strip()
+    assert api.count == 0  # answered on the CPU
+    api.set(hang=True)
+    held = alice.responses.create(
+        model=REFUSED, input=QUESTION, max_output_tokens=16, background=True
+    )
+    running = settled(
+        lambda: alice.responses.retrieve(held.id), ("in_progress", "completed", "failed")
+    )
+    assert running.status == "in_progress"
+    end = time.monotonic() + CEILING_S
+    while api.count == 0 and time.monotonic() < end:  # the gate refused: the API call is made
+        time.sleep(0.1)
+    assert api.count == 1
+    with openai.OpenAI(base_url=served.base + "/v1", api_key=BOB, max_retries=0) as bob:
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.retrieve(held.id)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.cancel(held.id)
+    cancelled = alice.responses.cancel(held.id)
+    assert (cancelled.id, cancelled.status) == (held.id, "cancelled")
+    assert alice.responses.retrieve(held.id).status == "cancelled"
+    rows = background_rows(served, 2)
+    assert [(row["route"], row["status"]) for row in rows] == [("local", 200), ("api", 499)]
+    assert api.count == 1 and api.single_calls == 1
