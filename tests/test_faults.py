@@ -2126,8 +2126,9 @@ def _i39_hub_pull(
     past this (RLIMIT_FSIZE, through util-linux's prlimit: past it the process is killed).
     ``pty_out``: in a pseudo-terminal, as at a shell, so the progress bar is drawn too."""
     import os
-    import pty
     import shutil
+
+    from tests.loopback import in_terminal
 
     env = {
         k: v
@@ -2151,22 +2152,7 @@ def _i39_hub_pull(
             command, env=env, cwd=tmp, capture_output=True, text=True, timeout=120
         )
         return done.returncode, done.stdout + done.stderr, time.monotonic() - started
-    leader, follower = pty.openpty()
-    with subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, env=env, cwd=tmp
-    ) as proc:
-        os.close(follower)
-        shown = b""
-        while True:
-            try:
-                chunk = os.read(leader, 1 << 16)
-            except OSError:  # EIO: the command exited and the terminal closed
-                break
-            if not chunk:
-                break
-            shown += chunk
-        os.close(leader)
-        status = proc.wait(timeout=120)
+    status, shown = in_terminal(command, env=env, cwd=tmp, wait_s=120)
     return status, shown.decode("utf-8", "replace"), time.monotonic() - started
 
 
