@@ -386,11 +386,11 @@ class FakeAPI:
         self.set(**knobs)
         self._routes = Starlette(
             routes=[
-                Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                Route("/v1/completions", self._completions, methods=["POST"]),
-                Route("/v1/embeddings", self._embeddings, methods=["POST"]),
+                *(
+                    Route(url, answer, methods=["POST"])
+                    for url, answer in self.line_handlers().items()
+                ),
                 Route("/v1/models", self._models, methods=["GET"]),
-                Route("/v1/responses", self._responses, methods=["POST"]),
                 Route("/v1/responses/compact", self._compact, methods=["POST"]),
                 *self.batch_api.routes(),
                 Route("/{path:path}", self._elsewhere, methods=["POST"]),
@@ -430,7 +430,8 @@ class FakeAPI:
         return sum(1 for r in self.requests if r.path in ENDPOINTS)
 
     def line_handlers(self) -> dict[str, Any]:
-        """The endpoint that answers a batch line of each ``url``."""
+        """The endpoint that answers each ``url`` of :data:`~tests.fake_batch.ENDPOINTS`: a
+        request to it (a POST route of its own), and a batch line that names it."""
         return {
             "/v1/chat/completions": self._chat,
             "/v1/completions": self._completions,
@@ -649,48 +650,22 @@ class FakeAPI:
     ) -> Iterator[bytes]:
         """A tool call as OpenAI streams one: role, the call's id and name with empty
         arguments, the arguments in pieces, finish ``tool_calls``, [usage], [DONE]."""
-        base = {**base, "object": "chat.completion.chunk"}
-        tail = {"usage": None} if usage is not None else {}
-
-        def event(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            payload = {**base, "choices": [choice], **tail}
-            return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-        yield event({"role": "assistant", "content": None, "refusal": None})
         head = {**call, "index": 0, "function": {**call["function"], "arguments": ""}}
-        yield event({"tool_calls": [head]})
         arguments = call["function"]["arguments"]
-        for at in range(0, len(arguments), 8):
-            piece = {"index": 0, "function": {"arguments": arguments[at : at + 8]}}
-            yield event({"tool_calls": [piece]})
-        yield event({}, "tool_calls")
-        if usage is not None:
-            payload = {**base, "choices": [], "usage": usage}
-            yield b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-        yield b"data: [DONE]\n\n"
+        pieces = [
+            {"tool_calls": [{"index": 0, "function": {"arguments": arguments[at : at + 8]}}]}
+            for at in range(0, len(arguments), 8)
+        ]
+        deltas = [{"role": "assistant", "content": None, "refusal": None}, {"tool_calls": [head]}]
+        return _chat_chunks(base, [*deltas, *pieces], "tool_calls", usage)
 
     @staticmethod
     def _chunks(
         base: dict[str, Any], pieces: list[str], finish: str, usage: dict[str, int] | None
     ) -> Iterator[bytes]:
         """The events OpenAI sends: role, one per piece, finish, [usage], [DONE]."""
-        base = {**base, "object": "chat.completion.chunk"}
-        tail = {"usage": None} if usage is not None else {}
-
-        def event(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            payload = {**base, "choices": [choice], **tail}
-            return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-        yield event({"role": "assistant", "content": "", "refusal": None})
-        for piece in pieces:
-            yield event({"content": piece})
-        yield event({}, finish)
-        if usage is not None:
-            payload = {**base, "choices": [], "usage": usage}
-            yield b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-        yield b"data: [DONE]\n\n"
+        role = {"role": "assistant", "content": "", "refusal": None}
+        return _chat_chunks(base, [role, *({"content": piece} for piece in pieces)], finish, usage)
 
     async def _completions(self, request: Request) -> Response:
         body, early = await self._enter(request)
@@ -893,6 +868,29 @@ async def _fake_compact(api: FakeAPI, request: Request) -> Response:
             "usage": usage,
         }
     )
+
+
+def _chat_chunks(
+    base: dict[str, Any], deltas: list[dict[str, Any]], finish: str, usage: dict[str, int] | None
+) -> Iterator[bytes]:
+    """A streamed chat answer's events: a chunk per delta, a last one with ``finish`` and an
+    empty delta, a usage chunk where ``usage`` is given (then every chunk carries
+    ``"usage": null``, as OpenAI's do), and [DONE]."""
+    base = {**base, "object": "chat.completion.chunk"}
+    tail = {"usage": None} if usage is not None else {}
+
+    def event(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        payload = {**base, "choices": [choice], **tail}
+        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+    for delta in deltas:
+        yield event(delta)
+    yield event({}, finish)
+    if usage is not None:
+        payload = {**base, "choices": [], "usage": usage}
+        yield b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 def _response_events(response: dict[str, Any], pieces: list[str]) -> Iterator[bytes]:

@@ -14,20 +14,26 @@ an API base (``http://…/v1``).
 For a server in another process (``frugal serve``, llama.cpp's server, PostgreSQL), tests and
 benchmarks alike: :func:`free_port` finds it a port, :func:`poll_ready` waits until it answers,
 :func:`terminate` stops it (SIGTERM, then SIGKILL), and :func:`outlived` reaps the engine worker
-of a server killed with SIGKILL.
+of a server killed with SIGKILL. :func:`in_terminal` runs a command in a pseudo-terminal, as a
+user at a shell runs it, and returns what it showed there (a progress bar draws only to one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
+import pty
 import select
 import signal
 import socket
+import struct
 import subprocess
+import termios
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Self
 
 import httpx
@@ -90,6 +96,37 @@ async def outlived(pid: int, wait_s: float = 10.0) -> bool:
         await asyncio.sleep(0.1)
     os.kill(pid, signal.SIGKILL)
     return True
+
+
+def in_terminal(
+    command: list[str],
+    *,
+    env: dict[str, str],
+    cwd: Path,
+    columns: int | None = None,
+    wait_s: float | None = None,
+) -> tuple[int, bytes]:
+    """Run ``command`` with a pseudo-terminal as its stdout and stderr (``columns`` wide, where
+    given), read all it shows until it exits, and wait up to ``wait_s`` for its status: the
+    status and the bytes shown."""
+    leader, follower = pty.openpty()
+    if columns is not None:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    with subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, env=env, cwd=cwd
+    ) as proc:
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:  # EIO: the command exited and the terminal closed
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(leader)
+        return proc.wait(timeout=wait_s), shown
 
 
 def quiet_config(app: Any, *, graceful_s: float | None = None) -> uvicorn.Config:

@@ -242,13 +242,10 @@ def ledger_server(tmp_path_factory: pytest.TempPathFactory, api: FakeAPI) -> Ite
     yield from _lazy(tmp_path_factory, "ledger", api, ledger={"busy_timeout_s": 1.0})
 
 
-@pytest.fixture(scope="module")
-def remote(
-    tmp_path_factory: pytest.TempPathFactory, api: FakeAPI, remote_api: FakeAPI
-) -> Iterator[Lazy]:
-    """A server whose local answers come from a remote backend (the second fake), so the quality
-    gate scores them in the proxy process. Its rates make it the faster backend."""
-    backend = {
+def _remote_backend(remote_api: FakeAPI) -> dict[str, Any]:
+    """The second fake as a ``[[local.backends]]`` entry that sends no logprobs, rated the
+    faster backend, so that a request goes to it first."""
+    return {
         "name": "remote",
         "api_base": remote_api.url,
         "logprobs": False,
@@ -256,6 +253,15 @@ def remote(
         "decode_tok_s": 100000.0,
         "max_concurrency": 4,
     }
+
+
+@pytest.fixture(scope="module")
+def remote(
+    tmp_path_factory: pytest.TempPathFactory, api: FakeAPI, remote_api: FakeAPI
+) -> Iterator[Lazy]:
+    """A server whose local answers come from a remote backend (the second fake), so the quality
+    gate scores them in the proxy process. Its rates make it the faster backend."""
+    backend = _remote_backend(remote_api)
     yield from _lazy(tmp_path_factory, "remote", api, local={"backends": [backend]})
 
 
@@ -1044,17 +1050,25 @@ def _settled(db: Path, name: str, timeout_s: float = CEILING_S) -> tuple[int, in
 
 
 def _burst(
-    served: Served, key: str, path: str, body: dict[str, Any], n: int = ROW1_PARALLEL
+    served: Served,
+    key: str,
+    path: str,
+    body: dict[str, Any],
+    n: int = ROW1_PARALLEL,
+    *,
+    headers: dict[str, str] = TO_API,
+    timeout_s: float = 120,
 ) -> list[httpx.Response]:
-    """``n`` copies of one request from ``key``, sent at once, forced to the API."""
-    headers = {"authorization": f"Bearer {key}", **TO_API}
+    """``n`` copies of one request from ``key`` with ``headers`` (forced to the API unless told
+    otherwise), sent at once, each given ``timeout_s`` to answer."""
+    sent = {"authorization": f"Bearer {key}", **headers}
     start = threading.Barrier(n)
     replies: list[httpx.Response] = []
     lock = threading.Lock()
 
     def send() -> None:
         start.wait()
-        reply = post(served, body, headers=headers, path=path, timeout=120)
+        reply = post(served, body, headers=sent, path=path, timeout=timeout_s)
         with lock:
             replies.append(reply)
 
@@ -1062,7 +1076,7 @@ def _burst(
     for t in senders:
         t.start()
     for t in senders:
-        t.join(timeout=180)
+        t.join(timeout=timeout_s + 120)
     return replies
 
 
@@ -1278,6 +1292,15 @@ def _eight_mb_functions() -> dict[str, Any]:
     return chat_body(functions=functions)
 
 
+def _healthz_ms(served: Served, timeout_s: float) -> float:
+    """``GET /healthz``, which must answer 200 within ``timeout_s``: the milliseconds it took."""
+    started = time.perf_counter()
+    status = httpx.get(served.base + "/healthz", timeout=timeout_s).status_code
+    took_ms = (time.perf_counter() - started) * 1000
+    assert status == 200
+    return took_ms
+
+
 def test_issue24_row3_big_schemas_leave_healthz_and_chat_answering(
     main: Lazy, api: FakeAPI
 ) -> None:
@@ -1301,10 +1324,7 @@ def test_issue24_row3_big_schemas_leave_healthz_and_chat_answering(
         t.start()
     try:
         while any(t.is_alive() for t in senders):
-            started = time.perf_counter()
-            status = httpx.get(served.base + "/healthz", timeout=30).status_code
-            health_ms.append((time.perf_counter() - started) * 1000)
-            assert status == 200
+            health_ms.append(_healthz_ms(served, timeout_s=30))
             started = time.perf_counter()
             reply = post(served, chat_body(), headers=TO_API, timeout=30)
             chat_ms.append((time.perf_counter() - started) * 1000)
@@ -1447,35 +1467,6 @@ def _i39_money_body_keyed(
     return served, made
 
 
-def _i39_money_body_burst(
-    served: Served,
-    key: str,
-    body: dict[str, Any],
-    headers: dict[str, str],
-    *,
-    path: str = "/v1/chat/completions",
-    n: int = _I39_MONEY_BODY_BURST,
-) -> list[httpx.Response]:
-    """``n`` copies of one request from ``key``, sent at once."""
-    start = threading.Barrier(n)
-    replies: list[httpx.Response] = []
-    lock = threading.Lock()
-    sent = {"authorization": f"Bearer {key}", **headers}
-
-    def send() -> None:
-        start.wait()
-        reply = post(served, body, headers=sent, path=path, timeout=180)
-        with lock:
-            replies.append(reply)
-
-    senders = [threading.Thread(target=send) for _ in range(n)]
-    for t in senders:
-        t.start()
-    for t in senders:
-        t.join(timeout=300)
-    return replies
-
-
 def _i39_money_body_usd(model: str, prompt: int, completion: int) -> float:
     return (PriceBook(load_price_map()).cost(model, prompt, completion) or 0) / 1e12
 
@@ -1529,7 +1520,15 @@ def test_issue39_row1_a_field_the_local_model_skips_is_reserved_in_full(
     api.set(bill_prompt_bytes=True)
     body, lean = _i39_money_body_cases()[case]
     billed = _i39_money_body_usd("gpt-4o-mini", body_tokens(body), 16)
-    replies = _i39_money_body_burst(served, made[case], body, _I39_MONEY_BODY_FORCED_FALLBACK)
+    replies = _burst(
+        served,
+        made[case],
+        "/v1/chat/completions",
+        body,
+        _I39_MONEY_BODY_BURST,
+        headers=_I39_MONEY_BODY_FORCED_FALLBACK,
+        timeout_s=180,
+    )
     upstream_after_burst = api.count
     small = post(
         served,
@@ -1572,14 +1571,7 @@ def _i39_money_body_remote(
 ) -> Iterator[tuple[Served, dict[str, str]]]:
     """A keyed server whose local answers come from a remote backend (the second fake), as
     the ``remote`` fixture's do, with one $0.001 key."""
-    backend = {
-        "name": "remote",
-        "api_base": remote_api.url,
-        "logprobs": False,
-        "prefill_tok_s": 100000.0,
-        "decode_tok_s": 100000.0,
-        "max_concurrency": 4,
-    }
+    backend = _remote_backend(remote_api)
     served, made = _i39_money_body_keyed(
         tmp_path_factory.mktemp("i39-money-body-remote"),
         api,
@@ -1603,8 +1595,14 @@ def test_issue39_row1_a_backend_that_under_reports_its_prompt_is_not_trusted(
     api.set(bill_prompt_bytes=True)
     body = chat_body(messages=[{"role": "user", "content": "Summarize: " + "word " * 1600}])
     billed = _i39_money_body_usd("gpt-4o-mini", body_tokens(body), 16)
-    replies = _i39_money_body_burst(
-        served, made["under_reported"], body, _I39_MONEY_BODY_FORCED_FALLBACK
+    replies = _burst(
+        served,
+        made["under_reported"],
+        "/v1/chat/completions",
+        body,
+        _I39_MONEY_BODY_BURST,
+        headers=_I39_MONEY_BODY_FORCED_FALLBACK,
+        timeout_s=180,
     )
     spent, reserved = _settled(served.db, "under_reported")
     reported = _i39_money_body_local_counts(served.db, "under_reported")
@@ -1833,14 +1831,7 @@ def _i39_bounds_backends_server(
 ) -> Iterator[Lazy]:
     """Live streams, and a remote backend (the second fake) rated the faster backend, so that
     a request goes to it first and falls back to the API (the first fake)."""
-    backend = {
-        "name": "remote",
-        "api_base": remote_api.url,
-        "logprobs": False,
-        "prefill_tok_s": 100000.0,
-        "decode_tok_s": 100000.0,
-        "max_concurrency": 4,
-    }
+    backend = _remote_backend(remote_api)
     yield from _lazy(
         tmp_path_factory,
         "i39-bounds-backends",
@@ -1896,6 +1887,33 @@ def _i39_bounds_backends_too_large(response: httpx.Response, stream: bool) -> No
     assert "too large" in error["message"] and "max_answer_bytes" in error["message"], error
 
 
+def _i39_bounds_backends_held(
+    served: Served,
+    watch: RssWatch,
+    response: httpx.Response | None,
+    elapsed: float,
+    *,
+    what: str,
+    huge: int,
+    sent: int,
+    rss_bound: int,
+    more: str = "",
+) -> httpx.Response:
+    """Row 7's figures for ``what`` (a ``huge`` answer of which the fake ``sent`` this much),
+    printed, and what every source must hold: the proxy was not killed, answered within 120 s,
+    and its RSS grew less than ``rss_bound``. The answer."""
+    grown = watch.growth(served.proc.pid)
+    status = response.status_code if response is not None else "no answer"
+    print(
+        f"\nissue39 row7 {what}: a {huge // MB} MB answer ({sent / MB:.0f} MB of it sent before "
+        f"the proxy left): HTTP {status} in {elapsed:.2f} s, proxy RSS +{grown / MB:.1f} MB{more}"
+    )
+    assert not watch.killed, f"RSS passed {RSS_KILL // MB} MB: killed {watch.killed}"
+    assert response is not None, "no answer within 120 s"
+    assert grown < rss_bound
+    return response
+
+
 @pytest.mark.parametrize(
     ("source", "stream"),
     [
@@ -1929,19 +1947,19 @@ def test_issue39_row7_an_answer_far_too_large_is_cut_within_the_deadline(
         HealthPoller(served.base, timeout_s=10.0) as poller,
     ):
         response, elapsed = _i39_bounds_backends_timed_post(served, body, headers)
-    grown = watch.growth(served.proc.pid)
-    status = response.status_code if response is not None else "no answer"
-    print(
-        f"\nissue39 row7 {source} {'stream' if stream else 'json'}: a "
-        f"{_I39_BOUNDS_BACKENDS_HUGE // MB} MB answer ({fake.huge_sent // MB} MB of it sent "
-        f"before the proxy left): HTTP {status} in {elapsed:.2f} s "
-        f"(route {response.headers.get('x-frugal-route') if response is not None else None}), "
-        f"proxy RSS +{grown / MB:.1f} MB; /healthz polled {len(poller.latencies)} times, "
-        f"worst {poller.max_ms} ms"
+    route = response.headers.get("x-frugal-route") if response is not None else None
+    response = _i39_bounds_backends_held(
+        served,
+        watch,
+        response,
+        elapsed,
+        what=f"{source} {'stream' if stream else 'json'}",
+        huge=_I39_BOUNDS_BACKENDS_HUGE,
+        sent=fake.huge_sent,
+        rss_bound=_I39_BOUNDS_BACKENDS_RSS,
+        more=f"; route {route}, /healthz polled {len(poller.latencies)} times, "
+        f"worst {poller.max_ms} ms",
     )
-    assert not watch.killed, f"RSS passed {RSS_KILL // MB} MB: killed {watch.killed}"
-    assert response is not None, "no answer within 120 s"
-    assert grown < _I39_BOUNDS_BACKENDS_RSS
     assert elapsed < _I39_BOUNDS_BACKENDS_DEADLINE_S + 5
     assert not poller.failures, poller.failures[:5]
     if source == "backend":
@@ -2126,8 +2144,9 @@ def _i39_hub_pull(
     past this (RLIMIT_FSIZE, through util-linux's prlimit: past it the process is killed).
     ``pty_out``: in a pseudo-terminal, as at a shell, so the progress bar is drawn too."""
     import os
-    import pty
     import shutil
+
+    from tests.loopback import in_terminal
 
     env = {
         k: v
@@ -2151,22 +2170,7 @@ def _i39_hub_pull(
             command, env=env, cwd=tmp, capture_output=True, text=True, timeout=120
         )
         return done.returncode, done.stdout + done.stderr, time.monotonic() - started
-    leader, follower = pty.openpty()
-    with subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, env=env, cwd=tmp
-    ) as proc:
-        os.close(follower)
-        shown = b""
-        while True:
-            try:
-                chunk = os.read(leader, 1 << 16)
-            except OSError:  # EIO: the command exited and the terminal closed
-                break
-            if not chunk:
-                break
-            shown += chunk
-        os.close(leader)
-        status = proc.wait(timeout=120)
+    status, shown = in_terminal(command, env=env, cwd=tmp, wait_s=120)
     return status, shown.decode("utf-8", "replace"), time.monotonic() - started
 
 
@@ -2409,10 +2413,7 @@ def test_issue39_row5_wide_schemas_on_responses_leave_healthz_answering(
         t.start()
     try:
         while any(t.is_alive() for t in senders):
-            started = time.perf_counter()
-            status = httpx.get(served.base + "/healthz", timeout=60).status_code
-            health_ms.append((time.perf_counter() - started) * 1000)
-            assert status == 200
+            health_ms.append(_healthz_ms(served, timeout_s=60))
     finally:
         for t in senders:
             t.join(timeout=240)
@@ -2813,16 +2814,16 @@ def _i39_litellm_bound_cut(
         response, elapsed = _i39_bounds_backends_timed_post(
             served, body, {**TO_API, "x-request-id": request_id}
         )
-    grown = watch.growth(served.proc.pid)
-    status = response.status_code if response is not None else "no answer"
-    print(
-        f"\nissue39 row7 {label} {'stream' if stream else 'json'}: a "
-        f"{_I39_LITELLM_BOUND_HUGE // MB} MB answer ({api.huge_sent / MB:.0f} MB of it sent "
-        f"before the proxy left): HTTP {status} in {elapsed:.2f} s, proxy RSS +{grown / MB:.1f} MB"
+    response = _i39_bounds_backends_held(
+        served,
+        watch,
+        response,
+        elapsed,
+        what=f"{label} {'stream' if stream else 'json'}",
+        huge=_I39_LITELLM_BOUND_HUGE,
+        sent=api.huge_sent,
+        rss_bound=_I39_LITELLM_BOUND_RSS,
     )
-    assert not watch.killed, f"RSS passed {RSS_KILL // MB} MB: killed {watch.killed}"
-    assert response is not None, "no answer within 120 s"
-    assert grown < _I39_LITELLM_BOUND_RSS
     assert api.huge_sent <= _I39_LITELLM_BOUND_LIMIT + 32 * MB  # the bound and socket buffers
     assert elapsed < _I39_LITELLM_BOUND_DEADLINE_S
     assert api.count == 1  # not retried: the API did the work

@@ -34,19 +34,26 @@ llama_cpp.llama_model_load_from_file(b"/nonexistent/m.gguf", llama_cpp.llama_mod
 FORGED = '"}\n{"event": "forged", "level": "info"}'
 
 
-def test_library_logs_are_json_lines_with_their_text_in_a_field(tmp_path: Path) -> None:
+def run_probe(source: str, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """``source`` run in a fresh interpreter on this checkout (``LITELLM_LOG`` unset, litellm's
+    bundled price map), which must exit 0: what it wrote."""
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(root), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     env.pop("LITELLM_LOG", None)
     done = subprocess.run(
-        [sys.executable, "-c", f"FORGED = {FORGED!r}\n" + PROBE],
+        [sys.executable, "-c", source],
         capture_output=True,
         text=True,
         env=env,
-        cwd=tmp_path,
-        timeout=120,
+        cwd=cwd,
+        timeout=timeout_s,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def test_library_logs_are_json_lines_with_their_text_in_a_field(tmp_path: Path) -> None:
+    done = run_probe(f"FORGED = {FORGED!r}\n" + PROBE, tmp_path, timeout_s=120)
     lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
     events = [json.loads(line) for line in lines]  # every line is one JSON object
     assert not any(e.get("event") == "forged" for e in events)
@@ -85,23 +92,13 @@ def test_shown_escapes_what_would_not_show_as_itself_and_nothing_else() -> None:
 def test_console_log_lines_show_outside_text_escaped(tmp_path: Path) -> None:
     """The console renderer (a terminal's) writes a field as it is: a model name holding a
     screen clear or a bidi override reaches it escaped."""
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     probe = (
         "import structlog\n"
         "from proxy import logs\n"
         "logs.configure('console')\n"
         "structlog.get_logger().warning('model\\x1b[2J', model='gpt\\u202e\\x1b]0;t\\x07')\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_probe(probe, tmp_path, timeout_s=60)
     for raw in ("\x1b[2J", "\u202e", "\x1b]0;", "\x07"):
         assert raw not in done.stderr, done.stderr
     assert "model\\x1b[2J" in done.stderr and "gpt\\u202e\\x1b]0;t\\x07" in done.stderr

@@ -193,6 +193,12 @@ def answer(model: LocalModel, request: dict[str, Any]) -> dict[str, Any]:
     return tasks.chat(model, request, tasks.Hooks(on_token=None, should_stop=None, score=gate))
 
 
+def must_call(tool: dict[str, Any], question: str, *, max_tokens: int) -> dict[str, Any]:
+    """A request with ``question`` whose answer must be a call of its one ``tool``."""
+    asked = [{"role": "user", "content": question}]
+    return body(messages=asked, tools=[tool], tool_choice="required", max_tokens=max_tokens)
+
+
 def test_the_model_calls_get_weather_for_two_cities_in_one_answer(model: LocalModel) -> None:
     request = body(tool_choice="required", max_tokens=80)
     completion = answer(model, request)
@@ -236,14 +242,7 @@ def test_a_model_that_repeats_its_call_is_stopped_at_the_repeat(model: LocalMode
             },
         },
     }
-    request = {
-        "model": "gpt-4o-mini",
-        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-        "tools": [weather],
-        "tool_choice": "required",
-        "max_tokens": 200,
-    }
-    completion = answer(model, request)
+    completion = answer(model, must_call(weather, "What is the weather in Paris?", max_tokens=200))
     assert completion["frugal"]["stop_cause"] == "repeated_call"
     assert completion["usage"]["completion_tokens"] < 80  # two calls, not eight
     choice = completion["choices"][0]
@@ -323,14 +322,7 @@ def test_a_required_call_cut_by_max_tokens_reaches_the_client_as_a_cut_call(
     model: LocalModel,
 ) -> None:
     """Issue 42, finding 3: ``max_tokens: 8`` used to hand out '{ "name": "get_' as text."""
-    request = {
-        "model": "gpt-4o-mini",
-        "messages": [{"role": "user", "content": "Weather in Paris?"}],
-        "tools": [WEATHER],
-        "tool_choice": "required",
-        "max_tokens": 8,
-    }
-    completion = answer(model, request)
+    completion = answer(model, must_call(WEATHER, "Weather in Paris?", max_tokens=8))
     choice = completion["choices"][0]
     print(choice["message"])
     assert choice["finish_reason"] == "length"

@@ -310,6 +310,16 @@ def costed(book: PriceBook, **row: Any) -> tuple[int | None, int | None]:
     return full["api_cost_pusd"], full["counterfactual_cost_pusd"]
 
 
+def api_costed(
+    book: PriceBook, prompt: int, completion: int, **row: Any
+) -> tuple[int | None, int | None]:
+    """:func:`costed` for an API answer of ``prompt`` and ``completion`` tokens: its
+    counterfactual counts are its own."""
+    counts = {"prompt_tokens": prompt, "completion_tokens": completion}
+    counterfactual = {f"counterfactual_{k}": v for k, v in counts.items()}
+    return costed(book, route="api", **counts, **counterfactual, **row)
+
+
 def test_row_costs(price_map: dict[str, Any]) -> None:
     book = PriceBook(price_map)
     # A local answer: nothing paid; the counterfactual is its recount, priced.
@@ -323,25 +333,12 @@ def test_row_costs(price_map: dict[str, Any]) -> None:
     ) == (0, 19 * 150_000 + 2 * 600_000)
     # An API answer, part of the prompt cached: both sides priced the same way.
     paid = 800 * 150_000 + 200 * 75_000 + 50 * 600_000
-    assert costed(
-        book,
-        route="api",
-        prompt_tokens=1000,
-        completion_tokens=50,
-        cached_tokens=200,
-        counterfactual_prompt_tokens=1000,
-        counterfactual_completion_tokens=50,
-    ) == (paid, paid)
+    assert api_costed(book, 1000, 50, cached_tokens=200) == (paid, paid)
     # Sent to a mapped model that costs more: paid at its price, counterfactual at the asked one.
-    assert costed(
-        book,
-        route="api",
-        api_model="gpt-4o",
-        prompt_tokens=10,
-        completion_tokens=10,
-        counterfactual_prompt_tokens=10,
-        counterfactual_completion_tokens=10,
-    ) == (10 * 2_500_000 + 10 * 10_000_000, 10 * 150_000 + 10 * 600_000)
+    assert api_costed(book, 10, 10, api_model="gpt-4o") == (
+        10 * 2_500_000 + 10 * 10_000_000,
+        10 * 150_000 + 10 * 600_000,
+    )
     # A name that is only an alias of the mapping is priced as its target.
     assert costed(
         book,
@@ -371,35 +368,29 @@ def test_row_costs_at_the_rows_tier_audio_and_searches(price_map: dict[str, Any]
     price = book.price(model, "priority")
     assert price is not None and fee == 25_000_000_000
     paid = 100 * price.input + 10 * price.output + 2 * fee
-    assert costed(
+    assert api_costed(
         book,
-        route="api",
+        100,
+        10,
         requested_model=model,
         api_model=model,
         service_tier="priority",
         web_searches=2,
         search_context_size="high",
-        prompt_tokens=100,
-        completion_tokens=10,
-        counterfactual_prompt_tokens=100,
-        counterfactual_completion_tokens=10,
     ) == (paid, paid)
     # Audio tokens of gpt-audio at its audio rates, the rest as text.
     audio = book.price("gpt-audio")
     rate_in, rate_out = book.audio_rates("gpt-audio")
     assert audio is not None and rate_out == 64_000_000
     paid = 60 * audio.input + 40 * rate_in + 5 * audio.output + 20 * rate_out
-    assert costed(
+    assert api_costed(
         book,
-        route="api",
+        100,
+        25,
         requested_model="gpt-audio",
         api_model="gpt-audio",
         audio_prompt_tokens=40,
         audio_completion_tokens=20,
-        prompt_tokens=100,
-        completion_tokens=25,
-        counterfactual_prompt_tokens=100,
-        counterfactual_completion_tokens=25,
     ) == (paid, paid)
 
 

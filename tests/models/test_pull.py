@@ -8,15 +8,10 @@ connection, an outage, a flipped byte, a 40 GB listing) are the server's.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
-import pty
-import struct
-import subprocess
 import sys
-import termios
 import tomllib
 from pathlib import Path
 
@@ -28,6 +23,7 @@ from proxy.config.model_name import ModelName
 from proxy.engine.generate import bundled_model_path
 from proxy.models import ModelsError, fit, pull
 from quality.relevance import gguf_path
+from tests.loopback import in_terminal
 from tests.models.conftest import (
     GATED,
     GATED_TOKEN,
@@ -126,28 +122,13 @@ def test_the_pull_shows_a_progress_bar_in_a_terminal(hub: StandInHub, tmp_path: 
     """The real ``frugal models pull`` in a pseudo-terminal, as a user at a shell runs it: the hub
     client's bar counts the file's bytes up to 100% (it draws none into a pipe or a log)."""
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 100 columns
-    with subprocess.Popen(
+    status, shown = in_terminal(
         [sys.executable, "-m", "proxy", "models", "pull", f"{MINI}:Q8_0"],
-        stdin=subprocess.DEVNULL,
-        stdout=follower,
-        stderr=follower,
         env=env,
         cwd=tmp_path,
-    ) as proc:
-        os.close(follower)
-        shown = b""
-        while True:
-            try:
-                chunk = os.read(leader, 1 << 16)
-            except OSError:  # EIO: the command exited and the terminal closed
-                break
-            if not chunk:
-                break
-            shown += chunk
-        os.close(leader)
-        assert proc.wait() == 0, shown.decode(errors="replace")
+        columns=100,
+    )
+    assert status == 0, shown.decode(errors="replace")
     text = shown.decode(errors="replace")
     size = hub.repos[MINI][MINI_FILE].size
     assert f"{MINI_FILE}: 100%|" in text

@@ -165,6 +165,15 @@ def backend_entry(server: LlamaCppServer) -> dict[str, Any]:
     }
 
 
+def through(
+    tmp_path: Path, api: FakeAPI, server: LlamaCppServer, stream_mode: str | None = None
+) -> Any:
+    """Settings whose one local backend is ``server`` (:func:`backend_entry`), in
+    ``stream_mode`` where one is given."""
+    router = {"stream_mode": stream_mode} if stream_mode is not None else {}
+    return settings_for(tmp_path, api, local={"backends": [backend_entry(server)]}, router=router)
+
+
 def ledger(tmp_path: Path) -> list[tuple[Any, ...]]:
     conn = sqlite3.connect(tmp_path / "ledger.db")
     try:
@@ -196,7 +205,7 @@ def sse(text: str) -> list[dict[str, Any]]:
 async def test_each_request_is_answered_there_when_its_kind_honours_it_and_else_by_the_engine(
     tmp_path: Path, fake_api: FakeAPI, make_client: Callable[..., Any], server: LlamaCppServer
 ) -> None:
-    s = settings_for(tmp_path, fake_api, local={"backends": [backend_entry(server)]})
+    s = through(tmp_path, fake_api, server)
     cases: list[tuple[str, dict[str, Any], str]] = [
         ("plain", {}, "srv"),
         ("json_schema", {"response_format": JSON_SCHEMA}, "srv"),
@@ -241,12 +250,7 @@ async def test_a_stream_through_it_is_answered_there(
     server: LlamaCppServer,
     mode: str,
 ) -> None:
-    s = settings_for(
-        tmp_path,
-        fake_api,
-        local={"backends": [backend_entry(server)]},
-        router={"stream_mode": mode},
-    )
+    s = through(tmp_path, fake_api, server, mode)
     body = {**ASK, "stream": True, "stream_options": {"include_usage": True}}
     async with make_client(s) as client:
         backend = await wait_up(client)
@@ -279,18 +283,12 @@ def killable(tmp_path: Path) -> Iterator[LlamaCppServer]:
         own.stop()
 
 
-def live_through(tmp_path: Path, api: FakeAPI, server: LlamaCppServer) -> Any:
-    return settings_for(
-        tmp_path, api, local={"backends": [backend_entry(server)]}, router={"stream_mode": "live"}
-    )
-
-
 async def test_a_server_killed_mid_stream_and_mid_queue_answers_each_request_once(
     tmp_path: Path, fake_api: FakeAPI, make_client: Callable[..., Any], killable: LlamaCppServer
 ) -> None:
     # One live stream runs on the server, a second request waits in its queue (one slot).
     body = {"model": "gpt-4o-mini", "messages": STORY, "max_tokens": 400, "stream": True}
-    async with make_client(live_through(tmp_path, fake_api, killable)) as client:
+    async with make_client(through(tmp_path, fake_api, killable, "live")) as client:
         backend = await wait_up(client)
         streaming = asyncio.create_task(
             client.post("/v1/chat/completions", json=body, headers=ACCEPT_ANY)
@@ -331,7 +329,7 @@ async def test_a_server_killed_mid_stream_and_mid_queue_answers_each_request_onc
 async def test_a_server_killed_before_a_stream_leaves_it_to_the_engine_with_one_row(
     tmp_path: Path, fake_api: FakeAPI, make_client: Callable[..., Any], killable: LlamaCppServer
 ) -> None:
-    async with make_client(live_through(tmp_path, fake_api, killable)) as client:
+    async with make_client(through(tmp_path, fake_api, killable, "live")) as client:
         backend = await wait_up(client)
         killable.stop()  # the proxy has not noticed: the backend is still up
         assert backend.state == "up"
@@ -348,7 +346,7 @@ async def test_a_server_killed_before_a_stream_leaves_it_to_the_engine_with_one_
 async def test_legacy_completions_are_answered_there_plain_and_streamed_and_else_by_the_engine(
     tmp_path: Path, fake_api: FakeAPI, make_client: Callable[..., Any], server: LlamaCppServer
 ) -> None:
-    s = settings_for(tmp_path, fake_api, local={"backends": [backend_entry(server)]})
+    s = through(tmp_path, fake_api, server)
     cases: list[tuple[str, dict[str, Any], str]] = [
         ("plain", {"temperature": 0}, "srv"),
         ("streamed", {"temperature": 0, "stream": True}, "srv"),
@@ -406,12 +404,7 @@ async def test_a_responses_request_is_answered_there_and_stored(
 ) -> None:
     # /v1/responses runs the chat cascade locally: the backend gets a chat request, the client
     # a Responses object (or its typed events), and the proxy keeps it for previous_response_id
-    s = settings_for(
-        tmp_path,
-        fake_api,
-        local={"backends": [backend_entry(server)]},
-        router={"stream_mode": "live"},
-    )
+    s = through(tmp_path, fake_api, server, "live")
     body: dict[str, Any] = {
         "model": "gpt-4o-mini",
         "input": "What is the capital of France?",

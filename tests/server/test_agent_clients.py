@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -27,7 +26,7 @@ import pytest
 from tests.conftest import module_api
 from tests.fake_api import FakeAPI
 from tests.load_factor import wait_until
-from tests.server.test_serve import ACCEPT_ANY, REJECT_ALL, Served, start_server, stop_server
+from tests.server.test_serve import ACCEPT_ANY, REJECT_ALL, Served, module_served
 
 pytestmark = pytest.mark.serve
 
@@ -38,12 +37,8 @@ WEATHER_IN = {"Paris": "sunny, 21 C"}
 api = module_api(reply=API_REPLY, tool_call={"name": "get_weather", "arguments": {"city": "Paris"}})
 
 
-@pytest.fixture(scope="module")
-def served(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    # a generous local deadline: on a loaded machine a local turn must not fall to the API
-    server = start_server(tmp_path_factory.mktemp("agents"), api, timeout_s=120)
-    yield server
-    stop_server(server)
+# a generous local deadline: on a loaded machine a local turn must not fall to the API
+served = module_served("agents", timeout_s=120)
 
 
 @pytest.fixture(autouse=True)

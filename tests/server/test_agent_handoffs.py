@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,7 +33,7 @@ from tests.server.test_agent_clients import (
     wait_for_rows,
     weather,
 )
-from tests.server.test_serve import ACCEPT_ANY, Served, start_server, stop_server
+from tests.server.test_serve import ACCEPT_ANY, Served, module_served
 
 pytestmark = pytest.mark.serve
 
@@ -45,12 +44,8 @@ PROMPT = "What is the weather in Paris?"
 api = module_api(reply=API_REPLY)
 
 
-@pytest.fixture(scope="module")
-def served(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    # a generous local deadline: on a loaded machine a local turn must not fall to the API
-    server = start_server(tmp_path_factory.mktemp("handoffs"), api, timeout_s=120)
-    yield server
-    stop_server(server)
+# a generous local deadline: on a loaded machine a local turn must not fall to the API
+served = module_served("handoffs", timeout_s=120)
 
 
 @pytest.fixture(autouse=True)

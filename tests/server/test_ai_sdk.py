@@ -27,7 +27,6 @@ import shutil
 import sqlite3
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ import pytest
 from tests.conftest import module_api
 from tests.fake_api import FakeAPI
 from tests.load_factor import scaled
-from tests.server.test_serve import Served, start_server, stop_server
+from tests.server.test_serve import Served, module_served
 
 pytestmark = pytest.mark.serve
 
@@ -48,12 +47,8 @@ RUNS = [f"{fn}/{api}" for api in ("responses", "chat") for fn in ("generateText"
 api = module_api(reply=API_REPLY, tool_call={"name": "get_weather", "arguments": {"city": "Paris"}})
 
 
-@pytest.fixture(scope="module")
-def served(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    # a generous local deadline: on a loaded machine a local step must not fall to the API
-    server = start_server(tmp_path_factory.mktemp("ai-sdk"), api, timeout_s=120)
-    yield server
-    stop_server(server)
+# a generous local deadline: on a loaded machine a local step must not fall to the API
+served = module_served("ai-sdk", timeout_s=120)
 
 
 @pytest.fixture(autouse=True)
@@ -92,31 +87,37 @@ def ai_sdk(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("ai-sdk-node")
     for name in ("package.json", "package-lock.json", "agent.mjs"):
         shutil.copy(SCRIPT_DIR / name, root / name)
-    done = subprocess.run(
-        [node, str(npm_cli(node_bin())), "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
+    run_node(
+        str(npm_cli(node_bin())),
+        "ci",
+        "--no-audit",
+        "--no-fund",
+        "--ignore-scripts",
         cwd=root,
+        timeout_s=300,
+    )
+    return root
+
+
+def run_node(*args: str, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """That Node with ``args`` in ``cwd``, given ``timeout_s`` (scaled to the machine's load);
+    it must exit 0."""
+    done = subprocess.run(
+        [str(node_bin() / "node"), *args],
+        cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=scaled(300),
+        timeout=scaled(timeout_s),
         check=False,
         env=node_env(),
     )
     assert done.returncode == 0, done.stderr
-    return root
+    return done
 
 
 def run_agent(ai_sdk: Path, served: Served, route: str) -> dict[str, Any]:
     """Run agent.mjs on ``route`` ("api" or "local"); what it saw (its last line's JSON)."""
-    out = subprocess.run(
-        [str(node_bin() / "node"), "agent.mjs", served.base + "/v1", route],
-        cwd=ai_sdk,
-        capture_output=True,
-        text=True,
-        timeout=scaled(480),
-        check=False,
-        env=node_env(),
-    )
-    assert out.returncode == 0, out.stderr
+    out = run_node("agent.mjs", served.base + "/v1", route, cwd=ai_sdk, timeout_s=480)
     seen: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     assert sorted(seen["runs"]) == sorted(RUNS)
     return seen

@@ -27,7 +27,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,8 @@ import pytest
 from tests.conftest import module_api
 from tests.fake_api import FakeAPI
 from tests.load_factor import scaled, wait_until
-from tests.server.test_serve import Served, start_server, stop_server
+from tests.server.test_openai_compat import npm_install
+from tests.server.test_serve import Served, module_served
 
 pytestmark = pytest.mark.serve
 
@@ -65,26 +65,14 @@ def codex() -> Path:
     if not (root / "installed").exists():
         root.mkdir(parents=True, exist_ok=True)
         (root / "package.json").write_text('{"private": true}')
-        done = subprocess.run(
-            [npm, "install", "--no-audit", "--no-fund", "--silent", f"@openai/codex@{CODEX}"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=scaled(600),
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
+        npm_install(npm, root, f"@openai/codex@{CODEX}", timeout_s=600)
         (root / "installed").write_text(CODEX)
     version = subprocess.run([launcher, "--version"], capture_output=True, text=True, check=True)
     assert CODEX in version.stdout, version.stdout
     return launcher
 
 
-@pytest.fixture(scope="module")
-def served(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    server = start_server(tmp_path_factory.mktemp("codex"), api, timeout_s=120)
-    yield server
-    stop_server(server)
+served = module_served("codex", timeout_s=120)
 
 
 @pytest.fixture(autouse=True)

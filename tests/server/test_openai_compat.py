@@ -300,6 +300,20 @@ NODE_OPENAI = "7.59.0"  # the official npm client, the newest release when this 
 NODE_MIN = 18
 
 
+def npm_install(npm: str, root: Path, package: str, timeout_s: float) -> None:
+    """``npm install`` of ``package`` (a pinned ``name@version``) into ``root``, given
+    ``timeout_s`` (scaled to the machine's load); it must succeed."""
+    done = subprocess.run(
+        [npm, "install", "--no-audit", "--no-fund", "--silent", package],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=scaled(timeout_s),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.fixture(scope="module")
 def node_openai(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A temp dir with the official `openai` npm package installed, and our script in it.
@@ -315,15 +329,7 @@ def node_openai(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert major >= NODE_MIN, f"the Node client test needs Node {NODE_MIN}+, found {version.stdout}"
     root = tmp_path_factory.mktemp("node")
     (root / "package.json").write_text('{"private": true, "type": "module"}')
-    done = subprocess.run(
-        [npm, "install", "--no-audit", "--no-fund", "--silent", f"openai@{NODE_OPENAI}"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=scaled(300),
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    npm_install(npm, root, f"openai@{NODE_OPENAI}", timeout_s=300)
     for script in ("chat.mjs", "responses.mjs"):
         shutil.copy(JS / script, root / script)
     return root

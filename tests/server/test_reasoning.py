@@ -27,6 +27,7 @@ from tests.thinking_model import thinking_gguf
 
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 LOCAL = {"x-frugal-route": "local"}
+ASKED = {"model": "gpt-4o-mini", "input": "What is 2+2?", "max_output_tokens": 5}
 
 
 @pytest.fixture(scope="module")
@@ -126,19 +127,25 @@ async def test_reasoning_effort_is_tried_locally_by_a_model_that_thinks(
     assert fake_api.count == 1
 
 
-async def test_responses_return_the_thinking_as_a_reasoning_item(
-    tmp_path: Path, thinker: LocalEngine
-) -> None:
-    asked = {"model": "gpt-4o-mini", "input": "What is 2+2?", "max_output_tokens": 5}
-    async with in_process(settings_for(tmp_path), thinker) as http:
+async def answered_then_streamed(settings: Any, thinker: LocalEngine) -> tuple[Any, list[Any]]:
+    """:data:`ASKED` of the app on ``settings``, sent locally twice with the SDK: the answer, and
+    the events of the same request streamed."""
+    async with in_process(settings, thinker) as http:
         client = openai_on(http)
-        answer = await client.responses.create(**asked, temperature=0, extra_headers=LOCAL)
+        answer = await client.responses.create(**ASKED, temperature=0, extra_headers=LOCAL)
         events = [
             event
             async for event in await client.responses.create(
-                **asked, temperature=0, stream=True, extra_headers=LOCAL
+                **ASKED, temperature=0, stream=True, extra_headers=LOCAL
             )
         ]
+    return answer, events
+
+
+async def test_responses_return_the_thinking_as_a_reasoning_item(
+    tmp_path: Path, thinker: LocalEngine
+) -> None:
+    answer, events = await answered_then_streamed(settings_for(tmp_path), thinker)
     reasoning, said = answer.output
     print(answer.output, answer.usage)
     assert reasoning.type == "reasoning" and said.type == "message"
@@ -158,17 +165,8 @@ async def test_responses_return_the_thinking_as_a_reasoning_item(
 async def test_a_live_responses_stream_sends_the_reasoning_item_first(
     tmp_path: Path, thinker: LocalEngine
 ) -> None:
-    asked = {"model": "gpt-4o-mini", "input": "What is 2+2?", "max_output_tokens": 5}
     settings = settings_for(tmp_path, router={"stream_mode": "live"})
-    async with in_process(settings, thinker) as http:
-        client = openai_on(http)
-        answer = await client.responses.create(**asked, temperature=0, extra_headers=LOCAL)
-        events = [
-            event
-            async for event in await client.responses.create(
-                **asked, temperature=0, stream=True, extra_headers=LOCAL
-            )
-        ]
+    answer, events = await answered_then_streamed(settings, thinker)
     names = [e.type for e in events]
     print(names)
     reasoning = answer.output[0]
@@ -190,14 +188,13 @@ async def test_a_live_responses_stream_sends_the_reasoning_item_first(
 async def test_responses_reasoning_effort_turns_thinking_off_or_on_locally(
     tmp_path: Path, thinker: LocalEngine
 ) -> None:
-    asked = {"model": "gpt-4o-mini", "input": "What is 2+2?", "max_output_tokens": 5}
     async with in_process(settings_for(tmp_path), thinker) as http:
         client = openai_on(http)
         off = await client.responses.create(
-            **asked, reasoning={"effort": "none"}, temperature=0, extra_headers=LOCAL
+            **ASKED, reasoning={"effort": "none"}, temperature=0, extra_headers=LOCAL
         )
         high = await client.responses.create(
-            **asked, reasoning={"effort": "high"}, temperature=0, extra_headers=LOCAL
+            **ASKED, reasoning={"effort": "high"}, temperature=0, extra_headers=LOCAL
         )
     print(off.output, high.output)
     assert [item.type for item in off.output] == ["message"]

@@ -9,7 +9,6 @@ response is one ledger row, ``deferred_tier`` ``background``."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -27,6 +26,7 @@ from tests.conftest import settings_for
 from tests.fake_api import DEFAULT_REPLY, FakeAPI
 from tests.ledger.conftest import database, pg_server  # noqa: F401 - fixtures
 from tests.load_factor import scaled
+from tests.server.test_app import rows as _rows
 from tests.server.test_responses import API, LOCAL, QUESTION
 
 KEYS_ENV = "FRUGAL_TEST_BACKGROUND_KEYS"
@@ -64,15 +64,6 @@ def sdk(
             assert await http.app.state.services.ledger.flush(10)  # type: ignore[attr-defined]
 
     return factory
-
-
-def _rows(db: Path) -> list[dict[str, Any]]:
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute("SELECT * FROM requests ORDER BY id")]
-    finally:
-        conn.close()
 
 
 async def _polled(client: openai.AsyncOpenAI, rid: str, *, until: tuple[str, ...]) -> Any:

@@ -279,6 +279,14 @@ def _kinds(events: list[dict[str, Any]]) -> list[str]:
     return [e["type"] for e in events]
 
 
+def _streamed(events: list[dict[str, Any]], part: str) -> tuple[str, str]:
+    """A streamed ``part`` (``refusal``, ``reasoning_text``): its deltas joined, and the whole
+    that its one ``.done`` event gives, for the two to be compared."""
+    [done] = [e for e in events if e["type"] == f"response.{part}.done"]
+    deltas = [e["delta"] for e in events if e["type"] == f"response.{part}.delta"]
+    return "".join(deltas), done["refusal" if part == "refusal" else "text"]
+
+
 async def test_a_local_function_call_and_its_stream_follow_the_schema(
     tmp_path: Path, fake_api: FakeAPI, make_client: Any
 ) -> None:
@@ -372,9 +380,7 @@ async def test_a_translated_text_stream_and_a_refusal_follow_the_schema(
     assert text_events[-1]["response"]["output"][0]["content"][0]["text"] == fake_api.reply
     for made in (response, events[-1]["response"]):
         assert made["output"][0]["content"] == [{"type": "refusal", "refusal": said}]
-    [done] = [e for e in events if e["type"] == "response.refusal.done"]
-    deltas = [e["delta"] for e in events if e["type"] == "response.refusal.delta"]
-    assert ("".join(deltas), done["refusal"]) == (said, said)
+    assert _streamed(events, "refusal") == (said, said)
 
 
 async def test_a_live_local_stream_past_its_deadline_ends_failed(
@@ -446,9 +452,8 @@ async def test_a_local_reasoning_item_and_its_events_follow_the_schema(
         assert not (errors := event_errors(events)), errors
         kinds = _kinds(events)
         assert "response.reasoning_text.delta" in kinds
-        [done] = [e for e in events if e["type"] == "response.reasoning_text.done"]
-        deltas = [e["delta"] for e in events if e["type"] == "response.reasoning_text.delta"]
-        assert "".join(deltas) == done["text"]
+        deltas, done = _streamed(events, "reasoning_text")
+        assert deltas == done
         added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
         assert added[0] == "reasoning"
         assert events[-1]["response"]["output"][0]["type"] == "reasoning"
@@ -492,9 +497,7 @@ async def test_a_reasoning_item_on_the_api_routes_follows_the_schema(
         assert added[0] == "reasoning"
     assert plain.json()["output"][0]["content"] == [{"type": "reasoning_text", "text": thought}]
     for stream in (thinking_events, events):
-        [done] = [e for e in stream if e["type"] == "response.reasoning_text.done"]
-        deltas = [e["delta"] for e in stream if e["type"] == "response.reasoning_text.delta"]
-        assert ("".join(deltas), done["text"]) == (thought, thought)
+        assert _streamed(stream, "reasoning_text") == (thought, thought)
 
 
 async def test_the_apis_own_refusal_follows_the_schema(
@@ -515,6 +518,4 @@ async def test_the_apis_own_refusal_follows_the_schema(
     assert not (errors := event_errors(events)), errors
     for made in (response, events[-1]["response"]):
         assert made["output"][0]["content"] == [{"type": "refusal", "refusal": said}]
-    [done] = [e for e in events if e["type"] == "response.refusal.done"]
-    deltas = [e["delta"] for e in events if e["type"] == "response.refusal.delta"]
-    assert ("".join(deltas), done["refusal"]) == (said, said)
+    assert _streamed(events, "refusal") == (said, said)

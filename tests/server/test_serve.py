@@ -185,6 +185,19 @@ def serving(tmp: Path, api: FakeAPI, **options: Any) -> Iterator[Served]:
         stop_server(served)
 
 
+def module_served(folder: str, **options: Any) -> Any:
+    """A ``served`` fixture for one module: :func:`start_server`'s server on the module's ``api``
+    fixture, in a temp dir named ``folder``, started with ``options`` once and shared by the
+    module's tests. Use: ``served = module_served("agents", timeout_s=120)``."""
+
+    @pytest.fixture(scope="module", name="served")
+    def module_server(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+        with serving(tmp_path_factory.mktemp(folder), api, **options) as server:
+            yield server
+
+    return module_server
+
+
 @pytest.fixture(scope="module")
 def served(api: FakeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     # The naive cascade: the crash test's long answer must be tried locally, not predicted too
