@@ -1,11 +1,14 @@
 """``/v1/batches`` against the in-process app, with the official ``openai`` SDK: create, read,
 list and cancel; a bad input file gives a ``failed`` batch with its ``errors``; each key its own
-batches; a bad parameter is a 400 naming it. (The lines are answered by the batch runner; here
-no line runs, so a batch stays ``in_progress`` until it is cancelled.)"""
+batches; a bad parameter is a 400 naming it; a batch cancelled or expired mid-way has every
+custom_id in exactly one of its two files. (The lines are answered by the app's batch runner on
+the shared engine; the tests that do not wait for them read the batch before its lines end.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
 import openai
@@ -146,3 +149,78 @@ async def test_bad_list_parameters_and_unknown_ids(app: Any) -> None:  # noqa: F
         ):
             answer = await served.http.request(method, f"http://localhost{path}")
             assert answer.status_code == 404 and answer.json()["error"]["param"] == "batch_id"
+
+
+def _lines(n: int) -> bytes:
+    return b"".join(
+        json.dumps(
+            {
+                "custom_id": f"task-{i}",
+                "method": "POST",
+                "url": ENDPOINT,
+                "body": {
+                    "model": "gpt-4o-mini",
+                    "messages": [{"role": "user", "content": f"Say hi {i}"}],
+                    "max_tokens": 4,
+                },
+            }
+        ).encode()
+        + b"\n"
+        for i in range(n)
+    )
+
+
+async def _until(client: openai.AsyncOpenAI, batch_id: str, done: Any) -> Any:
+    """The batch, polled until ``done(batch)`` (a minute at most)."""
+    for _ in range(1200):
+        batch = await client.batches.retrieve(batch_id)
+        if done(batch):
+            return batch
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the batch never got there: {batch.status} {batch.request_counts}")
+
+
+async def _files(client: openai.AsyncOpenAI, batch: Any) -> tuple[list[Any], list[Any]]:
+    """The batch's output and error files, each read as its lines."""
+    found: list[list[Any]] = []
+    for file_id in (batch.output_file_id, batch.error_file_id):
+        if file_id is None:
+            found.append([])
+            continue
+        text = (await client.files.content(file_id)).text
+        found.append([json.loads(line) for line in text.splitlines()])
+    return found[0], found[1]
+
+
+@pytest.mark.parametrize("end", ["cancelled", "expired"])
+async def test_a_batch_ended_mid_way_has_every_custom_id_in_exactly_one_file(
+    app: Any,  # noqa: F811
+    end: str,
+) -> None:
+    """Cancelled (or expired) once a line is answered: the lines never answered are in the error
+    file with OpenAI's code (``batch_cancelled``, ``batch_expired``), every custom_id is in
+    exactly one of the two files, and ``request_counts`` count what the files hold."""
+    total = 30
+    async with app(local={"parallel": 1}, quality={"threshold": 0.0}) as served:
+        client = served.sdk()
+        upload = await client.files.create(file=("in.jsonl", _lines(total)), purpose="batch")
+        made = await client.batches.create(
+            input_file_id=upload.id, endpoint=ENDPOINT, completion_window="24h"
+        )
+        await _until(client, made.id, lambda b: b.request_counts.completed >= 1)
+        if end == "cancelled":
+            await client.batches.cancel(made.id)
+        else:  # the window passed: the sweep the app runs every minute, a day later
+            state = served.http.app.state.services.batches
+            await state.call(state.batches.expire, now=time.time() + 25 * 3600)
+        batch = await _until(client, made.id, lambda b: b.status == end)
+        output, errors = await _files(client, batch)
+    ids = [line["custom_id"] for line in output + errors]
+    assert sorted(ids) == sorted(f"task-{i}" for i in range(total))  # each once
+    assert output and all(line["response"]["status_code"] == 200 for line in output)
+    code = "batch_cancelled" if end == "cancelled" else "batch_expired"
+    assert errors and {line["error"]["code"] for line in errors} == {code}
+    assert all(line["response"] is None for line in errors)
+    counts = batch.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (total, len(output), len(errors))
+    print(f"{end}: {len(output)} answered, {len(errors)} {code}")
