@@ -251,7 +251,9 @@ def _services(
             engine=parts.engine,
             router=parts.router,
             ledger=parts.ledger,
-            batches=BatchGauges(parts.quotas.pool),
+            batches=BatchGauges(
+                parts.quotas.pool, runner=None if parts.runner is None else parts.runner.gauges
+            ),
         ),
         in_flight=in_flight,
         audit=parts.audit,

@@ -14,7 +14,9 @@ from typing import Any
 import openai
 import pytest
 
+from tests.fake_api import FakeAPI
 from tests.server.test_files import ALICE, BOB, CAROL, LINES, app  # noqa: F401 - the fixture
+from tests.server.test_metrics import parse, value
 
 ENDPOINT = "/v1/chat/completions"
 
@@ -224,3 +226,82 @@ async def test_a_batch_ended_mid_way_has_every_custom_id_in_exactly_one_file(
     counts = batch.request_counts
     assert (counts.total, counts.completed, counts.failed) == (total, len(output), len(errors))
     print(f"{end}: {len(output)} answered, {len(errors)} {code}")
+
+
+def _chat_line(i: int, content: Any) -> dict[str, Any]:
+    return {
+        "custom_id": f"task-{i}",
+        "method": "POST",
+        "url": ENDPOINT,
+        "body": {
+            "model": "gpt-4o-mini",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 8,
+        },
+    }
+
+
+async def _scrape(served: Any) -> Any:
+    return parse((await served.http.get("http://localhost/metrics")).text)
+
+
+async def _scrape_until(served: Any, seen: Any) -> Any:
+    """/metrics scraped until ``seen(samples)`` (a minute at most)."""
+    for _ in range(3000):
+        samples = await _scrape(served)
+        if seen(samples):
+            return samples
+        await asyncio.sleep(0.02)
+    raise AssertionError("/metrics never showed it")
+
+
+def _runner(samples: Any) -> tuple[float, float, float]:
+    return (
+        value(samples, "frugal_batch_runner_lines", state="running"),
+        value(samples, "frugal_batch_runner_lines", state="held"),
+        value(samples, "frugal_batch_runner_lines", state="upstream"),
+    )
+
+
+async def test_metrics_show_the_lines_the_runner_runs_holds_and_has_with_the_upstream(
+    app: Any,  # noqa: F811
+    fake_api: FakeAPI,
+) -> None:
+    """A batch whose first line has an image (the local model cannot serve it: held for the
+    upstream) and whose other lines run locally one at a time: /metrics shows one line running
+    and one held, then the held one with the upstream's batch (which the fake keeps
+    ``in_progress``), then, once the batch is cancelled, none; the lines finished locally are
+    counted by route."""
+    image = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    ]
+    local = 6
+    lines = [_chat_line(0, image)] + [_chat_line(i, f"Say hi {i}") for i in range(1, local + 1)]
+    content = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    fake_api.set(batch_polls=10**6)  # the upstream's batch never ends by itself
+    sections = {
+        "local": {"parallel": 1},
+        "quality": {"threshold": 0.0},
+        "batch": {"poll_interval_s": 0.05, "max_poll_interval_s": 0.1},
+    }
+    async with app(**sections) as served:
+        client = served.sdk()
+        before = await _scrape(served)
+        assert _runner(before) == (0, 0, 0)
+        upload = await client.files.create(file=("in.jsonl", content), purpose="batch")
+        made = await client.batches.create(
+            input_file_id=upload.id, endpoint=ENDPOINT, completion_window="24h"
+        )
+        await _scrape_until(served, lambda s: _runner(s) == (1, 1, 0))
+        sent = await _scrape_until(served, lambda s: _runner(s)[2] == 1)
+        assert _runner(sent) == (0, 0, 1)
+        assert value(sent, "frugal_batch_runner_lines_finished_total", route="local") == local
+        assert value(sent, "frugal_batch_runner_lines_finished_total", route="api") == 0
+        await client.batches.cancel(made.id)
+        batch = await _until(client, made.id, lambda b: b.status == "cancelled")
+        after = await _scrape_until(served, lambda s: _runner(s) == (0, 0, 0))
+    assert value(after, "frugal_batch_runner_lines_finished_total", route="local") == local
+    counts = batch.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (local + 1, local, 1)
+    assert [path for path, _, _ in fake_api.requests if path.endswith("/cancel")]
