@@ -405,7 +405,8 @@ async def test_a_batch_cancelled_mid_way_finishes_its_running_lines_and_starts_n
     api: FakeAPI, pool: Pool
 ) -> None:
     """The client cancels while the runner's second line runs locally: the two running lines
-    finish, the rest are never started, and the batch ends ``cancelled``."""
+    finish, the rest are never started (in the error file as ``batch_cancelled``), and the batch
+    ends ``cancelled``."""
     batch_id = make_batch(pool, 6)
     store = BatchStore(pool, prices=PRICES)
 
@@ -426,7 +427,10 @@ async def test_a_batch_cancelled_mid_way_finishes_its_running_lines_and_starts_n
     status, out, errors = output(pool, batch_id)
     assert status == "cancelled"
     assert [line["custom_id"] for line in out] == ["task-0", "task-1"]
-    assert errors == []  # a cancelled line is in neither file, as OpenAI's are not
+    # The lines never started are in the error file as batch_cancelled: each custom_id once.
+    assert [(line["custom_id"], line["error"]["code"]) for line in errors] == [
+        (f"task-{i}", "batch_cancelled") for i in range(2, 6)
+    ]
     assert store.progress(batch_id)["cancelled"] == 4
     assert len(rows(pool)) == 2 and api.batches_made == 0
 
@@ -448,7 +452,8 @@ async def test_a_cancelled_batch_cancels_its_upstream_batch(api: FakeAPI, pool: 
     cancels = [r for r in api.requests if r.path.endswith("/cancel")]
     assert len(cancels) == 1
     status, out, errors = output(pool, batch_id)
-    assert status == "cancelled" and out == [] and errors == []
+    assert status == "cancelled" and out == []
+    assert [line["error"]["code"] for line in errors] == ["batch_cancelled"] * 3
     assert store.progress(batch_id)["cancelled"] == 3 and rows(pool) == []
 
 
