@@ -221,6 +221,7 @@ async def _start_batch_runner(settings: Settings, parts: _Parts) -> None:
             parts.router,
             count=parts.ledger.counter.submit,
             default_max_tokens=settings.local.default_max_tokens,
+            audit=parts.audit,
         ),
         Deferred(parts.upstream, batch),
         width=settings.local.parallel,

@@ -8,14 +8,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
+from proxy.engine.fair_queue import KEYLESS
+from proxy.engine.local_engine import Ask, LocalEngine
+from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
-from tests.server.test_files import ALICE, BOB, CAROL, LINES, app  # noqa: F401 - the fixture
+from tests.in_process import in_process
+from tests.server.test_files import (  # noqa: F401 - the fixture
+    ALICE,
+    BOB,
+    CAROL,
+    KEYS_ENV,
+    LINES,
+    app,
+)
 from tests.server.test_metrics import parse, value
 
 ENDPOINT = "/v1/chat/completions"
@@ -305,3 +318,75 @@ async def test_metrics_show_the_lines_the_runner_runs_holds_and_has_with_the_ups
     counts = batch.request_counts
     assert (counts.total, counts.completed, counts.failed) == (local + 1, local, 1)
     assert [path for path, _, _ in fake_api.requests if path.endswith("/cancel")]
+
+
+class _Shares:
+    """The shared engine, with the share and class of each call noted."""
+
+    def __init__(self, engine: LocalEngine) -> None:
+        self._engine = engine
+        self.asks: list[tuple[str, str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def answer(self, request: dict[str, Any], ask: Ask) -> dict[str, Any]:
+        self.asks.append((ask.share, ask.priority))
+        return await self._engine.answer(request, ask)
+
+
+async def test_a_batch_line_runs_in_its_keys_share_and_is_offered_to_the_shadow_audits(
+    tmp_path: Path, fake_api: FakeAPI, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bob's batch lines wait in Bob's share of the local queue, as his interactive request
+    does (not the keyless one), and each line's local answer, kept or refused by the gate
+    (``gpt-4o`` has the bar 1), is offered to the shadow audits as an interactive answer is:
+    with ``[audit] rate = 1`` each gets its shadow call, under its line id."""
+    monkeypatch.setenv(KEYS_ENV, f"alice;admin:{ALICE},bob:{BOB},carol:{CAROL}")
+    settings = settings_for(
+        tmp_path,
+        fake_api,
+        server={"api_keys_env": KEYS_ENV},
+        local={"parallel": 1},
+        quality={"threshold": 0.0, "models": {"gpt-4o": 1.0}},
+        audit={"rate": 1.0},
+        batch={"poll_interval_s": 0.05, "max_poll_interval_s": 0.1},
+    )
+    refused = json.loads(_lines(3).splitlines()[2])
+    refused["body"]["model"] = "gpt-4o"
+    content = b"".join(_lines(3).splitlines(keepends=True)[:2]) + json.dumps(refused).encode()
+    shares = _Shares(engine)
+    async with in_process(settings, shares) as http:
+        bob = openai.AsyncOpenAI(
+            api_key=BOB, base_url="http://localhost/v1", http_client=http, max_retries=0
+        )
+        asked = await bob.chat.completions.with_raw_response.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "Say hi"}], max_tokens=4
+        )
+        assert asked.headers["x-frugal-route"] == "local"
+        [(own_share, interactive)] = shares.asks
+        upload = await bob.files.create(file=("in.jsonl", content), purpose="batch")
+        made = await bob.batches.create(
+            input_file_id=upload.id, endpoint=ENDPOINT, completion_window="24h"
+        )
+        batch = await _until(bob, made.id, lambda b: b.status == "completed")
+        output, errors = await _files(bob, batch)
+        lines = {line["id"] for line in output}
+        for _ in range(600):  # the audits run in the background
+            audited = {
+                headers.get("x-request-id", "").removesuffix(".audit")
+                for _, headers, _ in fake_api.requests
+                if headers.get("x-request-id", "").endswith(".audit")
+            }
+            if lines <= audited:
+                break
+            await asyncio.sleep(0.05)
+    print("shares", shares.asks, "audited", sorted(audited))
+    assert own_share != KEYLESS and interactive == "interactive"
+    assert len(output) == 3 and errors == []
+    assert shares.asks[1:] == [(own_share, "deferred")] * 3
+    assert lines <= audited  # each line's shadow call, under its line id
+    with sqlite3.connect(tmp_path / "ledger.db") as db:
+        kept = dict(db.execute("SELECT request_id, accepted FROM audits").fetchall())
+    by_custom_id = {line["custom_id"]: kept.get(line["id"]) for line in output}
+    assert by_custom_id == {"task-0": 1, "task-1": 1, "task-2": 0}  # the gate's verdicts
