@@ -3412,3 +3412,114 @@ def test_issue41_a_background_response_killed_mid_run_is_failed_at_restart_with_
         (500, "server_restarted", "background")
     ]
     assert calls_after == 0  # not run again
+
+
+# -- issue 41 (batch-rest): kill -9 of frugal serve while a cancelled batch is cancelling --------
+
+_I41_BATCH_REST_CONFIG: dict[str, Any] = {
+    "quality": {"threshold": 0.0},  # every local answer is kept: no upstream batch
+    # the killed proxy's claimed lines are free after 2 s, not 5 minutes
+    "batch": {"line_lease_s": 2.0},
+}
+
+
+def _i41_batch_rest_batch(served: Served, batch_id: str) -> dict[str, Any]:
+    reply = httpx.get(f"{served.base}/v1/batches/{batch_id}", timeout=30)
+    assert reply.status_code == 200, reply.text
+    return dict(reply.json())
+
+
+def _i41_batch_rest_lines(served: Served, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    reply = httpx.get(f"{served.base}/v1/files/{file_id}/content", timeout=30)
+    assert reply.status_code == 200, reply.text
+    return [json.loads(x) for x in reply.text.splitlines()]
+
+
+def test_issue41_a_batch_cancelled_then_kill_9_ends_cancelled_with_every_custom_id_once(
+    tmp_path: Path, api: FakeAPI
+) -> None:
+    """Twenty lines; once one is answered the client cancels, and ``frugal serve`` is killed
+    with SIGKILL at once, while the lines it was running are still claimed (the batch
+    ``cancelling``). Started again on the same ledger, the batch ends ``cancelled`` once those
+    claims' leases pass: every custom_id in exactly one of its two files (the answered ones in
+    the output file, the others in the error file as ``batch_cancelled``), ``request_counts``
+    counting what the files hold, and one ledger row per answered line."""
+    db = tmp_path / "ledger.db"
+    n = 20
+    lines = [
+        {
+            "custom_id": f"c-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "gpt-4o-mini",
+                "messages": [{"role": "user", "content": f"{QUESTION} ({i})"}],
+                "max_tokens": 16,
+            },
+        }
+        for i in range(n)
+    ]
+    content = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    for run in ("first", "second"):
+        (tmp_path / run).mkdir()
+    first = wait_ready(launch(tmp_path / "first", api, config=_I41_BATCH_REST_CONFIG, db=db))
+    try:
+        uploaded = httpx.post(
+            first.base + "/v1/files",
+            data={"purpose": "batch"},
+            files={"file": ("in.jsonl", content, "application/jsonl")},
+            timeout=30,
+        )
+        assert uploaded.status_code == 200, uploaded.text
+        made = httpx.post(
+            first.base + "/v1/batches",
+            json={
+                "input_file_id": uploaded.json()["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+            timeout=30,
+        )
+        assert made.status_code == 200, made.text
+        batch_id = made.json()["id"]
+        end = time.monotonic() + CEILING_S
+        while _i41_batch_rest_batch(first, batch_id)["request_counts"]["completed"] < 1:
+            assert time.monotonic() < end, "no line answered"
+            time.sleep(0.05)
+        cancelled = httpx.post(f"{first.base}/v1/batches/{batch_id}/cancel", json={}, timeout=30)
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(timeout=30)
+    finally:
+        if first.proc.poll() is None:
+            first.proc.kill()
+    assert cancelled.status_code == 200, cancelled.text
+    at_kill = cancelled.json()["status"]
+    second = wait_ready(launch(tmp_path / "second", api, config=_I41_BATCH_REST_CONFIG, db=db))
+    try:
+        batch = _i41_batch_rest_batch(second, batch_id)
+        end = time.monotonic() + CEILING_S
+        while batch["status"] != "cancelled":
+            assert time.monotonic() < end, batch
+            time.sleep(0.2)
+            batch = _i41_batch_rest_batch(second, batch_id)
+        out = _i41_batch_rest_lines(second, batch.get("output_file_id"))
+        errors = _i41_batch_rest_lines(second, batch.get("error_file_id"))
+    finally:
+        stop(second)
+    rows = ledger_rows(db, "deferred_tier = 'batch'")
+    print(
+        f"\nissue41 cancel then kill -9: {at_kill} at the kill; after the restart "
+        f"{batch['status']} {batch['request_counts']}, {len(out)} answered, {len(errors)} "
+        f"cancelled, {len(rows)} rows"
+    )
+    ids = [x["custom_id"] for x in out + errors]
+    assert sorted(ids) == sorted(f"c-{i}" for i in range(n))  # each exactly once
+    assert out and all(x["response"]["status_code"] == 200 for x in out)
+    assert errors and {x["error"]["code"] for x in errors} == {"batch_cancelled"}
+    assert all(x["response"] is None for x in errors)
+    counts = batch["request_counts"]
+    assert (counts["total"], counts["completed"], counts["failed"]) == (n, len(out), len(errors))
+    assert sorted(r["request_id"] for r in rows) == sorted(x["id"] for x in out)  # one row each
+    assert api.count == 0  # every kept line local: nothing reached the API

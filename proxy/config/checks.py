@@ -90,6 +90,7 @@ def validate(settings: Settings) -> Settings:
     _validate_backends(s.local.backends)
     _check_range("[fallback] timeout_s", s.fallback.timeout_s, 0.1)
     _check_range("[fallback] connect_timeout_s", s.fallback.connect_timeout_s, 0.1)
+    _check_range("[fallback] flex_timeout_s", s.fallback.flex_timeout_s, 0.1, 86400.0)
     _check_range("[fallback] max_retries", s.fallback.max_retries, 0, 10)
     _check_range("[fallback] usage_wait_s", s.fallback.usage_wait_s, 0.0, 60.0)
     _check_range("[fallback] max_answer_bytes", s.fallback.max_answer_bytes, 1024, 1 << 30)

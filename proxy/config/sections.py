@@ -130,6 +130,7 @@ class FallbackSettings:
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = 60.0
     connect_timeout_s: float = 5.0
+    flex_timeout_s: float = 900.0  # timeout_s for a call sent with service_tier "flex"
     max_retries: int = 2
     models: dict[str, str] = field(default_factory=dict)
     usage_wait_s: float = 5.0  # how long a stream whose client left is read on, for its usage

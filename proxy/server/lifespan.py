@@ -221,6 +221,7 @@ async def _start_batch_runner(settings: Settings, parts: _Parts) -> None:
             parts.router,
             count=parts.ledger.counter.submit,
             default_max_tokens=settings.local.default_max_tokens,
+            audit=parts.audit,
         ),
         Deferred(parts.upstream, batch),
         width=settings.local.parallel,
@@ -251,7 +252,9 @@ def _services(
             engine=parts.engine,
             router=parts.router,
             ledger=parts.ledger,
-            batches=BatchGauges(parts.quotas.pool),
+            batches=BatchGauges(
+                parts.quotas.pool, runner=None if parts.runner is None else parts.runner.gauges
+            ),
         ),
         in_flight=in_flight,
         audit=parts.audit,

@@ -12,7 +12,8 @@ reads (a body to read, a caller's rights), never a route or an app to look itsel
     record       the row, the metrics and the log line made from an exchange, once
     charges      what an API call costs when its answer never reached the client
     quotas       what a client key may do on the request path: models, rpm, budget, cache
-    shadow       a local attempt offered to the shadow audits; a drawn audit started
+    shadow       a local attempt offered to the shadow audits (a batch line's too); a drawn
+                 audit started
     clients      the client keys a running server accepts (``Authenticator``), and what a
                  caller may read (``sees_everything``, ``own_key``)
     in_flight    the count of requests being handled now

@@ -14,7 +14,9 @@ call, and nothing after:
    line is never ``predicted_slow`` for ``[local] timeout_s``, and its attempt waits in the
    engine's ``deferred`` class, behind every interactive request.
 3. **Runs and gates it** (``Router.try_local``), against ``[quality]``, its per-model
-   thresholds and the threshold a target precision picked, as an interactive request is.
+   thresholds and the threshold a target precision picked, as an interactive request is, in
+   the share of the local queue of the key that made the batch (``Asker``), and offers the
+   attempt to the shadow audits (:func:`proxy.serving.shadow.offer_line`).
 
 What comes back: :class:`~proxy.serving.batch_lines.Accepted` with the body the endpoint would
 send (chat and legacy completions through :func:`proxy.protocol.answers.public_answer`, a
@@ -28,8 +30,8 @@ Without an API fallback, a local answer the gate refused is still the line's ans
 
 Imports :mod:`proxy.routing` (the plan, the attempt, the reasons), :mod:`proxy.protocol` (the
 checks, the translation, the answers), :mod:`proxy.engine.legacy` (a legacy completion in chat
-form, for the count), :mod:`proxy.ledger.writing.tokens` (the count's job) and this room's
-batch_lines and responses_checks.
+form, for the count), :mod:`proxy.ledger.writing.tokens` (the count's job), :mod:`proxy.audit`
+(the audits' runner) and this room's batch_lines, responses_checks and shadow.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import Any
 
 import structlog
 
+from proxy.audit.runner import AuditRunner
 from proxy.engine import legacy
 from proxy.errors import BadRequest, LocalUnavailable, ProxyError
 from proxy.ledger.writing.tokens import CountJob
@@ -52,9 +55,10 @@ from proxy.protocol.responses_translate import chat_of, effort_only, stand_in
 from proxy.protocol.validate import chat_request, completions_request
 from proxy.routing.reasons import Reason
 from proxy.routing.router import Router
-from proxy.serving.batch_lines import Accepted, Attempted, CannotServe, Rejected
+from proxy.serving.batch_lines import Accepted, Asker, Attempted, CannotServe, Rejected
 from proxy.serving.responses_checks import checked
 from proxy.serving.responses_state import references
+from proxy.serving.shadow import offer_line
 from proxy.upstream.responses_api import API_ONLY
 
 log = structlog.get_logger("frugal.batches")
@@ -85,18 +89,32 @@ class BatchAttempt:
     """A batch line's local attempt (see the module's docstring). ``count``: the ledger's
     token counter (``TokenCounter.submit``), None to leave the counterfactual to the local
     usage; ``default_max_tokens``: ``[local] default_max_tokens``, what a Responses answer says
-    it used where the line named no limit."""
+    it used where the line named no limit; ``audit``: the shadow audits a chat or Responses
+    line's local answer is offered to (None: none)."""
 
     def __init__(
-        self, router: Router, *, count: Count | None = None, default_max_tokens: int = 512
+        self,
+        router: Router,
+        *,
+        count: Count | None = None,
+        default_max_tokens: int = 512,
+        audit: AuditRunner | None = None,
     ) -> None:
         self.router = router
+        self.audit = audit
         self.count = count
         self.default_max_tokens = default_max_tokens
 
     async def __call__(
-        self, url: str, body: dict[str, Any], *, deadline: float, priority: str
+        self,
+        url: str,
+        body: dict[str, Any],
+        *,
+        deadline: float,
+        priority: str,
+        asker: Asker | None = None,
     ) -> Attempted:
+        asker = asker or Asker()
         try:
             line = _read(url, body)
         except ProxyError as exc:  # the endpoint's own answer to that body: a 4xx naming it
@@ -107,7 +125,7 @@ class BatchAttempt:
         if window_s <= 0:
             return Rejected(reason=Reason.LOCAL_TIMEOUT.value)
         try:
-            plan = self.router.plan(line.chat, None, window_s=window_s)
+            plan = self.router.plan(line.chat, None, client=asker.client, window_s=window_s)
             threshold = self.router.threshold(None, line.chat["model"])
         except ProxyError as exc:
             return _refused(exc)
@@ -123,6 +141,8 @@ class BatchAttempt:
         kept = completion is not None and (
             attempt.accepted or plan.local_only or not self.router.fallback_enabled
         )
+        if line.kind == "chat":
+            offer_line(self.audit, line.chat, attempt, plan, threshold, asker, router=self.router)
         if completion is None or not kept:
             if attempt.reason in CANNOT:
                 return CannotServe(reason=attempt.reason.value)

@@ -14,6 +14,14 @@ empty queue it did not see.
 
 The figures are the whole database's, every replica's batches together, as the store keeps
 them; each replica reports the same figures, so sum none of them across replicas.
+
+**This replica's runner.** Beside them, ``runner`` (the batch runner's
+:meth:`~proxy.serving.batch_runner.BatchRunner.gauges`) is read at each scrape, from memory:
+``frugal_batch_runner_lines{state}`` counts the lines this replica holds (``running``: in a
+local attempt; ``held``: rejects waiting to go up with the rest of their batch; ``upstream``:
+sent to the upstream's Batch API, not answered yet), and
+``frugal_batch_runner_lines_finished_total{route}`` the lines it finished since it started
+(``local``, ``api``). These are each replica's own: sum them across replicas.
 """
 
 from __future__ import annotations
@@ -24,10 +32,11 @@ import time
 from collections.abc import Callable, Iterator
 
 import structlog
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from proxy.ledger.batches.tally import Census, census
 from proxy.ledger.db.connections import Pool, Unavailable
+from proxy.serving.batch_runner import RunnerGauges
 
 log = structlog.get_logger("frugal.batch_gauges")
 
@@ -38,17 +47,19 @@ WAIT_S = 1.0
 class BatchGauges:
     """The last counts of batch lines and batches, read again when older than ``max_age_s``,
     a scrape waiting for a reading ``wait_s`` at most (``clock``: monotonic seconds, for the
-    tests)."""
+    tests); ``runner``: this replica's runner's gauges, read at each scrape (None: no runner)."""
 
     def __init__(
         self,
         pool: Pool,
         *,
+        runner: Callable[[], RunnerGauges] | None = None,
         max_age_s: float = MAX_AGE_S,
         wait_s: float = WAIT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = pool
+        self.runner = runner
         self.max_age_s = max_age_s
         self.wait_s = wait_s
         self.clock = clock
@@ -81,6 +92,8 @@ class BatchGauges:
         return self._read_at is None or self.clock() - self._read_at >= self.max_age_s
 
     def collect(self) -> Iterator[Metric]:
+        if self.runner is not None:
+            yield from _runner_metrics(self.runner())
         if self.last is None:
             return
         lines = GaugeMetricFamily(
@@ -101,3 +114,28 @@ class BatchGauges:
         for status, n in sorted(self.last.batches.items()):
             batches.add_metric([status], float(n))
         yield batches
+
+
+def _runner_metrics(gauges: RunnerGauges) -> Iterator[Metric]:
+    held = GaugeMetricFamily(
+        "frugal_batch_runner_lines",
+        "Batch lines this replica's runner holds, by state: running (a local attempt), held "
+        "(rejects waiting to go up with the rest of their batch), upstream (sent to the "
+        "upstream's Batch API, not answered yet).",
+        labels=["state"],
+    )
+    for state, n in (
+        ("running", gauges.running),
+        ("held", gauges.held),
+        ("upstream", gauges.upstream),
+    ):
+        held.add_metric([state], float(n))
+    yield held
+    finished = CounterMetricFamily(
+        "frugal_batch_runner_lines_finished",
+        "Batch lines this replica's runner finished since it started, by who answered them.",
+        labels=["route"],
+    )
+    finished.add_metric(["local"], float(gauges.local_done))
+    finished.add_metric(["api"], float(gauges.api_done))
+    yield finished

@@ -15,7 +15,10 @@ way an interactive request's local attempt runs (its plan, the engine, the gate 
 
 ``deadline`` is a unix time: the batch's window, not ``[local] timeout_s``. ``priority`` is
 ``"deferred"``: the hook for the engine's priority class, which lets interactive requests go
-first; an attempt that does not know it yet ignores it.
+first; an attempt that does not know it yet ignores it. ``asker`` (an :class:`Asker`) says
+whose line it is: the batch owner's key, whose share of the local queue the attempt waits in
+(the engine's per-key fair share, as the key's interactive requests do), and whose budget pays
+the line's shadow audit, if one is drawn (:func:`proxy.serving.shadow.offer_line`).
 
 **Billing.** :func:`local_row` and :func:`api_row` make a line's :class:`LedgerRow`: priced at
 the ``batch`` tier (``service_tier`` and ``deferred_tier`` both ``batch``), so that the report
@@ -90,9 +93,26 @@ class CannotServe:
 Attempted = Accepted | Rejected | CannotServe
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Asker:
+    """Whose line it is: ``client``, the identity of the key that made the batch (None: the
+    keyless proxy); ``key_name``, that key's name (None: no key, or one revoked since); and
+    ``line_id``, the line's id (its ledger row's request id, and its audit's)."""
+
+    client: str | None = None
+    key_name: str | None = None
+    line_id: str = ""
+
+
 class LocalAttempt(Protocol):
     async def __call__(
-        self, url: str, body: dict[str, Any], *, deadline: float, priority: str
+        self,
+        url: str,
+        body: dict[str, Any],
+        *,
+        deadline: float,
+        priority: str,
+        asker: Asker | None = None,
     ) -> Attempted: ...
 
 

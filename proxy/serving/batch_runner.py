@@ -61,6 +61,7 @@ from proxy.ledger.writing.ledger_row import LedgerRow
 from proxy.serving.batch_lines import (
     PRIORITY,
     Accepted,
+    Asker,
     LocalAttempt,
     Purse,
     api_result,
@@ -257,7 +258,10 @@ class BatchRunner:
         batch = await self._call(self.store.get, line.batch_id)
         deadline = float((batch.times.get("expires_at") if batch else None) or started + WINDOW_S)
         try:
-            answer = await self.local(line.url, line.body, deadline=deadline, priority=PRIORITY)
+            asker = Asker(client=line.owner, key_name=self.key_name(line.owner), line_id=line.id)
+            answer = await self.local(
+                line.url, line.body, deadline=deadline, priority=PRIORITY, asker=asker
+            )
         except Exception as exc:  # the engine failed: the API gets the line
             log.warning("batch_line_local_failed", line=line.id, error=type(exc).__name__)
             answer = None

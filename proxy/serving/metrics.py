@@ -44,6 +44,9 @@ pricier one) cannot make a counter go down, so the exact figure over any window 
     frugal_batch_lines{state}, frugal_batches{status}      deferred work: open batch lines by
                                                            state, batches by status, read every
                                                            few seconds (proxy.serving.batch_gauges)
+    frugal_batch_runner_lines{state}                       this replica's runner: lines running
+                                                           locally, held, with the upstream
+    frugal_batch_runner_lines_finished_total{route}        lines it finished, local or api
 """
 
 from __future__ import annotations

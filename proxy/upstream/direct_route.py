@@ -6,7 +6,8 @@ JSON is serialised once and sent as bytes, and the answer's bytes are kept so th
 relayed without serialising them again. aiohttp, not httpx: on this path httpx's client and
 connection pool cost 4 to 10 times the CPU per request (``bench/upstream_clients.py``, numbers
 in ``bench/README.md``). A proxy set in ``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY`` (and
-``NO_PROXY``) is read once, at start-up.
+``NO_PROXY``) is read once, at start-up. A call sent with ``service_tier: "flex"`` waits
+``[fallback] flex_timeout_s`` for its answer instead of ``timeout_s``.
 
 Each method is one attempt; :class:`~proxy.upstream.client.Upstream` retries it. A status of
 300 or more becomes a :class:`~proxy.errors.ProxyError` through
@@ -66,6 +67,12 @@ class DirectRoute:
         self._urls: dict[str, URL] = {}
         self._session: aiohttp.ClientSession | None = None
         self._proxy: str | None = None
+        self._waits = {
+            flex: aiohttp.ClientTimeout(
+                total=None, connect=wait, sock_connect=settings.connect_timeout_s, sock_read=wait
+            )
+            for flex, wait in ((False, settings.timeout_s), (True, settings.flex_timeout_s))
+        }
         self.models = ModelList(self._base + "/models", self._ready, proxy=lambda: self._proxy)
         """The upstream's own model list (``GET api_base/models``), cached and bounded."""
 
@@ -81,12 +88,7 @@ class DirectRoute:
                 limit=MAX_CONNECTIONS, ttl_dns_cache=300, keepalive_timeout=KEEPALIVE_S
             ),
             headers={"authorization": f"Bearer {key}"} if key else None,
-            timeout=aiohttp.ClientTimeout(
-                total=None,
-                connect=s.timeout_s,
-                sock_connect=s.connect_timeout_s,
-                sock_read=s.timeout_s,
-            ),
+            timeout=self._timeout({}),
             trust_env=False,  # the proxy variables were read once above, not per request
         )
 
@@ -117,6 +119,7 @@ class DirectRoute:
             headers=_headers(request_id),
             proxy=self._proxy,
             allow_redirects=False,
+            timeout=self._timeout(body),
         ) as response:
             status = response.status
             if status >= 300:
@@ -195,6 +198,7 @@ class DirectRoute:
             headers=_headers(request_id),
             proxy=self._proxy,
             allow_redirects=False,
+            timeout=self._timeout(forward),
         )
         if response.status < 300:
             return Opened(response.content.iter_any(), _closer(response))
@@ -203,6 +207,11 @@ class DirectRoute:
         finally:
             response.release()
         raise status_error(response.status, response.headers, raw)
+
+    def _timeout(self, body: dict[str, Any]) -> aiohttp.ClientTimeout:
+        """The waits of a call of ``body``: ``[fallback] flex_timeout_s`` in place of
+        ``timeout_s`` for a flex call (the API answers those slowly by contract)."""
+        return self._waits[body.get("service_tier") == "flex"]
 
     def _ready(self) -> aiohttp.ClientSession:
         if self._session is None:

@@ -118,7 +118,11 @@ class LitellmRoute:
         kwargs = forwarded(forward, LITELLM_PARAMETERS)
         kwargs.update(
             model=forward["model"],
-            timeout=self._settings.timeout_s,
+            timeout=(
+                self._settings.flex_timeout_s
+                if forward.get("service_tier") == "flex"
+                else self._settings.timeout_s
+            ),
             num_retries=0,
             max_retries=0,
             drop_params=True,

@@ -22,6 +22,7 @@ from proxy.errors import ConfigError
         ("quality", {"threshold": 1.5}, "[quality] threshold = 1.5"),
         ("fallback", {"api_base": "ftp://x"}, "[fallback] api_base = 'ftp://x'"),
         ("fallback", {"responses": "chat"}, "[fallback] responses = 'chat'"),
+        ("fallback", {"flex_timeout_s": 0.0}, "[fallback] flex_timeout_s = 0.0"),
         (
             "quality",
             {"models": {"gpt-4o": 1.5}},

@@ -431,7 +431,13 @@ def test_a_batch_cancelled_mid_way_ends_once_its_running_lines_finish(pool: Pool
         "task-0",
         "task-1",
     ]
-    assert batch.as_openai()["request_counts"] == {"total": 6, "completed": 2, "failed": 0}
+    # The four lines never run are in the error file as OpenAI's batch_cancelled, counted
+    # failed: every custom_id is in exactly one of the two files.
+    assert [
+        (line["custom_id"], line["response"], line["error"]["code"])
+        for line in read_jsonl(files, batch.error_file_id)
+    ] == [(f"task-{i}", None, "batch_cancelled") for i in range(2, 6)]
+    assert batch.as_openai()["request_counts"] == {"total": 6, "completed": 2, "failed": 4}
     assert batches.progress(batch_id)["cancelled"] == 4
     # A worker that dies with a line of a cancelling batch: the batch ends once its lease has
     # passed, at the next sweep or cancel, not never.
@@ -443,6 +449,12 @@ def test_a_batch_cancelled_mid_way_ends_once_its_running_lines_finish(pool: Pool
     assert batches.expire(now=NOW + 60) == [stuck_id]
     stuck = batches.get(stuck_id)
     assert stuck is not None and stuck.status == "cancelled" and stuck.output_file_id is None
+    assert sorted(line["custom_id"] for line in read_jsonl(files, stuck.error_file_id)) == [
+        "task-0",
+        "task-1",
+        "task-2",
+    ]
+    assert stuck.as_openai()["request_counts"] == {"total": 3, "completed": 0, "failed": 3}
     with pytest.raises(AlreadyFinished):
         batches.finish(dying.id, answer(dying.id, 0), route="local", now=NOW + 61)
     # A line given back to a cancelling batch (its upstream batch was cancelled) ends it too.

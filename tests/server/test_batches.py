@@ -1,17 +1,35 @@
 """``/v1/batches`` against the in-process app, with the official ``openai`` SDK: create, read,
 list and cancel; a bad input file gives a ``failed`` batch with its ``errors``; each key its own
-batches; a bad parameter is a 400 naming it. (The lines are answered by the batch runner; here
-no line runs, so a batch stays ``in_progress`` until it is cancelled.)"""
+batches; a bad parameter is a 400 naming it; a batch cancelled or expired mid-way has every
+custom_id in exactly one of its two files. (The lines are answered by the app's batch runner on
+the shared engine; the tests that do not wait for them read the batch before its lines end.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sqlite3
+import time
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from tests.server.test_files import ALICE, BOB, CAROL, LINES, app  # noqa: F401 - the fixture
+from proxy.engine.fair_queue import KEYLESS
+from proxy.engine.local_engine import Ask, LocalEngine
+from tests.conftest import settings_for
+from tests.fake_api import FakeAPI
+from tests.in_process import in_process
+from tests.server.test_files import (  # noqa: F401 - the fixture
+    ALICE,
+    BOB,
+    CAROL,
+    KEYS_ENV,
+    LINES,
+    app,
+)
+from tests.server.test_metrics import parse, value
 
 ENDPOINT = "/v1/chat/completions"
 
@@ -146,3 +164,229 @@ async def test_bad_list_parameters_and_unknown_ids(app: Any) -> None:  # noqa: F
         ):
             answer = await served.http.request(method, f"http://localhost{path}")
             assert answer.status_code == 404 and answer.json()["error"]["param"] == "batch_id"
+
+
+def _lines(n: int) -> bytes:
+    return b"".join(
+        json.dumps(
+            {
+                "custom_id": f"task-{i}",
+                "method": "POST",
+                "url": ENDPOINT,
+                "body": {
+                    "model": "gpt-4o-mini",
+                    "messages": [{"role": "user", "content": f"Say hi {i}"}],
+                    "max_tokens": 4,
+                },
+            }
+        ).encode()
+        + b"\n"
+        for i in range(n)
+    )
+
+
+async def _until(client: openai.AsyncOpenAI, batch_id: str, done: Any) -> Any:
+    """The batch, polled until ``done(batch)`` (a minute at most)."""
+    for _ in range(1200):
+        batch = await client.batches.retrieve(batch_id)
+        if done(batch):
+            return batch
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the batch never got there: {batch.status} {batch.request_counts}")
+
+
+async def _files(client: openai.AsyncOpenAI, batch: Any) -> tuple[list[Any], list[Any]]:
+    """The batch's output and error files, each read as its lines."""
+    found: list[list[Any]] = []
+    for file_id in (batch.output_file_id, batch.error_file_id):
+        if file_id is None:
+            found.append([])
+            continue
+        text = (await client.files.content(file_id)).text
+        found.append([json.loads(line) for line in text.splitlines()])
+    return found[0], found[1]
+
+
+@pytest.mark.parametrize("end", ["cancelled", "expired"])
+async def test_a_batch_ended_mid_way_has_every_custom_id_in_exactly_one_file(
+    app: Any,  # noqa: F811
+    end: str,
+) -> None:
+    """Cancelled (or expired) once a line is answered: the lines never answered are in the error
+    file with OpenAI's code (``batch_cancelled``, ``batch_expired``), every custom_id is in
+    exactly one of the two files, and ``request_counts`` count what the files hold."""
+    total = 30
+    async with app(local={"parallel": 1}, quality={"threshold": 0.0}) as served:
+        client = served.sdk()
+        upload = await client.files.create(file=("in.jsonl", _lines(total)), purpose="batch")
+        made = await client.batches.create(
+            input_file_id=upload.id, endpoint=ENDPOINT, completion_window="24h"
+        )
+        await _until(client, made.id, lambda b: b.request_counts.completed >= 1)
+        if end == "cancelled":
+            await client.batches.cancel(made.id)
+        else:  # the window passed: the sweep the app runs every minute, a day later
+            state = served.http.app.state.services.batches
+            await state.call(state.batches.expire, now=time.time() + 25 * 3600)
+        batch = await _until(client, made.id, lambda b: b.status == end)
+        output, errors = await _files(client, batch)
+    ids = [line["custom_id"] for line in output + errors]
+    assert sorted(ids) == sorted(f"task-{i}" for i in range(total))  # each once
+    assert output and all(line["response"]["status_code"] == 200 for line in output)
+    code = "batch_cancelled" if end == "cancelled" else "batch_expired"
+    assert errors and {line["error"]["code"] for line in errors} == {code}
+    assert all(line["response"] is None for line in errors)
+    counts = batch.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (total, len(output), len(errors))
+    print(f"{end}: {len(output)} answered, {len(errors)} {code}")
+
+
+def _chat_line(i: int, content: Any) -> dict[str, Any]:
+    return {
+        "custom_id": f"task-{i}",
+        "method": "POST",
+        "url": ENDPOINT,
+        "body": {
+            "model": "gpt-4o-mini",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 8,
+        },
+    }
+
+
+async def _scrape(served: Any) -> Any:
+    return parse((await served.http.get("http://localhost/metrics")).text)
+
+
+async def _scrape_until(served: Any, seen: Any) -> Any:
+    """/metrics scraped until ``seen(samples)`` (a minute at most)."""
+    for _ in range(3000):
+        samples = await _scrape(served)
+        if seen(samples):
+            return samples
+        await asyncio.sleep(0.02)
+    raise AssertionError("/metrics never showed it")
+
+
+def _runner(samples: Any) -> tuple[float, float, float]:
+    return (
+        value(samples, "frugal_batch_runner_lines", state="running"),
+        value(samples, "frugal_batch_runner_lines", state="held"),
+        value(samples, "frugal_batch_runner_lines", state="upstream"),
+    )
+
+
+async def test_metrics_show_the_lines_the_runner_runs_holds_and_has_with_the_upstream(
+    app: Any,  # noqa: F811
+    fake_api: FakeAPI,
+) -> None:
+    """A batch whose first line has an image (the local model cannot serve it: held for the
+    upstream) and whose other lines run locally one at a time: /metrics shows one line running
+    and one held, then the held one with the upstream's batch (which the fake keeps
+    ``in_progress``), then, once the batch is cancelled, none; the lines finished locally are
+    counted by route."""
+    image = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    ]
+    local = 6
+    lines = [_chat_line(0, image)] + [_chat_line(i, f"Say hi {i}") for i in range(1, local + 1)]
+    content = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    fake_api.set(batch_polls=10**6)  # the upstream's batch never ends by itself
+    sections = {
+        "local": {"parallel": 1},
+        "quality": {"threshold": 0.0},
+        "batch": {"poll_interval_s": 0.05, "max_poll_interval_s": 0.1},
+    }
+    async with app(**sections) as served:
+        client = served.sdk()
+        before = await _scrape(served)
+        assert _runner(before) == (0, 0, 0)
+        upload = await client.files.create(file=("in.jsonl", content), purpose="batch")
+        made = await client.batches.create(
+            input_file_id=upload.id, endpoint=ENDPOINT, completion_window="24h"
+        )
+        await _scrape_until(served, lambda s: _runner(s) == (1, 1, 0))
+        sent = await _scrape_until(served, lambda s: _runner(s)[2] == 1)
+        assert _runner(sent) == (0, 0, 1)
+        assert value(sent, "frugal_batch_runner_lines_finished_total", route="local") == local
+        assert value(sent, "frugal_batch_runner_lines_finished_total", route="api") == 0
+        await client.batches.cancel(made.id)
+        batch = await _until(client, made.id, lambda b: b.status == "cancelled")
+        after = await _scrape_until(served, lambda s: _runner(s) == (0, 0, 0))
+    assert value(after, "frugal_batch_runner_lines_finished_total", route="local") == local
+    counts = batch.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (local + 1, local, 1)
+    assert [path for path, _, _ in fake_api.requests if path.endswith("/cancel")]
+
+
+class _Shares:
+    """The shared engine, with the share and class of each call noted."""
+
+    def __init__(self, engine: LocalEngine) -> None:
+        self._engine = engine
+        self.asks: list[tuple[str, str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def answer(self, request: dict[str, Any], ask: Ask) -> dict[str, Any]:
+        self.asks.append((ask.share, ask.priority))
+        return await self._engine.answer(request, ask)
+
+
+async def test_a_batch_line_runs_in_its_keys_share_and_is_offered_to_the_shadow_audits(
+    tmp_path: Path, fake_api: FakeAPI, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bob's batch lines wait in Bob's share of the local queue, as his interactive request
+    does (not the keyless one), and each line's local answer, kept or refused by the gate
+    (``gpt-4o`` has the bar 1), is offered to the shadow audits as an interactive answer is:
+    with ``[audit] rate = 1`` each gets its shadow call, under its line id."""
+    monkeypatch.setenv(KEYS_ENV, f"alice;admin:{ALICE},bob:{BOB},carol:{CAROL}")
+    settings = settings_for(
+        tmp_path,
+        fake_api,
+        server={"api_keys_env": KEYS_ENV},
+        local={"parallel": 1},
+        quality={"threshold": 0.0, "models": {"gpt-4o": 1.0}},
+        audit={"rate": 1.0},
+        batch={"poll_interval_s": 0.05, "max_poll_interval_s": 0.1},
+    )
+    refused = json.loads(_lines(3).splitlines()[2])
+    refused["body"]["model"] = "gpt-4o"
+    content = b"".join(_lines(3).splitlines(keepends=True)[:2]) + json.dumps(refused).encode()
+    shares = _Shares(engine)
+    async with in_process(settings, shares) as http:
+        bob = openai.AsyncOpenAI(
+            api_key=BOB, base_url="http://localhost/v1", http_client=http, max_retries=0
+        )
+        asked = await bob.chat.completions.with_raw_response.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "Say hi"}], max_tokens=4
+        )
+        assert asked.headers["x-frugal-route"] == "local"
+        [(own_share, interactive)] = shares.asks
+        upload = await bob.files.create(file=("in.jsonl", content), purpose="batch")
+        made = await bob.batches.create(
+            input_file_id=upload.id, endpoint=ENDPOINT, completion_window="24h"
+        )
+        batch = await _until(bob, made.id, lambda b: b.status == "completed")
+        output, errors = await _files(bob, batch)
+        lines = {line["id"] for line in output}
+        for _ in range(600):  # the audits run in the background
+            audited = {
+                headers.get("x-request-id", "").removesuffix(".audit")
+                for _, headers, _ in fake_api.requests
+                if headers.get("x-request-id", "").endswith(".audit")
+            }
+            if lines <= audited:
+                break
+            await asyncio.sleep(0.05)
+    print("shares", shares.asks, "audited", sorted(audited))
+    assert own_share != KEYLESS and interactive == "interactive"
+    assert len(output) == 3 and errors == []
+    assert shares.asks[1:] == [(own_share, "deferred")] * 3
+    assert lines <= audited  # each line's shadow call, under its line id
+    with sqlite3.connect(tmp_path / "ledger.db") as db:
+        kept = dict(db.execute("SELECT request_id, accepted FROM audits").fetchall())
+    by_custom_id = {line["custom_id"]: kept.get(line["id"]) for line in output}
+    assert by_custom_id == {"task-0": 1, "task-1": 1, "task-2": 0}  # the gate's verdicts

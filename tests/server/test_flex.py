@@ -150,3 +150,36 @@ async def test_a_flex_stream_the_api_cut_is_charged_at_the_flex_rate(
     )
     assert row["api_cost_pusd"] == paid
     assert paid and paid * 2 == book.cost(MODEL, row["prompt_tokens"], row["completion_tokens"])
+
+
+async def test_a_flex_fallback_waits_flex_timeout_s_not_the_interactive_timeout(
+    tmp_path: Path, fake_api: FakeAPI, make_client: AppFactory
+) -> None:
+    # The API answers after 1.5 s; [fallback] timeout_s is 0.5 s: a standard call times out
+    # (504), a flex one waits [fallback] flex_timeout_s (15 minutes by default) and gets its
+    # answer, streamed or not.
+    fake_api.set(latency_s=1.5)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8}
+    flex = {**chat, "service_tier": "flex"}
+    settings = settings_for(tmp_path, fake_api, fallback={"timeout_s": 0.5, "max_retries": 0})
+    async with make_client(settings) as client:
+        standard = await client.post("/v1/chat/completions", json=chat, headers=API)
+        waited = await client.post("/v1/chat/completions", json=flex, headers=API)
+        streamed = await client.post(
+            "/v1/chat/completions", json={**flex, "stream": True}, headers=API
+        )
+        text = await client.post(
+            "/v1/completions", json={**PROMPT, "service_tier": "flex"}, headers=API
+        )
+    assert standard.status_code == 504, standard.text[:300]
+    assert waited.status_code == 200, waited.text[:300]
+    assert waited.json()["choices"][0]["message"]["content"]
+    assert streamed.status_code == 200 and "data: [DONE]" in streamed.text
+    assert '"error"' not in streamed.text
+    assert text.status_code == 200, text.text[:300]
+    assert [sent.get("service_tier") for _, _, sent in fake_api.requests] == [
+        None,
+        "flex",
+        "flex",
+        "flex",
+    ]

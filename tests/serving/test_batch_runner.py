@@ -37,7 +37,14 @@ from proxy.ledger.db.connections import Pool
 from proxy.ledger.db.location import Database
 from proxy.ledger.pricing import Price, PriceBook, pico_per_token
 from proxy.ledger.tenants.budgets import Budgets
-from proxy.serving.batch_lines import Accepted, Attempted, CannotServe, LedgerPurse, Rejected
+from proxy.serving.batch_lines import (
+    Accepted,
+    Asker,
+    Attempted,
+    CannotServe,
+    LedgerPurse,
+    Rejected,
+)
 from proxy.serving.batch_runner import BatchRunner
 from proxy.upstream.client import Upstream
 from proxy.upstream.deferred import Deferred
@@ -89,12 +96,20 @@ class Local:
     def __init__(self, accept: set[int], cannot: frozenset[int] = frozenset()) -> None:
         self.accept, self.cannot = accept, cannot
         self.asked: list[tuple[int, float, str]] = []
+        self.askers: dict[int, Asker | None] = {}
 
     async def __call__(
-        self, url: str, body: dict[str, Any], *, deadline: float, priority: str
+        self,
+        url: str,
+        body: dict[str, Any],
+        *,
+        deadline: float,
+        priority: str,
+        asker: Asker | None = None,
     ) -> Attempted:
         i = index_of(body)
         self.asked.append((i, deadline, priority))
+        self.askers[i] = asker
         if i in self.cannot:
             return CannotServe(reason="unsupported")
         if i not in self.accept:
@@ -174,6 +189,10 @@ async def test_rejects_reach_the_upstream_as_one_batch_and_every_line_is_answere
     sent = [cid for cid, _, _ in api.batch_lines]
     by_id = {line["id"]: int(line["custom_id"].split("-")[1]) for line in out}
     assert [by_id[cid] for cid in sent] == [1, 4, 5, 7]  # the rejects, in order, once each
+    # Each line was asked for as its batch owner's (its key's share, its audit's purse).
+    assert {
+        line_id: Asker(client="id:1", key_name="id:1", line_id=line_id) for line_id in by_id
+    } == {line_id: local.askers[i] for line_id, i in by_id.items()}
     found = rows(pool)
     assert sorted(r[0] for r in found) == sorted(by_id)
     for request_id, route, reason, prompt, completion, cost, tier, deferred_tier, saved in found:
@@ -220,7 +239,13 @@ async def test_a_started_runner_refills_a_slot_as_a_line_ends_and_stop_gives_lin
 
     class Slow(Local):
         async def __call__(
-            self, url: str, body: dict[str, Any], *, deadline: float, priority: str
+            self,
+            url: str,
+            body: dict[str, Any],
+            *,
+            deadline: float,
+            priority: str,
+            asker: Asker | None = None,
         ) -> Attempted:
             if index_of(body) == 0 and not hold.is_set():
                 self.asked.append((0, deadline, priority))
@@ -405,13 +430,20 @@ async def test_a_batch_cancelled_mid_way_finishes_its_running_lines_and_starts_n
     api: FakeAPI, pool: Pool
 ) -> None:
     """The client cancels while the runner's second line runs locally: the two running lines
-    finish, the rest are never started, and the batch ends ``cancelled``."""
+    finish, the rest are never started (in the error file as ``batch_cancelled``), and the batch
+    ends ``cancelled``."""
     batch_id = make_batch(pool, 6)
     store = BatchStore(pool, prices=PRICES)
 
     class Cancelling(Local):
         async def __call__(
-            self, url: str, body: dict[str, Any], *, deadline: float, priority: str
+            self,
+            url: str,
+            body: dict[str, Any],
+            *,
+            deadline: float,
+            priority: str,
+            asker: Asker | None = None,
         ) -> Attempted:
             if index_of(body) == 1:
                 await asyncio.to_thread(store.cancel, batch_id)
@@ -426,7 +458,10 @@ async def test_a_batch_cancelled_mid_way_finishes_its_running_lines_and_starts_n
     status, out, errors = output(pool, batch_id)
     assert status == "cancelled"
     assert [line["custom_id"] for line in out] == ["task-0", "task-1"]
-    assert errors == []  # a cancelled line is in neither file, as OpenAI's are not
+    # The lines never started are in the error file as batch_cancelled: each custom_id once.
+    assert [(line["custom_id"], line["error"]["code"]) for line in errors] == [
+        (f"task-{i}", "batch_cancelled") for i in range(2, 6)
+    ]
     assert store.progress(batch_id)["cancelled"] == 4
     assert len(rows(pool)) == 2 and api.batches_made == 0
 
@@ -448,7 +483,8 @@ async def test_a_cancelled_batch_cancels_its_upstream_batch(api: FakeAPI, pool: 
     cancels = [r for r in api.requests if r.path.endswith("/cancel")]
     assert len(cancels) == 1
     status, out, errors = output(pool, batch_id)
-    assert status == "cancelled" and out == [] and errors == []
+    assert status == "cancelled" and out == []
+    assert [line["error"]["code"] for line in errors] == ["batch_cancelled"] * 3
     assert store.progress(batch_id)["cancelled"] == 3 and rows(pool) == []
 
 
@@ -505,7 +541,13 @@ class EngineAttempt:
         self.scores: dict[int, float | None] = {}
 
     async def __call__(
-        self, url: str, body: dict[str, Any], *, deadline: float, priority: str
+        self,
+        url: str,
+        body: dict[str, Any],
+        *,
+        deadline: float,
+        priority: str,
+        asker: Asker | None = None,
     ) -> Attempted:
         content = body["messages"][0]["content"]
         if isinstance(content, list):

@@ -4,7 +4,8 @@ and their lines, which workers claim through the database.
     objects      what the stores hand out (a file, a batch, a line, a line's result) as OpenAI's
                  objects; a batch's statuses and the moves between them; OpenAI's limits
     input_file   a batch's input file read into its lines, or the errors that fail the batch
-    files        ``FileStore``: uploads within a per-key byte quota, listed, read, deleted, swept
+    files        ``FileStore``: uploads within a per-key byte quota, listed, read (a slice at a
+                 time), deleted, swept
     outputs      a batch's end: its output and error files, built from its lines in the
                  client's order; lines cancelled, expired or given up
     records      a batch's and a line's rows read back as objects, and the statements' helpers

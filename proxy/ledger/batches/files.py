@@ -14,8 +14,9 @@ but are never refused: the work they hold is done and paid for.
 A file may expire (OpenAI's ``expires_after``: ``{"anchor": "created_at", "seconds": N}``,
 an hour to 30 days); :meth:`FileStore.sweep` deletes the expired ones and gives their bytes
 back. Who may read which file is the HTTP side's business: this module lists by owner (None:
-the keyless proxy, stored as ``''``) and reads or deletes by id. Blocking methods: run them in
-a thread.
+the keyless proxy, stored as ``''``) and reads or deletes by id. A file's bytes are read a
+:data:`CHUNK_BYTES` slice at a time (:meth:`FileStore.chunk`), so that serving a batch's
+200 MB file holds one slice in memory, not the file. Blocking methods: run them in a thread.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from proxy.ledger.db.connections import Pool, Tx
 
 EXPIRES_AFTER_S = (3600, 30 * 86_400)  # OpenAI's bounds on expires_after.seconds
 MAX_LIST = 10_000  # OpenAI's most files in one page
+CHUNK_BYTES = 1 << 20  # what one read of a file's content holds in memory
 _COLUMNS = "id, owner, purpose, filename, bytes, created_at, expires_at, status"
 
 
@@ -133,6 +135,28 @@ def read_content(tx: Tx, file_id: str) -> bytes | None:
     return bytes(rows[0][0]) if rows else None
 
 
+def read_chunk(tx: Tx, file_id: str, offset: int, size: int) -> bytes | None:
+    """Up to ``size`` of the file's bytes from ``offset`` (``b""`` past its end); None when
+    there is no such file. Only those bytes reach this process: SQLite's incremental blob I/O
+    reads the pages that hold them, PostgreSQL sends the slice ``substr`` cut."""
+    if tx.db.is_postgres:
+        rows = tx.rows(
+            "SELECT substr(content, CAST(? AS integer), CAST(? AS integer)) FROM batch_files "
+            "WHERE id = ?",
+            (offset + 1, size, file_id),
+        )
+        return bytes(rows[0][0]) if rows else None
+    found = tx.rows("SELECT rowid, bytes FROM batch_files WHERE id = ?", (file_id,))
+    if not found:
+        return None
+    rowid, length = found[0]
+    if offset >= int(length):
+        return b""
+    with tx.raw.blobopen("batch_files", "content", rowid, readonly=True) as blob:
+        blob.seek(offset)
+        return bytes(blob.read(size))
+
+
 def read_file(tx: Tx, file_id: str) -> StoredFile | None:
     rows = tx.rows(f"SELECT {_COLUMNS} FROM batch_files WHERE id = ?", (file_id,))
     return _file(rows[0]) if rows else None
@@ -208,8 +232,16 @@ class FileStore:
             return read_file(tx, file_id)
 
     def content(self, file_id: str) -> bytes | None:
+        """The file's bytes, all at once (a small file, or a test's; ``GET .../content``
+        reads a file a :meth:`chunk` at a time)."""
         with self.pool.transaction() as tx:
             return read_content(tx, file_id)
+
+    def chunk(self, file_id: str, offset: int, size: int = CHUNK_BYTES) -> bytes | None:
+        """Up to ``size`` of the file's bytes from ``offset``, each call its own short
+        transaction (``b""`` past the end; None: the file is not there, or no longer)."""
+        with self.pool.transaction() as tx:
+            return read_chunk(tx, file_id, offset, size)
 
     def list_files(
         self,

@@ -1,14 +1,15 @@
 """A batch's end: its output and error files built from its lines, and the move to its last
 status, in the transaction that saw its last line finish (or that cancelled or expired it);
-and the lines ended without a result: cancelled, expired (``batch_expired``) or given up
-after their workers kept dying (``line_abandoned``). Each function runs in its caller's
-transaction, which holds the batch's lock on PostgreSQL.
+and the lines ended without a result: cancelled (``batch_cancelled``), expired
+(``batch_expired``) or given up after their workers kept dying (``line_abandoned``). Each
+function runs in its caller's transaction, which holds the batch's lock on PostgreSQL.
 
-The files hold each finished line once, in the order of the client's input file (its
-``idx``): a 2xx answer in the output file, any other answer or an error in the error file, in
-OpenAI's line shape ``{"id", "custom_id", "response": {"status_code", "request_id", "body"},
-"error"}``. A file with no line is not made (its id stays null), as OpenAI's are not. The
-files are the batch key's, and count in its tally (:mod:`proxy.ledger.batches.files`).
+The files hold each ended line once (finished, or cancelled), in the order of the client's
+input file (its ``idx``): a 2xx answer in the output file, any other answer or an error in the
+error file, in OpenAI's line shape ``{"id", "custom_id", "response": {"status_code",
+"request_id", "body"}, "error"}``. A file with no line is not made (its id stays null), as
+OpenAI's are not. The files are the batch key's, and count in its tally
+(:mod:`proxy.ledger.batches.files`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from proxy.ledger.batches.objects import output_line
 from proxy.ledger.db.connections import Tx
 
 OPEN_STATES = ("pending", "claimed", "deferred")
+ENDED_STATES = ("done", "cancelled")  # the lines a batch's files hold
+CANCELLED_MESSAGE = "This request was not run: its batch was cancelled first."
 
 
 def _jsonl(lines: list[dict[str, Any]]) -> bytes:
@@ -43,8 +46,8 @@ def build_files(tx: Tx, batch_id: str, owner: str, now: int) -> tuple[str | None
     """Write the batch's output and error files from its finished lines; their ids."""
     rows = tx.rows(
         "SELECT id, custom_id, status_code, request_id, response, error FROM batch_lines "
-        "WHERE batch_id = ? AND state = 'done' ORDER BY idx",
-        (batch_id,),
+        "WHERE batch_id = ? AND state IN (?, ?) ORDER BY idx",
+        (batch_id, *ENDED_STATES),
     )
     good: list[dict[str, Any]] = []
     bad: list[dict[str, Any]] = []
@@ -102,12 +105,23 @@ def settle(tx: Tx, batch_id: str, now: int) -> str | None:
 
 def drop_idle_lines(tx: Tx, batch_id: str, at: float) -> str | None:
     """Cancel the lines of a cancelling batch that nobody runs (pending, or claimed by a worker
-    whose lease has passed), and end the batch if no line runs on; its new status, if it ended."""
-    tx.run(
-        "UPDATE batch_lines SET state = 'cancelled', worker = NULL, lease_until = NULL "
-        "WHERE batch_id = ? AND (state = 'pending' OR (state = 'claimed' AND lease_until <= ?))",
-        (batch_id, at),
+    whose lease has passed), and end the batch if no line runs on; its new status, if it ended.
+
+    A cancelled line keeps the state ``cancelled`` (never claimed, never finished), and carries
+    OpenAI's error ``batch_cancelled``: it goes to the error file with its ``custom_id`` and
+    counts as failed, so that once the batch is ``cancelled`` every line is in exactly one of
+    its two files and ``completed + failed`` is ``total``."""
+    error = json.dumps(
+        {"code": "batch_cancelled", "message": CANCELLED_MESSAGE}, separators=(",", ":")
     )
+    count = tx.count(
+        "UPDATE batch_lines SET state = 'cancelled', error = ?, finished_at = ?, worker = NULL, "
+        "lease_until = NULL WHERE batch_id = ? AND (state = 'pending' OR "
+        "(state = 'claimed' AND lease_until <= ?))",
+        (error, at, batch_id, at),
+    )
+    if count:
+        tx.run("UPDATE batches SET failed = failed + ? WHERE id = ?", (count, batch_id))
     return settle(tx, batch_id, int(at))
 
 

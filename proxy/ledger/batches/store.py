@@ -5,7 +5,8 @@ through the database, finished once each, billed once each.
 the batch and its lines in one transaction: a good file gives an ``in_progress`` batch with one
 ``batch_lines`` row per line, a bad one a ``failed`` batch whose ``errors`` name each bad line
 (:mod:`proxy.ledger.batches.input_file`) and no line at all. :meth:`BatchStore.cancel` moves it
-to ``cancelling`` and its lines not yet running to ``cancelled``; :meth:`BatchStore.expire`
+to ``cancelling`` and its lines not yet running to ``cancelled`` (in its error file as
+``batch_cancelled``, counted failed, once the batch is ``cancelled``); :meth:`BatchStore.expire`
 ends the batches whose window has passed, their unfinished lines in the error file as
 ``batch_expired``. The transaction that finishes a batch's last line also ends the batch
 (:mod:`proxy.ledger.batches.outputs`). Every move is checked against

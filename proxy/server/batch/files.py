@@ -8,17 +8,18 @@ file_quota_bytes`` less what it keeps): a declared ``Content-Length`` past that 
 without one is refused as soon as it passes it; the store then checks the file itself against
 the quota and OpenAI's sizes (200 MB for ``batch``, 512 MB otherwise) in the transaction that
 writes it. ``GET /v1/files`` lists (``purpose``, ``after``, ``limit``, ``order``), ``GET
-/v1/files/{file_id}`` reads one, ``.../content`` its bytes, ``DELETE`` deletes it. A key sees
+/v1/files/{file_id}`` reads one, ``.../content`` its bytes (streamed from the database a slice
+at a time), ``DELETE`` deletes it. A key sees
 its own files; another's is a 404 naming ``file_id``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from proxy.errors import BadRequest
 from proxy.ledger.batches.files import MAX_LIST
@@ -172,10 +173,28 @@ async def one(request: Request) -> Response:
 
 
 async def content(request: Request) -> Response:
-    """``GET /v1/files/{file_id}/content``: the file's bytes."""
+    """``GET /v1/files/{file_id}/content``: the file's bytes, streamed a slice at a time from
+    the database (:meth:`~proxy.ledger.batches.files.FileStore.chunk`), so that a large file is
+    never held whole in memory. Its ``Content-Length`` is the file's size; a file deleted while
+    it is read ends short (the client sees a cut body, never another file's bytes)."""
     state = state_of(request)
     found = await state.visible_file(request, request.path_params["file_id"])
-    data = await state.call(state.files.content, found.id)
-    if data is None:  # deleted between the two reads
+    first = await state.call(state.files.chunk, found.id, 0)
+    if first is None:  # deleted between the two reads
         return await one(request)
-    return Response(data, media_type="application/octet-stream")
+
+    async def chunks() -> AsyncIterator[bytes]:
+        part: bytes | None = first
+        offset = 0
+        while part:
+            yield part
+            offset += len(part)
+            if offset >= found.bytes:
+                return
+            part = await state.call(state.files.chunk, found.id, offset)
+
+    return StreamingResponse(
+        chunks(),
+        media_type="application/octet-stream",
+        headers={"content-length": str(found.bytes)},
+    )
