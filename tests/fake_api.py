@@ -45,8 +45,9 @@ forgets the recorded requests):
   answered as without the knob (``tool_call``, or the ``reply``). Every call has a new call id;
   ``set`` copies the list, and what is left of it is ``tool_script``
 - ``batch_polls``, ``batch_seconds``, ``batch_fail``, ``batch_expire_after``,
-  ``batch_line_error``, ``batch_output_extra``: the Files and Batch APIs' knobs (a slow, failed
-  or expired batch, a failed line, a hostile output file), described in
+  ``batch_line_error``, ``batch_output_extra``, ``batch_unsupported``: the Files and Batch
+  APIs' knobs (a slow, failed or expired batch, a failed line, a hostile output file, a
+  provider without batches), described in
   :mod:`tests.fake_batch`, which serves ``/v1/files`` and ``/v1/batches`` as OpenAI's do
 - ``served_tier``: the ``service_tier`` a chat answer (and each of its stream's chunks) says it
   was served at, as OpenAI's do (None: the field is left out)
@@ -155,6 +156,7 @@ DEFAULTS: dict[str, Any] = {
     "batch_expire_after": None,
     "batch_line_error": None,
     "batch_output_extra": (),
+    "batch_unsupported": None,
 }
 
 _ERROR_TYPES = {

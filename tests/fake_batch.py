@@ -32,6 +32,9 @@ Knobs (on the FakeAPI, read when a batch is made):
   answered with a 400 (``invalid_request_error``) in the error file
 - ``batch_output_extra``: lines of text put at the end of the output file as they are (a
   hostile upstream: a ``custom_id`` never sent, a line again, a very long line, no JSON)
+- ``batch_unsupported``: a status (404 or 400): ``POST /v1/batches`` answers it, saying that
+  batches are not supported, and makes none (a provider, account or model without them); the
+  upload is still taken
 
 A bad input file (a line that is not JSON, with no ``custom_id``, a ``custom_id`` twice, another
 ``url`` than the batch's ``endpoint``, no ``body``) makes the batch ``failed`` with one error per
@@ -214,6 +217,9 @@ class FakeBatches:
         body, early = await self.api._enter(request)
         if early is not None:
             return early
+        refusal = self.api.batch_unsupported
+        if refusal is not None:
+            return _error(int(refusal), "Batch processing is not supported for this account.")
         source = self.files.get(str(body.get("input_file_id")))
         if source is None or source.obj["purpose"] != "batch":
             return _error(400, "input_file_id names no file of purpose 'batch'", "input_file_id")

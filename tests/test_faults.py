@@ -3523,3 +3523,96 @@ def test_issue41_a_batch_cancelled_then_kill_9_ends_cancelled_with_every_custom_
     assert (counts["total"], counts["completed"], counts["failed"]) == (n, len(out), len(errors))
     assert sorted(r["request_id"] for r in rows) == sorted(x["id"] for x in out)  # one row each
     assert api.count == 0  # every kept line local: nothing reached the API
+
+
+# -- issue 41 (litellm-batch): a litellm-routed provider's rejects at batch price ----------------
+#
+# One model is mapped to `groq/…`, whose Files and Batch APIs are OpenAI's; Groq's own variables
+# point litellm at the fake, with a key only the fake takes (not [fallback] api_base's). The gate
+# refuses every line of that model ([quality.models] 1.0). Before, each reject went as its own
+# chat call through litellm, at the full rate; now they reach the fake's Batch API as one batch,
+# under the provider's model name, and each ledger row is priced at the batch rate.
+
+_I41_LITELLM_BATCH_MODEL = "i41-groq"
+_I41_LITELLM_BATCH_KEY = "gsk-i41-litellm-batch-test"
+_I41_LITELLM_BATCH_PRICE = {"input_per_mtok": 0.4, "output_per_mtok": 1.6}
+
+
+def test_issue41_litellm_batch_a_groq_models_rejects_reach_its_batch_api_as_one_batch(
+    tmp_path: Path, api: FakeAPI
+) -> None:
+    """Three chat lines of a ``groq/served-model`` model, all refused by the gate, sent through
+    the official SDK to a real ``frugal serve``: one upstream batch at Groq's base with Groq's
+    key, no single call, every custom_id once in order, and one ledger row per line at the
+    batch rate (half the configured rate: the price map has no batch rate for it)."""
+    api.set(require_key=_I41_LITELLM_BATCH_KEY, served_tier="on_demand")
+    env = {"GROQ_API_BASE": api.url, "GROQ_API_KEY": _I41_LITELLM_BATCH_KEY}
+    config = {
+        "fallback": {"models": {_I41_LITELLM_BATCH_MODEL: "groq/served-model"}},
+        "quality": {"models": {_I41_LITELLM_BATCH_MODEL: 1.0}},
+        "pricing": {"served-model": _I41_LITELLM_BATCH_PRICE},
+        "batch": {"poll_interval_s": 0.05, "max_poll_interval_s": 0.2},
+    }
+    n = 3
+    lines = [
+        {
+            "custom_id": f"g-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": _I41_LITELLM_BATCH_MODEL,
+                "messages": [{"role": "user", "content": f"{QUESTION} ({i})"}],
+                "max_tokens": 8,
+                "temperature": 0,
+            },
+        }
+        for i in range(n)
+    ]
+    content = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    served = wait_ready(launch(tmp_path, api, config=config, env=env))
+    try:
+        client = served.client()
+        uploaded = client.files.create(file=("in.jsonl", content), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        end = time.monotonic() + CEILING_S
+        while batch.status not in ("completed", "failed", "expired", "cancelled"):
+            assert time.monotonic() < end, batch
+            time.sleep(0.2)
+            batch = client.batches.retrieve(batch.id)
+        assert batch.output_file_id is not None, batch
+        out = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+        rows = ledger_rows(served.db, "deferred_tier = 'batch'")
+        while len(rows) < n and time.monotonic() < end:
+            time.sleep(0.2)
+            rows = ledger_rows(served.db, "deferred_tier = 'batch'")
+    finally:
+        stop(served)
+    print(
+        f"\nissue41 litellm batch: {batch.status} {batch.request_counts}, "
+        f"{api.batches_made} upstream batch(es), {api.single_calls} single call(s), "
+        f"rows {[(r['route'], r['api_cost_pusd']) for r in rows]}"
+    )
+    assert batch.status == "completed" and batch.error_file_id is None
+    assert [x["custom_id"] for x in out] == [f"g-{i}" for i in range(n)]
+    assert api.batches_made == 1 and api.single_calls == 0
+    assert {body["model"] for _, _, body in api.batch_lines} == {"served-model"}
+    assert {r.headers["authorization"] for r in api.requests} == {
+        f"Bearer {_I41_LITELLM_BATCH_KEY}"
+    }
+    from proxy.ledger.pricing import Price, pico_per_token  # this block's own, not the file's
+
+    configured = Price(input=pico_per_token(0.4), output=pico_per_token(1.6))
+    price = PriceBook({}, {"served-model": configured}).price("served-model", "batch")
+    assert price is not None
+    assert sorted(r["request_id"] for r in rows) == sorted(x["id"] for x in out)
+    for row in rows:
+        assert (row["route"], row["service_tier"], row["deferred_tier"]) == (
+            "api",
+            "batch",
+            "batch",
+        )
+        assert row["prompt_tokens"] > 0 and row["completion_tokens"] > 0
+        cost = row["prompt_tokens"] * price.input + row["completion_tokens"] * price.output
+        assert row["api_cost_pusd"] == cost > 0

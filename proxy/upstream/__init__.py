@@ -19,6 +19,8 @@
                     cached and bounded in time, bytes and ids
     batch_api       ``BatchAPI``: the upstream's own Files and Batch APIs (one JSONL file, one
                     batch, polled, its output and error files read back, bounded)
+    litellm_batches the Batch API wire of a litellm provider whose Files and Batch APIs are
+                    OpenAI's (``BATCH_PROVIDERS``), at litellm's base and key for it
     deferred        ``Deferred``: lines that can wait sent by ``[batch] fallback`` (``batch``,
                     ``flex`` or ``sync``), one outcome back: answers and the unanswered
     failures        ``translate``: every aiohttp, litellm or status failure becomes a

@@ -2,7 +2,9 @@
 
 :class:`BatchAPI` sends the lines of one upstream as one batch and reads their answers back,
 through a :class:`Wire`: :class:`DirectWire`, ``[fallback] api_base`` over the direct route's
-pool (the one wire so far: see :mod:`proxy.upstream.deferred` for litellm's providers):
+pool, or the same wire at a litellm provider's own base and key where its Batch API is OpenAI's
+(:mod:`proxy.upstream.litellm_batches`, whose lines are sent under the provider's own model
+name):
 
 1. :meth:`~BatchAPI.submit`: one JSONL file uploaded (``POST /files``, purpose ``batch``), one
    batch made of it (``POST /batches``, window ``24h``); the batch's id.
@@ -36,6 +38,7 @@ parsed, as every relayed answer is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
@@ -46,7 +49,7 @@ import structlog
 
 from proxy.config.batch_settings import BatchSettings
 from proxy.config.secrets import Secrets
-from proxy.errors import UpstreamError, UpstreamTimeout
+from proxy.errors import ProxyError, UpstreamError, UpstreamStatus, UpstreamTimeout
 from proxy.upstream.direct_route import PARSE_IN_THREAD_BYTES, DirectRoute
 from proxy.upstream.failures import translate
 from proxy.upstream.route import Opened
@@ -172,7 +175,9 @@ class BatchAPI:
     """An upstream's Files and Batch APIs, through ``wire``.
 
     ``retry`` is the client's :meth:`RetryPolicy.run`; ``secrets`` what an answer must not hold;
-    ``max_line_bytes`` the longest output line read (``[fallback] max_answer_bytes``). Made by
+    ``max_line_bytes`` the longest output line read (``[fallback] max_answer_bytes``); ``model``
+    the name every line is sent as, where the wire's upstream knows the model by another name
+    than the body says (a litellm provider's, its prefix dropped). Made by
     :meth:`proxy.upstream.client.Upstream.batch_api`.
     """
 
@@ -184,9 +189,11 @@ class BatchAPI:
         settings: BatchSettings,
         *,
         max_line_bytes: int,
+        model: str | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._max_line_bytes = max_line_bytes
+        self._model = model
         self._wire = wire
         self._retry = retry
         self._secrets = secrets
@@ -210,7 +217,10 @@ class BatchAPI:
         self, endpoint: str, lines: Sequence[tuple[str, dict[str, Any]]], *, request_id: str
     ) -> str:
         """Upload ``lines`` (``custom_id``, the body to send) for ``endpoint`` (``/v1/...``) as
-        one file and make one batch of it; the batch's id."""
+        one file and make one batch of it; the batch's id. A batch the upstream refuses to make
+        has its file deleted (if it can be) before the refusal is raised."""
+        if self._model is not None:
+            lines = [(cid, {**body, "model": self._model}) for cid, body in lines]
         content = b"".join(
             _encode({"custom_id": cid, "method": "POST", "url": endpoint, "body": body}).encode()
             + b"\n"
@@ -218,7 +228,12 @@ class BatchAPI:
         )
         uploaded = await self._call("upload", self._wire.upload, content, request_id)
         wire = self._wire
-        made = await self._call("create", wire.create, uploaded["id"], endpoint, request_id)
+        try:
+            made = await self._call("create", wire.create, uploaded["id"], endpoint, request_id)
+        except UpstreamStatus:  # refused (a 4xx): the file would be left there for nothing
+            with contextlib.suppress(ProxyError):
+                await self.delete_file(uploaded["id"], request_id=request_id)
+            raise
         log.info("upstream_batch_made", batch=made["id"], lines=len(lines))
         return str(made["id"])
 

@@ -197,12 +197,22 @@ class Upstream(Closing):
     def batch_api(self, settings: BatchSettings, requested_model: str = "") -> BatchAPI | None:
         """The Files and Batch APIs that lines for ``requested_model`` go to
         (:mod:`proxy.upstream.batch_api`), under this client's retries and secrets: those of
-        ``api_base`` for a model on the direct route; None for a model that litellm sends
+        ``api_base`` for a model on the direct route; for a model that litellm sends, its
+        provider's where they are OpenAI's (:mod:`proxy.upstream.litellm_batches`), else None
         (its lines go one call each: see :mod:`proxy.upstream.deferred`)."""
-        if self._model({"model": requested_model})[0] != DIRECT:
+        way, name = self._model({"model": requested_model})
+        limit = self._settings.max_answer_bytes
+        if way == DIRECT:
+            wire = DirectWire(self._direct)
+            return BatchAPI(wire, self._retry, self._secrets, settings, max_line_bytes=limit)
+        route = self._ways[way]
+        found = route.batch_wire(name) if isinstance(route, LitellmRoute) else None
+        if found is None:
             return None
-        wire, limit = DirectWire(self._direct), self._settings.max_answer_bytes
-        return BatchAPI(wire, self._retry, self._secrets, settings, max_line_bytes=limit)
+        provider, model = found
+        return BatchAPI(
+            provider, self._retry, self._secrets, settings, max_line_bytes=limit, model=model
+        )
 
     async def listed_models(self) -> list[str]:
         """The upstream's own model ids, for ``GET /v1/models``: cached and bounded

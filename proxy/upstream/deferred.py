@@ -25,14 +25,24 @@ Each body is the one the interactive path would send (:meth:`Upstream.sent`: the
 allow-list, the mapped model), and a ``/v1/responses`` body must already be the one
 :mod:`proxy.upstream.responses_api` builds.
 
-A model that ``[fallback.models]`` maps to a litellm provider is sent one call per line
-(``sync``, through the litellm route). litellm's own file and batch functions were tried
-against the fake API (``hosted_vllm``) and not used: for the OpenAI-compatible providers they
-resolve neither base nor key from the provider's variables (the caller must), they build an
-``openai`` client per call whose connections are never closed (five sockets left open by one
-small batch), and a poll of a finished batch makes litellm read its whole output file in the
+A model that ``[fallback.models]`` maps to a litellm provider: where the provider's Files and
+Batch APIs are OpenAI's (``groq``, ``deepinfra``, ``nebius``: see
+:mod:`proxy.upstream.litellm_batches`, which also says why the others are not), its chat lines
+go in ``batch`` mode as one batch through the proxy's own wire, at the base URL and with the key
+litellm's resolver gives for that provider, each line under the provider's own model name, so
+they are billed at the provider's batch rate. Every other litellm provider, and a litellm
+model's lines on other endpoints than chat, are sent one call per line (``sync``, chat through
+the litellm route). A listed provider that refuses to make the batch (a 404, or a 400 that says
+batches are not supported) has that batch's lines sent one call each, once, and a warning
+``upstream_batch_unsupported`` says so (the provider, the requested model, the status, the
+count of lines: no key, no content). litellm's own file and batch functions were tried against
+the fake API (``hosted_vllm``) and not used: for the OpenAI-compatible providers they resolve
+neither base nor key from the provider's variables (the caller must), they build an ``openai``
+client per call whose connections are never closed (five sockets left open by one small
+batch), and a poll of a finished batch makes litellm read its whole output file in the
 background to price it, with no bound (unless ``litellm_metadata`` says
-``batch_ignore_default_logging``).
+``batch_ignore_default_logging``). The proxy's wire has none of these faults: one pool per
+base and key, closed at shutdown, and every read bounded as on the direct route.
 
 For a batch, ``send`` calls ``submitted(batch_id, custom_ids)`` once the upstream has made it
 and before it is polled, so that the runner can record the id and, after a restart, pick the
@@ -42,12 +52,15 @@ batch up again with :meth:`Deferred.resume` instead of sending its lines twice.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from proxy.config import BatchSettings
-from proxy.errors import ProxyError, UpstreamRateLimited
+from proxy.errors import ProxyError, UpstreamRateLimited, UpstreamStatus
 from proxy.upstream.batch_api import BatchAPI, LineResult
 from proxy.upstream.client import (
     CHAT_PATH,
@@ -68,6 +81,12 @@ ENDPOINTS: dict[str, str] = {
 """A line's ``url`` and the upstream path under ``api_base`` it is sent to."""
 FLEX_PATHS = frozenset({CHAT_PATH, RESPONSES_PATH})
 """The endpoints OpenAI serves at the flex tier."""
+CHAT_URL = "/v1/chat/completions"
+UNSUPPORTED = re.compile(r"not (yet )?supported|unsupported|not enabled|not available", re.I)
+"""What a 400 says when a provider makes no batch of these lines (this account, model or base
+has no Batch API): the lines go one call each instead."""
+
+log = structlog.get_logger("frugal.upstream")
 
 Submitted = Callable[[str, tuple[str, ...]], Awaitable[None]]
 
@@ -157,9 +176,23 @@ class Deferred:
         for line in lines:
             if not self._single(line):
                 groups.setdefault((line.url, _model(line)), []).append(line)
-        for (url, _), group in groups.items():
+        for (url, model), group in groups.items():
             sent = [(line.custom_id, self._sent(line)) for line in group]
-            batch_id = await self._batch_api(group).submit(url, sent, request_id=request_id)
+            try:
+                batch_id = await self._batch_api(group).submit(url, sent, request_id=request_id)
+            except UpstreamStatus as exc:
+                if not (self._upstream.via_litellm(model) and _unsupported(exc)):
+                    raise
+                log.warning(
+                    "upstream_batch_unsupported",
+                    provider=self._upstream.target(model).partition("/")[0],
+                    model=model,
+                    status=exc.status,
+                    lines=len(group),
+                    sent_as="sync",
+                )
+                outcome = outcome.merged(await self._one_by_one(group, request_id))
+                continue
             if submitted is not None:
                 await submitted(batch_id, tuple(cid for cid, _ in sent))
             outcome = outcome.merged(await self.resume(batch_id, group, request_id=request_id))
@@ -190,9 +223,15 @@ class Deferred:
     # -- one call per line ---------------------------------------------------------------------
 
     def _single(self, line: DeferredLine) -> bool:
-        """Whether the line goes as its own call: the flex and sync modes, and a model whose
-        provider has no batch API here."""
-        return self._settings.fallback != "batch" or self.api(_model(line)) is None
+        """Whether the line goes as its own call: the flex and sync modes, a model whose
+        provider has no batch API here, and a line for a litellm-routed model on another
+        endpoint than chat (the only one that route sends)."""
+        if self._settings.fallback != "batch":
+            return True
+        model = _model(line)
+        if line.url != CHAT_URL and self._upstream.via_litellm(model):
+            return True
+        return self.api(model) is None
 
     def _sent(self, line: DeferredLine) -> dict[str, Any]:
         return self._upstream.sent(ENDPOINTS[line.url], line.body)
@@ -230,6 +269,12 @@ class Deferred:
         }
         unanswered = tuple(line.custom_id for line in lines if line.custom_id not in results)
         return DeferredOutcome(results=results, unanswered=unanswered)
+
+
+def _unsupported(exc: UpstreamStatus) -> bool:
+    """Whether a provider's refusal of a batch says it has no Batch API for it: a 404 (no such
+    endpoint), or a 400 that says so."""
+    return exc.status == 404 or (exc.status == 400 and UNSUPPORTED.search(exc.message) is not None)
 
 
 def _model(line: DeferredLine) -> str:

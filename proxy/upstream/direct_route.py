@@ -61,8 +61,9 @@ class DirectRoute:
     endpoints other than chat (``/completions``, ``/embeddings``), and ``send`` and
     ``open_get`` for the Files and Batch APIs."""
 
-    def __init__(self, settings: FallbackSettings) -> None:
+    def __init__(self, settings: FallbackSettings, *, api_key: str | None = None) -> None:
         self._settings = settings
+        self._key = api_key  # sent instead of api_key_env's: a litellm provider's own key
         self._base = settings.api_base.rstrip("/")
         self._urls: dict[str, URL] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -81,7 +82,7 @@ class DirectRoute:
         if self._session is not None:
             return
         s = self._settings
-        key = s.api_key()
+        key = self._key or s.api_key()
         self._proxy = _env_proxy(self._base) if self._base else None
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(

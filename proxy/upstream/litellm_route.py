@@ -39,6 +39,7 @@ from proxy import logs
 from proxy.config import FallbackSettings
 from proxy.protocol.forwarding import forwarded
 from proxy.protocol.params import CHAT_PARAMETERS
+from proxy.upstream.litellm_batches import LitellmBatches, ProviderWire
 from proxy.upstream.litellm_clients import (
     HANDLER_PROVIDERS,
     SDK_PROVIDERS,
@@ -87,6 +88,7 @@ class LitellmRoute:
         self._settings = settings
         self._litellm: Any = None
         self._clients = BoundedClients(settings.max_answer_bytes, settings.timeout_s)
+        self._batches = LitellmBatches(settings)
 
     async def start(self) -> None:
         """Import litellm (seconds) in a thread, once, and make its bounded clients."""
@@ -95,8 +97,17 @@ class LitellmRoute:
         self._clients.start()
 
     async def aclose(self) -> None:
-        """Close the bounded clients (litellm keeps its other clients itself)."""
+        """Close the bounded clients and the batch wires' pools (litellm keeps its other
+        clients itself)."""
         await self._clients.aclose()
+        await self._batches.aclose()
+
+    def batch_wire(self, target: str) -> tuple[ProviderWire, str] | None:
+        """The Batch API wire of ``target``'s provider, where it is OpenAI's, and the model
+        name its lines are sent as (:mod:`proxy.upstream.litellm_batches`); None: one call each."""
+        return self._batches.wire(
+            self._litellm, target, self.kwargs({"model": target}, "").get("api_key")
+        )
 
     def ready(self) -> None:
         """Always ready: a missing key or base is the provider's answer, an attempt's failure."""
