@@ -215,6 +215,7 @@ async def _start_batch_runner(settings: Settings, parts: _Parts) -> None:
         key = auth.stored_key(key_name)
         return None if key is None else key.monthly_budget_pusd
 
+    deferred = Deferred(parts.upstream, batch)
     parts.runner = BatchRunner(
         BatchStore(parts.runner_pool, prices=parts.prices),
         BatchAttempt(
@@ -223,11 +224,17 @@ async def _start_batch_runner(settings: Settings, parts: _Parts) -> None:
             default_max_tokens=settings.local.default_max_tokens,
             audit=parts.audit,
         ),
-        Deferred(parts.upstream, batch),
+        deferred,
         width=settings.local.parallel,
         lease_s=batch.line_lease_s,
         max_claims=batch.line_max_claims,
-        purse=LedgerPurse(parts.quotas.budgets, parts.prices, budget_of, ttl_s=batch.line_lease_s),
+        purse=LedgerPurse(
+            parts.quotas.budgets,
+            parts.prices,
+            budget_of,
+            ttl_s=batch.line_lease_s,
+            tier_of=deferred.tier,
+        ),
         key_name=auth.name_by_identity,
     )
     await parts.runner.start()

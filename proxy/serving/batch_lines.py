@@ -20,15 +20,17 @@ whose line it is: the batch owner's key, whose share of the local queue the atte
 (the engine's per-key fair share, as the key's interactive requests do), and whose budget pays
 the line's shadow audit, if one is drawn (:func:`proxy.serving.shadow.offer_line`).
 
-**Billing.** :func:`local_row` and :func:`api_row` make a line's :class:`LedgerRow`: priced at
-the ``batch`` tier (``service_tier`` and ``deferred_tier`` both ``batch``), so that the report
-counts a line answered locally as saving what the provider's Batch API would have charged, and
-a line answered by the API at what it did charge. The store writes the row in the transaction
+**Billing.** :func:`local_row` and :func:`api_row` make a line's :class:`LedgerRow`, marked
+``deferred_tier`` ``batch``. A line answered locally is priced at the ``batch`` tier, so that
+the report counts it as saving what the provider's Batch API would have charged; a line
+answered by the API at the tier its call was billed at (``LineResult.tier``): ``batch`` in an
+upstream batch, ``flex`` or the standard rate when it went as its own call. The store writes the row in the transaction
 that writes the line's result (:meth:`proxy.ledger.batches.store.BatchStore.finish`), once.
 
 **Budgets.** A :class:`Purse` reserves a line's worst case before it is sent upstream and
 settles it with what the line cost. :class:`LedgerPurse` is the ledger's own
-(:class:`proxy.ledger.tenants.budgets.Budgets`), at the batch rate; a line past its key's
+(:class:`proxy.ledger.tenants.budgets.Budgets`), at the rate of the tier the line's call may
+be billed at (``tier_of``: the batch rate, unless it may go as its own call); a line past its key's
 budget gets OpenAI's ``insufficient_quota`` error as its result (:func:`over_budget`), as an
 interactive request gets a 429. A reservation lives while its line waits for the upstream (the
 runner's ticker calls :meth:`Purse.renew`, every third of ``[batch] line_lease_s``: a purse's
@@ -164,8 +166,10 @@ def api_row(
     started: float,
     attempts: int,
 ) -> LedgerRow:
-    """The ledger row of a line the upstream's Batch API answered (or refused), priced from
-    its usage at the batch tier."""
+    """The ledger row of a line the upstream answered (or refused), priced from its usage at
+    the tier its call was billed at: the batch tier for a line of an upstream batch, the flex
+    or the standard rate for one sent as its own call (``[batch] fallback``, or a provider
+    with no Batch API)."""
     usage = result.usage
     model = result.body.get("model")
     return LedgerRow(
@@ -182,7 +186,7 @@ def api_row(
         api_model=model if isinstance(model, str) else _model(line),
         key_name=key_name,
         upstream_attempts=attempts,
-        service_tier=TIER,
+        service_tier=result.tier,
         deferred_tier=TIER,
         error=None if result.ok else "upstream_refused",
     )
@@ -256,7 +260,8 @@ class LedgerPurse:
     """:class:`Purse` on the ledger's budgets: ``budget_of(key_name)`` is the key's monthly
     budget in pico-dollars (None: unlimited); the worst case is the line's prompt, counted as
     its bytes (never fewer tokens than that), and its ``max_tokens`` (or
-    :data:`DEFAULT_COMPLETION_TOKENS`), at the batch rate of its model."""
+    :data:`DEFAULT_COMPLETION_TOKENS`), at its model's rate for the tier ``tier_of(url, body)``
+    says its call may be billed at (the batch rate by default); settled at the tier it was."""
 
     def __init__(
         self,
@@ -265,14 +270,16 @@ class LedgerPurse:
         budget_of: Callable[[str], int | None],
         *,
         ttl_s: float,
+        tier_of: Callable[[str, dict[str, Any]], str | None] = lambda url, body: TIER,
     ) -> None:
         self.budgets = budgets
         self.prices = prices
         self.budget_of = budget_of
         self.ttl_s = ttl_s
+        self.tier_of = tier_of  # the tier a line's call is billed at at worst (its url, body)
 
     def worst_case(self, line: Line) -> int:
-        price = self.prices.price(_model(line) or "", TIER)
+        price = self.prices.price(_model(line) or "", self.tier_of(line.url, line.body))
         if price is None:
             return 0
         prompt = len(json.dumps(line.body, ensure_ascii=False).encode("utf-8"))
@@ -293,7 +300,7 @@ class LedgerPurse:
     def settle(self, held: Reservation, line: Line, result: UpstreamResult | None) -> None:
         cost = 0
         usage = None if result is None else result.usage
-        price = self.prices.price(_model(line) or "", TIER)
+        price = None if result is None else self.prices.price(_model(line) or "", result.tier)
         if usage is not None and price is not None:
             prompt = _tokens(usage, "prompt_tokens", "input_tokens") or 0
             completion = _tokens(usage, "completion_tokens", "output_tokens") or 0

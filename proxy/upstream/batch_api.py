@@ -90,6 +90,9 @@ class LineResult:
     status_code: int
     body: dict[str, Any]
     request_id: str | None = None
+    tier: str | None = "batch"
+    """The tier the provider bills the call at: ``batch`` for a line of an upstream batch,
+    ``flex`` or None (the standard rate) for one sent as its own call."""
 
     @property
     def ok(self) -> bool:

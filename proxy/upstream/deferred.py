@@ -233,18 +233,32 @@ class Deferred:
             return True
         return self.api(model) is None
 
+    def tier(self, url: str, body: dict[str, Any]) -> str | None:
+        """The tier a line for ``url`` with ``body`` is billed at at worst, for its
+        reservation: ``batch`` when it goes in an upstream batch that cannot turn into single
+        calls; otherwise the tier of its own call (``flex``, or None: the standard rate), since a
+        litellm provider that refuses a batch has its lines sent one call each."""
+        line = DeferredLine(custom_id="", url=url, body=body)
+        if not self._single(line) and not self._upstream.via_litellm(_model(line)):
+            return "batch"
+        return self._single_tier(ENDPOINTS.get(url, ""))
+
+    def _single_tier(self, path: str) -> str | None:
+        """The tier a line sent as its own call to ``path`` is billed at."""
+        return "flex" if self._settings.fallback == "flex" and path in FLEX_PATHS else None
+
     def _sent(self, line: DeferredLine) -> dict[str, Any]:
         return self._upstream.sent(ENDPOINTS[line.url], line.body)
 
     async def _one_by_one(self, lines: Sequence[DeferredLine], request_id: str) -> DeferredOutcome:
         gate = asyncio.Semaphore(self._settings.sync_concurrency)
-        flex = self._settings.fallback == "flex"
 
         async def one(index: int, line: DeferredLine) -> LineResult | None:
             path = ENDPOINTS[line.url]
             body = dict(line.body)
-            if flex and path in FLEX_PATHS:
-                body["service_tier"] = "flex"
+            tier = self._single_tier(path)
+            if tier is not None:
+                body["service_tier"] = tier
             rid = f"{request_id}.{index}"
             async with gate:
                 try:
@@ -258,8 +272,10 @@ class Deferred:
                 except UpstreamRateLimited:
                     return None  # refused before it was run: sent again later
                 except ProxyError as exc:  # a refusal (its error passed on), or a failure
-                    return LineResult(status_code=exc.status, body=exc.body())
-            return LineResult(status_code=answer.status, body=answer.body, request_id=rid)
+                    return LineResult(status_code=exc.status, body=exc.body(), tier=tier)
+            return LineResult(
+                status_code=answer.status, body=answer.body, request_id=rid, tier=tier
+            )
 
         done = await asyncio.gather(*(one(i, line) for i, line in enumerate(lines)))
         results = {

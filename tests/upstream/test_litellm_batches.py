@@ -131,7 +131,7 @@ async def test_a_groq_batch_made_before_a_restart_is_resumed_at_the_provider(
     assert sorted(outcome.results) == ["a", "b"] and outcome.unanswered == ()
 
 
-# -- priced at the batch rate --------------------------------------------------------------------
+# -- priced at the billed tier --------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -164,15 +164,23 @@ def make_batch(pool: Pool, n: int) -> str:
     return BatchStore(pool, prices=PRICES).create("id:1", input_file_id=upload.id, endpoint=CHAT).id
 
 
-async def test_a_groq_models_rejects_are_one_upstream_batch_priced_at_the_batch_rate(
-    api: FakeAPI, pool: Pool
+@pytest.mark.parametrize("refused", [None, 404], ids=["batch", "unsupported"])
+async def test_a_groq_models_rejects_are_priced_at_the_tier_their_calls_were_billed_at(
+    api: FakeAPI, pool: Pool, refused: int | None
 ) -> None:
+    """The rejects go up as one upstream batch, each row at the batch rate; when the provider
+    refuses to make the batch, they go one call each, and each row is at the standard rate
+    (what the provider bills a single call), not the batch rate."""
+    api.set(batch_unsupported=refused)
     make_batch(pool, 4)
     async with upstream(api, GROQ) as client:
         store = BatchStore(pool, prices=PRICES)
         runner = BatchRunner(store, reject, deferred(client), width=4, lease_s=60.0, idle_s=0.05)
         await runner.drain()
-    assert api.batches_made == 1 and api.single_calls == 0 and len(api.batch_lines) == 4
+    if refused is None:
+        assert api.batches_made == 1 and api.single_calls == 0 and len(api.batch_lines) == 4
+    else:
+        assert api.batches_made == 0 and api.single_calls == 4
     with pool.transaction() as tx:
         found = tx.rows(
             "SELECT route, api_model, prompt_tokens, completion_tokens, api_cost_pusd, "
@@ -182,11 +190,12 @@ async def test_a_groq_models_rejects_are_one_upstream_batch_priced_at_the_batch_
     standard = PRICES.price("served-model")
     assert batch_price is not None and standard is not None
     assert batch_price.input * 2 == standard.input  # half the standard rate: no batch rate given
+    billed, price = ("batch", batch_price) if refused is None else (None, standard)
     assert len(found) == 4
     for route, api_model, prompt, completion, cost, tier, deferred_tier in found:
-        assert (route, api_model, tier, deferred_tier) == ("api", "served-model", "batch", "batch")
+        assert (route, api_model, tier, deferred_tier) == ("api", "served-model", billed, "batch")
         assert prompt > 0 and completion > 0
-        assert cost == prompt * batch_price.input + completion * batch_price.output
+        assert cost == prompt * price.input + completion * price.output
     print("ledger rows:", found)
 
 
