@@ -259,7 +259,9 @@ def _services(
         responses=parts.stored,
         batches=parts.batches,
         background=BackgroundResponses(
-            parts.stored, max_per_key=settings.responses.max_background_per_key
+            parts.stored,
+            max_per_key=settings.responses.max_background_per_key,
+            lease_s=settings.batch.line_lease_s,
         ),
     )
 

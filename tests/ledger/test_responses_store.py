@@ -1,7 +1,8 @@
 """Stored Responses in the ledger database (proxy/ledger/responses_store.py), on SQLite and on a
 real PostgreSQL: a response and its input items come back as stored, a chain is walked back to
 its first turn, deletion and retention remove rows, and two pools (two replicas) share them; an
-answer carried by several responses is kept once, and a key's quota holds."""
+answer carried by several responses is kept once, and a key's quota holds; a background
+response's lease keeps it from another replica's sweep until it passes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from proxy.ledger.db.connections import Pool
 from proxy.ledger.db.location import Database
 from proxy.ledger.responses_store import (
+    OPEN,
     PRUNE_EVERY_S,
     QuotaFull,
     ResponseStore,
@@ -221,3 +223,53 @@ def test_put_and_delete_read_back_the_keys_tally_and_a_refused_put_keeps_no_answ
     freed = store.delete("resp_1")
     assert freed is not None and freed.owner == "id:1"
     assert freed.usage == Usage(1, second.cost) == store.usage("id:1")
+
+
+def _background(rid: str, lease_until: float | None) -> StoredResponse:
+    return StoredResponse(
+        id=rid,
+        owner="id:1",
+        key_name="bob",
+        created_at=NOW,
+        previous_id=None,
+        route="background",
+        response={"id": rid, "status": "queued", "background": True, "output": []},
+        input_items=[],
+        lease_until=lease_until,
+    )
+
+
+def test_a_background_responses_lease_keeps_it_from_other_replicas_until_it_passes(
+    database: Database, pool: Pool
+) -> None:
+    """Two pools (two replicas): one holds a leased response and renews it; the other lists
+    and fails only what has no lease left (a row older than leases, one given up, one whose
+    process stopped renewing), and its move is refused once the lease was renewed."""
+    other = Pool(database, size=1, timeout_s=10.0)
+    try:
+        mine, theirs = ResponseStore(pool, retention_days=0), ResponseStore(other, retention_days=0)
+        mine.put(_background("resp_live", NOW + 300), now=NOW)
+        mine.put(_background("resp_old", None), now=NOW)  # written before leases
+        mine.put(_background("resp_dead", NOW + 300), now=NOW)
+        mine.put(_background("resp_stopped", NOW + 300), now=NOW)
+        mine.renew(["resp_stopped"], 0.0)  # a stop gives it up
+        at_start = sorted(s.id for s in theirs.unfinished(now=NOW + 1))
+        swept = sorted(s.id for s in theirs.unfinished(now=NOW + 1, leased=True))
+        mine.renew(["resp_live"], NOW + 600)  # resp_dead's process stopped renewing
+        later = sorted(s.id for s in theirs.unfinished(now=NOW + 400, leased=True))
+        failed = {"status": "failed", "background": True, "output": []}
+        moves = {
+            rid: theirs.advance(
+                rid, {**failed, "id": rid}, route="background", only_from=OPEN, lapsed_at=at
+            )
+            for rid, at in (("resp_live", NOW + 400), ("resp_dead", NOW + 400))
+        }
+        after = sorted(s.id for s in theirs.unfinished(now=NOW + 10_000, leased=True))
+        renewed = mine.renew(["resp_dead"], NOW + 10_000)  # ended: its lease is not taken again
+    finally:
+        other.close()
+    assert at_start == ["resp_old", "resp_stopped"]
+    assert swept == ["resp_stopped"]
+    assert later == ["resp_dead", "resp_stopped"]
+    assert moves == {"resp_live": False, "resp_dead": True}
+    assert after == ["resp_live", "resp_stopped"] and renewed == 0
