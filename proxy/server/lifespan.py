@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -228,6 +231,8 @@ async def _start_batch_runner(settings: Settings, parts: _Parts) -> None:
         max_claims=batch.line_max_claims,
         purse=LedgerPurse(parts.quotas.budgets, parts.prices, budget_of, ttl_s=batch.line_lease_s),
         key_name=auth.name_by_identity,
+        # the claims' owner, kept on each line it ran: which replica (host, process) ran it
+        worker=f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}",
     )
     await parts.runner.start()
 

@@ -22,7 +22,9 @@ lines, and none waits for another; on SQLite the pick and the mark are one write
 A worker that runs long keeps its lines with :meth:`BatchStore.renew`; one that yields its slot
 to an interactive request gives them back with :meth:`BatchStore.release`. Lines for the
 upstream's own Batch API are marked with :meth:`BatchStore.defer_to_api` (no lease: they wait
-for that batch, and :meth:`BatchStore.deferred` finds them again after a restart).
+for that batch, and :meth:`BatchStore.deferred` finds them again after a restart). A deferred
+or finished line keeps the name of the worker that last claimed it: which process (which
+replica) ran it, or sent it up.
 
 On PostgreSQL every transaction that writes a batch and its lines (finish, cancel, expire)
 locks the batch row first, then its lines, so none can wait on another in a cycle; a claim
@@ -407,7 +409,7 @@ class BatchStore:
         with self.pool.transaction() as tx:
             return tx.count(
                 "UPDATE batch_lines SET state = 'deferred', upstream_batch_id = ?, "
-                f"worker = NULL, lease_until = NULL WHERE id IN ({marks(line_ids)}) "
+                f"lease_until = NULL WHERE id IN ({marks(line_ids)}) "
                 "AND state IN ('claimed', 'deferred')",
                 (upstream_batch_id, *line_ids),
             )
@@ -450,7 +452,7 @@ class BatchStore:
                 lock_batch_of(tx, line_id)
             done = tx.rows(
                 "UPDATE batch_lines SET state = 'done', route = ?, status_code = ?, "
-                "request_id = ?, response = ?, error = ?, finished_at = ?, worker = NULL, "
+                "request_id = ?, response = ?, error = ?, finished_at = ?, "
                 "lease_until = NULL WHERE id = ? AND state IN ('claimed', 'deferred') "
                 "RETURNING batch_id",
                 (
