@@ -8,6 +8,10 @@
 -- open one (rows written before this migration): lapsed, seen by the sweep at start. PostgreSQL's
 -- twin is postgres/0018_background_lease.sql.
 ALTER TABLE responses ADD COLUMN lease_until REAL;
+-- Who holds the lease: the host and process id of the proxy running it (host:pid). A process
+-- on the same host sees at once that the holder is gone (a restart after kill -9), instead of
+-- waiting for the lease to pass.
+ALTER TABLE responses ADD COLUMN lease_owner TEXT;
 
 -- The periodic sweep reads the leased rows alone: the few open background responses.
 CREATE INDEX responses_lease ON responses (lease_until) WHERE lease_until IS NOT NULL;

@@ -32,11 +32,13 @@ narrows the rows; a ``LIKE`` on the item's JSON id picks the few that may hold i
 read to be sure). No index on item ids: what a key keeps is bounded by its quota.
 
 A background response is leased (``migrations/0018_background_lease.sql``): ``lease_until``
-says until when the process running it holds it, written by :meth:`ResponseStore.put` and kept
-by :meth:`ResponseStore.renew`. :meth:`ResponseStore.unfinished` lists only the open ones whose
-lease has passed, and a move made with ``lapsed_at`` (a sweep's) happens only while it still
-has, so that replicas on one PostgreSQL never fail each other's running work
-(``proxy/serving/background_responses.py``).
+says until when the process running it holds it, and ``lease_owner`` which process that is
+(``host:pid``), written by :meth:`ResponseStore.put`; the holder extends it with
+:meth:`ResponseStore.renew`. :meth:`ResponseStore.unfinished` lists the open ones with their
+lease, and a move made with ``lapsed_at`` (a sweep's) happens only while the lease still ends
+by then, so that a renewal committed first wins; which leases have lapsed is the sweeper's
+judgement (``proxy/serving/background_responses.py``), so that replicas on one PostgreSQL never
+fail each other's running work.
 
 Who may read what is the HTTP side's business (``proxy/serving/responses_state.py``): this module
 reads and writes rows. Blocking methods: run them in a thread; a database that is not there
@@ -70,8 +72,9 @@ class StoredResponse:
     response: dict[str, Any]
     input_items: list[dict[str, Any]]
     # a background response's lease: unix time until which its process holds it (written by
-    # put, kept by renew; not read back); None: no lease
+    # put, kept by renew), and that process (host:pid); None: no lease
     lease_until: float | None = None
+    lease_owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,14 +125,15 @@ _COLUMNS = "id, owner, key_name, created_at, previous_id, route, response, input
 _READ = (
     "SELECT "
     + ", ".join(f"r.{column}" for column in _COLUMNS.split(", "))
-    + ", o.output FROM responses r LEFT JOIN response_outputs o ON o.digest = r.output_digest"
+    + ", o.output, r.lease_until, r.lease_owner FROM responses r "
+    "LEFT JOIN response_outputs o ON o.digest = r.output_digest"
 )
 
 
 OPEN = ("queued", "in_progress")
 """A background response's statuses while it holds a lease."""
 _LAPSED = " AND (lease_until IS NULL OR lease_until <= ?)"
-"""A background response whose lease has passed (or that has none), at the time given."""
+"""A background response whose lease ends by the time given (or that has none)."""
 
 _ORPHANS = (
     "DELETE FROM response_outputs WHERE NOT EXISTS "
@@ -185,6 +189,8 @@ def _stored(row: tuple[Any, ...]) -> StoredResponse:
         route=row[5],
         response=_joined(json.loads(row[6]), row[8]),
         input_items=json.loads(row[7]),
+        lease_until=None if row[9] is None else float(row[9]),
+        lease_owner=row[10],
     )
 
 
@@ -277,8 +283,8 @@ class ResponseStore:
             if after.count > self.max_count or after.bytes > self.max_bytes:
                 raise QuotaFull(Usage(after.count - 1, after.bytes - cost), cost)  # rolled back
             tx.run(
-                f"INSERT INTO responses ({_COLUMNS}, bytes, output_digest, lease_until) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO responses ({_COLUMNS}, bytes, output_digest, lease_until, "
+                "lease_owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     stored.id,
                     stored.owner,
@@ -291,6 +297,7 @@ class ResponseStore:
                     cost,
                     digest,
                     stored.lease_until,
+                    stored.lease_owner,
                 ),
             )
         return Kept(cost=cost, usage=after)
@@ -306,11 +313,11 @@ class ResponseStore:
     ) -> bool:
         """A background response's next state: ``response`` (kept whole, its output inline)
         replaces the stored one, and ``route`` its route, only while the stored one's
-        ``status`` is one of ``only_from`` (and, with ``lapsed_at``, only while its lease has
-        no time left at that moment: a sweep's move, which a renewal that commits first
-        stops); whether it did. One transaction, so a cancel and the run's own end cannot both
-        win. The key's tally takes the change of bytes, not checked against its quota (the
-        queued response was, when it was made)."""
+        ``status`` is one of ``only_from`` (and, with ``lapsed_at``, only while its lease ends
+        by then: a sweep's move, which a renewal that commits first stops); whether it did.
+        One transaction, so a cancel and the run's own end cannot both win. The key's tally
+        takes the change of bytes, not checked against its quota (the queued response was,
+        when it was made)."""
         text = _json({**response, "store": True})
         with self.pool.transaction() as tx:
             if tx.db.is_postgres:
@@ -352,22 +359,16 @@ class ResponseStore:
                 (until, *response_ids),
             )
 
-    def unfinished(self, *, now: float | None = None, leased: bool = False) -> list[StoredResponse]:
-        """The background responses still ``queued`` or ``in_progress`` whose lease has passed
-        at ``now``: those a proxy that stopped or died left behind, never those a live replica
-        holds. With ``leased``, only those that had a lease (a periodic sweep: the lease's index
-        finds them); without, those with none as well (at start: rows older than leases)."""
-        at = time.time() if now is None else now
+    def unfinished(self, *, leased: bool = False) -> list[StoredResponse]:
+        """The background responses still ``queued`` or ``in_progress``, with their leases:
+        those running, and those a proxy that stopped or died left behind. With ``leased``,
+        only those that hold a lease (a periodic sweep: the lease's index finds them); without,
+        those with none as well (at start: rows older than leases, given up, or never leased)."""
         with self.pool.transaction() as tx:
             if leased:
-                rows = tx.rows(
-                    f"{_READ} WHERE r.lease_until IS NOT NULL AND r.lease_until <= ?", (at,)
-                )
+                rows = tx.rows(f"{_READ} WHERE r.lease_until IS NOT NULL")
             else:
-                lapsed = _LAPSED.replace("lease_until", "r.lease_until")
-                rows = tx.rows(
-                    f"{_READ} WHERE r.response LIKE ?{lapsed}", ('%"background":true%', at)
-                )
+                rows = tx.rows(f"{_READ} WHERE r.response LIKE ?", ('%"background":true%',))
         found = [_stored(row) for row in rows]
         return [
             stored

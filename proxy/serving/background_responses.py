@@ -46,25 +46,30 @@ failed, and may send it again, rather than being billed twice for an answer a ki
 have paid for already.
 
 **Leases, for replicas.** A background response is held by the process that runs it, as a batch
-line is by its worker: it is stored with a lease of ``lease_s`` (``[batch] line_lease_s``), which
-this process renews every third of it while the response is queued or running here (a stop gives
-up the lease of those never begun). A replica starting beside another on one PostgreSQL fails
-only the responses whose lease has passed, never those another replica runs; and each process
-sweeps, at every renewal, the open responses whose lease has passed since (their process was
-killed), and fails them the same way, so that a replica killed with ``kill -9`` leaves no
-response open for longer than about ``lease_s`` and a third while another one runs. The move to
-``failed`` is made only while the lease has still passed (:meth:`ResponsesState.advance`'s
-``lapsed_at``), so a renewal that commits first wins, and a response is failed, with its row,
-once. Replicas' clocks are compared through the leases: keep them in step (NTP), well within
-``lease_s``.
+line is by its worker: it is stored with a lease of ``lease_s`` (``[batch] line_lease_s``) in
+this process's name (:func:`holder`: ``host:pid``), which this process renews every third of it
+while the response is queued or running here (a stop gives up the lease of those never begun).
+A lease has lapsed (:func:`lapsed`) once its time has passed, or at once when its holder was a
+process of this host that is gone (a restart after ``kill -9``). A replica starting beside
+another on one PostgreSQL fails only the responses whose lease has lapsed, never those another
+replica runs; and each process sweeps, at every renewal, the open responses whose lease has
+lapsed since (their process was killed), and fails them the same way, so that a replica killed
+with ``kill -9`` leaves no response open for longer than about ``lease_s`` and a third while
+another one runs (a third, on its own host). The move to ``failed`` is made only while the lease
+still ends by the time judged (:meth:`ResponsesState.advance`'s ``lapsed_at``), so a renewal
+that commits first wins, and a response is failed, with its row, once. Replicas' clocks are
+compared through the leases, and their hosts told apart by name: keep the clocks in step (NTP),
+well within ``lease_s``, and give each replica's host (or container) a name of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -74,6 +79,7 @@ from proxy.serving.clients import Caller
 from proxy.serving.exchange import Exchange
 
 if TYPE_CHECKING:
+    from proxy.ledger.responses_store import StoredResponse
     from proxy.serving.responses_state import ResponsesState
 
 log = structlog.get_logger("frugal.background")
@@ -107,6 +113,38 @@ def queued(response: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def holder() -> str:
+    """This process's name on the leases it holds: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # no signal sent: whether the process exists
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists (another user's): alive
+        return False
+    return False
+
+
+def lapsed(stored: StoredResponse, now: float, me: str, mine: Container[str]) -> float | None:
+    """When the lease of the open background response ``stored`` has lapsed, the time its
+    lease must still end by for a sweep to fail it (``lapsed_at``); None while its holder may
+    be alive. ``me``: this process's :func:`holder`; ``mine``: the responses it runs."""
+    if stored.id in mine:
+        return None
+    until = stored.lease_until
+    if until is None or until <= now:
+        return now
+    host, _, pid = (stored.lease_owner or "").rpartition(":")
+    if stored.lease_owner == me:  # this name, not run here: a process before this one, gone
+        return until
+    if host == me.rpartition(":")[0] and pid.isdigit() and _gone(int(pid)):
+        return until  # a process of this host, gone: no need to wait for its lease
+    return None
+
+
 def _failed(response: dict[str, Any], message: str, code: str = "server_error") -> dict[str, Any]:
     return {**response, "status": FAILED, "error": {"code": code, "message": message}}
 
@@ -118,6 +156,8 @@ class BackgroundResponses:
         self.state = state
         self.max_per_key = max_per_key
         self.lease_s = lease_s
+        self.holder = holder()
+        self._storing: set[str] = set()  # ids being stored, not run yet
         self._keeper: asyncio.Task[None] | None = None  # renews leases, sweeps lapsed ones
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._begun: set[str] = set()  # runs that reached the cascade (and so write a row)
@@ -146,11 +186,16 @@ class BackgroundResponses:
             )
         self._held[owner] = self._held.get(owner, 0) + 1  # held before the first await
         shell = queued(response)
+        self._storing.add(shell["id"])  # a sweep meanwhile must not take it for a dead one's
         try:
-            kept = await self.state.keep(request, shell, items, ROUTE, lease_s=self.lease_s)
+            kept = await self.state.keep(
+                request, shell, items, ROUTE, lease_s=self.lease_s, holder=self.holder
+            )
         except BaseException:
             self._release(owner)
             raise
+        finally:
+            self._storing.discard(shell["id"])
         if not kept:
             self._release(owner)
             raise StoreUnavailable(
@@ -285,21 +330,22 @@ class BackgroundResponses:
 
     async def sweep(self, *, leased: bool = True) -> int:
         """Mark ``failed``, each with its row, the open background responses whose lease has
-        passed (``leased``: only those that had one) and that this process does not run; how
-        many. A lease renewed meanwhile wins: the move is made only while it has passed."""
-        now = time.time()
+        lapsed (:func:`lapsed`; ``leased``: only those that hold one); how many. A lease renewed
+        meanwhile wins: the move is made only while it still ends by the time judged."""
         try:
-            left = await self.state.unfinished(now, leased=leased)
+            left = await self.state.unfinished(leased=leased)
         except ProxyError as exc:
             log.warning("background_not_recovered", reason=str(exc))
             return 0
+        now = time.time()
         marked = 0
         for stored in left:
-            if stored.id in self._runs:  # our own, late in its renewal: it is alive
+            by = lapsed(stored, now, self.holder, self._runs.keys() | self._storing)
+            if by is None:
                 continue
             ended = _failed(stored.response, _STOPPED)
             moved = await self.state.advance(
-                stored.id, ended, stored.route, only_from=OPEN, lapsed_at=now
+                stored.id, ended, stored.route, only_from=OPEN, lapsed_at=by
             )
             if not moved:
                 continue

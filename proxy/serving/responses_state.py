@@ -299,9 +299,11 @@ class ResponsesState:
         route: str,
         *,
         lease_s: float | None = None,
+        holder: str | None = None,
     ) -> bool:
         """Store ``response`` and its input ``items`` for the request's key; whether it was.
-        ``lease_s``: a background response, held by this process that long from now."""
+        ``lease_s``: a background response, held by ``holder`` (this process) that long from
+        now."""
         key = getattr(request.state, "client_key", None)
         now = time.time()
         stored = StoredResponse(
@@ -314,6 +316,7 @@ class ResponsesState:
             response={**response, "store": True},
             input_items=items,
             lease_until=None if lease_s is None else now + lease_s,
+            lease_owner=holder,
         )
         try:
             kept = await asyncio.to_thread(self.store.put, stored)
@@ -357,10 +360,10 @@ class ResponsesState:
         """The stored response ``response_id``, whoever made it (the service's own read)."""
         return await self._call(self.store.get, response_id)
 
-    async def unfinished(self, now: float, *, leased: bool) -> list[StoredResponse]:
-        """The background responses left ``queued`` or ``in_progress``, their lease passed at
-        ``now`` (:meth:`ResponseStore.unfinished`)."""
-        return await self._call(functools.partial(self.store.unfinished, now=now, leased=leased))
+    async def unfinished(self, *, leased: bool) -> list[StoredResponse]:
+        """The background responses ``queued`` or ``in_progress``, with their leases
+        (:meth:`ResponseStore.unfinished`)."""
+        return await self._call(functools.partial(self.store.unfinished, leased=leased))
 
     async def remove(self, response_id: str) -> None:
         freed = await self._call(self.store.delete, response_id)

@@ -225,7 +225,7 @@ def test_put_and_delete_read_back_the_keys_tally_and_a_refused_put_keeps_no_answ
     assert freed.usage == Usage(1, second.cost) == store.usage("id:1")
 
 
-def _background(rid: str, lease_until: float | None) -> StoredResponse:
+def _background(rid: str, lease_until: float | None, holder: str | None = None) -> StoredResponse:
     return StoredResponse(
         id=rid,
         owner="id:1",
@@ -236,40 +236,46 @@ def _background(rid: str, lease_until: float | None) -> StoredResponse:
         response={"id": rid, "status": "queued", "background": True, "output": []},
         input_items=[],
         lease_until=lease_until,
+        lease_owner=holder,
     )
 
 
-def test_a_background_responses_lease_keeps_it_from_other_replicas_until_it_passes(
+def test_a_background_responses_lease_is_shared_and_a_renewal_beats_a_sweep(
     database: Database, pool: Pool
 ) -> None:
-    """Two pools (two replicas): one holds a leased response and renews it; the other lists
-    and fails only what has no lease left (a row older than leases, one given up, one whose
-    process stopped renewing), and its move is refused once the lease was renewed."""
+    """Two pools (two replicas): one holds leased responses and renews one; the other reads
+    the open ones with their leases (those that hold one through the lease's index), and its
+    move of a response is refused once the lease was renewed past the time it judged; an ended
+    response holds no lease, and a renewal does not give it one back."""
     other = Pool(database, size=1, timeout_s=10.0)
     try:
         mine, theirs = ResponseStore(pool, retention_days=0), ResponseStore(other, retention_days=0)
-        mine.put(_background("resp_live", NOW + 300), now=NOW)
+        mine.put(_background("resp_live", NOW + 300, "host-a:11"), now=NOW)
         mine.put(_background("resp_old", None), now=NOW)  # written before leases
-        mine.put(_background("resp_dead", NOW + 300), now=NOW)
-        mine.put(_background("resp_stopped", NOW + 300), now=NOW)
-        mine.renew(["resp_stopped"], 0.0)  # a stop gives it up
-        at_start = sorted(s.id for s in theirs.unfinished(now=NOW + 1))
-        swept = sorted(s.id for s in theirs.unfinished(now=NOW + 1, leased=True))
-        mine.renew(["resp_live"], NOW + 600)  # resp_dead's process stopped renewing
-        later = sorted(s.id for s in theirs.unfinished(now=NOW + 400, leased=True))
+        mine.put(_background("resp_dead", NOW + 300, "host-a:12"), now=NOW)
+        mine.put(_background("resp_stopped", NOW + 300, "host-a:11"), now=NOW)
+        given_up = mine.renew(["resp_stopped"], 0.0)  # a stop gives it up
+        seen = {s.id: (s.lease_until, s.lease_owner) for s in theirs.unfinished()}
+        leased = sorted(s.id for s in theirs.unfinished(leased=True))
+        renewed = mine.renew(["resp_live"], NOW + 600)  # resp_dead's holder stopped renewing
         failed = {"status": "failed", "background": True, "output": []}
         moves = {
             rid: theirs.advance(
-                rid, {**failed, "id": rid}, route="background", only_from=OPEN, lapsed_at=at
+                rid, {**failed, "id": rid}, route="background", only_from=OPEN, lapsed_at=NOW + 300
             )
-            for rid, at in (("resp_live", NOW + 400), ("resp_dead", NOW + 400))
+            for rid in ("resp_live", "resp_dead")
         }
-        after = sorted(s.id for s in theirs.unfinished(now=NOW + 10_000, leased=True))
-        renewed = mine.renew(["resp_dead"], NOW + 10_000)  # ended: its lease is not taken again
+        after = {s.id: s.lease_until for s in theirs.unfinished(leased=True)}
+        revived = mine.renew(["resp_dead"], NOW + 10_000)
     finally:
         other.close()
-    assert at_start == ["resp_old", "resp_stopped"]
-    assert swept == ["resp_stopped"]
-    assert later == ["resp_dead", "resp_stopped"]
+    assert (given_up, renewed, revived) == (1, 1, 0)
+    assert seen == {
+        "resp_live": (NOW + 300, "host-a:11"),
+        "resp_old": (None, None),
+        "resp_dead": (NOW + 300, "host-a:12"),
+        "resp_stopped": (0.0, "host-a:11"),
+    }
+    assert leased == ["resp_dead", "resp_live", "resp_stopped"]
     assert moves == {"resp_live": False, "resp_dead": True}
-    assert after == ["resp_live", "resp_stopped"] and renewed == 0
+    assert after == {"resp_live": NOW + 600, "resp_stopped": 0.0}
