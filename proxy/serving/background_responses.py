@@ -47,8 +47,9 @@ have paid for already.
 
 **Leases, for replicas.** A background response is held by the process that runs it, as a batch
 line is by its worker: it is stored with a lease of ``lease_s`` (``[batch] line_lease_s``) in
-this process's name (:func:`holder`: ``host:pid``), which this process renews every third of it
-while the response is queued or running here (a stop gives up the lease of those never begun).
+this process's name (``host:pid``, :mod:`proxy.serving.holders`), which this process renews
+every third of it while the response is queued or running here (a stop gives up the lease of
+those never begun).
 A lease has lapsed (:func:`lapsed`) once its time has passed, or at once when its holder was a
 process of this host that is gone (a restart after ``kill -9``). A replica starting beside
 another on one PostgreSQL fails only the responses whose lease has lapsed, never those another
@@ -65,8 +66,6 @@ well within ``lease_s``, and give each replica's host (or container) a name of i
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Container
@@ -77,6 +76,7 @@ import structlog
 from proxy.errors import BadRequest, ProxyError, StoreUnavailable, TooManyRequests
 from proxy.serving.clients import Caller
 from proxy.serving.exchange import Exchange
+from proxy.serving.holders import gone, holder
 
 if TYPE_CHECKING:
     from proxy.ledger.responses_store import StoredResponse
@@ -113,21 +113,6 @@ def queued(response: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def holder() -> str:
-    """This process's name on the leases it holds: ``host:pid``."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # no signal sent: whether the process exists
-    except ProcessLookupError:
-        return True
-    except OSError:  # it exists (another user's): alive
-        return False
-    return False
-
-
 def lapsed(stored: StoredResponse, now: float, me: str, mine: Container[str]) -> float | None:
     """When the lease of the open background response ``stored`` has lapsed, the time its
     lease must still end by for a sweep to fail it (``lapsed_at``); None while its holder may
@@ -137,11 +122,10 @@ def lapsed(stored: StoredResponse, now: float, me: str, mine: Container[str]) ->
     until = stored.lease_until
     if until is None or until <= now:
         return now
-    host, _, pid = (stored.lease_owner or "").rpartition(":")
     if stored.lease_owner == me:  # this name, not run here: a process before this one, gone
         return until
-    if host == me.rpartition(":")[0] and pid.isdigit() and _gone(int(pid)):
-        return until  # a process of this host, gone: no need to wait for its lease
+    if gone(stored.lease_owner):  # a process of this host, gone: no need to wait for its lease
+        return until
     return None
 
 

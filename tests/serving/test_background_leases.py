@@ -11,7 +11,8 @@ import subprocess
 import sys
 
 from proxy.ledger.responses_store import StoredResponse
-from proxy.serving.background_responses import holder, lapsed
+from proxy.serving.background_responses import lapsed
+from proxy.serving.holders import holder
 
 NOW = 1_790_000_000.0
 
