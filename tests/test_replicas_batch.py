@@ -11,6 +11,8 @@
 - A background response running on replica 0 while replica 1 restarts (its start sweeps the
   open ones) and runs on past two leases: it is still running, then completes, with one ledger
   row.
+- A batch's rejects on their way up from one replica (the fake holds the upload) while the
+  other restarts: the restarted one does not take them over, and each goes up once.
 - A background response running on replica 1 when it is killed with ``kill -9``: replica 0
   fails it once its lease has lapsed (on one host, at its next sweep: the holder's process is
   gone; from another host, once the lease's time has passed), with one ledger row, and only
@@ -102,7 +104,15 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
             yield Replicas(url, api, list(made), made)
         finally:
             for served in made:
-                stop(served)
+                _stop(served)
+
+
+def _stop(served: Served) -> None:
+    """SIGTERM (SIGKILL past a grace), and its SDK client closed."""
+    if served._client is not None:
+        served._client.close()
+        served._client = None
+    stop(served)
 
 
 def _rows(url: str, statement: str, values: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -246,7 +256,7 @@ def test_a_background_response_survives_another_replicas_restart(
         running = _status(replicas.client(0), made.id, until=frozenset({"in_progress"}), bound_s=60)
         assert running.status == "in_progress"
         _under_way(api, 1)
-        stop(replicas.servers[1])  # replica 1 restarts: its start sweeps the open responses
+        _stop(replicas.servers[1])  # replica 1 restarts: its start sweeps the open responses
         replicas.relaunch(1, tmp_path_factory.mktemp("replica1-again"))
         time.sleep(2 * LEASE_S)  # and runs on past two leases (its sweeps, replica 0's renewals)
         still = replicas.client(1).responses.retrieve(made.id)
@@ -260,6 +270,66 @@ def test_a_background_response_survives_another_replicas_restart(
     assert _background_rows(replicas.url) == rows
     assert [(r[0], r[1]) for r in rows] == [(200, "api")]
     assert api.single_calls == 1  # its one upstream call, never sent again
+
+
+def _deferred(url: str, batch_id: str) -> list[tuple[Any, ...]]:
+    return _rows(
+        url,
+        "SELECT id, worker FROM batch_lines WHERE batch_id = ? AND state = 'deferred' ORDER BY seq",
+        (batch_id,),
+    )
+
+
+def test_a_restarting_replica_leaves_another_replicas_upstream_batch_alone(
+    replicas: Replicas, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The rejects of a batch are on their way up from replica 0 (its upload held by the fake)
+    when replica 1 starts again, and runs on past two leases: it does not take them over (it
+    would send them up a second time), so each goes up once, in one upstream batch. Replica 1
+    is stopped while the batch runs, so that replica 0 alone holds its rejects."""
+    api = replicas.api
+    api.reset()
+    api.set(hold=True)  # the upload of the upstream batch's file waits
+    lines = [
+        {"custom_id": f"{kind}-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        for i, (kind, body) in enumerate([("kept", _chat(KEPT)), ("refused", _chat(REFUSED))] * 2)
+    ]
+    _stop(replicas.servers[1])
+    try:
+        jsonl = "".join(json.dumps(x) + "\n" for x in lines).encode()
+        made = replicas.client(0).files.create(file=("in.jsonl", jsonl), purpose="batch")
+        batch = replicas.client(0).batches.create(
+            input_file_id=made.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        end = time.monotonic() + CEILING_S
+        while len(_deferred(replicas.url, batch.id)) < 2 and time.monotonic() < end:
+            time.sleep(0.1)
+        deferred = _deferred(replicas.url, batch.id)
+        assert len(deferred) == 2, deferred
+        senders = {int(str(worker).split(":")[1]) for _, worker in deferred}
+        assert senders == {replicas.servers[0].proc.pid}
+        # replica 1 starts again while replica 0's upload is under way
+        replicas.relaunch(1, tmp_path_factory.mktemp("replica1-third"))
+        time.sleep(2 * LEASE_S)  # its start, and its renewals' looks for lines left behind
+        still = _deferred(replicas.url, batch.id)
+    finally:
+        api.set(hold=False)
+    batch = replicas.client(1).batches.retrieve(batch.id)
+    end = time.monotonic() + CEILING_S
+    while batch.status not in DONE and time.monotonic() < end:
+        time.sleep(0.2)
+        batch = replicas.client(1).batches.retrieve(batch.id)
+    sent = sorted(cid for cid, _, _ in api.batch_lines)
+    print(
+        f"\nrejects sent up by replica 0, replica 1 started meanwhile: "
+        f"{api.batches_made} upstream batch(es), {len(sent)} line(s) sent up"
+    )
+    assert still == deferred  # still the sender's
+    assert batch.status == "completed", batch
+    out = _read(replicas.client(1), batch.output_file_id)
+    assert sorted(x["custom_id"] for x in out) == sorted(x["custom_id"] for x in lines)
+    assert sent == sorted(line_id for line_id, _ in deferred)  # each reject once
+    assert (api.batches_made, api.single_calls) == (1, 0)
 
 
 def test_a_background_response_of_a_killed_replica_is_failed_after_its_lease(

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import secrets
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -50,6 +48,7 @@ from proxy.serving.batch_lines import LedgerPurse
 from proxy.serving.batch_runner import BatchRunner
 from proxy.serving.batches_state import BatchesState
 from proxy.serving.clients import Authenticator
+from proxy.serving.holders import holder
 from proxy.serving.in_flight import InFlight
 from proxy.serving.metrics import Metrics
 from proxy.serving.quotas import AuditPurse, Quotas
@@ -219,7 +218,7 @@ async def _start_batch_runner(settings: Settings, parts: _Parts) -> None:
         return None if key is None else key.monthly_budget_pusd
 
     parts.runner = BatchRunner(
-        BatchStore(parts.runner_pool, prices=parts.prices),
+        BatchStore(parts.runner_pool, prices=parts.prices, lease_s=batch.line_lease_s),
         BatchAttempt(
             parts.router,
             count=parts.ledger.counter.submit,
@@ -232,7 +231,7 @@ async def _start_batch_runner(settings: Settings, parts: _Parts) -> None:
         purse=LedgerPurse(parts.quotas.budgets, parts.prices, budget_of, ttl_s=batch.line_lease_s),
         key_name=auth.name_by_identity,
         # the claims' owner, kept on each line it ran: which replica (host, process) ran it
-        worker=f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}",
+        worker=f"{holder()}:{secrets.token_hex(3)}",
     )
     await parts.runner.start()
 
