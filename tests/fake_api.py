@@ -17,6 +17,9 @@ forgets the recorded requests):
   ``retry_after`` goes into the ``Retry-After`` header of a 429 or 503; ``error_message`` replaces
   the default message of the error body (OpenAI's shape)
 - ``hang``: read the request and never answer (until the client goes away or the server stops)
+- ``hold``: read the request and wait while the knob stays set, then answer as without it
+  (``set(hold=False)`` lets the held requests go on): a call kept under way for as long as a
+  test needs
 - ``cut_stream_after``: send N SSE events, then drop the connection without ``[DONE]``
 - ``usage``: a dict merged over the derived usage (``{"prompt_tokens": 2**70}``: a provider that
   sends an absurd count), in plain answers and in the usage chunk of a stream
@@ -134,6 +137,7 @@ DEFAULTS: dict[str, Any] = {
     "retry_after": None,
     "error_message": None,
     "hang": False,
+    "hold": False,
     "cut_stream_after": None,
     "usage": None,
     "bill_prompt_bytes": False,
@@ -355,6 +359,7 @@ class FakeAPI:
     retry_after: float | str | None
     error_message: str | None
     hang: bool
+    hold: bool
     cut_stream_after: int | None
     usage: dict[str, Any] | None
     bill_prompt_bytes: bool
@@ -504,6 +509,8 @@ class FakeAPI:
             with self._lock:
                 self.resets += 1
             return body, Response(status_code=204)  # never reaches the aborted connection
+        while self.hold and not self._stopping:
+            await asyncio.sleep(0.02)
         if self.hang:
             while not self._stopping:
                 if await request.is_disconnected():

@@ -31,6 +31,15 @@ item: among the input and output items of the responses one key keeps (its index
 narrows the rows; a ``LIKE`` on the item's JSON id picks the few that may hold it, and those are
 read to be sure). No index on item ids: what a key keeps is bounded by its quota.
 
+A background response is leased (``migrations/0018_background_lease.sql``): ``lease_until``
+says until when the process running it holds it, and ``lease_owner`` which process that is
+(``host:pid``), written by :meth:`ResponseStore.put`; the holder extends it with
+:meth:`ResponseStore.renew`. :meth:`ResponseStore.unfinished` lists the open ones with their
+lease, and a move made with ``lapsed_at`` (a sweep's) happens only while the lease still ends
+by then, so that a renewal committed first wins; which leases have lapsed is the sweeper's
+judgement (``proxy/serving/background_responses.py``), so that replicas on one PostgreSQL never
+fail each other's running work.
+
 Who may read what is the HTTP side's business (``proxy/serving/responses_state.py``): this module
 reads and writes rows. Blocking methods: run them in a thread; a database that is not there
 raises :class:`~proxy.ledger.db.connections.Unavailable`.
@@ -62,6 +71,10 @@ class StoredResponse:
     route: str
     response: dict[str, Any]
     input_items: list[dict[str, Any]]
+    # a background response's lease: unix time until which its process holds it (written by
+    # put, kept by renew), and that process (host:pid); None: no lease
+    lease_until: float | None = None
+    lease_owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,9 +125,15 @@ _COLUMNS = "id, owner, key_name, created_at, previous_id, route, response, input
 _READ = (
     "SELECT "
     + ", ".join(f"r.{column}" for column in _COLUMNS.split(", "))
-    + ", o.output FROM responses r LEFT JOIN response_outputs o ON o.digest = r.output_digest"
+    + ", o.output, r.lease_until, r.lease_owner FROM responses r "
+    "LEFT JOIN response_outputs o ON o.digest = r.output_digest"
 )
 
+
+OPEN = ("queued", "in_progress")
+"""A background response's statuses while it holds a lease."""
+_LAPSED = " AND (lease_until IS NULL OR lease_until <= ?)"
+"""A background response whose lease ends by the time given (or that has none)."""
 
 _ORPHANS = (
     "DELETE FROM response_outputs WHERE NOT EXISTS "
@@ -170,6 +189,8 @@ def _stored(row: tuple[Any, ...]) -> StoredResponse:
         route=row[5],
         response=_joined(json.loads(row[6]), row[8]),
         input_items=json.loads(row[7]),
+        lease_until=None if row[9] is None else float(row[9]),
+        lease_owner=row[10],
     )
 
 
@@ -262,8 +283,8 @@ class ResponseStore:
             if after.count > self.max_count or after.bytes > self.max_bytes:
                 raise QuotaFull(Usage(after.count - 1, after.bytes - cost), cost)  # rolled back
             tx.run(
-                f"INSERT INTO responses ({_COLUMNS}, bytes, output_digest) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO responses ({_COLUMNS}, bytes, output_digest, lease_until, "
+                "lease_owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     stored.id,
                     stored.owner,
@@ -275,18 +296,28 @@ class ResponseStore:
                     items_json,
                     cost,
                     digest,
+                    stored.lease_until,
+                    stored.lease_owner,
                 ),
             )
         return Kept(cost=cost, usage=after)
 
     def advance(
-        self, response_id: str, response: dict[str, Any], *, route: str, only_from: tuple[str, ...]
+        self,
+        response_id: str,
+        response: dict[str, Any],
+        *,
+        route: str,
+        only_from: tuple[str, ...],
+        lapsed_at: float | None = None,
     ) -> bool:
         """A background response's next state: ``response`` (kept whole, its output inline)
         replaces the stored one, and ``route`` its route, only while the stored one's
-        ``status`` is one of ``only_from``; whether it did. One transaction, so a cancel and
-        the run's own end cannot both win. The key's tally takes the change of bytes, not
-        checked against its quota (the queued response was, when it was made)."""
+        ``status`` is one of ``only_from`` (and, with ``lapsed_at``, only while its lease ends
+        by then: a sweep's move, which a renewal that commits first stops); whether it did.
+        One transaction, so a cancel and the run's own end cannot both win. The key's tally
+        takes the change of bytes, not checked against its quota (the queued response was,
+        when it was made)."""
         text = _json({**response, "store": True})
         with self.pool.transaction() as tx:
             if tx.db.is_postgres:
@@ -301,24 +332,48 @@ class ResponseStore:
             if json.loads(rows[0][0]).get("status") not in only_from:
                 return False
             cost = len(text.encode("utf-8")) + len(str(rows[0][4]).encode("utf-8"))
-            tx.run(
-                "UPDATE responses SET response = ?, route = ?, bytes = ? WHERE id = ?",
-                (text, route, cost, response_id),
+            lapsed, values = ("", ()) if lapsed_at is None else (_LAPSED, (lapsed_at,))
+            held = "" if response.get("status") in OPEN else ", lease_until = NULL"  # ended
+            moved = tx.count(
+                f"UPDATE responses SET response = ?, route = ?, bytes = ?{held} "
+                f"WHERE id = ?{lapsed}",
+                (text, route, cost, response_id, *values),
             )
+            if not moved:  # its lease was renewed meanwhile: its process is alive
+                return False
             _count(tx, rows[0][1], 0, cost - int(rows[0][2]))
             return True
 
-    def unfinished(self) -> list[StoredResponse]:
-        """The background responses still ``queued`` or ``in_progress``: at start, those a
-        proxy that stopped left behind."""
+    def renew(self, response_ids: list[str], until: float) -> int:
+        """Set the lease of the open background responses ``response_ids`` to ``until`` (a
+        time past: given up, so that the next sweep fails them); how many rows it set. A
+        renewal is one statement: on PostgreSQL a sweep's move of the same row waits for it,
+        then finds the lease renewed (:meth:`advance`'s ``lapsed_at``)."""
+        if not response_ids:
+            return 0
+        marks = ", ".join("?" for _ in response_ids)
         with self.pool.transaction() as tx:
-            rows = tx.rows(f"{_READ} WHERE r.response LIKE ?", ('%"background":true%',))
+            return tx.count(
+                f"UPDATE responses SET lease_until = ? WHERE id IN ({marks}) "
+                "AND lease_until IS NOT NULL",
+                (until, *response_ids),
+            )
+
+    def unfinished(self, *, leased: bool = False) -> list[StoredResponse]:
+        """The background responses still ``queued`` or ``in_progress``, with their leases:
+        those running, and those a proxy that stopped or died left behind. With ``leased``,
+        only those that hold a lease (a periodic sweep: the lease's index finds them); without,
+        those with none as well (at start: rows older than leases, given up, or never leased)."""
+        with self.pool.transaction() as tx:
+            if leased:
+                rows = tx.rows(f"{_READ} WHERE r.lease_until IS NOT NULL")
+            else:
+                rows = tx.rows(f"{_READ} WHERE r.response LIKE ?", ('%"background":true%',))
         found = [_stored(row) for row in rows]
         return [
             stored
             for stored in found
-            if stored.response.get("background") is True
-            and stored.response.get("status") in ("queued", "in_progress")
+            if stored.response.get("background") is True and stored.response.get("status") in OPEN
         ]
 
     def get(self, response_id: str) -> StoredResponse | None:

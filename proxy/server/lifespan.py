@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from proxy.serving.batch_lines import LedgerPurse
 from proxy.serving.batch_runner import BatchRunner
 from proxy.serving.batches_state import BatchesState
 from proxy.serving.clients import Authenticator
+from proxy.serving.holders import holder
 from proxy.serving.in_flight import InFlight
 from proxy.serving.metrics import Metrics
 from proxy.serving.quotas import AuditPurse, Quotas
@@ -217,7 +219,7 @@ async def _start_batch_runner(settings: Settings, parts: _Parts) -> None:
 
     deferred = Deferred(parts.upstream, batch)
     parts.runner = BatchRunner(
-        BatchStore(parts.runner_pool, prices=parts.prices),
+        BatchStore(parts.runner_pool, prices=parts.prices, lease_s=batch.line_lease_s),
         BatchAttempt(
             parts.router,
             count=parts.ledger.counter.submit,
@@ -236,6 +238,8 @@ async def _start_batch_runner(settings: Settings, parts: _Parts) -> None:
             tier_of=deferred.tier,
         ),
         key_name=auth.name_by_identity,
+        # the claims' owner, kept on each line it ran: which replica (host, process) ran it
+        worker=f"{holder()}:{secrets.token_hex(3)}",
     )
     await parts.runner.start()
 
@@ -269,7 +273,9 @@ def _services(
         responses=parts.stored,
         batches=parts.batches,
         background=BackgroundResponses(
-            parts.stored, max_per_key=settings.responses.max_background_per_key
+            parts.stored,
+            max_per_key=settings.responses.max_background_per_key,
+            lease_s=settings.batch.line_lease_s,
         ),
     )
 

@@ -38,6 +38,8 @@ reads (a body to read, a caller's rights), never a route or an app to look itsel
     batch_lines  what the runner asks of the cascade (``LocalAttempt``: ``Accepted``,
                  ``Rejected``, ``CannotServe``), a line's ledger rows at the batch tier, and the
                  budget's ``Purse`` (``LedgerPurse``)
+    holders      who holds a lease in the ledger (``host:pid``), and whether a holder of
+                 this host is gone
     background_responses  ``background: true`` on ``/v1/responses``: the queued response
                  stored, run afterwards as deferred work, its status moved in the store,
                  cancelled, and those a stopped proxy left open failed at start

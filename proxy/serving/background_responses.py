@@ -39,12 +39,28 @@ as OpenAI answers a second cancel. One that is not a background response is a 40
 and their responses marked ``failed``; those cancelled before their run began stay ``queued``.
 A response cancelled while queued has a row of its own (499, nothing spent).
 At start (:meth:`start`) every background response left ``queued`` or ``in_progress`` (by a
-proxy killed with ``kill -9``, or one stopped before the run began) is marked ``failed``
-(``server_error``, "the proxy stopped before ...") with one ledger row of its own, since its run
-wrote none. They are not run again: the client that polls learns that it failed, and may send it
-again, rather than being billed twice for an answer a killed run may have paid for already.
-Replicas on one PostgreSQL should not be started while another runs background responses: the
-new one would mark the others' running responses failed.
+proxy killed with ``kill -9``, or one stopped before the run began) whose lease has passed is
+marked ``failed`` (``server_error``, "the proxy stopped before ...") with one ledger row of its
+own, since its run wrote none. They are not run again: the client that polls learns that it
+failed, and may send it again, rather than being billed twice for an answer a killed run may
+have paid for already.
+
+**Leases, for replicas.** A background response is held by the process that runs it, as a batch
+line is by its worker: it is stored with a lease of ``lease_s`` (``[batch] line_lease_s``) in
+this process's name (``host:pid``, :mod:`proxy.serving.holders`), which this process renews
+every third of it while the response is queued or running here (a stop gives up the lease of
+those never begun).
+A lease has lapsed (:func:`lapsed`) once its time has passed, or at once when its holder was a
+process of this host that is gone (a restart after ``kill -9``). A replica starting beside
+another on one PostgreSQL fails only the responses whose lease has lapsed, never those another
+replica runs; and each process sweeps, at every renewal, the open responses whose lease has
+lapsed since (their process was killed), and fails them the same way, so that a replica killed
+with ``kill -9`` leaves no response open for longer than about ``lease_s`` and a third while
+another one runs (a third, on its own host). The move to ``failed`` is made only while the lease
+still ends by the time judged (:meth:`ResponsesState.advance`'s ``lapsed_at``), so a renewal
+that commits first wins, and a response is failed, with its row, once. Replicas' clocks are
+compared through the leases, and their hosts told apart by name: keep the clocks in step (NTP),
+well within ``lease_s``, and give each replica's host (or container) a name of its own.
 """
 
 from __future__ import annotations
@@ -52,7 +68,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -60,8 +76,10 @@ import structlog
 from proxy.errors import BadRequest, ProxyError, StoreUnavailable, TooManyRequests
 from proxy.serving.clients import Caller
 from proxy.serving.exchange import Exchange
+from proxy.serving.holders import gone, holder
 
 if TYPE_CHECKING:
+    from proxy.ledger.responses_store import StoredResponse
     from proxy.serving.responses_state import ResponsesState
 
 log = structlog.get_logger("frugal.background")
@@ -95,6 +113,22 @@ def queued(response: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def lapsed(stored: StoredResponse, now: float, me: str, mine: Container[str]) -> float | None:
+    """When the lease of the open background response ``stored`` has lapsed, the time its
+    lease must still end by for a sweep to fail it (``lapsed_at``); None while its holder may
+    be alive. ``me``: this process's :func:`holder`; ``mine``: the responses it runs."""
+    if stored.id in mine:
+        return None
+    until = stored.lease_until
+    if until is None or until <= now:
+        return now
+    if stored.lease_owner == me:  # this name, not run here: a process before this one, gone
+        return until
+    if gone(stored.lease_owner):  # a process of this host, gone: no need to wait for its lease
+        return until
+    return None
+
+
 def _failed(response: dict[str, Any], message: str, code: str = "server_error") -> dict[str, Any]:
     return {**response, "status": FAILED, "error": {"code": code, "message": message}}
 
@@ -102,9 +136,13 @@ def _failed(response: dict[str, Any], message: str, code: str = "server_error") 
 class BackgroundResponses:
     """The background responses of one app: their runs, their moves in the store."""
 
-    def __init__(self, state: ResponsesState, *, max_per_key: int) -> None:
+    def __init__(self, state: ResponsesState, *, max_per_key: int, lease_s: float) -> None:
         self.state = state
         self.max_per_key = max_per_key
+        self.lease_s = lease_s
+        self.holder = holder()
+        self._storing: set[str] = set()  # ids being stored, not run yet
+        self._keeper: asyncio.Task[None] | None = None  # renews leases, sweeps lapsed ones
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._begun: set[str] = set()  # runs that reached the cascade (and so write a row)
         self._held: dict[str | None, int] = {}  # per key identity: queued or running here
@@ -132,11 +170,16 @@ class BackgroundResponses:
             )
         self._held[owner] = self._held.get(owner, 0) + 1  # held before the first await
         shell = queued(response)
+        self._storing.add(shell["id"])  # a sweep meanwhile must not take it for a dead one's
         try:
-            kept = await self.state.keep(request, shell, items, ROUTE)
+            kept = await self.state.keep(
+                request, shell, items, ROUTE, lease_s=self.lease_s, holder=self.holder
+            )
         except BaseException:
             self._release(owner)
             raise
+        finally:
+            self._storing.discard(shell["id"])
         if not kept:
             self._release(owner)
             raise StoreUnavailable(
@@ -239,6 +282,9 @@ class BackgroundResponses:
         it is cancelled), then cancel them all; those not begun stay ``queued``, for
         :meth:`start`. Marked first: a cancelled run may take a while to end."""
         self._stopping = True
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
         runs = dict(self._runs)
         for rid in set(self._begun) & set(runs):
             try:
@@ -251,27 +297,59 @@ class BackgroundResponses:
         for task in runs.values():
             task.cancel()
         await asyncio.gather(*runs.values(), return_exceptions=True)
+        try:  # those never begun: their lease given up, so the next start or sweep fails them
+            await self.state.renew(list(runs), 0.0)
+        except ProxyError as exc:
+            log.warning("background_lease_not_given_up", reason=str(exc))
 
     async def start(self, write_row: Callable[[Exchange], None]) -> int:
-        """At start: mark ``failed`` the background responses a stopped proxy left open, each
-        with one ledger row (``write_row``: the app's one way to write an exchange's row,
-        :func:`proxy.serving.record.finish` with its services); how many."""
+        """At start: mark ``failed`` the background responses a stopped proxy left open whose
+        lease has passed, each with one ledger row (``write_row``: the app's one way to write an
+        exchange's row, :func:`proxy.serving.record.finish` with its services); how many. Then
+        keep this process's leases, and sweep other processes' lapsed ones, in the background."""
         self._write_row = write_row
+        marked = await self.sweep(leased=False)
+        self._keeper = asyncio.create_task(self._keep_forever(), name="background leases")
+        return marked
+
+    async def sweep(self, *, leased: bool = True) -> int:
+        """Mark ``failed``, each with its row, the open background responses whose lease has
+        lapsed (:func:`lapsed`; ``leased``: only those that hold one); how many. A lease renewed
+        meanwhile wins: the move is made only while it still ends by the time judged."""
         try:
-            left = await self.state.unfinished()
+            left = await self.state.unfinished(leased=leased)
         except ProxyError as exc:
             log.warning("background_not_recovered", reason=str(exc))
             return 0
+        now = time.time()
         marked = 0
         for stored in left:
+            by = lapsed(stored, now, self.holder, self._runs.keys() | self._storing)
+            if by is None:
+                continue
             ended = _failed(stored.response, _STOPPED)
-            if not await self.state.advance(stored.id, ended, stored.route, only_from=OPEN):
+            moved = await self.state.advance(
+                stored.id, ended, stored.route, only_from=OPEN, lapsed_at=by
+            )
+            if not moved:
                 continue
             self._row(stored.key_name, str(stored.response.get("model") or ""), 500, _RESTARTED)
             marked += 1
         if marked:
             log.warning("background_marked_failed", count=marked)
         return marked
+
+    async def _keep_forever(self) -> None:
+        """Every third of the lease: renew the leases of the responses queued or running here,
+        then sweep those whose process died (another replica, killed)."""
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                if self._runs:
+                    await self.state.renew(list(self._runs), time.time() + self.lease_s)
+                await self.sweep()
+            except Exception:  # the database went away: the next tick
+                log.exception("background_leases_not_kept")
 
 
 _RESTARTED = "server_restarted"

@@ -24,8 +24,9 @@ the line's shadow audit, if one is drawn (:func:`proxy.serving.shadow.offer_line
 ``deferred_tier`` ``batch``. A line answered locally is priced at the ``batch`` tier, so that
 the report counts it as saving what the provider's Batch API would have charged; a line
 answered by the API at the tier its call was billed at (``LineResult.tier``): ``batch`` in an
-upstream batch, ``flex`` or the standard rate when it went as its own call. The store writes the row in the transaction
-that writes the line's result (:meth:`proxy.ledger.batches.store.BatchStore.finish`), once.
+upstream batch, ``flex`` or the standard rate when it went as its own call. The store writes
+the row in the transaction that writes the line's result
+(:meth:`proxy.ledger.batches.store.BatchStore.finish`), once.
 
 **Budgets.** A :class:`Purse` reserves a line's worst case before it is sent upstream and
 settles it with what the line cost. :class:`LedgerPurse` is the ledger's own

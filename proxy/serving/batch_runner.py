@@ -22,8 +22,9 @@ by the store (``AlreadyFinished``) and billed nowhere. Lines the upstream left u
 batch ``expired``, ``failed``, a 429) are sent again, up to ``max_sends`` times in all; then
 they end in the batch's error file as ``upstream_unanswered``.
 
-**After a restart.** :meth:`BatchRunner.start` first looks for deferred lines
-(:meth:`~BatchStore.deferred`): those under an upstream batch id resume polling that batch
+**After a restart.** :meth:`BatchRunner.start` first looks for deferred lines whose worker is
+gone (:func:`~proxy.ledger.batches.handover.take_deferred`; again at each renewal, for a
+replica killed since): those under an upstream batch id resume polling that batch
 (nothing is sent twice); those still under a runner's handle (the proxy died between marking
 them and the upstream making its batch) are released and run again.
 
@@ -55,6 +56,7 @@ from typing import Any, TypeVar
 import structlog
 
 from proxy.errors import ProxyError
+from proxy.ledger.batches.handover import take_deferred
 from proxy.ledger.batches.objects import Line, LineResult
 from proxy.ledger.batches.store import AlreadyFinished, BatchStore
 from proxy.ledger.writing.ledger_row import LedgerRow
@@ -71,6 +73,7 @@ from proxy.serving.batch_lines import (
     over_budget,
     refused_row,
 )
+from proxy.serving.holders import gone
 from proxy.upstream.batch_api import LineResult as UpstreamResult
 from proxy.upstream.deferred import Deferred, DeferredLine, DeferredOutcome
 
@@ -226,10 +229,12 @@ class BatchRunner:
         """Extend the leases of the lines running or held here, and the budget reservations of
         the lines with the upstream."""
         ids = list(self._running) + [ln.id for h in self._held.values() for ln, _ in h]
+        ids += list(self._upstream)  # deferred lines keep a lease too (batches/handover.py)
         if ids:
             await self._call(self.store.renew, self.worker, ids, lease_s=self.lease_s)
         if self.purse is not None and self._upstream:
             await self._call(self.purse.renew)
+        await self.resume(leased_only=True)  # what a replica killed since left with the upstream
 
     @staticmethod
     async def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -321,9 +326,17 @@ class BatchRunner:
 
     # -- the upstream ------------------------------------------------------------------------
 
-    async def resume(self) -> None:
-        """Pick up lines a previous run left with the upstream (see the module's docstring)."""
-        found = await self._call(self.store.deferred)
+    async def resume(self, *, leased_only: bool = False) -> None:
+        """Pick up lines a previous run left with the upstream (see the module's docstring):
+        only those whose worker is gone, never a live replica's (:func:`take_deferred`)."""
+        found = await self._call(
+            take_deferred,
+            self.store.pool,
+            self.worker,
+            lease_s=self.lease_s,
+            gone=gone,
+            leased_only=leased_only,
+        )
         for upstream_id, lines in found.items():
             if not upstream_id or upstream_id.startswith(HANDLE_PREFIX):
                 await self._call(self.store.release, [line.id for line in lines])

@@ -297,18 +297,26 @@ class ResponsesState:
         response: dict[str, Any],
         items: list[dict[str, Any]],
         route: str,
+        *,
+        lease_s: float | None = None,
+        holder: str | None = None,
     ) -> bool:
-        """Store ``response`` and its input ``items`` for the request's key; whether it was."""
+        """Store ``response`` and its input ``items`` for the request's key; whether it was.
+        ``lease_s``: a background response, held by ``holder`` (this process) that long from
+        now."""
         key = getattr(request.state, "client_key", None)
+        now = time.time()
         stored = StoredResponse(
             id=response["id"],
             owner=key.identity if key is not None else None,
             key_name=getattr(request.state, "key_name", None),
-            created_at=time.time(),
+            created_at=now,
             previous_id=response.get("previous_response_id"),
             route=route,
             response={**response, "store": True},
             input_items=items,
+            lease_until=None if lease_s is None else now + lease_s,
+            lease_owner=holder,
         )
         try:
             kept = await asyncio.to_thread(self.store.put, stored)
@@ -328,20 +336,34 @@ class ResponsesState:
         return True
 
     async def advance(
-        self, response_id: str, response: dict[str, Any], route: str, *, only_from: tuple[str, ...]
+        self,
+        response_id: str,
+        response: dict[str, Any],
+        route: str,
+        *,
+        only_from: tuple[str, ...],
+        lapsed_at: float | None = None,
     ) -> bool:
         """A background response's next state, only while its status is one of ``only_from``
-        (:meth:`ResponseStore.advance`); whether it was written."""
-        advance = functools.partial(self.store.advance, route=route, only_from=only_from)
+        (and its lease has passed at ``lapsed_at``, if given: :meth:`ResponseStore.advance`);
+        whether it was written."""
+        advance = functools.partial(
+            self.store.advance, route=route, only_from=only_from, lapsed_at=lapsed_at
+        )
         return await self._call(advance, response_id, response)
+
+    async def renew(self, response_ids: list[str], until: float | None) -> int:
+        """Set the lease of background responses (:meth:`ResponseStore.renew`)."""
+        return await self._call(self.store.renew, response_ids, until)
 
     async def get(self, response_id: str) -> StoredResponse | None:
         """The stored response ``response_id``, whoever made it (the service's own read)."""
         return await self._call(self.store.get, response_id)
 
-    async def unfinished(self) -> list[StoredResponse]:
-        """The background responses left ``queued`` or ``in_progress``."""
-        return await self._call(self.store.unfinished)
+    async def unfinished(self, *, leased: bool) -> list[StoredResponse]:
+        """The background responses ``queued`` or ``in_progress``, with their leases
+        (:meth:`ResponseStore.unfinished`)."""
+        return await self._call(functools.partial(self.store.unfinished, leased=leased))
 
     async def remove(self, response_id: str) -> None:
         freed = await self._call(self.store.delete, response_id)

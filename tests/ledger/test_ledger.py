@@ -179,6 +179,7 @@ REQUIRES = {
     "0010_key_scope.sql": {"0003_keys.sql"},  # a column of api_keys
     "0012_responses_quota.sql": {"0011_responses.sql"},  # columns of responses
     "0015_responses_usage.sql": {"0011_responses.sql", "0012_responses_quota.sql"},  # sums bytes
+    "0018_background_lease.sql": {"0011_responses.sql", "0012_responses_quota.sql"},  # a column
 }
 
 

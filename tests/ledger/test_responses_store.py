@@ -1,7 +1,8 @@
 """Stored Responses in the ledger database (proxy/ledger/responses_store.py), on SQLite and on a
 real PostgreSQL: a response and its input items come back as stored, a chain is walked back to
 its first turn, deletion and retention remove rows, and two pools (two replicas) share them; an
-answer carried by several responses is kept once, and a key's quota holds."""
+answer carried by several responses is kept once, and a key's quota holds; a background
+response's lease keeps it from another replica's sweep until it passes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from proxy.ledger.db.connections import Pool
 from proxy.ledger.db.location import Database
 from proxy.ledger.responses_store import (
+    OPEN,
     PRUNE_EVERY_S,
     QuotaFull,
     ResponseStore,
@@ -221,3 +223,59 @@ def test_put_and_delete_read_back_the_keys_tally_and_a_refused_put_keeps_no_answ
     freed = store.delete("resp_1")
     assert freed is not None and freed.owner == "id:1"
     assert freed.usage == Usage(1, second.cost) == store.usage("id:1")
+
+
+def _background(rid: str, lease_until: float | None, holder: str | None = None) -> StoredResponse:
+    return StoredResponse(
+        id=rid,
+        owner="id:1",
+        key_name="bob",
+        created_at=NOW,
+        previous_id=None,
+        route="background",
+        response={"id": rid, "status": "queued", "background": True, "output": []},
+        input_items=[],
+        lease_until=lease_until,
+        lease_owner=holder,
+    )
+
+
+def test_a_background_responses_lease_is_shared_and_a_renewal_beats_a_sweep(
+    database: Database, pool: Pool
+) -> None:
+    """Two pools (two replicas): one holds leased responses and renews one; the other reads
+    the open ones with their leases (those that hold one through the lease's index), and its
+    move of a response is refused once the lease was renewed past the time it judged; an ended
+    response holds no lease, and a renewal does not give it one back."""
+    other = Pool(database, size=1, timeout_s=10.0)
+    try:
+        mine, theirs = ResponseStore(pool, retention_days=0), ResponseStore(other, retention_days=0)
+        mine.put(_background("resp_live", NOW + 300, "host-a:11"), now=NOW)
+        mine.put(_background("resp_old", None), now=NOW)  # written before leases
+        mine.put(_background("resp_dead", NOW + 300, "host-a:12"), now=NOW)
+        mine.put(_background("resp_stopped", NOW + 300, "host-a:11"), now=NOW)
+        given_up = mine.renew(["resp_stopped"], 0.0)  # a stop gives it up
+        seen = {s.id: (s.lease_until, s.lease_owner) for s in theirs.unfinished()}
+        leased = sorted(s.id for s in theirs.unfinished(leased=True))
+        renewed = mine.renew(["resp_live"], NOW + 600)  # resp_dead's holder stopped renewing
+        failed = {"status": "failed", "background": True, "output": []}
+        moves = {
+            rid: theirs.advance(
+                rid, {**failed, "id": rid}, route="background", only_from=OPEN, lapsed_at=NOW + 300
+            )
+            for rid in ("resp_live", "resp_dead")
+        }
+        after = {s.id: s.lease_until for s in theirs.unfinished(leased=True)}
+        revived = mine.renew(["resp_dead"], NOW + 10_000)
+    finally:
+        other.close()
+    assert (given_up, renewed, revived) == (1, 1, 0)
+    assert seen == {
+        "resp_live": (NOW + 300, "host-a:11"),
+        "resp_old": (None, None),
+        "resp_dead": (NOW + 300, "host-a:12"),
+        "resp_stopped": (0.0, "host-a:11"),
+    }
+    assert leased == ["resp_dead", "resp_live", "resp_stopped"]
+    assert moves == {"resp_live": False, "resp_dead": True}
+    assert after == {"resp_live": NOW + 600, "resp_stopped": 0.0}

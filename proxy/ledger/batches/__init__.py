@@ -11,6 +11,8 @@ and their lines, which workers claim through the database.
     records      a batch's and a line's rows read back as objects, and the statements' helpers
     store        ``BatchStore``: batches made, listed, cancelled, expired; lines claimed under a
                  lease, finished once with their ledger row, deferred to the upstream's batch
+    handover     the lines waiting for an upstream batch whose worker is gone, taken over by
+                 another worker; never a live replica's
     tally        what an operator reads: a batch's money from its lines' ledger rows, the key
                  names of its owners, the open lines by state and batches by status
 

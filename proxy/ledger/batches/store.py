@@ -23,7 +23,8 @@ lines, and none waits for another; on SQLite the pick and the mark are one write
 A worker that runs long keeps its lines with :meth:`BatchStore.renew`; one that yields its slot
 to an interactive request gives them back with :meth:`BatchStore.release`. Lines for the
 upstream's own Batch API are marked with :meth:`BatchStore.defer_to_api` (no lease: they wait
-for that batch, and :meth:`BatchStore.deferred` finds them again after a restart).
+for that batch, and :mod:`~proxy.ledger.batches.handover` hands them over once their worker is
+gone). A deferred or finished line keeps its worker's name: which process ran it, or sent it.
 
 On PostgreSQL every transaction that writes a batch and its lines (finish, cancel, expire)
 locks the batch row first, then its lines, so none can wait on another in a cycle; a claim
@@ -101,7 +102,8 @@ class AlreadyFinished(Exception):
 
 class BatchStore:
     """``prices`` prices the ledger rows :meth:`finish` writes (the writer's own book);
-    ``max_file_bytes`` and ``max_lines`` are OpenAI's limits on an input file."""
+    ``max_file_bytes``, ``max_lines``: OpenAI's limits on an input file; ``lease_s``: a deferred
+    line's lease (:mod:`~proxy.ledger.batches.handover`)."""
 
     def __init__(
         self,
@@ -110,8 +112,10 @@ class BatchStore:
         prices: PriceBook | None = None,
         max_file_bytes: int = MAX_BATCH_FILE_BYTES,
         max_lines: int = MAX_LINES,
+        lease_s: float | None = None,
     ) -> None:
         self.pool = pool
+        self.lease_s = lease_s
         self.prices = prices
         self.max_file_bytes = max_file_bytes
         self.max_lines = max_lines
@@ -379,8 +383,8 @@ class BatchStore:
         at = time.time() if now is None else now
         with self.pool.transaction() as tx:
             rows = tx.rows(
-                "UPDATE batch_lines SET lease_until = ? WHERE state = 'claimed' AND worker = ? "
-                f"AND id IN ({marks(line_ids)}) RETURNING id",
+                "UPDATE batch_lines SET lease_until = ? WHERE state IN ('claimed', 'deferred') "
+                f"AND worker = ? AND id IN ({marks(line_ids)}) RETURNING id",
                 (at + lease_s, worker, *line_ids),
             )
         return sorted(row[0] for row in rows)
@@ -391,23 +395,27 @@ class BatchStore:
         return self._unclaim(line_ids, "pending", None)
 
     def defer_to_api(self, line_ids: list[str], upstream_batch_id: str) -> int:
-        """Record claimed lines as sent to the upstream's batch ``upstream_batch_id`` (no lease
-        now: no worker will claim them while that batch runs); how many. Lines deferred already
+        """Record claimed lines as sent to the upstream's batch ``upstream_batch_id`` (no worker
+        claims them while that batch runs; their worker keeps them under the store's
+        ``lease_s``, :mod:`~proxy.ledger.batches.handover`); how many. Lines deferred already
         take the new id, so a runner may record its own handle before it uploads and the
         upstream's id once it has it, and find either with :meth:`deferred` after a crash."""
         return self._unclaim(line_ids, "deferred", upstream_batch_id)
 
     def _unclaim(self, line_ids: list[str], state: str, upstream_batch_id: str | None) -> int:
-        """Move the claimed or deferred ones of ``line_ids`` to ``state`` with no worker and no
-        lease, waiting on ``upstream_batch_id`` (or on none); how many."""
+        """Move claimed or deferred ``line_ids`` to ``state`` on ``upstream_batch_id``; how many.
+        ``pending`` drops worker and lease; ``deferred`` keeps the worker, leased ``lease_s``."""
         if not line_ids:
             return 0
+        keep = state == "deferred"
+        lease = None if not keep or self.lease_s is None else time.time() + self.lease_s
+        worker = "" if keep else "worker = NULL, "
         with self.pool.transaction() as tx:
             return tx.count(
-                "UPDATE batch_lines SET state = ?, upstream_batch_id = ?, worker = NULL, "
-                f"lease_until = NULL WHERE id IN ({marks(line_ids)}) "
+                f"UPDATE batch_lines SET state = ?, upstream_batch_id = ?, {worker}"
+                f"lease_until = ? WHERE id IN ({marks(line_ids)}) "
                 "AND state IN ('claimed', 'deferred')",
-                (state, upstream_batch_id, *line_ids),
+                (state, upstream_batch_id, lease, *line_ids),
             )
 
     def deferred(self, upstream_batch_id: str | None = None) -> dict[str, list[Line]]:
@@ -448,7 +456,7 @@ class BatchStore:
                 lock_batch_of(tx, line_id)
             done = tx.rows(
                 "UPDATE batch_lines SET state = 'done', route = ?, status_code = ?, "
-                "request_id = ?, response = ?, error = ?, finished_at = ?, worker = NULL, "
+                "request_id = ?, response = ?, error = ?, finished_at = ?, "
                 "lease_until = NULL WHERE id = ? AND state IN ('claimed', 'deferred') "
                 "RETURNING batch_id",
                 (
