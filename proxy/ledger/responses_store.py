@@ -19,12 +19,16 @@ write, delete and prune, so the check costs the same however much the key has st
 to it and reads it back in one upsert, and rolls back past the quota; :meth:`ResponseStore.usage`
 reads it, and ``put`` and ``delete`` return it, for the HTTP side's check before it spends anything
 on a request (which keeps it in memory). An answer's output items are kept once, however many
-responses carry them (a cache hit is the same answer under new ids): in ``response_outputs``,
-under the sha256 of their JSON with the item ids left blank, while each response keeps its own
-ids. Only the row that stored an answer first counts its bytes;
-the last response that names an answer takes it along when it is deleted or pruned (on PostgreSQL
-under a lock per answer, so that a replica storing a response that names it and one deleting it
-cannot cross).
+responses carry them (a cache hit is the same answer under new ids). Each row names its answer
+by the sha256 of their JSON with the item ids left blank (``output_digest``). A fresh answer is
+kept inline, in its own row, which is all most responses ever need: one row, no second table.
+The first cache hit of an answer moves it to ``response_outputs``, under that digest, out of the
+rows that held it inline, and from then on each response that names it keeps only its own ids.
+Only the row that stored an answer first counts its bytes; the last response that names an
+answer takes it along when it is deleted or pruned (on PostgreSQL under a lock per answer, so
+that a replica storing a response that names it and one deleting it cannot cross). A row's
+answer is in ``response_outputs`` when a row there has its digest, else inline: a fresh row
+written while the answer was shared already keeps its own copy, and reads the same either way.
 
 :meth:`ResponseStore.item` finds one stored item by its id, for an ``item_reference`` input
 item: among the input and output items of the responses one key keeps (its index on ``owner``
@@ -143,6 +147,54 @@ def _split(response: dict[str, Any]) -> tuple[dict[str, Any], str | None, str | 
     return {**response, "output": ids}, text, hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _named(response: dict[str, Any]) -> tuple[dict[str, Any], None, str | None]:
+    """``response`` kept whole (its output inline), and the digest its answer would be kept
+    under by :func:`_split`, so that a later cache hit of the same answer finds this row."""
+    output = response.get("output")
+    if not isinstance(output, list) or not output:
+        return response, None, None
+    bodies = [{**item, "id": ""} if _has_id(item) else item for item in output]
+    return response, None, hashlib.sha256(_json(bodies).encode("utf-8")).hexdigest()
+
+
+def _share(tx: Tx, output: str, digest: str) -> int:
+    """Keep the answer ``output`` (``digest``) once in ``response_outputs``, for a cache hit's
+    row that names it; the bytes that row pays for it.
+
+    Kept there already: nothing. Not yet: it is written, and every row that holds it inline
+    (the fresh answer it was a hit of, and any other fresh answer the same) gives up its copy
+    for the shared one. The oldest of them paid for the answer and still does: its ``bytes``
+    become what the shared form costs it (its own JSON, now without the answer, plus the
+    answer's), the others' only their own JSON, and their keys' tallies take the change, not
+    checked against a quota (a few bytes per item: the ids are kept apart from the answer).
+    The hit pays nothing then, and the whole answer when no row held it. On PostgreSQL under
+    the answer's lock (:func:`_hold_output`)."""
+    if tx.db.is_postgres:
+        _hold_output(tx, digest)
+    size = len(output.encode("utf-8"))
+    if not tx.count(
+        "INSERT INTO response_outputs (digest, output, bytes) VALUES (?, ?, ?) "
+        "ON CONFLICT (digest) DO NOTHING",
+        (digest, output, size),
+    ):
+        return 0
+    inline = tx.rows(
+        "SELECT id, owner, response, bytes FROM responses WHERE output_digest = ? "
+        "ORDER BY created_at, id",
+        (digest,),
+    )
+    for i, (response_id, owner, text, paid) in enumerate(inline):
+        stripped = _json(_split(json.loads(text))[0])
+        items = int(paid) - len(str(text).encode("utf-8"))  # what its input items cost
+        cost = len(stripped.encode("utf-8")) + items + (size if i == 0 else 0)
+        tx.run(
+            "UPDATE responses SET response = ?, bytes = ? WHERE id = ?",
+            (stripped, cost, response_id),
+        )
+        _count(tx, owner, 0, cost - int(paid))
+    return 0 if inline else size
+
+
 def _has_id(item: Any) -> bool:
     return isinstance(item, dict) and "id" in item
 
@@ -238,26 +290,21 @@ class ResponseStore:
         """Store ``stored``; what it cost its key, and what the key keeps now. Past the key's
         quota: :class:`QuotaFull`, and nothing is written.
 
-        Three statements: the answer (written only where no response carries it yet; whether
-        it was says what this row costs), the key's tally, added to and read back in one upsert
-        (past the quota: the transaction is rolled back), and the row itself."""
+        A fresh answer (any route but ``cache``) is kept inline, in its own row, which names
+        its answer's digest: two statements, the key's tally (added to and read back in one
+        upsert; past the quota the transaction is rolled back) and the row. A cache hit's
+        answer is kept once, in ``response_outputs`` (:meth:`_share`), and its row holds only
+        the item ids."""
         self._prune_if_due(time.time() if now is None else now)
-        response, output, digest = _split(stored.response)
+        shared = stored.route == "cache"
+        response, output, digest = _split(stored.response) if shared else _named(stored.response)
         response_json, items_json = _json(response), _json(stored.input_items)
-        own = len(response_json.encode("utf-8")) + len(items_json.encode("utf-8"))
-        output_bytes = len(output.encode("utf-8")) if output is not None else 0
+        cost = len(response_json.encode("utf-8")) + len(items_json.encode("utf-8"))
         with self.pool.transaction() as tx:
             if tx.db.is_postgres:  # replicas: one writer per key at a time (SQLite: the lock)
                 tx.rows("SELECT pg_advisory_xact_lock(hashtext(?))", (f"responses:{stored.owner}",))
-                if digest is not None:
-                    _hold_output(tx, digest)
-            cost = own
-            if digest is not None:
-                cost += output_bytes * tx.count(
-                    "INSERT INTO response_outputs (digest, output, bytes) VALUES (?, ?, ?) "
-                    "ON CONFLICT (digest) DO NOTHING",  # kept already: this row pays nothing
-                    (digest, output, output_bytes),
-                )
+            if shared and output is not None and digest is not None:
+                cost += _share(tx, output, digest)
             after = _count(tx, stored.owner, 1, cost)
             if after.count > self.max_count or after.bytes > self.max_bytes:
                 raise QuotaFull(Usage(after.count - 1, after.bytes - cost), cost)  # rolled back
@@ -367,6 +414,11 @@ class ResponseStore:
         """Delete the response ``response_id``; its key and what the key keeps now, or None
         when it was not stored."""
         with self.pool.transaction() as tx:
+            if tx.db.is_postgres:  # the answer's lock before the row's: a cache hit that
+                # moves this row's inline answer out (_share) takes them in that order
+                named = tx.rows("SELECT output_digest FROM responses WHERE id = ?", (response_id,))
+                if named and named[0][0] is not None:
+                    _hold_output(tx, str(named[0][0]))
             found = tx.rows(
                 "DELETE FROM responses WHERE id = ? RETURNING output_digest, owner, bytes",
                 (response_id,),
@@ -376,8 +428,6 @@ class ResponseStore:
             digest, owner, cost = found[0]
             after = _count(tx, owner, -1, -int(cost))
             if digest is not None:
-                if tx.db.is_postgres:
-                    _hold_output(tx, digest)
                 tx.run(
                     "DELETE FROM response_outputs WHERE digest = ? AND NOT EXISTS "
                     "(SELECT 1 FROM responses WHERE output_digest = ?)",
@@ -416,6 +466,9 @@ class ResponseStore:
             return gone
 
     def _prune_if_due(self, now: float) -> None:
+        last = self._pruned_at
+        if last is not None and now - last < PRUNE_EVERY_S:
+            return  # the usual case, read without the lock
         with self._lock:
             due = self._pruned_at is None or now - self._pruned_at >= PRUNE_EVERY_S
             if due:
