@@ -283,9 +283,10 @@ class _LitellmClientCache:
     ``aclient_session``...) are kept in ``inner``, a cache of litellm's own kind that goes with
     the route, so that none outlives the session it was made over."""
 
-    def __init__(self, inner: Any, handler: Any) -> None:
+    def __init__(self, inner: Any, handler: Any, owner: BoundedClients) -> None:
         self.inner = inner
         self._handler = handler
+        self.owner = owner
 
     def get_cache(self, key: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(key, str) and key.startswith("async_httpx_client"):
@@ -347,9 +348,10 @@ class BoundedClients:
         session = httpx.AsyncClient(transport=shared, timeout=httpx.Timeout(self._timeout_s))
         self._litellm = litellm
         cache = litellm.in_memory_llm_clients_cache  # made now if litellm has not made it yet
+        kind = type(cache.inner if isinstance(cache, _LitellmClientCache) else cache)
         self._saved = {name: vars(litellm).get(name, _ABSENT) for name in _LITELLM_CLIENTS}
         self._shared = {
-            "in_memory_llm_clients_cache": _LitellmClientCache(type(cache)(), module_handler),
+            "in_memory_llm_clients_cache": _LitellmClientCache(kind(), module_handler, self),
             "module_level_aclient": module_handler,
             "aclient_session": session,
         }
@@ -367,9 +369,15 @@ class BoundedClients:
     async def aclose(self) -> None:
         litellm, self._litellm = self._litellm, None
         shared, self._shared = self._shared, {}
-        for name, value in shared.items():  # litellm's own back, unless replaced since
+        saved = self._saved
+        while True:  # what was there before, past any route closed since (closed out of order)
+            before = saved.get("in_memory_llm_clients_cache")
+            if not isinstance(before, _LitellmClientCache) or before.owner._litellm is not None:
+                break
+            saved = before.owner._saved
+        for name, value in shared.items():  # put back, unless replaced since (by another route)
             if litellm is not None and vars(litellm).get(name) is value:
-                old = self._saved.get(name, _ABSENT)
+                old = saved.get(name, _ABSENT)
                 if old is _ABSENT:
                     delattr(litellm, name)
                 else:

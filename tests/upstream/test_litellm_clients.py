@@ -203,3 +203,17 @@ async def test_the_route_puts_litellms_own_clients_back_when_it_closes() -> None
     assert "module_level_aclient" not in vars(litellm) or (
         litellm.module_level_aclient is not route._clients._shared.get("module_level_aclient")
     )
+
+
+async def test_routes_closed_out_of_order_leave_litellms_own_clients_in_place() -> None:
+    """Two routes at once (two apps in one process), the first closed first: the second's close
+    puts back what litellm had before either, not the first route's closed clients."""
+    litellm = import_litellm()
+    cache, session = litellm.in_memory_llm_clients_cache, litellm.aclient_session
+    first, second = _route(), _route()
+    await first.start()
+    await second.start()
+    await first.aclose()
+    assert litellm.aclient_session is second._clients._shared["aclient_session"]
+    await second.aclose()
+    assert litellm.in_memory_llm_clients_cache is cache and litellm.aclient_session is session
