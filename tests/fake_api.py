@@ -69,6 +69,8 @@ forgets the recorded requests):
   stream whose one content event is a single line that long (a server that answers far too
   much); ``huge_sent`` counts the bytes that went out before the client left. Set, it is
   also the answer to a POST on any path the fake does not serve (another provider's wire)
+- ``huge_aws_frame``: with ``huge_reply_bytes``, a stream is sent as one frame of AWS's binary
+  event stream (bedrock's), its prelude saying its length, and the bytes after it.
 - ``echo_auth``: an upstream (or a gateway) that repeats what it was sent: every error body
   (``fail_status``) says the request's ``Authorization`` value, the bare key after ``Bearer``
   and that key URL-encoded, in its message, and the bare key in its ``param`` and ``code``; a
@@ -111,6 +113,7 @@ import struct
 import threading
 import time
 import urllib.parse
+import zlib
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -152,6 +155,7 @@ DEFAULTS: dict[str, Any] = {
     "thinking": None,
     "failed_response": None,
     "huge_reply_bytes": None,
+    "huge_aws_frame": False,
     "echo_auth": False,
     "served_tier": None,
     "batch_polls": 0,
@@ -317,7 +321,16 @@ class _Huge(Response):
         super().__init__(media_type="text/event-stream" if stream else "application/json")
         self.raw_headers = [h for h in self.raw_headers if h[0] != b"content-length"]
         self.api, self.size = api, size
-        if stream:
+        if stream and api.huge_aws_frame:  # one AWS event-stream frame that says its length
+            self.media_type = "application/vnd.amazon.eventstream"
+            self.raw_headers = [
+                (b"content-type", self.media_type.encode()) if h[0] == b"content-type" else h
+                for h in self.raw_headers
+            ]
+            prelude = (size + 16).to_bytes(4, "big") + (0).to_bytes(4, "big")
+            self.head = prelude + zlib.crc32(prelude).to_bytes(4, "big")
+            self.tail = b"\0\0\0\0"
+        elif stream:
             chunk = {**base, "object": "chat.completion.chunk"}
             delta = '"choices":[{"index":0,"delta":{"content":"'
             self.head = ("data: " + json.dumps(chunk)[:-1] + "," + delta).encode()

@@ -3042,11 +3042,14 @@ def test_issue41_the_report_shows_deferred_work_apart(_i41_flex_server: Lazy) ->
 # A server of its own maps one model to `deepseek/…` (litellm's own httpx handler) and one to
 # `deepinfra/…` (litellm sends it with the `openai` SDK), each pointed at the fake API by the
 # provider's own variables. Before, litellm read their whole answers, and the size was checked
-# only after (`hosted_vllm` and `anthropic` alone were handed the bounded client).
+# only after (`hosted_vllm` and `anthropic` alone were handed the bounded client). A third maps
+# one to `cohere/…`, a provider litellm hands no client of the route's: it reads through the
+# bounded clients the route puts in litellm's own places.
 
 _I39_GAPS39_MODELS = {
     "i39-via-handler": "deepseek/fake-model",
     "i39-via-sdk": "deepinfra/fake-model",
+    "i39-via-litellms-own": "cohere/fake-model",  # handed no client: litellm's own places
 }
 
 
@@ -3057,6 +3060,8 @@ def _i39_gaps39_server(tmp_path_factory: pytest.TempPathFactory, api: FakeAPI) -
         "DEEPSEEK_API_KEY": "sk-i39-deepseek-test",
         "DEEPINFRA_API_BASE": api.url,
         "DEEPINFRA_API_KEY": "sk-i39-deepinfra-test",
+        "COHERE_API_BASE": api.url,
+        "COHERE_API_KEY": "sk-i39-cohere-test",
     }
     config = {"fallback": {"timeout_s": 3.0, "models": _I39_GAPS39_MODELS}}
     lazy = Lazy(

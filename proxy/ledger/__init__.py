@@ -9,6 +9,7 @@
     audits     the ``audits`` table: its columns, its insert, its readers
     response_cache  answers to deterministic requests, kept in the ledger database
     responses_store stored Responses (``store``), their input items and their chains
+    response_outputs the answers stored responses share: split off, digested, joined back
     batches/   OpenAI's Files and Batch APIs: files within a per-key quota, batches, and their
                lines, claimed by workers through the database and billed once each
 

@@ -19,12 +19,16 @@ write, delete and prune, so the check costs the same however much the key has st
 to it and reads it back in one upsert, and rolls back past the quota; :meth:`ResponseStore.usage`
 reads it, and ``put`` and ``delete`` return it, for the HTTP side's check before it spends anything
 on a request (which keeps it in memory). An answer's output items are kept once, however many
-responses carry them (a cache hit is the same answer under new ids): in ``response_outputs``,
-under the sha256 of their JSON with the item ids left blank, while each response keeps its own
-ids. Only the row that stored an answer first counts its bytes;
-the last response that names an answer takes it along when it is deleted or pruned (on PostgreSQL
-under a lock per answer, so that a replica storing a response that names it and one deleting it
-cannot cross).
+responses carry them (a cache hit is the same answer under new ids). Each row names its answer
+by the sha256 of their JSON with the item ids left blank (``output_digest``). A fresh answer is
+kept inline, in its own row, which is all most responses ever need: one row, no second table.
+The first cache hit of an answer moves it to ``response_outputs``, under that digest, out of the
+rows that held it inline, and from then on each response that names it keeps only its own ids.
+Only the row that stored an answer first counts its bytes; the last response that names an
+answer takes it along when it is deleted or pruned (on PostgreSQL under a lock per answer, so
+that a replica storing a response that names it and one deleting it cannot cross). A row's
+answer is in ``response_outputs`` when a row there has its digest, else inline: a fresh row
+written while the answer was shared already keeps its own copy, and reads the same either way.
 
 :meth:`ResponseStore.item` finds one stored item by its id, for an ``item_reference`` input
 item: among the input and output items of the responses one key keeps (its index on ``owner``
@@ -47,7 +51,6 @@ raises :class:`~proxy.ledger.db.connections.Unavailable`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
@@ -55,6 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.ledger.db.connections import Pool, Tx
+from proxy.ledger.response_outputs import hold_output, joined, named, split, to_json
 
 PRUNE_EVERY_S = 3600.0
 MAX_CHAIN = 1000  # turns walked back at most: a loop cannot be made, but a bound costs nothing
@@ -112,13 +116,9 @@ class QuotaFull(Exception):
         self.adding = adding
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
 def size(value: Any) -> int:
     """The bytes ``value`` takes stored: its JSON's UTF-8 bytes."""
-    return len(_json(value).encode("utf-8"))
+    return len(to_json(value).encode("utf-8"))
 
 
 _COLUMNS = "id, owner, key_name, created_at, previous_id, route, response, input_items"
@@ -141,42 +141,42 @@ _ORPHANS = (
 )
 
 
-def _hold_output(tx: Tx, digest: str) -> None:
-    """On PostgreSQL, the lock on the answer ``digest`` until the transaction ends, taken by
-    whoever stores a response that names it and whoever deletes it once unnamed: a replica
-    that finds the answer kept (and so writes no copy) cannot have it deleted under it by
-    another's delete or prune, whose check would not see the uncommitted response yet.
-    SQLite's one writer needs none."""
-    tx.rows("SELECT pg_advisory_xact_lock(hashtext(?))", (f"response-output:{digest}",))
+def _share(tx: Tx, output: str, digest: str) -> int:
+    """Keep the answer ``output`` (``digest``) once in ``response_outputs``, for a cache hit's
+    row that names it; the bytes that row pays for it.
 
-
-def _split(response: dict[str, Any]) -> tuple[dict[str, Any], str | None, str | None]:
-    """``response`` without its output items' bodies (each item keeps only its ``id``), the
-    bodies' JSON (ids blank) and its digest; a response without output is kept whole."""
-    output = response.get("output")
-    if not isinstance(output, list) or not output:
-        return response, None, None
-    bodies = [{**item, "id": ""} if _has_id(item) else item for item in output]
-    ids = [{"id": item["id"]} if _has_id(item) else {} for item in output]
-    text = _json(bodies)
-    return {**response, "output": ids}, text, hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _has_id(item: Any) -> bool:
-    return isinstance(item, dict) and "id" in item
-
-
-def _joined(response: dict[str, Any], output: str | None) -> dict[str, Any]:
-    """A stored ``response`` with its output items' bodies (``output``) back in place."""
-    if output is None:
-        return response
-    ids = response.get("output") or []
-    bodies = json.loads(output)
-    items = [
-        {**body, "id": ids[i]["id"]} if i < len(ids) and _has_id(ids[i]) else body
-        for i, body in enumerate(bodies)
-    ]
-    return {**response, "output": items}
+    Kept there already: nothing. Not yet: it is written, and every row that holds it inline
+    (the fresh answer it was a hit of, and any other fresh answer the same) gives up its copy
+    for the shared one. The oldest of them paid for the answer and still does: its ``bytes``
+    become what the shared form costs it (its own JSON, now without the answer, plus the
+    answer's), the others' only their own JSON, and their keys' tallies take the change, not
+    checked against a quota (a few bytes per item: the ids are kept apart from the answer).
+    The hit pays nothing then, and the whole answer when no row held it. On PostgreSQL under
+    the answer's lock (:func:`hold_output`)."""
+    if tx.db.is_postgres:
+        hold_output(tx, digest)
+    size = len(output.encode("utf-8"))
+    if not tx.count(
+        "INSERT INTO response_outputs (digest, output, bytes) VALUES (?, ?, ?) "
+        "ON CONFLICT (digest) DO NOTHING",
+        (digest, output, size),
+    ):
+        return 0
+    inline = tx.rows(
+        "SELECT id, owner, response, bytes FROM responses WHERE output_digest = ? "
+        "ORDER BY created_at, id",
+        (digest,),
+    )
+    for i, (response_id, owner, text, paid) in enumerate(inline):
+        stripped = to_json(split(json.loads(text))[0])
+        items = int(paid) - len(str(text).encode("utf-8"))  # what its input items cost
+        cost = len(stripped.encode("utf-8")) + items + (size if i == 0 else 0)
+        tx.run(
+            "UPDATE responses SET response = ?, bytes = ? WHERE id = ?",
+            (stripped, cost, response_id),
+        )
+        _count(tx, owner, 0, cost - int(paid))
+    return 0 if inline else size
 
 
 def _stored(row: tuple[Any, ...]) -> StoredResponse:
@@ -187,7 +187,7 @@ def _stored(row: tuple[Any, ...]) -> StoredResponse:
         created_at=float(row[3]),
         previous_id=row[4],
         route=row[5],
-        response=_joined(json.loads(row[6]), row[8]),
+        response=joined(json.loads(row[6]), row[8]),
         input_items=json.loads(row[7]),
         lease_until=None if row[9] is None else float(row[9]),
         lease_owner=row[10],
@@ -259,26 +259,21 @@ class ResponseStore:
         """Store ``stored``; what it cost its key, and what the key keeps now. Past the key's
         quota: :class:`QuotaFull`, and nothing is written.
 
-        Three statements: the answer (written only where no response carries it yet; whether
-        it was says what this row costs), the key's tally, added to and read back in one upsert
-        (past the quota: the transaction is rolled back), and the row itself."""
+        A fresh answer (any route but ``cache``) is kept inline, in its own row, which names
+        its answer's digest: two statements, the key's tally (added to and read back in one
+        upsert; past the quota the transaction is rolled back) and the row. A cache hit's
+        answer is kept once, in ``response_outputs`` (:meth:`_share`), and its row holds only
+        the item ids."""
         self._prune_if_due(time.time() if now is None else now)
-        response, output, digest = _split(stored.response)
-        response_json, items_json = _json(response), _json(stored.input_items)
-        own = len(response_json.encode("utf-8")) + len(items_json.encode("utf-8"))
-        output_bytes = len(output.encode("utf-8")) if output is not None else 0
+        shared = stored.route == "cache"
+        response, output, digest = split(stored.response) if shared else named(stored.response)
+        response_json, items_json = to_json(response), to_json(stored.input_items)
+        cost = len(response_json.encode("utf-8")) + len(items_json.encode("utf-8"))
         with self.pool.transaction() as tx:
             if tx.db.is_postgres:  # replicas: one writer per key at a time (SQLite: the lock)
                 tx.rows("SELECT pg_advisory_xact_lock(hashtext(?))", (f"responses:{stored.owner}",))
-                if digest is not None:
-                    _hold_output(tx, digest)
-            cost = own
-            if digest is not None:
-                cost += output_bytes * tx.count(
-                    "INSERT INTO response_outputs (digest, output, bytes) VALUES (?, ?, ?) "
-                    "ON CONFLICT (digest) DO NOTHING",  # kept already: this row pays nothing
-                    (digest, output, output_bytes),
-                )
+            if shared and output is not None and digest is not None:
+                cost += _share(tx, output, digest)
             after = _count(tx, stored.owner, 1, cost)
             if after.count > self.max_count or after.bytes > self.max_bytes:
                 raise QuotaFull(Usage(after.count - 1, after.bytes - cost), cost)  # rolled back
@@ -318,7 +313,7 @@ class ResponseStore:
         One transaction, so a cancel and the run's own end cannot both win. The key's tally
         takes the change of bytes, not checked against its quota (the queued response was,
         when it was made)."""
-        text = _json({**response, "store": True})
+        text = to_json({**response, "store": True})
         with self.pool.transaction() as tx:
             if tx.db.is_postgres:
                 tx.rows("SELECT pg_advisory_xact_lock(hashtext(?))", (f"response:{response_id}",))
@@ -401,7 +396,7 @@ class ResponseStore:
     def item(self, item_id: str, owner: str | None, *, anyone: bool) -> dict[str, Any] | None:
         """The newest stored input or output item whose id is ``item_id``, among the responses
         of the key ``owner`` (None: the keyless proxy's), or of every key with ``anyone``."""
-        quoted = _json(item_id).replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        quoted = to_json(item_id).replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         pattern = f'%"id":{quoted}%'
         where, values = ("1 = 1", ()) if anyone else _owned(owner)
         where = where.replace("owner", "r.owner")
@@ -422,6 +417,11 @@ class ResponseStore:
         """Delete the response ``response_id``; its key and what the key keeps now, or None
         when it was not stored."""
         with self.pool.transaction() as tx:
+            if tx.db.is_postgres:  # the answer's lock before the row's: a cache hit that
+                # moves this row's inline answer out (_share) takes them in that order
+                named = tx.rows("SELECT output_digest FROM responses WHERE id = ?", (response_id,))
+                if named and named[0][0] is not None:
+                    hold_output(tx, str(named[0][0]))
             found = tx.rows(
                 "DELETE FROM responses WHERE id = ? RETURNING output_digest, owner, bytes",
                 (response_id,),
@@ -431,8 +431,6 @@ class ResponseStore:
             digest, owner, cost = found[0]
             after = _count(tx, owner, -1, -int(cost))
             if digest is not None:
-                if tx.db.is_postgres:
-                    _hold_output(tx, digest)
                 tx.run(
                     "DELETE FROM response_outputs WHERE digest = ? AND NOT EXISTS "
                     "(SELECT 1 FROM responses WHERE output_digest = ?)",
@@ -464,13 +462,16 @@ class ResponseStore:
             if gone and tx.db.is_postgres:  # each orphan under its lock, in one order
                 orphans = tx.rows(_ORPHANS.replace("DELETE", "SELECT digest", 1))
                 for (digest,) in sorted(orphans):
-                    _hold_output(tx, digest)
+                    hold_output(tx, digest)
                     tx.run(_ORPHANS + " AND digest = ?", (digest,))
             elif gone:
                 tx.run(_ORPHANS)
             return gone
 
     def _prune_if_due(self, now: float) -> None:
+        last = self._pruned_at
+        if last is not None and now - last < PRUNE_EVERY_S:
+            return  # the usual case, read without the lock
         with self._lock:
             due = self._pruned_at is None or now - self._pruned_at >= PRUNE_EVERY_S
             if due:

@@ -19,14 +19,19 @@ from the caller (``client=``):
   transport: the connections are reused, never one client per request. Keys stay in memory;
   none is logged.
 
-Every other provider is handed no client, and litellm reads its answer whole; what it hands
-back is then checked against the bound (:mod:`proxy.upstream.litellm_route`). Among them:
-``azure`` (it wants an ``AsyncAzureOpenAI`` with an API version and Azure's own authentication,
-which would be ours to resolve), ``bedrock`` (its stream is AWS's binary event stream, which a
-bound per line does not fit), ``bytez``, ``langgraph`` and ``microsoft_365_copilot`` (they take
-the client, but drop the bound's error for one of their own), ``cohere``, ``replicate``,
-``vertex_ai``, ``sagemaker``, ``watsonx``, ``cloudflare``, ``oci`` and the text-completion
-providers.
+Every other provider is handed no client, and litellm takes one from its own places: its cache
+of clients (``litellm.in_memory_llm_clients_cache``, which its ``get_async_httpx_client`` asks),
+its module-level ``AsyncHTTPHandler`` and the ``httpx.AsyncClient`` it gives the ``openai`` SDK
+clients it makes itself (``litellm.aclient_session``). :meth:`BoundedClients.start` puts bounded
+clients there, and :meth:`BoundedClients.aclose` puts litellm's own back: ``azure`` (litellm
+makes its ``AsyncAzureOpenAI``, with its own API version and authentication, over the bounded
+session), ``bedrock`` (its stream, AWS's binary event stream, bounded per frame by the length
+each frame declares), ``cohere``, ``cloudflare``, ``watsonx``, the text-completion providers,
+``langgraph``, and the others that read through litellm's httpx helpers (``vertex_ai``,
+``sagemaker``, ``replicate``, ``oci``, ``bytez``, ``microsoft_365_copilot``: the same clients,
+but not tested here, as they cannot be pointed at a fake server on loopback). Those shared
+clients are not told by litellm whether a call streams; the route tells them
+(:meth:`BoundedClients.calling`).
 
 :class:`BoundedTransport` counts each answer's bytes as httpx reads them and raises
 :func:`~proxy.upstream.route.too_large` past the bound: a whole answer for a plain call, each
@@ -35,8 +40,9 @@ line (so each SSE event, or each line of an NDJSON stream) for a stream.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -171,21 +177,45 @@ MAX_SDK_CLIENTS = 64
 are made again as needed."""
 
 
-class _BoundedBody(httpx.AsyncByteStream):
-    """A response body read through, raising past ``limit`` bytes: in all, or per line."""
+EVENT_STREAM_TYPES = ("text/event-stream", "application/x-ndjson", "application/jsonl")
+"""Answers bounded per line when the call's kind is not known (a stream's events)."""
+AWS_EVENT_STREAM = "application/vnd.amazon.eventstream"
+"""AWS's binary event stream (bedrock, sagemaker): bounded per frame, by its declared length."""
 
-    def __init__(self, inner: httpx.AsyncByteStream, limit: int, per_line: bool) -> None:
+
+class _BoundedBody(httpx.AsyncByteStream):
+    """A response body read through, raising past ``limit`` bytes: in all (``whole``), per line
+    (``lines``), or per AWS event-stream frame (``frames``: each frame's first four bytes say its
+    length, refused when past the bound before the frame is read)."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, limit: int, unit: str) -> None:
         self._inner = inner
         self._limit = limit
-        self._per_line = per_line
+        self._unit = unit
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         run = 0  # bytes in all, or since the last newline
+        left, head = 0, b""  # frames: bytes left of the current frame, its length read so far
         async for chunk in self._inner:
-            newline = chunk.rfind(b"\n") if self._per_line else -1
+            if self._unit == "frames":
+                at = 0
+                while at < len(chunk):
+                    if left > 0:
+                        step = min(left, len(chunk) - at)
+                        left, at = left - step, at + step
+                        continue
+                    head, at = head + chunk[at : at + 4 - len(head)], at + 4 - len(head)
+                    if len(head) == 4:
+                        length = int.from_bytes(head, "big")
+                        if length > self._limit:
+                            raise too_large("stream event", self._limit)
+                        left, head = max(length - 4, 0), b""
+                yield chunk
+                continue
+            newline = chunk.rfind(b"\n") if self._unit == "lines" else -1
             run = len(chunk) - newline - 1 if newline >= 0 else run + len(chunk)
             if run > self._limit:
-                raise too_large("stream event" if self._per_line else "answer", self._limit)
+                raise too_large("answer" if self._unit == "whole" else "stream event", self._limit)
             yield chunk
 
     async def aclose(self) -> None:
@@ -195,17 +225,41 @@ class _BoundedBody(httpx.AsyncByteStream):
 class BoundedTransport(httpx.AsyncBaseTransport):
     """httpx's own transport, each response body bounded as httpx reads it: ``limit`` bytes in
     all, or per line when ``per_line`` (a stream's events). A non-streamed answer that declares a
-    ``Content-Length`` past the bound is refused before a byte of it is read."""
+    ``Content-Length`` past the bound is refused before a byte of it is read.
 
-    def __init__(self, limit: int, *, per_line: bool) -> None:
+    ``per_line`` None: the call's kind is asked of ``streaming`` (a stream: True, a plain call:
+    False, not known: None) when the answer's head arrives; not known, an answer whose type is an
+    event stream (:data:`EVENT_STREAM_TYPES`) is bounded per line and any other in all. AWS's
+    binary event stream (:data:`AWS_EVENT_STREAM`) is bounded per frame in a stream."""
+
+    def __init__(
+        self,
+        limit: int,
+        *,
+        per_line: bool | None,
+        streaming: Callable[[], bool | None] | None = None,
+    ) -> None:
         self._inner = httpx.AsyncHTTPTransport()
         self._limit = limit
         self._per_line = per_line
+        self._streaming = streaming
+
+    def _unit(self, response: httpx.Response) -> str:
+        kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+        stream = self._per_line
+        if stream is None and self._streaming is not None:
+            stream = self._streaming()
+        if stream is None:
+            stream = kind in EVENT_STREAM_TYPES or kind == AWS_EVENT_STREAM
+        if not stream:
+            return "whole"
+        return "frames" if kind == AWS_EVENT_STREAM else "lines"
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self._inner.handle_async_request(request)
+        unit = self._unit(response)
         declared = response.headers.get("content-length", "")
-        if not self._per_line and declared.isdigit() and int(declared) > self._limit:
+        if unit == "whole" and declared.isdigit() and int(declared) > self._limit:
             await response.aclose()
             raise too_large("answer", self._limit)
         body = response.stream
@@ -213,7 +267,7 @@ class BoundedTransport(httpx.AsyncBaseTransport):
         return httpx.Response(
             status_code=response.status_code,
             headers=response.headers,
-            stream=_BoundedBody(body, self._limit, self._per_line),
+            stream=_BoundedBody(body, self._limit, unit),
             extensions=response.extensions,
         )
 
@@ -221,9 +275,47 @@ class BoundedTransport(httpx.AsyncBaseTransport):
         await self._inner.aclose()
 
 
+class _LitellmClientCache:
+    """The cache of clients the route puts in litellm's place (``litellm.
+    in_memory_llm_clients_cache``) while it runs: the async httpx client litellm asks it for
+    (its ``get_async_httpx_client``, for every provider handed no client) is the route's bounded
+    one; the clients litellm makes meanwhile (``AsyncAzureOpenAI`` over the route's bounded
+    ``aclient_session``...) are kept in ``inner``, a cache of litellm's own kind that goes with
+    the route, so that none outlives the session it was made over."""
+
+    def __init__(self, inner: Any, handler: Any, owner: BoundedClients) -> None:
+        self.inner = inner
+        self._handler = handler
+        self.owner = owner
+
+    def get_cache(self, key: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(key, str) and key.startswith("async_httpx_client"):
+            return self._handler
+        return self.inner.get_cache(key, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+_ABSENT = object()
+_LITELLM_CLIENTS = ("in_memory_llm_clients_cache", "module_level_aclient", "aclient_session")
+"""What litellm reads when a call is handed no client: its cache of clients, its module-level
+``AsyncHTTPHandler`` and the ``httpx.AsyncClient`` it gives the ``AsyncOpenAI`` and
+``AsyncAzureOpenAI`` clients it makes itself."""
+
+
 class BoundedClients:
     """The bounded clients of one litellm route: made at :meth:`start`, closed at
-    :meth:`aclose`; :meth:`for_call` picks the one a call's provider takes."""
+    :meth:`aclose`; :meth:`for_call` picks the one a call's provider takes.
+
+    For the providers handed none of them, :meth:`start` also puts bounded clients in litellm's
+    own places (:data:`_LITELLM_CLIENTS`), and :meth:`aclose` puts litellm's back: so every
+    provider whose answer litellm reads with httpx reads it through :class:`BoundedTransport`
+    (azure through the ``AsyncAzureOpenAI`` litellm makes, with its own API version and
+    authentication). Those clients cannot be told by litellm whether the call streams: the
+    route says so in :meth:`calling`, a context variable of this object read by the transport
+    when an answer's head arrives (a plain call: the whole answer bounded; a stream, or a call
+    it was not told of: per line, as its content type says)."""
 
     def __init__(self, limit: int, timeout_s: float) -> None:
         self._limit = limit
@@ -231,9 +323,16 @@ class BoundedClients:
         self._handlers: dict[bool, Any] = {}  # litellm AsyncHTTPHandlers, by "for a stream"
         self._http: dict[bool, httpx.AsyncClient] = {}  # under the AsyncOpenAI clients
         self._sdk: dict[tuple[str, str, bool], Any] = {}  # (base, key, stream): AsyncOpenAI
+        self._streams: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+            f"frugal_litellm_streams_{id(self)}", default=None
+        )
+        self._shared: dict[str, Any] = {}  # what this route put in litellm's places
+        self._saved: dict[str, Any] = {}  # litellm's own, put back at aclose
+        self._litellm: Any = None
 
-    def start(self) -> None:
-        """Make the two handlers and the two httpx clients (litellm is imported already)."""
+    def start(self, litellm: Any) -> None:
+        """Make the handlers and the httpx clients, and put the shared ones in litellm's places
+        (litellm is imported already)."""
         if self._handlers:
             return
         handler = importlib.import_module("litellm.llms.custom_httpx.http_handler")
@@ -244,11 +343,51 @@ class BoundedClients:
                 transport=BoundedTransport(self._limit, per_line=per_line),
                 timeout=httpx.Timeout(self._timeout_s),
             )
+        shared = BoundedTransport(self._limit, per_line=None, streaming=self._streams.get)
+        module_handler = handler.AsyncHTTPHandler(transport=shared)
+        session = httpx.AsyncClient(transport=shared, timeout=httpx.Timeout(self._timeout_s))
+        self._litellm = litellm
+        cache = litellm.in_memory_llm_clients_cache  # made now if litellm has not made it yet
+        kind = type(cache.inner if isinstance(cache, _LitellmClientCache) else cache)
+        self._saved = {name: vars(litellm).get(name, _ABSENT) for name in _LITELLM_CLIENTS}
+        self._shared = {
+            "in_memory_llm_clients_cache": _LitellmClientCache(kind(), module_handler, self),
+            "module_level_aclient": module_handler,
+            "aclient_session": session,
+        }
+        for name, value in self._shared.items():
+            setattr(litellm, name, value)
+
+    def calling(self, stream: bool) -> contextvars.Token[bool | None]:
+        """Tell the shared clients whether the call about to be made streams; hand the token
+        back to :meth:`called` once the call has returned."""
+        return self._streams.set(stream)
+
+    def called(self, token: contextvars.Token[bool | None]) -> None:
+        self._streams.reset(token)
 
     async def aclose(self) -> None:
+        litellm, self._litellm = self._litellm, None
+        shared, self._shared = self._shared, {}
+        saved = self._saved
+        while True:  # what was there before, past any route closed since (closed out of order)
+            before = saved.get("in_memory_llm_clients_cache")
+            if not isinstance(before, _LitellmClientCache) or before.owner._litellm is not None:
+                break
+            saved = before.owner._saved
+        for name, value in shared.items():  # put back, unless replaced since (by another route)
+            if litellm is not None and vars(litellm).get(name) is value:
+                old = saved.get(name, _ABSENT)
+                if old is _ABSENT:
+                    delattr(litellm, name)
+                else:
+                    setattr(litellm, name, old)
         handlers, self._handlers = list(self._handlers.values()), {}
         http, self._http = list(self._http.values()), {}
         self._sdk.clear()
+        if shared:
+            handlers.append(shared["module_level_aclient"])
+            http.append(shared["aclient_session"])
         for handler in handlers:
             await handler.close()
         for client in http:

@@ -18,10 +18,12 @@ providers take one from the caller (``client=``), and this route hands them clie
 made at :meth:`LitellmRoute.start` and closed with it (:mod:`proxy.upstream.litellm_clients`,
 which says which providers and how): their transport counts each answer's bytes as httpx reads
 them and raises :func:`~proxy.upstream.route.too_large` past ``[fallback] max_answer_bytes``: a
-whole answer for a non-streamed call, each line (so each SSE event) for a stream. The error
-reaches the client as the same 502 as on the direct route (:func:`proxy.upstream.failures.
-translate` finds it in the chain of litellm's wrapping errors). The other providers are handed
-no client; for them only what litellm hands back is checked against the bound, after the read.
+whole answer for a non-streamed call, each line (so each SSE event) for a stream. The other
+providers take a client from litellm's own places, where :meth:`LitellmRoute.start` puts bounded
+ones too, and :meth:`LitellmRoute.aclose` puts litellm's back; each call tells them whether it
+streams. The error reaches the client as the same 502 as on the direct route
+(:func:`proxy.upstream.failures.translate` finds it in the chain of litellm's wrapping errors).
+What litellm hands back is still checked against the bound.
 
 :class:`LitellmRoute` is a :class:`~proxy.upstream.route.Route`: each call is one attempt.
 """
@@ -94,11 +96,11 @@ class LitellmRoute:
         """Import litellm (seconds) in a thread, once, and make its bounded clients."""
         if self._litellm is None:
             self._litellm = await asyncio.to_thread(import_litellm)
-        self._clients.start()
+        self._clients.start(self._litellm)
 
     async def aclose(self) -> None:
-        """Close the bounded clients and the batch wires' pools (litellm keeps its other
-        clients itself)."""
+        """Close the bounded clients (and put litellm's own back in its places) and the batch
+        wires' pools."""
         await self._clients.aclose()
         await self._batches.aclose()
 
@@ -150,7 +152,11 @@ class LitellmRoute:
         client = self._clients.for_call(self._litellm, kwargs)
         if client is not None:
             kwargs = {**kwargs, "client": client}
-        return await self._litellm.acompletion(**kwargs)
+        token = self._clients.calling(bool(kwargs.get("stream")))
+        try:
+            return await self._litellm.acompletion(**kwargs)
+        finally:
+            self._clients.called(token)
 
 
 def answer_of(result: Any) -> tuple[dict[str, Any], bytes]:

@@ -219,7 +219,11 @@ def test_put_and_delete_read_back_the_keys_tally_and_a_refused_put_keeps_no_answ
     with pytest.raises(QuotaFull) as refused:
         tight.put(turn(3), now=NOW)
     assert refused.value.usage == second.usage == store.usage("id:1")
-    assert store.get("resp_3") is None and _answers(pool) == 2
+    assert store.get("resp_3") is None and _answers(pool) == 0
+    hit = StoredResponse(**{**_fields(turn(3)), "route": "cache"})  # an answer to share
+    with pytest.raises(QuotaFull):
+        tight.put(hit, now=NOW)
+    assert store.get("resp_3") is None and _answers(pool) == 0
     freed = store.delete("resp_1")
     assert freed is not None and freed.owner == "id:1"
     assert freed.usage == Usage(1, second.cost) == store.usage("id:1")
@@ -279,3 +283,64 @@ def test_a_background_responses_lease_is_shared_and_a_renewal_beats_a_sweep(
     assert leased == ["resp_dead", "resp_live", "resp_stopped"]
     assert moves == {"resp_live": False, "resp_dead": True}
     assert after == {"resp_live": NOW + 600, "resp_stopped": 0.0}
+
+
+def _fresh(n: int, output_ids: list[str]) -> StoredResponse:
+    """turn(1)'s answer as a fresh answer (from the API) stores it, under new ids."""
+    return StoredResponse(**{**_fields(_with_ids(n, output_ids)), "route": "api"})
+
+
+def _kept(pool: Pool, items: int = 1) -> tuple[int, int]:
+    """(copies of turn(1)'s answer, of ``items`` output items, in the database; the bytes its
+    rows and answers take), read from the tables themselves."""
+    with pool.transaction() as tx:
+        rows = tx.rows("SELECT response, input_items FROM responses")
+        outputs = [str(row[0]) for row in tx.rows("SELECT output FROM response_outputs")]
+    texts = [str(text) for row in rows for text in row] + outputs
+    copies = sum(text.count("answer 1 é") for text in texts) // items
+    return copies, sum(len(text.encode("utf-8")) for text in texts)
+
+
+def test_a_fresh_answer_is_kept_inline_and_its_cache_hits_share_it_in_one_copy(
+    pool: Pool,
+) -> None:
+    """A fresh answer is one row, its answer inline; the first cache hit of it moves the answer
+    to one shared copy, the fresh response still paying for it, and later hits pay nothing for
+    it; every response reads back as stored, and the key's tally stays what its rows take."""
+    store = ResponseStore(pool, retention_days=30)
+    fresh = store.put(_fresh(1, ["msg_a", "msg_b"]), now=NOW)
+    assert _answers(pool) == 0 and _kept(pool, 2) == (1, fresh.cost)
+    hit = store.put(_with_ids(2, ["msg_c", "msg_d"]), now=NOW)
+    again = store.put(_with_ids(3, ["msg_e", "msg_f"]), now=NOW)
+    copies, stored = _kept(pool, 2)
+    assert _answers(pool) == 1 and copies == 1, (_answers(pool), copies)
+    assert hit.cost == again.cost < fresh.cost  # the hits pay no answer
+    assert store.usage("id:1") == again.usage == Usage(3, stored)
+    assert store.get("resp_1") == _fresh(1, ["msg_a", "msg_b"])
+    assert store.get("resp_2") == _with_ids(2, ["msg_c", "msg_d"])
+    assert store.get("resp_3") == _with_ids(3, ["msg_e", "msg_f"])
+    store.delete("resp_1")
+    assert store.get("resp_2") == _with_ids(2, ["msg_c", "msg_d"]) and _answers(pool) == 1
+    store.delete("resp_2")
+    store.delete("resp_3")
+    assert _answers(pool) == 0 and store.usage("id:1") == Usage(0, 0) and _kept(pool) == (0, 0)
+
+
+def test_a_cache_hit_takes_the_copies_of_every_fresh_answer_it_matches(pool: Pool) -> None:
+    """Two fresh answers alike (two keys) each keep their own copy; a hit of them shares one
+    copy, paid by the oldest, and each key's tally stays what its rows take."""
+    store = ResponseStore(pool, retention_days=30)
+    store.put(_fresh(1, ["msg_a"]), now=NOW)
+    other = StoredResponse(
+        **{**_fields(_fresh(2, ["msg_b"])), "owner": "id:2", "created_at": NOW + 1}
+    )
+    store.put(other, now=NOW)
+    assert _kept(pool)[0] == 2
+    store.put(StoredResponse(**{**_fields(_with_ids(3, ["msg_c"])), "owner": "id:3"}), now=NOW)
+    copies, stored = _kept(pool)
+    assert copies == 1 and _answers(pool) == 1
+    tallies = [store.usage(owner) for owner in ("id:1", "id:2", "id:3")]
+    assert sum(usage.bytes for usage in tallies) == stored
+    assert tallies[0].bytes > tallies[1].bytes == tallies[2].bytes  # the oldest pays the answer
+    assert store.get("resp_2") == other
+    assert store.prune(now=NOW + 31 * DAY) == 3 and _answers(pool) == 0
