@@ -12,7 +12,8 @@ Three runs against a fresh SQLite file each (WAL, ``synchronous=NORMAL``, the de
 3. sustained: ``--rate`` rows per second for ``--seconds``, half local, half API; the delay from
    ``record`` to commit, p50 / p99 / max, is the ledger's part of the kill -9 window.
 
-The event loop is the benchmark's own; a row is a realistic dict as ``proxy.server.chat`` builds it.
+The event loop is the benchmark's own; a row is a realistic dict as
+``proxy.serving.chat`` builds it.
 """
 
 from __future__ import annotations

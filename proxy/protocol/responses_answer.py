@@ -19,7 +19,7 @@ request the cascade answers) is :mod:`proxy.protocol.responses_translate`.
 The stream is made from the finished answer (as a ``verify`` chat stream is): the cascade judges
 the whole answer first, and with ``[fallback] responses = "translate"`` the API is asked for
 JSON, so a fallback can still happen before the first event (the API's own ``/v1/responses``
-streams its own events, relayed by :mod:`proxy.server.responses`).
+streams its own events, relayed by :mod:`proxy.serving.responses`).
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def response_of(
         "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
         "previous_response_id": None,
         "reasoning": {"effort": effort_only(body), "summary": None},
-        "store": False,  # True once proxy.server.responses has stored it
+        "store": False,  # True once proxy.serving.responses has stored it
         "temperature": _number(body.get("temperature"), used.temperature),
         "text": {
             "format": text.get("format") or {"type": "text"},

@@ -9,7 +9,7 @@ into the validator (:mod:`proxy.protocol.validate`). Every failure is a :class:`
 What the local model and Chat Completions cannot do (image and file parts, built-in tools,
 reasoning items) is a 400 with code ``unsupported_parameter`` that says so,
 never an unknown field. With ``[fallback] responses = "responses"`` (the default) the handler
-(:mod:`proxy.server.responses`) takes those out before these checks and sends the request to the
+(:mod:`proxy.serving.responses`) takes those out before these checks and sends the request to the
 upstream's own ``/v1/responses`` instead. An item reference never reaches these checks: the
 handler puts the stored item it names in its place first (:mod:`proxy.serving.responses_state`).
 """

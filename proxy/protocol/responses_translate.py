@@ -15,7 +15,7 @@
     effort_only(body)              the ``reasoning.effort`` of a body that asks nothing else of
                                    ``reasoning``: chat's ``reasoning_effort``
 
-Storing an answer is :mod:`proxy.server.responses`'s.
+Storing an answer is :mod:`proxy.serving.responses`'s.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ does a background response (``Router.plan(..., deferred=True)``), which also run
 deferred class (:attr:`Plan.priority`, ``proxy/engine/priority.py``): it yields its place to
 interactive requests.
 
-The router knows nothing of HTTP; ``proxy.server.chat`` turns its decisions into responses.
+The router knows nothing of HTTP; ``proxy.serving.chat`` turns its decisions into answers.
 """
 
 from __future__ import annotations

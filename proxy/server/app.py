@@ -29,6 +29,7 @@ from proxy.server.limits import LimitsMiddleware
 from proxy.server.render import exception_handlers, render, unexpected
 from proxy.server.routes import ROUTES, served_paths
 from proxy.server.shares import KeyShareMiddleware, KeyShares
+from proxy.serving.call import BodyCut
 from proxy.serving.in_flight import InFlight
 
 log = structlog.get_logger("frugal.app")
@@ -84,7 +85,7 @@ class RequestIdMiddleware:
         except ProxyError as exc:  # raised by a middleware, outside the handlers
             if not started:
                 await render(exc, request_id)(scope, receive, send_with_id)
-        except ClientDisconnect:  # the client left in the middle of its body: not an error
+        except (ClientDisconnect, BodyCut):  # the client left in the middle of its body: fine
             log.info("client_gone", request_id=request_id, during="request_body")
         except Exception as exc:  # noqa: BLE001 - rendered and logged once, here
             error = unexpected(exc, request_id, scope, started=started)

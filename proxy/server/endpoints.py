@@ -1,21 +1,23 @@
 """The endpoints that answer requests, each declared once.
 
-An :class:`Endpoint` names its path, the handler the lifespan makes for it from the services,
-and what ``/openapi.json`` says of it (:attr:`Endpoint.openapi`, its request's and answer's
+An :class:`Endpoint` names its path, the service the lifespan makes for it from the services
+(a :class:`~proxy.serving.call.Call` in, an answer or a stream of events out), and what
+``/openapi.json`` says of it (:attr:`Endpoint.openapi`, its request's and answer's
 schemas). :data:`ENDPOINTS` opens the
 list of every route, :data:`proxy.server.routes.ROUTES`: from it ``app.py`` makes one
 :class:`Mounted` per endpoint and serves its :meth:`Mounted.serve` at the path and again
 without ``/v1`` (and lets a client that leaves cancel the cascade ones); the lifespan is handed
-the same :class:`Mounted` objects and fills each with its handler once the services exist
+the same :class:`Mounted` objects and fills each with its service once the services exist
 (:meth:`Mounted.fill`); the OpenAPI document writes each path and its request schema. So a
-route's handler is found by reading: the route is ``Mounted.serve``, its handler
-``Endpoint.make``. Adding an endpoint is its parameter table (:mod:`proxy.protocol.params`), its
-handler module and one entry here (``docs/architecture.md``, "An endpoint").
+route's handler is found by reading: the route is ``Mounted.serve``, which makes the request a
+call and sends what the service ``Endpoint.make`` made returns (:mod:`proxy.server.calls`).
+Adding an endpoint is its parameter table (:mod:`proxy.protocol.params`), its service module and
+one entry here (``docs/architecture.md``, "An endpoint").
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,22 +32,21 @@ from proxy.protocol.request_schema import (
     RESPONSES_REQUEST,
 )
 from proxy.protocol.shapes import Schema
-from proxy.server.chat import ChatHandler
-from proxy.server.completions import CompletionsHandler, EmbeddingsHandler
+from proxy.server.calls import Service, call_of, respond
 from proxy.server.openapi.parts import post
-from proxy.server.responses import ResponsesHandler
 from proxy.server.responses_compact import COMPACT_REQUEST, COMPACTED, CompactHandler
 from proxy.server.responses_tokens import INPUT_TOKENS, INPUT_TOKENS_REQUEST, InputTokensHandler
+from proxy.serving.chat import ChatService
+from proxy.serving.completions import CompletionsService, EmbeddingsService
+from proxy.serving.responses import ResponsesService
 from proxy.serving.services import Services
-
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Endpoint:
     name: str  # what the endpoint is called (its handler's name in logs and tests)
     path: str  # with ``/v1``; also served without it, as OpenAI's clients use both
-    make: Callable[[Services], Handler]  # the handler, made once when the app starts
+    make: Callable[[Services], Service]  # its service, made once when the app starts
     summary: str  # the OpenAPI path's summary
     request: tuple[str, Schema]  # the request schema: its component name, and the schema
     response: tuple[str, Schema]  # the answer's schema: its component name, and the schema
@@ -81,7 +82,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         name="chat",
         path="/v1/chat/completions",
-        make=ChatHandler,
+        make=ChatService,
         summary="Chat completion, local first",
         request=("ChatCompletionRequest", CHAT_REQUEST),
         response=("ChatCompletion", CHAT_COMPLETION),
@@ -89,7 +90,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         name="completions",
         path="/v1/completions",
-        make=CompletionsHandler,
+        make=CompletionsService,
         summary="Legacy text completion, local first",
         request=("CompletionRequest", COMPLETIONS_REQUEST),
         response=("TextCompletion", TEXT_COMPLETION),
@@ -97,7 +98,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         name="embeddings",
         path="/v1/embeddings",
-        make=EmbeddingsHandler,
+        make=EmbeddingsService,
         summary="Embeddings, passed through to the API",
         request=("EmbeddingsRequest", EMBEDDINGS_REQUEST),
         response=("Embeddings", EMBEDDINGS),
@@ -107,7 +108,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         name="responses",
         path="/v1/responses",
-        make=ResponsesHandler,
+        make=ResponsesService,
         summary="A Responses answer, local first (translated to chat; stored unless "
         "`store: false`)",
         request=("ResponsesRequest", RESPONSES_REQUEST),
@@ -150,17 +151,20 @@ def both_paths(path: str) -> tuple[str, str]:
 
 
 class Mounted:
-    """One endpoint's place in the app: the route serves :meth:`serve`, which hands each request
-    to the handler the lifespan made from the services (:meth:`fill`)."""
+    """One endpoint's place in the app: the route serves :meth:`serve`, which hands each request,
+    as a call, to the service the lifespan made from the services (:meth:`fill`), and sends what
+    it returns."""
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
-        self.handler: Handler | None = None  # None until the lifespan has built the services
+        self.handler: Service | None = None  # None until the lifespan has built the services
+        self.services: Services | None = None
 
     def fill(self, services: Services) -> None:
+        self.services = services
         self.handler = self.endpoint.make(services)
 
     async def serve(self, request: Request) -> Response:
-        if self.handler is None:  # uvicorn and the tests' clients serve nothing before it
+        if self.handler is None or self.services is None:  # nothing is served before it
             raise RuntimeError("the app's lifespan has not started: no handler")
-        return await self.handler(request)
+        return respond(await self.handler(call_of(request, self.services)))

@@ -14,20 +14,16 @@ send theirs through :func:`render` too: a ``JSONResponse`` is an ASGI app.
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Mapping
 from typing import Any
 
-import structlog
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Scope
 
 from proxy.errors import InternalError, MethodNotAllowed, NotFound, ProxyError, StatusError
-from proxy.server.sse import event
-
-log = structlog.get_logger("frugal.app")
+from proxy.serving import events
 
 
 def render(exc: ProxyError, request_id: str | None = None) -> JSONResponse:
@@ -39,7 +35,7 @@ def render(exc: ProxyError, request_id: str | None = None) -> JSONResponse:
 def sse_event(exc: ProxyError) -> bytes:
     """``exc`` as the final ``data: {"error": ...}`` event of a stream that failed after its
     first byte went out (the caller sends ``data: [DONE]`` after it)."""
-    return event(exc.body())
+    return events.error_event(exc)
 
 
 def from_http_exception(exc: HTTPException, method: str, path: str) -> ProxyError:
@@ -59,24 +55,13 @@ def unexpected(
     started: bool = False,
 ) -> InternalError:
     """Log an exception no handler took, once, and return the 500 the client gets for it: as
-    JSON (:func:`render`), or as a stream's last event (:func:`sse_event`) when ``started``.
-
-    The log line has the request id, the exception's class and where it was raised: never its
-    message or a traceback's locals, which may hold request content.
-    """
+    JSON (:func:`render`), or as a stream's last event (:func:`sse_event`) when ``started``
+    (:func:`proxy.serving.events.unexpected`, with the request's method and path)."""
     scope = scope or {}
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
-    log.error(
-        "unhandled_error",
-        request_id=request_id,
-        error=type(exc).__name__,
-        where=where,
-        method=scope.get("method"),
-        path=str(scope.get("path", ""))[:100],
-        response_started=started,
+    path = str(scope.get("path", ""))
+    return events.unexpected(
+        exc, request_id, method=scope.get("method"), path=path, started=started
     )
-    return InternalError(request_id)
 
 
 def _request_id(request: Request) -> str | None:

@@ -22,13 +22,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
 from proxy.errors import BadRequest
 from proxy.protocol.shapes import Schema
-from proxy.server.cascade import Cascade
 from proxy.server.openapi.parts import responses_subset
+from proxy.serving.call import Answer, Call, Outcome
+from proxy.serving.cascade import Cascade
 from proxy.serving.exchange import Exchange
 from proxy.serving.responses_state import (
     ResponsesState,
@@ -86,8 +84,8 @@ class CompactHandler:
             api_call=_compact_call,
         )
 
-    async def __call__(self, request: Request) -> Response:
-        return await self.cascade.serve(request, self.handle)
+    async def __call__(self, call: Call) -> Outcome:
+        return await self.cascade.serve(call, self.handle)
 
     def _state(self) -> ResponsesState:
         state = self.services.responses
@@ -95,11 +93,11 @@ class CompactHandler:
             raise RuntimeError("the app was built without stored responses")
         return state
 
-    async def handle(self, request: Request, ex: Exchange) -> Response:
-        asked = await self.services.bodies.read(request, _checked)
+    async def handle(self, call: Call, ex: Exchange) -> Outcome:
+        asked = await call.read(_checked)
         state = self._state()
         if references(asked):
-            asked = await asyncio.to_thread(_checked, await state.resolved(request, asked))
+            asked = await asyncio.to_thread(_checked, await state.resolved(call.caller, asked))
         model = asked["model"]
         ex.asked(model)
         upstream = self.services.upstream
@@ -112,13 +110,13 @@ class CompactHandler:
                 code="unsupported_parameter",
             )
         previous = asked.get("previous_response_id")
-        earlier = await state.history(request, previous) if previous is not None else []
+        earlier = await state.history(call.caller, previous) if previous is not None else []
         conversation = [*earlier, *input_items(asked["input"])]
         sent = responses_api.compact_body(asked, conversation, upstream.target(model))
-        await self.cascade.admit(request, {"model": model}, ex, cache=False)  # never cached
+        await self.cascade.admit(call, {"model": model}, ex, cache=False)  # never cached
         ex.unsupported_locally()
         await self.cascade.reserve({"model": model}, ex, sent=sent)
         reply = await self.cascade.from_api(
             responses_api.compact(upstream, sent, request_id=ex.request_id), ex
         )
-        return JSONResponse(reply.body, headers=ex.headers())
+        return Answer(reply.body, ex.headers())

@@ -26,14 +26,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
 from proxy.errors import CountUnavailable
 from proxy.ledger.writing.tokens import CountJob
 from proxy.protocol.responses_translate import chat_of, stand_in
 from proxy.protocol.shapes import Schema
 from proxy.server.openapi.parts import responses_subset
+from proxy.serving.call import Answer, Call, Outcome
 from proxy.serving.responses_state import (
     ResponsesState,
     fields_checked,
@@ -91,14 +89,14 @@ class InputTokensHandler:
             raise RuntimeError("the app was built without stored responses")
         return state
 
-    async def __call__(self, request: Request) -> Response:
-        body = await self.services.bodies.read(request, _checked)
+    async def __call__(self, call: Call) -> Outcome:
+        body = await call.read(_checked)
         state = self._state()
         if references(body):
-            body = await asyncio.to_thread(_checked, await state.resolved(request, body))
-        await self._admit(request, body["model"])
+            body = await asyncio.to_thread(_checked, await state.resolved(call.caller, body))
+        await self._admit(call, body["model"])
         previous = body.get("previous_response_id")
-        earlier = await state.history(request, previous) if previous is not None else []
+        earlier = await state.history(call.caller, previous) if previous is not None else []
         given = [*earlier, *input_items(body["input"])] if earlier else body["input"]
         chat = chat_of(stand_in({**body, "input": given}, API_ONLY)[0])
         job = CountJob(model=body["model"], body=chat, completion={})
@@ -114,13 +112,13 @@ class InputTokensHandler:
             raise CountUnavailable(
                 f"The input tokens could not be counted ({exc.__class__.__name__})."
             ) from None
-        return JSONResponse({"object": "response.input_tokens", "input_tokens": prompt})
+        return Answer({"object": "response.input_tokens", "input_tokens": prompt})
 
-    async def _admit(self, request: Request, model: str) -> None:
+    async def _admit(self, call: Call, model: str) -> None:
         """A stored key may count only for its own models, as it may ask only them."""
         quotas = self.services.quotas
         if quotas is None:
             return
-        key = self.services.auth.stored_key(getattr(request.state, "key_name", None))
+        key = self.services.auth.stored_key(call.key_name)
         if key is not None:
             await quotas.admit(key, model)

@@ -6,15 +6,13 @@ a background response cancelled (:mod:`proxy.serving.background_responses`).
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
-
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from proxy.errors import BadRequest
-from proxy.protocol.responses_answer import events
 from proxy.server.lookup import services_of
+from proxy.server.sse import stream_of
+from proxy.serving.responses import background_stream
 from proxy.serving.responses_state import ResponsesState
 
 MAX_LIMIT = 100  # the most items one page of ``input_items`` holds
@@ -39,7 +37,8 @@ async def retrieve(request: Request) -> Response:
     (a background response), its events from ``starting_after`` + 1 once it has ended."""
     if request.query_params.get("stream", "false").lower() == "true":
         after = _starting_after(request.query_params.get("starting_after"))
-        return await background_stream(request, request.path_params["response_id"], after)
+        rid = request.path_params["response_id"]
+        return stream_of(await background_stream(services_of(request), request, rid, after))
     found = await _state(request).visible(request, request.path_params["response_id"])
     return JSONResponse(found.response)
 
@@ -52,30 +51,6 @@ async def cancel(request: Request) -> Response:
         raise RuntimeError("the app was built without background responses")
     found = await background.cancel(request, request.path_params["response_id"])
     return JSONResponse(found)
-
-
-async def background_stream(request: Request, rid: str, after: int) -> Response:
-    """The background response ``rid``'s typed events whose ``sequence_number`` is past
-    ``after``, sent once it has ended (:meth:`BackgroundResponses.ended`); not a background
-    response: a 400 naming ``stream``."""
-    services = services_of(request)
-    found = await _state(request).visible(request, rid)
-    if found.response.get("background") is not True or services.background is None:
-        raise BadRequest(
-            f"Response '{rid}' is not a background response: only those can be streamed again.",
-            param="stream",
-        )
-    background = services.background
-    wait_s = services.settings.batch.flex_timeout_s
-
-    async def chunks() -> AsyncIterator[bytes]:
-        response = await background.ended(request, rid, wait_s=wait_s)
-        for chunk in events(response):
-            data = json.loads(chunk.split(b"data: ", 1)[1])
-            if data["sequence_number"] > after:
-                yield chunk
-
-    return StreamingResponse(chunks(), media_type="text/event-stream")
 
 
 def _starting_after(given: str | None) -> int:

@@ -1,9 +1,25 @@
 """Serving: what the proxy does with a request once it is read, kept apart from HTTP: what one
 request did (the exchange) and the ledger row made from it, what an API call costs, the
 quotas of a client key, the shadow audits, the services a running app shares, and the frozen
-bundle of them the server hands to its handlers. No Starlette here: a service is handed what it
-reads (a body to read, a caller's rights), never a route or an app to look itself up in.
+bundle of them the server hands to its handlers; and the cascade with the services of the
+endpoints on it. No Starlette here: a service takes a call (its id, its key, the ``x-frugal``
+headers, its body to read, the caller's rights) and returns an answer or a stream of events,
+never a route or an app to look itself up in.
 
+    call         ``Call``, what a service is handed; ``Answer`` and ``Events``, what it returns
+    cascade      the cascade every endpoint composes (none subclasses another): plan, local
+                 attempt, gate, fallback, answer, exactly one ledger row
+    chat         ``POST /v1/chat/completions``' service: JSON, or a stream (``verify`` or
+                 ``live``)
+    completions  the services of ``POST /v1/completions`` and ``POST /v1/embeddings``
+    responses    ``POST /v1/responses``' service: translated to chat (``proxy.protocol``),
+                 answered by the cascade, sent as a Responses object or its typed events; a
+                 background response's events once it has ended
+    responses_upstream  its fallback to the upstream's own ``/v1/responses``: the answer, or
+                 its typed events relayed, under our id
+    responses_live  ``stream_mode = "live"`` on ``/v1/responses``: local tokens as typed events
+    events       the chunks of chat and legacy streams, a finished answer replayed as them,
+                 and an error as a stream's last event
     exchange     what one request did, for the headers, the log and the ledger row, set
                  through its named steps only
     live         ``stream_mode = "live"``: a local generation's tokens as they come

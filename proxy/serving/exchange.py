@@ -26,7 +26,7 @@ walks ``proxy/`` and fails on a direct assignment outside this module), so that 
       keep(), keep_sse()                      the answer's text, for the content log or the
                                               audit's reference
 
-The cascade that takes these steps is :mod:`proxy.server.cascade`; the row, metrics and log line
+The cascade that takes these steps is :mod:`proxy.serving.cascade`; the row, metrics and log line
 made from the exchange are :mod:`proxy.serving.record`'s.
 
 Imports the types it holds from :mod:`proxy.routing`, :mod:`proxy.audit` and

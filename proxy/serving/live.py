@@ -4,9 +4,9 @@
                                until it has ended
     cancel(task)               a local generation stopped (once), and waited for
 
-The cascade starts the generation and waits for its first token (:meth:`proxy.server.cascade.
-Cascade.live`); chat's chunks (:mod:`proxy.server.chat`) and the Responses' typed events
-(:mod:`proxy.server.responses_live`) are written from these tokens.
+The cascade starts the generation and waits for its first token (:meth:`proxy.serving.cascade.
+Cascade.live`); chat's chunks (:mod:`proxy.serving.chat`) and the Responses' typed events
+(:mod:`proxy.serving.responses_live`) are written from these tokens.
 
 Imports the local attempt's type from :mod:`proxy.routing`, and nothing else of ``proxy``.
 """

@@ -4,8 +4,8 @@ monthly budget, and the response cache it may be answered from.
 :class:`Quotas` is one of the app's services. :mod:`proxy.server.shares` calls ``admit_rate``
 from the headers, before the body is read: a key past its ``rpm`` is a 429 with
 ``Retry-After`` (:mod:`proxy.ledger.tenants.rpm`), so a key at its limit cannot hold a slot while it
-sends a body. The handlers call it at four points (:mod:`proxy.server.cascade`,
-:mod:`proxy.server.chat`):
+sends a body. The handlers call it at four points (:mod:`proxy.serving.cascade`,
+:mod:`proxy.serving.chat`):
 
 - ``admit`` once the model is known: a model the key may not use is a 403 naming ``model``.
 - ``cached`` before the local attempt, ``remember`` after an answer

@@ -6,8 +6,9 @@
                            drawn shadow audit started (:mod:`proxy.serving.shadow`). Later calls
                            do nothing.
 
-:meth:`proxy.server.cascade.Cascade.serve` calls it when a JSON answer or an error is sent, and the
-:class:`proxy.server.sse.EventStream` of a stream when its last byte is out or its client left.
+:meth:`proxy.serving.cascade.Cascade.serve` calls it when an answer or an error is sent, and the
+events of a stream (their ``on_end``, which the server's :class:`proxy.server.sse.EventStream`
+calls) when its last byte is out or its client left.
 Prompts and answers reach the log only as ``request_content``, when ``[server] log_content``
 is on.
 

@@ -17,7 +17,7 @@
                     :mod:`proxy.protocol.responses_usage`)
 
 Only the direct route (``api_base``) has this endpoint: a model routed through litellm is
-translated to Chat Completions instead (:mod:`proxy.server.responses`). Retries, timeouts and the
+translated to Chat Completions instead (:mod:`proxy.serving.responses`). Retries, timeouts and the
 translation of failures are the client's (:meth:`Upstream.post_direct`,
 :meth:`Upstream.open_direct`), and so is the exact body posted (:meth:`Upstream.sent`: ``body``
 with its ``stream`` flag), which a key's budget reserves the worst case of.
@@ -49,7 +49,7 @@ API_ONLY = ("reasoning", "max_tool_calls", "top_logprobs")
 ``unsupported``), a 400 when the fallback is Chat Completions."""
 PARTLY_LOCAL = frozenset({"reasoning"})
 """Of :data:`API_ONLY`, those a local answer may still serve in part: a ``reasoning`` that holds
-only an ``effort`` is chat's ``reasoning_effort`` (``proxy/server/responses.py``)."""
+only an ``effort`` is chat's ``reasoning_effort`` (``proxy/serving/responses.py``)."""
 # The proxy's own: the conversation is sent whole and never stored upstream.
 _OURS = frozenset({"previous_response_id", "store", "input", "model"})
 _FORWARDED = tuple(name for name in (*RESPONSES_PARAMETERS, *API_ONLY) if name not in _OURS)

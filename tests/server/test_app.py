@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 
 from proxy.engine.local_engine import LocalEngine
 from proxy.errors import InternalError
-from proxy.server import sse
+from proxy.serving import events as sse
 from tests.conftest import FAKE_KEY, settings_for
 from tests.fake_api import FakeAPI
 from tests.test_errors import assert_404_and_405

@@ -1,6 +1,8 @@
-"""Every endpoint reads top to bottom (issue 40): each holds a Cascade (proxy/server/cascade.py) and
-calls its steps; no endpoint's handler subclasses another class, no module reaches into another
-object's private attribute, and no handler makes a response it does not send.
+"""Every endpoint reads top to bottom (issue 40): each holds a Cascade (proxy/serving/cascade.py)
+and calls its steps; no endpoint's handler subclasses another class, no module reaches into another
+object's private attribute, and no handler makes a response it does not send. Every endpoint is a
+service that takes a call, made from the request in one place, and returns an answer or a stream
+of events.
 
 The checks read the modules of ``proxy/server``, ``proxy/serving`` and ``proxy/protocol`` (of the
 package that is imported, so that the same test can be pointed at another checkout) with ``ast``.
@@ -9,10 +11,12 @@ package that is imported, so that the same test can be pointed at another checko
 from __future__ import annotations
 
 import ast
+import typing
 from pathlib import Path
 
 import proxy
 from proxy.server.endpoints import ENDPOINTS
+from proxy.serving.call import Call, Outcome
 
 ROOMS = [Path(proxy.__file__).resolve().parent / room for room in ("server", "serving", "protocol")]
 
@@ -90,3 +94,23 @@ def test_no_handler_makes_a_response_it_does_not_send() -> None:
         and not node.keywords
     ]
     assert dummies == []
+
+
+def test_every_endpoint_is_a_service_that_takes_a_call() -> None:
+    # A service takes a call (id, key, the x-frugal headers, the body to read) and returns an
+    # answer or a stream of events; it never sees a Starlette request (issue 40).
+    taken = {endpoint.name: typing.get_type_hints(endpoint.make.__call__) for endpoint in ENDPOINTS}
+    assert {name: hints.get("call") for name, hints in taken.items()} == dict.fromkeys(taken, Call)
+    assert {name: hints.get("return") for name, hints in taken.items()} == dict.fromkeys(
+        taken, Outcome
+    )
+
+
+def test_the_server_makes_a_call_in_one_place() -> None:
+    made = sorted(
+        f"{path.parent.name}/{path.name}"
+        for path in (Path(proxy.__file__).resolve().parent).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "Call"
+    )
+    assert made == ["server/calls.py"]

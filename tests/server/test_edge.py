@@ -198,6 +198,55 @@ async def test_a_clients_request_id_is_kept_only_when_short_and_plain(
         assert got != sent and len(got) == 32 and int(got, 16) >= 0
 
 
+async def test_a_client_gone_mid_body_of_a_service_outside_the_cascade_is_no_error(
+    tmp_path: Path, make_client: Any
+) -> None:
+    # The body is read through the call (proxy/server/calls.py), which says a client that left
+    # in the middle of it as BodyCut: /v1/responses/input_tokens writes no row, so the app
+    # itself logs it as a client gone, never as an unexpected error.
+    pieces: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b'{"model": "gpt-4o-mini", "inp', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> dict[str, Any]:
+        return pieces.pop(0) if pieces else {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = {
+        "host": "127.0.0.1",
+        "content-type": "application/json",
+        "content-length": "500",
+        "x-request-id": "req-cut",
+    }
+    async with make_client(settings_for(tmp_path)) as client:
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/responses/input_tokens",
+            "raw_path": b"/v1/responses/input_tokens",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 80),
+            "state": {},
+        }
+        with capture_logs() as logs:
+            await client.app(scope, receive, send)
+    said = [(e["event"], e.get("request_id")) for e in logs]
+    assert ("client_gone", "req-cut") in said, said
+    assert all(event != "unhandled_error" for event, _ in said), said
+    assert [m for m in sent if m["type"] == "http.response.start"] == []
+
+
 async def test_an_unexpected_error_is_an_openai_500_with_the_request_id_logged_once(
     tmp_path: Path, make_client: Any
 ) -> None:

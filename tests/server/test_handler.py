@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from starlette.routing import Route
 
-from proxy.server.completions import CompletionsHandler
 from proxy.server.endpoints import ENDPOINTS, both_paths
+from proxy.serving.completions import CompletionsService
 from proxy.serving.services import Services
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
@@ -53,7 +53,7 @@ async def test_the_services_are_one_frozen_object_the_handlers_share(
         chat, embeddings = _handler_at(client.app, "chat"), _handler_at(client.app, "embeddings")
         assert chat.services is services and embeddings.services is services
         completions = _handler_at(client.app, "completions")
-        assert isinstance(completions, CompletionsHandler)
+        assert isinstance(completions, CompletionsService)
         assert completions.services is services
         with pytest.raises(dataclasses.FrozenInstanceError):
             services.router = None

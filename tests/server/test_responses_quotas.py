@@ -1,6 +1,6 @@
-"""``/v1/responses`` under a key's budget and through the response cache (proxy/server/responses.py,
-proxy/serving/quotas.py), on SQLite and on a real PostgreSQL, with the real engine and the fake
-API's own ``/v1/responses``.
+"""``/v1/responses`` under a key's budget and through the response cache
+(proxy/serving/responses.py, proxy/serving/quotas.py), on SQLite and on a real PostgreSQL, with
+the real engine and the fake API's own ``/v1/responses``.
 
 The budget reserves the worst case of the body the upstream is sent, the earlier turns of a
 chain included, and a stated bound for what its bytes cannot measure (images, files, built-in

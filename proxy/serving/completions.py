@@ -1,7 +1,9 @@
-"""``POST /v1/completions`` (legacy text completions) and ``POST /v1/embeddings``.
+"""``POST /v1/completions`` (legacy text completions) and ``POST /v1/embeddings``: their services,
+each a :class:`~proxy.serving.call.Call` in and an answer or a stream of events out (the server's
+handlers read the request and write the response, :mod:`proxy.server.calls`).
 
 Legacy completions take the same cascade as chat, in the same life cycle (a
-:class:`proxy.server.cascade.Cascade` of their own): a pre-route check
+:class:`proxy.serving.cascade.Cascade` of their own): a pre-route check
 (:mod:`proxy.protocol.params`), a local attempt (the raw prompt, no chat template) scored by the
 quality gate, and the API when the answer is not good enough. A streamed request gets the local
 answer replayed as OpenAI's ``text_completion`` chunks after it was scored; on the API route the
@@ -24,9 +26,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
 from proxy.engine import legacy
 from proxy.errors import BadRequest, LocalUnavailable
 from proxy.protocol.answers import public_answer
@@ -34,9 +33,10 @@ from proxy.protocol.params import LOCAL_ALIAS
 from proxy.protocol.validate import completions_request, embeddings_request
 from proxy.routing.reasons import Reason
 from proxy.routing.router import ROUTE_HEADER
-from proxy.server import sse
-from proxy.server.cascade import Cascade
-from proxy.server.sse import aiter_of
+from proxy.serving import events
+from proxy.serving.call import Answer, Call, Outcome
+from proxy.serving.cascade import Cascade
+from proxy.serving.events import aiter_of
 from proxy.serving.exchange import Exchange
 from proxy.serving.services import Services
 from proxy.upstream.client import COMPLETIONS_PATH, EMBEDDINGS_PATH
@@ -59,7 +59,7 @@ def _embeddings_call(
     return EMBEDDINGS_PATH, services.upstream.sent(EMBEDDINGS_PATH, body)
 
 
-class CompletionsHandler:
+class CompletionsService:
     """``POST /v1/completions``, on its own :class:`Cascade`."""
 
     def __init__(self, services: Services) -> None:
@@ -72,26 +72,28 @@ class CompletionsHandler:
             api_call=_completions_call,
         )
 
-    async def __call__(self, request: Request) -> Response:
-        return await self.cascade.serve(request, self.handle)
+    async def __call__(self, call: Call) -> Outcome:
+        return await self.cascade.serve(call, self.handle)
 
-    async def handle(self, request: Request, ex: Exchange) -> Response:
+    async def handle(self, call: Call, ex: Exchange) -> Outcome:
         cascade = self.cascade
-        body = await self.services.bodies.read(request, completions_request)
-        planned = cascade.begin(request, body, ex)
-        await cascade.admit(request, body, ex)  # the key's models (its rpm: before the body)
+        body = await call.read(completions_request)
+        planned = cascade.begin(call, body, ex)
+        await cascade.admit(call, body, ex)  # the key's models (its rpm: before the body)
         # The key's budget, before the API call; spent, a local answer the gate accepts is free.
         kept = await cascade.local_first(body, planned, ex, kind="complete")
         if kept is not None:
             return self._local(kept, ex, body)
         upstream = self.services.upstream
-        call = upstream.post_json(COMPLETIONS_PATH, _without_stream(body), request_id=ex.request_id)
-        reply = (await cascade.from_api(call, ex)).body
+        asking = upstream.post_json(
+            COMPLETIONS_PATH, _without_stream(body), request_id=ex.request_id
+        )
+        reply = (await cascade.from_api(asking, ex)).body
         if ex.stream:
             return self._replay(reply, ex, body)
-        return JSONResponse(reply, headers=ex.headers())
+        return Answer(reply, ex.headers())
 
-    def _local(self, kept: dict[str, Any], ex: Exchange, body: dict[str, Any]) -> Response:
+    def _local(self, kept: dict[str, Any], ex: Exchange, body: dict[str, Any]) -> Outcome:
         """A kept local completion sent, as JSON or replayed as a stream."""
         # The ledger counts the answer with the requested model's tokenizer: give it the
         # prompt and the text in chat form.
@@ -100,10 +102,10 @@ class CompletionsHandler:
             return self._replay(
                 public_answer(kept, {"logprobs": 5, "model": body["model"]}, text=True), ex, body
             )
-        return JSONResponse(public_answer(kept, body, text=True), headers=ex.headers())
+        return Answer(public_answer(kept, body, text=True), ex.headers())
 
-    def _replay(self, answer: dict[str, Any], ex: Exchange, body: dict[str, Any]) -> Response:
-        chunks = sse.replay_text_completion(
+    def _replay(self, answer: dict[str, Any], ex: Exchange, body: dict[str, Any]) -> Outcome:
+        chunks = events.replay_text_completion(
             answer,
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
             with_logprobs=body.get("logprobs") is not None,
@@ -111,20 +113,20 @@ class CompletionsHandler:
         return self.cascade.stream(aiter_of(chunks), ex)
 
 
-class EmbeddingsHandler:
+class EmbeddingsService:
     """Embeddings pass through to the API (reason ``unsupported``: no local embeddings)."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
         self.cascade = Cascade(services, endpoint="embeddings", api_call=_embeddings_call)
 
-    async def __call__(self, request: Request) -> Response:
-        return await self.cascade.serve(request, self.handle)
+    async def __call__(self, call: Call) -> Outcome:
+        return await self.cascade.serve(call, self.handle)
 
-    async def handle(self, request: Request, ex: Exchange) -> Response:
-        body = await self.services.bodies.read(request, embeddings_request)
+    async def handle(self, call: Call, ex: Exchange) -> Outcome:
+        body = await call.read(embeddings_request)
         ex.asked(body["model"])
-        forced = (request.headers.get(ROUTE_HEADER) or "").strip().lower()
+        forced = (call.route or "").strip().lower()
         if forced not in ("", "local", "api"):
             raise BadRequest(
                 f"header '{ROUTE_HEADER}' must be 'local' or 'api', got {forced!r}",
@@ -141,10 +143,10 @@ class EmbeddingsHandler:
             raise LocalUnavailable(
                 "embeddings come from the API, and no API fallback is configured"
             )
-        await self.cascade.admit(request, body, ex)  # the key's models (its rpm: before the body)
+        await self.cascade.admit(call, body, ex)  # the key's models (its rpm: before the body)
         await self.cascade.reserve(body, ex)  # embeddings answer no tokens: the input is the worst
         upstream = self.services.upstream
-        call = upstream.post_json(EMBEDDINGS_PATH, body, request_id=ex.request_id)
-        reply = (await self.cascade.from_api(call, ex)).body
+        asking = upstream.post_json(EMBEDDINGS_PATH, body, request_id=ex.request_id)
+        reply = (await self.cascade.from_api(asking, ex)).body
         ex.answered_nothing()
-        return JSONResponse(reply, headers=ex.headers())
+        return Answer(reply, ex.headers())

@@ -20,8 +20,8 @@ events as they come, sent back as ours.
     renewed(cached, asked)
                     a cached ``response`` as a new answer, with ids of its own
 
-Imports :mod:`proxy.upstream` (the call, the stream), :mod:`proxy.errors` and this room's
-cascade, exchange and responses_translate modules.
+Imports :mod:`proxy.upstream` (the call, the stream), :mod:`proxy.errors`, the Responses
+shapes of :mod:`proxy.protocol`, and this room's call, cascade, exchange and services modules.
 """
 
 from __future__ import annotations
@@ -32,13 +32,12 @@ import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
-from starlette.responses import JSONResponse, Response
-
 from proxy.errors import ProxyError
 from proxy.protocol.responses_answer import completed, completed_item, completed_part
 from proxy.protocol.responses_translate import completion_of
 from proxy.protocol.responses_usage import chat_usage
-from proxy.server.cascade import Cascade, chat_call
+from proxy.serving.call import Answer, Outcome
+from proxy.serving.cascade import Cascade, chat_call
 from proxy.serving.exchange import Exchange
 from proxy.serving.services import Services
 from proxy.upstream import responses_api
@@ -67,7 +66,7 @@ def error_event(err: ProxyError) -> tuple[bytes, ...]:
 
 async def answer(
     cascade: Cascade, ex: Exchange, asked: dict[str, Any], sent: dict[str, Any], keep: Keep
-) -> Response:
+) -> Outcome:
     """The upstream's own answer to ``sent``, as ours, stored (``keep``) and sent as JSON."""
     upstream = cascade.services.upstream
     reply = await cascade.from_api(
@@ -79,7 +78,7 @@ async def answer(
     response = ours(reply.body, asked)
     ex.keep(completion_of(response))
     await keep(response)
-    return JSONResponse(response, headers=ex.headers())
+    return Answer(response, ex.headers())
 
 
 async def relay(
@@ -89,7 +88,7 @@ async def relay(
     asked: dict[str, Any],
     sent: dict[str, Any],
     keep: Keep,
-) -> Response:
+) -> Outcome:
     """The API's typed events for ``sent``, relayed as they come (see :func:`_relayed`);
     ``body``, the chat request, is what an estimate of an abandoned stream counts."""
     opening = responses_api.open_stream(cascade.services.upstream, sent, request_id=ex.request_id)

@@ -12,7 +12,7 @@
                     events; the message item opens at the answer's first token
 
 As on chat, only a local plan with one text answer (no tools) streams live, ungated (reason
-``live``); the handler (:mod:`proxy.server.responses`) falls back to the API, or sends a kept
+``live``); the handler (:mod:`proxy.serving.responses`) falls back to the API, or sends a kept
 answer as the ``verify`` stream does, when the model fails or finishes before its first token.
 The finished response is stored (``keep``) before its last event is sent, as every other stream.
 """

@@ -1,13 +1,14 @@
 """The cascade every endpoint composes: plan, local attempt, gate, fallback, answer, and exactly
 one ledger row.
 
-    Cascade         one per endpoint (:mod:`proxy.server.chat`, :mod:`proxy.server.completions`,
-                    :mod:`proxy.server.responses`, :mod:`proxy.server.responses_compact`), made
+    Cascade         one per endpoint (:mod:`proxy.serving.chat`, :mod:`proxy.serving.completions`,
+                    :mod:`proxy.serving.responses`, :mod:`proxy.server.responses_compact`), made
                     with the endpoint's ledger name, the parameter an overflow names, how its
                     API call is posted and how its stream ends; the endpoint holds one and calls
                     its steps, none subclasses another:
-      serve         the life cycle: an Exchange made, the endpoint's ``handle`` run, exactly
-                    one ledger row (:func:`proxy.serving.record.finish`) whatever happens
+      serve         the life cycle: an Exchange made for a :class:`~proxy.serving.call.Call`,
+                    the endpoint's ``handle`` run, exactly one ledger row
+                    (:func:`proxy.serving.record.finish`) whatever happens
       begin         the model noted, the route planned, the quality bar set (:class:`Planned`)
       try_local     the local attempt, judged (``judge``): the answer to send, or None; offered
                     to the shadow audits (:mod:`proxy.serving.shadow`)
@@ -25,19 +26,22 @@ one ledger row.
       open_stream   one upstream stream opened, and its ``close`` (settled, timed)
       live          ``stream_mode = "live"``: the local tokens streamed as they come
                     (:mod:`proxy.serving.live`); only a failure before the first falls back
-      stream        the SSE response, which writes the row when it ends
+      stream        the stream of events, which writes the row when it ends
 
-An endpoint's ``handle`` returns JSON or ``stream(...)``. The row is written by ``serve`` for a JSON
-answer or an error, and by the :class:`proxy.server.sse.EventStream` of a stream when its last byte
-is out or its client left (status 499, ``client_gone``; a client that leaves in the middle of its
-request body too). An API call whose client left is charged what the API bills for it
-(:mod:`proxy.serving.charges`). Upstream failures arrive as :class:`~proxy.errors.ProxyError` (the
+An endpoint's ``handle`` takes the call and its exchange, and returns an
+:class:`~proxy.serving.call.Answer` or ``stream(...)``'s :class:`~proxy.serving.call.Events`; no
+Starlette here (the server makes the call and sends what comes back, :mod:`proxy.server.calls`).
+The row is written by ``serve`` for an answer or an error, and by the events' ``on_end`` when the
+server's stream has sent its last byte or its client left (status 499, ``client_gone``; a client
+that leaves in the middle of its request body, :class:`~proxy.serving.call.BodyCut`, too). An
+API call whose client left is charged what the API bills for it (:mod:`proxy.serving.charges`).
+Upstream failures arrive as :class:`~proxy.errors.ProxyError` (the
 upstream client translates its own): their status, code and attempts go into the row as they are.
 What each step notes goes on the exchange through its named steps (:mod:`proxy.serving.exchange`).
 
 Imports :mod:`proxy.routing` (the plan and the local attempt), :mod:`proxy.upstream` (the reply's
-type, the chat path), :mod:`proxy.errors`, :mod:`proxy.protocol.answers`, and this room's
-charges, exchange, live, record, render, services, shadow and sse modules.
+type, the chat path), :mod:`proxy.errors`, :mod:`proxy.protocol.answers`, and this room's call,
+charges, events, exchange, live, record, services and shadow modules.
 """
 
 from __future__ import annotations
@@ -48,9 +52,6 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
-
 from proxy.errors import (
     BadRequest,
     BudgetExhausted,
@@ -60,21 +61,19 @@ from proxy.errors import (
 )
 from proxy.protocol.answers import public_answer
 from proxy.routing.reasons import Reason
-from proxy.routing.router import ROUTE_HEADER, LocalAttempt, Plan, deferred_tier
+from proxy.routing.router import LocalAttempt, Plan, deferred_tier
 from proxy.routing.servable import live_streamable
-from proxy.server import sse
-from proxy.server.render import sse_event, unexpected
-from proxy.serving import charges, record, shadow
+from proxy.serving import charges, events, record, shadow
+from proxy.serving.call import Answer, BodyCut, Call, Cleanup, Events, Outcome
 from proxy.serving.exchange import Exchange
 from proxy.serving.live import cancel
 from proxy.serving.services import Services
 from proxy.upstream.client import CHAT_PATH, UpstreamResponse
 from proxy.upstream.stream import UpstreamStream
 
-MIN_QUALITY_HEADER = "x-frugal-min-quality"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
-Handle = Callable[[Request, Exchange], Awaitable[Response]]
+Handle = Callable[[Call, Exchange], Awaitable[Outcome]]
 # (the path, the exact JSON body) an endpoint's upstream call for a request posts; ``sent``:
 # the upstream's own body when it is not the request itself (the Responses API's, a compaction).
 ApiCall = Callable[
@@ -95,7 +94,7 @@ def chat_call(
 def chat_stream_end(err: ProxyError) -> tuple[bytes, ...]:
     """The last events of a chat stream that failed after its first byte: the error event,
     then ``[DONE]``."""
-    return sse_event(err), sse.DONE
+    return events.error_event(err), events.DONE
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,18 +126,14 @@ class Cascade:
         self.api_call = api_call
         self.stream_end = stream_end
 
-    async def serve(self, request: Request, handle: Handle) -> Response:
-        """``handle(request, exchange)``, and exactly one ledger row for it."""
-        ex = Exchange(
-            request_id=request.state.request_id,
-            endpoint=self.endpoint,
-            key_name=getattr(request.state, "key_name", None),
-        )
+    async def serve(self, call: Call, handle: Handle) -> Outcome:
+        """``handle(call, exchange)``, and exactly one ledger row for it."""
+        ex = Exchange(request_id=call.request_id, endpoint=self.endpoint, key_name=call.key_name)
         streaming = False
         try:
-            response = await handle(request, ex)
-            streaming = isinstance(response, sse.EventStream)  # it writes the row itself
-            return response
+            outcome = await handle(call, ex)
+            streaming = isinstance(outcome, Events)  # they write the row themselves
+            return outcome
         except ProxyError as exc:
             ex.failed(exc.status, exc.code or exc.type, bad_request=isinstance(exc, BadRequest))
             raise
@@ -146,10 +141,10 @@ class Cascade:
             # The client disconnected before its answer was ready (see proxy/server/disconnect.py).
             ex.client_left()
             raise
-        except ClientDisconnect:
+        except BodyCut:
             # The client closed its socket in the middle of its body: it left, nothing failed.
             ex.client_left(mid_body=True)
-            return Response(status_code=499)  # nobody reads it
+            return Answer(status=499)  # nobody reads it
         except BaseException:
             ex.crashed()
             raise
@@ -161,7 +156,7 @@ class Cascade:
 
     def begin(
         self,
-        request: Request,
+        call: Call,
         body: dict[str, Any],
         ex: Exchange,
         *,
@@ -175,12 +170,10 @@ class Cascade:
         streamed = bool(body.get("stream")) if stream is None else stream
         tier = deferred_tier(body) or deferred
         ex.asked(body["model"], stream=streamed, deferred_tier=tier)
-        key = getattr(request.state, "client_key", None)  # its share of the local queue
-        client = None if key is None else key.identity
-        header = request.headers.get(ROUTE_HEADER)
-        plan = self.router.plan(body, header, client=client, deferred=tier is not None)
+        # the key's identity: its share of the local queue
+        plan = self.router.plan(body, call.route, client=call.identity, deferred=tier is not None)
         ex.take_plan(plan)
-        threshold = self.router.threshold(request.headers.get(MIN_QUALITY_HEADER), body["model"])
+        threshold = self.router.threshold(call.min_quality, body["model"])
         return Planned(plan, threshold)
 
     async def try_local(
@@ -276,7 +269,7 @@ class Cascade:
     # -- the key's limits, its budget and the response cache (proxy.serving.quotas) -------------
 
     async def admit(
-        self, request: Request, body: dict[str, Any], ex: Exchange, *, cache: bool = True
+        self, call: Call, body: dict[str, Any], ex: Exchange, *, cache: bool = True
     ) -> None:
         """The key's models checked (its rpm was, before the body: :mod:`proxy.server.shares`);
         the cache entry this request may use noted (unless ``cache`` is off), the key's own by
@@ -288,13 +281,12 @@ class Cascade:
         if key is not None:  # a key of the environment's (or none) has no models
             await quotas.admit(key, body["model"])
         if cache and quotas.caching:
-            client = getattr(request.state, "client_key", None)  # set by the auth middleware
             ex.may_cache(
                 *quotas.cache_key(
                     {**body, "_endpoint": self.endpoint},
-                    None if client is None else client.identity,
+                    call.identity,
                     self.services.upstream.target(body["model"]),
-                    request.headers.get("cache-control", ""),
+                    call.cache_control,
                 )
             )
 
@@ -403,7 +395,7 @@ class Cascade:
 
     async def open_stream(
         self, opening: Awaitable[UpstreamStream], ex: Exchange, body: dict[str, Any]
-    ) -> tuple[UpstreamStream, sse.Cleanup]:
+    ) -> tuple[UpstreamStream, Cleanup]:
         """One upstream stream (``opening``: the call that opens it), and its ``close``: closed
         once, however it ends, its usage (or an estimate against ``body``) and time noted."""
         ex.calling_api()
@@ -425,9 +417,9 @@ class Cascade:
         planned: Planned,
         ex: Exchange,
         *,
-        replay: Callable[[dict[str, Any]], Awaitable[Response]],
+        replay: Callable[[dict[str, Any]], Awaitable[Outcome]],
         chunks: LiveChunks,
-    ) -> Response | None:
+    ) -> Outcome | None:
         """Stream local tokens as they come (``chunks`` makes the stream of them); only a
         failure before the first one falls back (None). ``replay`` sends a kept answer that
         came without a token."""
@@ -465,16 +457,16 @@ class Cascade:
 
         return self.stream(chunks(task, queue), ex, cleanups=(stop,))
 
-    # -- the SSE response ---------------------------------------------------------------------
+    # -- the stream of events -----------------------------------------------------------------
 
     def stream(
         self,
         chunks: AsyncGenerator[bytes, None],
         ex: Exchange,
         *,
-        cleanups: Iterable[sse.Cleanup] = (),
-    ) -> sse.EventStream:
-        """The SSE response of ``chunks``; it writes the row when it ends, however it ends."""
+        cleanups: Iterable[Cleanup] = (),
+    ) -> Events:
+        """The events of ``chunks``; they write the row when they end, however they end."""
 
         async def body() -> AsyncGenerator[bytes, None]:
             try:
@@ -482,7 +474,7 @@ class Cascade:
                     yield chunk
             except Exception as exc:  # noqa: BLE001 - the status line is already out
                 ex.broke("stream_failed")  # logged once, and sent as the stream's last event
-                for end in self.stream_end(unexpected(exc, ex.request_id, started=True)):
+                for end in self.stream_end(events.unexpected(exc, ex.request_id, started=True)):
                     yield end
             finally:
                 await chunks.aclose()
@@ -492,9 +484,6 @@ class Cascade:
                 ex.client_left()
             record.finish(ex, self.services)
 
-        return sse.EventStream(
-            body(),
-            headers={**SSE_HEADERS, **ex.headers()},
-            on_end=on_end,
-            cleanups=tuple(cleanups),
+        return Events(
+            body(), headers={**SSE_HEADERS, **ex.headers()}, on_end=on_end, cleanups=tuple(cleanups)
         )
