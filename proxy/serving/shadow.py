@@ -11,7 +11,7 @@ audits, and a drawn audit started when the exchange ends.
     offer_line(...)       a batch line's local answer (deferred work), offered and, when
                           drawn, its shadow call started at once, accepted or rejected
 
-:class:`proxy.server.cascade.Cascade` offers, :func:`proxy.serving.record.finish` starts; the
+:class:`proxy.serving.cascade.Cascade` offers, :func:`proxy.serving.record.finish` starts; the
 batch line's attempt (:class:`proxy.serving.batch_attempt.BatchAttempt`) offers its own. The
 audits themselves run in :mod:`proxy.audit.runner`, off the request path.
 
