@@ -260,3 +260,48 @@ async def test_an_interactive_job_finishes_before_the_deferred_jobs_that_fill_th
     assert health["batch"]["deferred"]["parked"] >= 2
     assert health["deferred"] == {"queue_depth": 0, "max_queue": 2, "running": 0}
     assert engine.stats.crashes == 0
+
+
+def test_short_deferred_prompts_are_prefilled_before_the_batch_decodes_on(
+    model: LocalModel,
+) -> None:
+    # A batch of short lines (issue 41): each line that joins as another ends is prefilled at
+    # once, so every decode step serves the whole batch. With the interactive time share
+    # (prompts wait for four times their prefill in decode steps) the prompts queued up behind
+    # one or two answers, and the batch decoded about one row a step.
+    lines = [
+        f'Which city is mentioned? Answer with the city only: "We meet {name} in {city}."'
+        for name, city in [
+            ("Maria", "Lisbon"),
+            ("James", "Osaka"),
+            ("Aiko", "Denver"),
+            ("Omar", "Nairobi"),
+            ("Lena", "Hamburg"),
+            ("Carlos", "Toronto"),
+            ("Priya", "Lyon"),
+            ("Tom", "Perth"),
+        ]
+    ]
+    engine = BatchEngine(model, 4)
+    try:
+        queue = [_request(text, 12) for text in lines]
+        seqs = []
+        behind = 0  # decode steps taken while a line's prompt waited
+        while queue or engine.busy:
+            while queue and (seq := engine.add(queue[0], deferred=True)) is not None:
+                queue.pop(0)
+                seqs.append(seq)
+            decode_steps = engine.stats.decode_steps
+            waiting = any(q.prefilling and q.leader is None for q in engine.active)
+            engine.step()
+            if waiting and engine.stats.decode_steps > decode_steps:
+                behind += 1
+        assert len(seqs) == 8 and all(s.done and s.generated for s in seqs)
+        stats = engine.stats
+        print(f"decode steps {stats.decode_steps}, rows {stats.decode_rows}, behind {behind}")
+        assert behind == 0
+        # 8 answers of 12 tokens at most, four at a time: at most 2 x 12 full decode steps
+        # and one partial step for each line that ended early.
+        assert stats.decode_steps <= 2 * 12 + 8
+    finally:
+        engine.close()
