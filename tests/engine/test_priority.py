@@ -19,6 +19,8 @@ Order and counts are asserted, never times.
 from __future__ import annotations
 
 import asyncio
+import copy
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -305,3 +307,33 @@ def test_short_deferred_prompts_are_prefilled_before_the_batch_decodes_on(
         assert stats.decode_steps <= 2 * 12 + 8
     finally:
         engine.close()
+
+
+def test_the_worker_scores_waiting_interactive_answers_before_deferred_ones(
+    model: LocalModel,
+) -> None:
+    # Batched answers are scored on a thread of the worker, not in the loop that steps the
+    # batch; an interactive answer goes before the batch lines' answers waiting to be scored.
+    from proxy.engine.worker import _Scorer
+
+    entered, release = threading.Event(), threading.Event()
+    sent: list[tuple[str, int, Any]] = []
+
+    class Pipe:  # the pipe's end: holds the first answer until the others are queued
+        def send(self, message: tuple[Any, ...]) -> None:
+            entered.set()
+            assert release.wait(60)
+            sent.append((message[0], message[1], message[2]))
+
+    request = _request("What is the capital of France?", 12)
+    answer = model.chat(dict(request))
+    scorer = _Scorer(Pipe())  # type: ignore[arg-type]
+    scorer.submit(1, request, copy.deepcopy(answer), deferred=True)
+    assert entered.wait(60)  # the first deferred answer is being sent
+    scorer.submit(2, request, copy.deepcopy(answer), deferred=True)
+    scorer.submit(3, request, copy.deepcopy(answer), deferred=True)
+    scorer.submit(4, request, copy.deepcopy(answer), deferred=False)
+    release.set()
+    scorer.close()
+    assert [job for kind, job, _ in sent if kind == "done"] == [1, 4, 2, 3]
+    assert all("value" in completion["frugal"]["quality"] for _, _, completion in sent)
