@@ -7,7 +7,12 @@ shared system prompt, the next turn of a chat) does not prefill that part again.
 prompt gets, in this order of preference (:meth:`Streams.place`):
 
     held     the free id whose stream holds the longest usable prefix: kept in place when
-             the prompt keeps at least half of what it holds
+             the prompt keeps at least half of what it holds, or when no other id is free
+             (as in a full batch, where each joining prompt takes the id just left). Keeping
+             cells in place costs nothing, so any shared prefix is kept, however short: a
+             batch of short lines shares the chat template's opening and little else (about
+             25 tokens of SmolLM2's, with a system prompt of its own; under the 32 a copy
+             needs), which is nearly half of a one-sentence line's prompt
     copied   a running sequence's cells, when they go further (by ``COPY_MIN_TOKENS``), or a
              held stream's that the prompt would cut back by more than half:
              ``llama_memory_seq_cp`` into the least recently used free id (an empty one
@@ -89,13 +94,13 @@ class Streams:
                 n = reusable(common_prefix(held.tokens, wanted), held.tiled, seq.tiled)
                 if n > kept:
                     held_id, kept = seq_id, n
-        if kept < COPY_MIN_TOKENS:
-            held_id, kept = None, 0
+        if kept == 0:
+            held_id = None
         others = [i for i in self.free if i != held_id]
         victim = next((i for i in others if i not in self.held), others[0] if others else None)
         source, copied = None, 0
         if held_id is not None and victim is not None and 2 * kept < len(self.held[held_id].tokens):
-            source, copied = held_id, kept  # copy it rather than cut it back
+            source, copied = held_id, kept  # copy it (if long enough) rather than cut it back
             held_id, kept = None, 0
         leader, target = None, 0
         for other in active:
