@@ -337,3 +337,32 @@ def test_the_worker_scores_waiting_interactive_answers_before_deferred_ones(
     scorer.close()
     assert [job for kind, job, _ in sent if kind == "done"] == [1, 4, 2, 3]
     assert all("value" in completion["frugal"]["quality"] for _, _, completion in sent)
+
+
+def test_an_interactive_prompt_keeps_the_opening_the_parked_sequences_id_holds(
+    model: LocalModel,
+) -> None:
+    # Parking copies a deferred sequence's cells out but leaves them held in its id, so the
+    # interactive prompt that takes the id keeps the chat template's opening it shares with
+    # them, as it would on an idle engine, instead of prefilling it again (issue 41).
+    urgent_request = _request("Name three colours.", 8)
+    engine = BatchEngine(model, 2)
+    try:
+        alone = engine.add(dict(urgent_request))
+        assert alone is not None
+        engine.run_all()
+        engine.forget()
+        seqs = [engine.add(_request(p, 32), deferred=True) for p in STORIES[:2]]
+        assert all(s is not None for s in seqs)
+        while any(len(s.generated) < 4 for s in seqs if s is not None):
+            engine.step()
+        urgent = engine.add(dict(urgent_request))
+        assert urgent is not None and engine.stats.parked == 1
+        engine.run_all()
+        answer = engine.completion(urgent)
+        print("cached", answer["frugal"]["cached_tokens"])
+        assert answer["frugal"]["cached_tokens"] >= 20
+        assert urgent.generated == alone.generated
+        assert engine.stats.resumed == 1 and all(s is not None and s.done for s in seqs)
+    finally:
+        engine.close()

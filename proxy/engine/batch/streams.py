@@ -23,9 +23,11 @@ prompt gets, in this order of preference (:meth:`Streams.place`):
 
 A paused deferred sequence whose id an interactive one needs is *parked* (:meth:`Streams.park`):
 its cells are copied out of the context (``llama_state_seq_get_data``, about 23 KB a token for
-SmolLM2-135M, well under a millisecond for a few hundred tokens) and its id freed, with nothing
-held there; :meth:`Streams.unpark` writes them back into whichever id is free later, and the
-sequence goes on as if it had never left (its sampling state stayed with it).
+SmolLM2-135M, well under a millisecond for a few hundred tokens) and its id freed, its cells
+still held there as a leaving sequence's are, so that the interactive prompt that takes the id
+keeps what it shares with them (at least the chat template's opening) as it would on an idle
+engine; :meth:`Streams.unpark` writes them back into whichever id is free later (emptied first),
+and the sequence goes on as if it had never left (its sampling state stayed with it).
 
 Usable means evaluated as a cold prefill of this prompt would have evaluated it, and the rest is
 prefilled in steps cut to keep it so (``prefill_plan.py``): a reused prefix never changes an
@@ -177,15 +179,17 @@ class Streams:
         self.free.append(seq.seq_id)
 
     def park(self, seq: Sequence, ctx: Any) -> None:
-        """Copy a sequence's cells out of context ``ctx`` into ``seq.parked`` and free its id
-        (empty: its cells belong to the parked sequence)."""
+        """Copy a sequence's cells out of context ``ctx`` into ``seq.parked`` and free its id,
+        the first to take, its cells held there (see the module docstring)."""
         lib = self._lib
         size = int(lib.llama_state_seq_get_size(ctx, seq.seq_id))
         buf = (ctypes.c_uint8 * size)()
         if int(lib.llama_state_seq_get_data(ctx, buf, size, seq.seq_id)) != size:
             raise RuntimeError(f"cannot copy out the cells of sequence {seq.seq_id}")
-        lib.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
-        self.free.appendleft(seq.seq_id)  # empty: the first to take
+        cells = _cells(seq)
+        lib.llama_memory_seq_rm(self._mem, seq.seq_id, len(cells), -1)
+        self.held[seq.seq_id] = _Held(cells, seq.tiled)
+        self.free.appendleft(seq.seq_id)
         seq.parked, seq.seq_id = buf, -1
         self.stats.parked += 1
 
