@@ -366,3 +366,29 @@ def test_an_interactive_prompt_keeps_the_opening_the_parked_sequences_id_holds(
         assert engine.stats.resumed == 1 and all(s is not None and s.done for s in seqs)
     finally:
         engine.close()
+
+
+def test_a_deferred_prompt_is_prefilled_in_short_steps_and_answers_as_alone(
+    model: LocalModel,
+) -> None:
+    # An interactive request that arrives waits for the step under way: a deferred prompt
+    # goes in steps of 16 rows at most, and its answer is the one it gets in one step.
+    request = _request(
+        'Which city is mentioned? Answer with the city only: "We meet Omar in Lyon."', 12
+    )
+    engine = BatchEngine(model, 2)
+    try:
+        alone = engine.add(dict(request))
+        assert alone is not None
+        engine.run_all()
+        engine.forget()
+        before = engine.stats.steps - engine.stats.decode_steps
+        seq = engine.add(dict(request), deferred=True)
+        assert seq is not None
+        engine.run_all()
+        prefill_steps = engine.stats.steps - engine.stats.decode_steps - before
+        n = len(seq.prompt) - 1
+        assert prefill_steps == -(-n // 16) and prefill_steps > 1
+        assert seq.generated == alone.generated
+    finally:
+        engine.close()

@@ -46,7 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from proxy.engine.batch.sequence import BatchStats, Sequence
-from proxy.engine.prefill_plan import plan, reusable
+from proxy.engine.prefill_plan import DEFERRED_ROWS, cut_tail, plan, reusable
 from proxy.engine.prefix_cache import common_prefix
 
 __all__ = ["COPY_MIN_TOKENS", "Streams"]
@@ -133,6 +133,8 @@ class Streams:
     def start(self, seq: Sequence, kept: int) -> None:
         """Keep ``kept`` held tokens (or fewer: see ``prefill_plan.plan``) and plan the rest."""
         start, steps = plan(kept, len(seq.prompt), self.chunk)
+        if seq.deferred:  # an interactive request never waits for long (prefill_plan.py)
+            steps = cut_tail(steps, start, len(seq.prompt), self.chunk, DEFERRED_ROWS)
         self._lib.llama_memory_seq_rm(self._mem, seq.seq_id, start, -1)
         seq.prefilled = seq.cached = start
         seq.plan = steps
