@@ -31,9 +31,18 @@ side from the same run:
                      the same width (its decode phase only, measured in this run before and
                      after the batch; target >= 0.9)
     latency          ``--probes`` interactive chat requests through the cascade while the batch
-                     runs (one every ``--probe-gap`` seconds), against the same requests on the
-                     idle engine (half before the batch, half after): p50 and p95, and their
-                     ratio (target <= 1.25)
+                     runs, each right after one on the idle engine (``--probe-gap`` seconds
+                     apart), so that idle and busy probes alternate and the shared machine's
+                     load drifts alike on both: p50 and p95, and their ratio (target <= 1.25).
+                     For an idle probe the runner's local attempts wait at their door, the
+                     lines in the engine finish, the probe runs, and the door opens again; the
+                     seconds the engine stood empty for it are left out of the decode rate
+    where the time goes   a line's seconds in the engine (``LocalEngine.chat``) split into
+                     before its first token (``prefill_s``: its wait for a turn and its prompt),
+                     its answer (``decode_s``) and the rest (the engine's queue, the pipe, the
+                     gate's scoring), as places of the width; and the batch loop's own counts
+                     (decode steps, rows a step, prefill steps and their tokens), from the
+                     worker
 
     .venv/bin/python bench/batch.py [--lines 500] [--width 4] [--threads 1] [--serial-lines 40]
 """
@@ -213,6 +222,18 @@ class EngineAttempt:
         self.tokens = 0
         self.last_answer = 0.0
         self.in_engine_s = self.prefill_s = self.decode_s = 0.0  # summed over the lines
+        self.batch_health: dict[str, Any] = {}  # the worker's batch counts, at the last answer
+        self.door = asyncio.Event()  # closed while an idle probe runs
+        self.door.set()
+        self.inside = 0  # lines in the engine now
+        self.held_s = 0.0  # seconds the engine stood empty for idle probes
+
+    async def hold(self) -> float:
+        """Close the door and wait until no line is in the engine; when it emptied."""
+        self.door.clear()
+        while self.inside:
+            await asyncio.sleep(0.02)
+        return time.perf_counter()
 
     async def __call__(
         self, url: str, body: dict[str, Any], *, deadline: float, priority: str
@@ -221,13 +242,18 @@ class EngineAttempt:
             return CannotServe(reason="unsupported")
         if chat_blocker(body) is not None:
             return CannotServe(reason="unsupported")
+        await self.door.wait()
         started = time.monotonic()
+        self.inside += 1
         try:
             answer = await self.engine.chat(
                 dict(body), deadline=started + (deadline - time.time()), priority=priority
             )
         except ContextOverflow:
             return CannotServe(reason="context_overflow")
+        finally:
+            self.inside -= 1
+        self.batch_health = (answer["frugal"].get("batch") or {}).get("engine") or {}
         self.tokens += int(answer["usage"]["completion_tokens"])
         self.last_answer = time.perf_counter()
         self.in_engine_s += time.monotonic() - started
@@ -314,6 +340,31 @@ async def probe(client: Any, i: int, max_tokens: int) -> tuple[float, str, int]:
     return seconds, route, tokens
 
 
+class LoopLag:
+    """How late the event loop wakes a 50 ms sleep, by the probe running meanwhile: what the
+    runner and the rest of the process hold the loop for while an interactive request waits."""
+
+    def __init__(self) -> None:
+        self.tag: str | None = None
+        self.lags: dict[str, list[float]] = {}
+
+    async def watch(self) -> None:
+        while True:
+            started = time.perf_counter()
+            await asyncio.sleep(0.05)
+            if self.tag is not None:
+                self.lags.setdefault(self.tag, []).append(time.perf_counter() - started - 0.05)
+
+    def line(self) -> str:
+        parts = []
+        for tag in ("idle", "busy"):
+            lags = self.lags.get(tag) or [0.0]
+            parts.append(
+                f"{tag} mean {statistics.fmean(lags) * 1000:.0f} ms, max {max(lags) * 1000:.0f} ms"
+            )
+        return "event loop lag during the probes: " + "; ".join(parts)
+
+
 # -- the run --------------------------------------------------------------------------------------
 
 
@@ -340,8 +391,6 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             for i in range(2):  # warm-up: the rates settle, not counted
                 await probe(client, i, args.probe_tokens)
             idle: list[float] = []
-            for i in range(args.probes // 2):
-                idle.append((await probe(client, i, args.probe_tokens))[0])
 
             # -- the batch through the proxy, interactive requests meanwhile ---------------------
             database = parse(str(workdir / "batch.db"))
@@ -383,10 +432,27 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
                         and got.status not in ("completed", "failed", "cancelled", "expired")
                     )
 
+                lag = LoopLag()
+                watcher = asyncio.create_task(lag.watch())
                 i = 0
                 while await asyncio.to_thread(open_batches):
-                    if i < args.probes and local.tokens > 0:
+                    if i < args.probes and local.inside == args.width:
+                        # An idle probe (the engine emptied for it), then a busy one once the
+                        # runner has filled the engine again: alternating, as the load drifts.
+                        emptied = await local.hold()
+                        lag.tag = "idle"
+                        seconds, _, _ = await probe(client, i, args.probe_tokens)
+                        lag.tag = None
+                        idle.append(seconds)
+                        local.held_s += time.perf_counter() - emptied
+                        local.door.set()
+                        for _ in range(int(30 / 0.05)):
+                            if local.inside == args.width:
+                                break
+                            await asyncio.sleep(0.05)
+                        lag.tag = "busy"
                         seconds, route, tokens = await probe(client, i, args.probe_tokens)
+                        lag.tag = None
                         if runner.gauges().running:  # the batch held the engine meanwhile
                             busy.append(seconds)
                             busy_routes[route] = busy_routes.get(route, 0) + 1
@@ -394,10 +460,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
                         i += 1
                     await asyncio.sleep(args.probe_gap)
                 batch_wall = time.perf_counter() - started
+                watcher.cancel()
                 local_wall = local.last_answer - started
                 await runner.stop()
-            for i in range(args.probes // 2, args.probes):
-                idle.append((await probe(client, i, args.probe_tokens))[0])
 
             outputs: dict[str, dict[str, Any]] = {}
             written = 0  # output lines, so that a custom_id twice is seen
@@ -465,7 +530,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
 
     # -- the figures ------------------------------------------------------------------------------
     n = len(lines)
-    rate = (local.tokens + probe_tokens) / local_wall
+    working = local_wall - local.held_s  # the engine's time on the batch, idle probes out
+    rate = (local.tokens + probe_tokens) / working
     print(
         f"SmolLM2-135M Q4_1 (the bundled model), {args.threads} thread(s), width {args.width}, "
         f"answers up to {args.max_tokens} tokens, gate threshold {threshold}"
@@ -494,16 +560,29 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
     print(f"  (straight to the fake's Batch API: {direct_wall:.1f} s, its answers instant)")
     print(
         f"engine decode rate during the batch: {local.tokens} line tokens + {probe_tokens} "
-        f"interactive tokens over {local_wall:.1f} s = {rate:.1f} tok/s (prefill included); "
+        f"interactive tokens over {working:.1f} s ({local_wall:.1f} s less {local.held_s:.1f} s "
+        f"emptied for idle probes) = {rate:.1f} tok/s (prefill included); "
         f"engine_batch at width {args.width}: median {median(ref):.1f} tok/s "
         f"({', '.join(f'{x:.1f}' for x in ref)}); ratio {rate / median(ref):.2f} (target >= 0.9)"
     )
+    rest = local.in_engine_s - local.prefill_s - local.decode_s
     print(
-        f"  lines in the engine at once, on average: {local.in_engine_s / local_wall:.2f} of "
-        f"{args.width} (prefilling {local.prefill_s / local_wall:.2f}, decoding "
-        f"{local.decode_s / local_wall:.2f}); a rejected interactive answer's tokens are not "
-        f"counted"
+        f"  lines in the engine at once, on average: {local.in_engine_s / working:.2f} of "
+        f"{args.width} (before the first token {local.prefill_s / working:.2f}, decoding "
+        f"{local.decode_s / working:.2f}, queue, pipe and gate {rest / working:.2f}); a "
+        f"rejected interactive answer's tokens are not counted"
     )
+    health = local.batch_health
+    if health:
+        prefill_steps = health["steps"] - health["decode_steps"]
+        print(
+            f"  the worker's batch loop since it started (probes included): "
+            f"{health['decode_steps']} decode steps of {health['mean_rows_per_step']} rows on "
+            f"average, {prefill_steps} prefill steps of "
+            f"{health['mean_prefill_tokens_per_step']} tokens on average, "
+            f"{health['prefix']['sequences']} prompts kept a cached prefix "
+            f"({health['prefix']['tokens']} tokens), busy {health['busy_s']:.1f} s"
+        )
     if len(busy) >= 2 and len(idle) >= 2:
         print(
             f"interactive latency, {len(busy)} requests while the batch ran "
@@ -512,6 +591,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             f"{median(busy) / median(idle):.2f}x; p95 {p95(busy):.2f} s / {p95(idle):.2f} s = "
             f"{p95(busy) / p95(idle):.2f}x (target <= 1.25)"
         )
+        print(f"  {lag.line()}")
     else:
         print(f"interactive latency: too few requests while the batch ran ({len(busy)})")
     print(machine())

@@ -34,18 +34,25 @@ class Gate:
 
     @classmethod
     def load(
-        cls, *, relevance: bool, weights_path: str, model_path: str, weights_optional: bool
+        cls,
+        *,
+        relevance: bool,
+        weights_path: str,
+        model_path: str,
+        weights_optional: bool,
+        embed_threads: int | None = None,
     ) -> Gate:
         """The gate of ``[quality]``: raises :class:`quality.combiner.WeightsError` (a
         ``ValueError``) for a weights file that is missing (unless optional), corrupt, or fitted
-        for another model than ``model_path``."""
+        for another model than ``model_path``. ``embed_threads``: the relevance model's threads
+        (None: its own default, up to four)."""
         weights = GateWeights(weights_path, model_path, optional=weights_optional)
         weights.start()
         gate = cls(weights=weights)
-        gate.relevance = gate._load_embedder(relevance)
+        gate.relevance = gate._load_embedder(relevance, embed_threads)
         return gate
 
-    def _load_embedder(self, wanted: bool) -> dict[str, Any]:
+    def _load_embedder(self, wanted: bool, threads: int | None = None) -> dict[str, Any]:
         """Load the relevance signal's model in this process; what happened, for ``/healthz``."""
         if not wanted:
             return {"enabled": False, "reason": "[quality] relevance = false"}
@@ -53,7 +60,7 @@ class Gate:
 
         started = time.perf_counter()
         try:
-            self.embedder = Embedder.load()
+            self.embedder = Embedder.load(n_threads=threads)
         except RelevanceUnavailable as exc:
             return {"enabled": False, "reason": str(exc)}
         except Exception as exc:  # noqa: BLE001 - an optional signal must never stop the gate

@@ -21,13 +21,20 @@ Two consequences, which :class:`~proxy.engine.batch.decode.BatchEngine` follows:
 Measured on the bundled SmolLM2: a 151-token prefix reused and the rest prefilled in one step
 gives logits identical to a cold prefill when that step has 64 rows or more, and up to 0.73
 apart with 63 or fewer (``tests/engine/test_prefill_plan.py``).
+
+The short tail, evaluated row by row, gives the same logits however it is cut into steps (the
+same test file). So a deferred prompt's tail (all of a short prompt) is cut into steps of
+``DEFERRED_ROWS`` (:func:`cut_tail`): an interactive request that arrives waits for the step
+under way, which llama.cpp cannot stop, and a short batch line's whole prompt in one step was
+most of that wait (``bench/README.md``, "Bulk work"); a 16-row step costs a little more a token.
 """
 
 from __future__ import annotations
 
-__all__ = ["TILE_ROWS", "plan", "reusable", "tiled_until"]
+__all__ = ["DEFERRED_ROWS", "TILE_ROWS", "cut_tail", "plan", "reusable", "tiled_until"]
 
 TILE_ROWS = 64
+DEFERRED_ROWS = 16  # rows a step of a deferred prompt's untiled tail (module docstring)
 
 
 def tiled_until(n_prompt: int, chunk: int) -> int:
@@ -67,3 +74,12 @@ def plan(start: int, n_prompt: int, chunk: int) -> tuple[int, list[int]]:
     if end > max(start, tiled):
         steps.append(end - max(start, tiled))
     return start, steps
+
+
+def cut_tail(steps: list[int], start: int, n_prompt: int, chunk: int, rows: int) -> list[int]:
+    """A :func:`plan`'s ``steps`` (from ``start``) with the untiled tail in steps of at most
+    ``rows``: its positions are evaluated row by row however it is cut."""
+    tail = n_prompt - 1 - max(start, tiled_until(n_prompt, chunk))
+    if tail <= rows:
+        return steps
+    return steps[:-1] + [rows] * (tail // rows) + ([tail % rows] if tail % rows else [])

@@ -23,14 +23,28 @@ single path once the batch has drained. A job's ``priority`` is ``"interactive"`
 while interactive ones run (``batch/decode.py``), and an interactive job on the single path runs
 while deferred sequences are paused, without waiting for them to drain. Each job is cancelled
 by its own ("cancel", job_id) message, the shared value being able to hold one id only.
+
+A batched answer is scored by the gate on a thread of its own (:class:`_Scorer`), interactive
+answers before deferred ones, while the loop goes on stepping the batch: the gate costs about
+160 ms of CPU an answer on the bundled models (the relevance model and the checks; measured on
+the 2-core build machine), and in the loop each finished batch line held every other sequence,
+an interactive one included, for that long. llama.cpp and the embedding model release the GIL
+while they compute, so the two overlap on a second core. Messages to the proxy go through one
+lock (:class:`_Pipe`), since both threads send. The relevance model gets the cores the engine's
+``n_threads`` leave (at least one), so that the two threads never ask for more cores than there
+are.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import queue
 import signal
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -85,6 +99,7 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
             weights_path=options.get("weights_path", ""),
             model_path=model.path,
             weights_optional=options.get("weights_optional", False),
+            embed_threads=_embed_threads(int(options["n_threads"])),
         )
     except ValueError as exc:  # quality.combiner.WeightsError
         conn.send(("fatal", str(exc)))
@@ -143,8 +158,61 @@ def worker_main(conn: Connection, cancel: Any, options: dict[str, Any]) -> None:
         _run_job(conn, cancel, model, job_id, request, stream, deadline, kind)
 
 
+class _Pipe:
+    """The worker's end of the pipe, safe to send on from the loop and the scorer thread."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._conn.send(message)
+
+
+class _Scorer:
+    """Scores finished batch answers on its own thread and sends them, interactive ones first
+    (see the module docstring). :meth:`close` sends what is queued, then stops the thread."""
+
+    def __init__(self, pipe: _Pipe) -> None:
+        self._pipe = pipe
+        self._order = itertools.count()
+        self._queue: queue.PriorityQueue[tuple[int, int, Callable[[], None] | None]] = (
+            queue.PriorityQueue()
+        )
+        self._thread = threading.Thread(target=self._run, name="frugal-scorer", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self, job_id: int, request: dict[str, Any], completion: dict[str, Any], deferred: bool
+    ) -> None:
+        def work() -> None:
+            try:
+                completion["frugal"]["quality"] = _score(request, completion)
+            except Exception as exc:  # noqa: BLE001 - this answer fails, the worker goes on
+                self._pipe.send(("error", job_id, "local_error", f"{type(exc).__name__}: {exc}"))
+                return
+            self._pipe.send(("done", job_id, completion))
+
+        self._queue.put((1 if deferred else 0, next(self._order), work))
+
+    def _run(self) -> None:
+        while True:
+            _, _, work = self._queue.get()
+            if work is None:
+                return
+            try:
+                work()
+            except (OSError, ValueError):  # the pipe is gone: the proxy has left
+                return
+
+    def close(self) -> None:
+        self._queue.put((2, next(self._order), None))  # after everything queued
+        self._thread.join()
+
+
 def _run_job(
-    conn: Connection,
+    conn: Connection | _Pipe,
     cancel: Any,
     model: LocalModel,
     job_id: int,
@@ -188,6 +256,22 @@ def batchable(kind: str, request: dict[str, Any]) -> bool:
 
 def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: BatchEngine) -> None:
     """The worker loop with several jobs in flight; see the module docstring."""
+    pipe = _Pipe(conn)
+    scorer = _Scorer(pipe)
+    try:
+        _batched_loop(conn, pipe, scorer, cancel, model, batch)
+    finally:
+        scorer.close()
+
+
+def _batched_loop(
+    conn: Connection,
+    pipe: _Pipe,
+    scorer: _Scorer,
+    cancel: Any,
+    model: LocalModel,
+    batch: BatchEngine,
+) -> None:
     waiting: deque[tuple[Any, ...]] = deque()
     cancelled: set[int] = set()
     running: dict[int, tuple[int, dict[str, Any]]] = {}  # id(sequence) -> job id, request
@@ -206,16 +290,15 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
         job_id, request = running.pop(id(seq))
         cancelled.discard(job_id)
         if seq.error is not None:
-            conn.send(("error", job_id, "local_error", seq.error))
+            pipe.send(("error", job_id, "local_error", seq.error))
             return
         completion = batch.completion(seq)
         choice = completion["choices"][0]
         message, _ = tools.to_message(choice["message"].get("content") or "", None)
         tasks.keep_reasoning(choice["message"], message)
         choice["message"] = message
-        completion["frugal"]["quality"] = _score(request, completion)
         completion["frugal"]["batch"]["engine"] = batch.health()
-        conn.send(("done", job_id, completion))
+        scorer.submit(job_id, request, completion, seq.deferred)
 
     def admit() -> None:
         while waiting:
@@ -227,7 +310,7 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
             if job_id in cancelled:  # its client left before it started
                 waiting.remove(message)
                 cancelled.discard(job_id)
-                conn.send(("error", job_id, "local_error", "cancelled before it started"))
+                pipe.send(("error", job_id, "local_error", "cancelled before it started"))
                 continue
             if not batchable(kind, request):
                 # It runs alone once the batch has drained (an interactive one: once no
@@ -235,13 +318,13 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
                 if batch.busy if deferred else batch.interactive:
                     return
                 waiting.remove(message)
-                _run_job(conn, cancel, model, job_id, request, stream, deadline, kind)
+                _run_job(pipe, cancel, model, job_id, request, stream, deadline, kind)
                 continue
             on_token = None
             if stream:
 
                 def on_token(text: str, job_id: int = job_id) -> None:
-                    conn.send(("token", job_id, text))
+                    pipe.send(("token", job_id, text))
 
             try:
                 gbnf = grammar_mod.gbnf_for(request)
@@ -256,15 +339,15 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
                 )
             except PromptTooLong as exc:
                 waiting.remove(message)
-                conn.send(("error", job_id, "context_overflow", str(exc)))
+                pipe.send(("error", job_id, "context_overflow", str(exc)))
                 continue
             except (grammar_mod.GrammarError, tasks.BadGrammar) as exc:
                 waiting.remove(message)
-                conn.send(("error", job_id, "unsupported", f"the grammar cannot be built: {exc}"))
+                pipe.send(("error", job_id, "unsupported", f"the grammar cannot be built: {exc}"))
                 continue
             except Exception as exc:  # noqa: BLE001 - this job fails, the batch goes on
                 waiting.remove(message)
-                conn.send(("error", job_id, "local_error", f"{type(exc).__name__}: {exc}"))
+                pipe.send(("error", job_id, "local_error", f"{type(exc).__name__}: {exc}"))
                 continue
             if seq is None:
                 return  # no room yet: it joins when a sequence leaves
@@ -299,7 +382,7 @@ def _serve_batched(conn: Connection, cancel: Any, model: LocalModel, batch: Batc
             finish(seq)
         if time.monotonic() - reported >= PROGRESS_S:
             reported = time.monotonic()
-            conn.send(("progress", _progress(batch, running)))
+            pipe.send(("progress", _progress(batch, running)))
 
 
 def _deferred(message: tuple[Any, ...]) -> bool:
@@ -317,6 +400,13 @@ def _progress(batch: BatchEngine, running: dict[int, tuple[int, dict[str, Any]]]
             done = seq.lead_target if seq.leader is not None else seq.prefilled
             jobs[entry[0]] = (max(0, len(seq.prompt) - 1 - done), len(seq.generated))
     return {"jobs": jobs, "batch": batch.health()}
+
+
+def _embed_threads(n_threads: int) -> int:
+    """The relevance model's threads: the cores the engine's ``n_threads`` leave, up to four.
+    Batched answers are scored beside the batch's decode steps (:class:`_Scorer`), and more
+    threads than cores would make both wait on each other's preempted threads."""
+    return max(1, min(4, (os.cpu_count() or 1) - n_threads))
 
 
 _gate = Gate()

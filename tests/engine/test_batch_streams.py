@@ -78,3 +78,25 @@ def test_answers_sharing_a_system_prompt_reuse_its_cells_and_are_the_answers_run
     assert stats.reused >= 8 and stats.copies >= 1 and stats.followed >= 1
     assert sum(g["frugal"]["cached_tokens"] for g in got) > 3000
     _check_alone(model, SHARED, got)
+
+
+def test_short_prompts_keep_the_chat_templates_opening_held_in_place(model: LocalModel) -> None:
+    # Batch lines of one sentence share the chat template's opening and nothing else (24 tokens
+    # of SmolLM2's, under the 32 a copy needs): in a full batch each joining prompt takes the
+    # id just left and keeps that opening where it is, instead of prefilling it again; and the
+    # answers are still the ones each gets alone (issue 41).
+    questions = [*QUESTIONS, "Name three colours.", "What is two plus two?", "Say hello."]
+    requests = [
+        {"messages": [{"role": "user", "content": q}], "max_tokens": 6 + i, "temperature": 0}
+        for i, q in enumerate(questions)
+    ]
+    engine = BatchEngine(model, 4)
+    try:
+        got = _run_batched(engine, model, requests)
+    finally:
+        engine.close()
+    stats = engine.stats
+    print(f"reused {stats.reused} ({stats.reused_tokens} tokens), copies {stats.copies}")
+    assert stats.reused == len(requests) - 4  # every prompt after the first four
+    assert all(g["frugal"]["cached_tokens"] >= 20 for g in got[4:])
+    _check_alone(model, requests, got)

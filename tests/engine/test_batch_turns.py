@@ -81,3 +81,21 @@ def test_an_answer_that_would_miss_its_deadline_gets_every_step() -> None:
     ended.stop_cause = "eos"
     turns.ended(ended)
     assert turns.prefill_next([answer, joining], joining)  # 15 x 30 ms / 0.8 x 1.2 < 5 s
+
+
+def test_deferred_answers_let_a_waiting_prompt_go_first_and_are_owed_nothing() -> None:
+    # Batch lines: no client streams them, so the batch fills before it decodes (issue 41).
+    turns = _turns()
+    answer = _seq(prompt=50, prefilled=50, generated=5)
+    answer.deferred = True
+    joining = _seq(prompt=60, prefilled=0)
+    joining.deferred = True
+    active = [answer, joining]
+    assert turns.prefill_next(active, joining)
+    turns.after(prefill=True, seconds=0.5, decoders=True, waiting=True, deferred=True)
+    assert turns.credit_s == 0.0
+    turns.credit_s = -2.0  # owed to interactive answers before: deferred ones do not wait on it
+    assert turns.prefill_next(active, joining)
+    # An interactive answer among them keeps its share of the time.
+    answer.deferred = False
+    assert not turns.prefill_next(active, joining)

@@ -15,7 +15,14 @@ import pytest
 
 from proxy.engine.generate import LocalModel
 from proxy.engine.model_files import bundled_model_path
-from proxy.engine.prefill_plan import TILE_ROWS, plan, reusable, tiled_until
+from proxy.engine.prefill_plan import (
+    DEFERRED_ROWS,
+    TILE_ROWS,
+    cut_tail,
+    plan,
+    reusable,
+    tiled_until,
+)
 
 
 def test_tiled_steps_end_before_a_short_last_chunk() -> None:
@@ -133,3 +140,30 @@ def test_the_single_path_answers_from_a_reused_prefix_as_from_an_empty_context(
     assert model.prefix_cache is not None and model.prefix_cache.hits >= 1
     assert live["choices"] == cold["choices"]  # tokens and logprobs
     assert saved["choices"] == cold["choices"]
+
+
+def test_a_deferred_prompts_untiled_tail_is_cut_into_short_steps() -> None:
+    # A short prompt is all tail: 53 positions to prefill, cut 16 at a time (issue 41).
+    start, steps = plan(0, 54, 512)
+    assert (start, steps) == (0, [53])
+    assert cut_tail(steps, 0, 54, 512, DEFERRED_ROWS) == [16, 16, 16, 5]
+    # A long prompt's tiled steps stay whole; only its short tail is cut.
+    start, steps = plan(0, 600, 512)
+    assert steps == [512, 87] and tiled_until(600, 512) == 599
+    assert cut_tail(steps, 0, 600, 512, 16) == [512, 87]  # 87 rows, tiled: left whole
+    start, steps = plan(0, 540, 512)
+    assert steps == [512, 27]
+    assert cut_tail(steps, 0, 540, 512, 16) == [512, 16, 11]
+    assert cut_tail([10], 0, 11, 512, 16) == [10]
+
+
+def test_a_short_tail_cut_into_steps_gives_the_logits_of_one_step(model: LocalModel) -> None:
+    # What cut_tail rests on: rows evaluated row by row do not depend on the cut.
+    question = 'Which city is mentioned? Answer with the city only: "We meet Omar in Lyon."'
+    prompt = model.prompt_tokens({"messages": [{"role": "user", "content": question}]})
+    n = len(prompt) - 1
+    assert tiled_until(len(prompt), model.n_batch) == 0 and n > 2 * DEFERRED_ROWS
+    whole = _logits_after(model, [], prompt, 0, [n])
+    cut = _logits_after(model, [], prompt, 0, cut_tail([n], 0, len(prompt), model.n_batch, 16))
+    one_by_one = _logits_after(model, [], prompt, 0, [1] * n)
+    assert np.array_equal(whole, cut) and np.array_equal(whole, one_by_one)

@@ -19,6 +19,8 @@ Order and counts are asserted, never times.
 from __future__ import annotations
 
 import asyncio
+import copy
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -260,3 +262,133 @@ async def test_an_interactive_job_finishes_before_the_deferred_jobs_that_fill_th
     assert health["batch"]["deferred"]["parked"] >= 2
     assert health["deferred"] == {"queue_depth": 0, "max_queue": 2, "running": 0}
     assert engine.stats.crashes == 0
+
+
+def test_short_deferred_prompts_are_prefilled_before_the_batch_decodes_on(
+    model: LocalModel,
+) -> None:
+    # A batch of short lines (issue 41): each line that joins as another ends is prefilled at
+    # once, so every decode step serves the whole batch. With the interactive time share
+    # (prompts wait for four times their prefill in decode steps) the prompts queued up behind
+    # one or two answers, and the batch decoded about one row a step.
+    lines = [
+        f'Which city is mentioned? Answer with the city only: "We meet {name} in {city}."'
+        for name, city in [
+            ("Maria", "Lisbon"),
+            ("James", "Osaka"),
+            ("Aiko", "Denver"),
+            ("Omar", "Nairobi"),
+            ("Lena", "Hamburg"),
+            ("Carlos", "Toronto"),
+            ("Priya", "Lyon"),
+            ("Tom", "Perth"),
+        ]
+    ]
+    engine = BatchEngine(model, 4)
+    try:
+        queue = [_request(text, 12) for text in lines]
+        seqs = []
+        behind = 0  # decode steps taken while a line's prompt waited
+        while queue or engine.busy:
+            while queue and (seq := engine.add(queue[0], deferred=True)) is not None:
+                queue.pop(0)
+                seqs.append(seq)
+            decode_steps = engine.stats.decode_steps
+            waiting = any(q.prefilling and q.leader is None for q in engine.active)
+            engine.step()
+            if waiting and engine.stats.decode_steps > decode_steps:
+                behind += 1
+        assert len(seqs) == 8 and all(s.done and s.generated for s in seqs)
+        stats = engine.stats
+        print(f"decode steps {stats.decode_steps}, rows {stats.decode_rows}, behind {behind}")
+        assert behind == 0
+        # 8 answers of 12 tokens at most, four at a time: at most 2 x 12 full decode steps
+        # and one partial step for each line that ended early.
+        assert stats.decode_steps <= 2 * 12 + 8
+    finally:
+        engine.close()
+
+
+def test_the_worker_scores_waiting_interactive_answers_before_deferred_ones(
+    model: LocalModel,
+) -> None:
+    # Batched answers are scored on a thread of the worker, not in the loop that steps the
+    # batch; an interactive answer goes before the batch lines' answers waiting to be scored.
+    from proxy.engine.worker import _Scorer
+
+    entered, release = threading.Event(), threading.Event()
+    sent: list[tuple[str, int, Any]] = []
+
+    class Pipe:  # the pipe's end: holds the first answer until the others are queued
+        def send(self, message: tuple[Any, ...]) -> None:
+            entered.set()
+            assert release.wait(60)
+            sent.append((message[0], message[1], message[2]))
+
+    request = _request("What is the capital of France?", 12)
+    answer = model.chat(dict(request))
+    scorer = _Scorer(Pipe())  # type: ignore[arg-type]
+    scorer.submit(1, request, copy.deepcopy(answer), deferred=True)
+    assert entered.wait(60)  # the first deferred answer is being sent
+    scorer.submit(2, request, copy.deepcopy(answer), deferred=True)
+    scorer.submit(3, request, copy.deepcopy(answer), deferred=True)
+    scorer.submit(4, request, copy.deepcopy(answer), deferred=False)
+    release.set()
+    scorer.close()
+    assert [job for kind, job, _ in sent if kind == "done"] == [1, 4, 2, 3]
+    assert all("value" in completion["frugal"]["quality"] for _, _, completion in sent)
+
+
+def test_an_interactive_prompt_keeps_the_opening_the_parked_sequences_id_holds(
+    model: LocalModel,
+) -> None:
+    # Parking copies a deferred sequence's cells out but leaves them held in its id, so the
+    # interactive prompt that takes the id keeps the chat template's opening it shares with
+    # them, as it would on an idle engine, instead of prefilling it again (issue 41).
+    urgent_request = _request("Name three colours.", 8)
+    engine = BatchEngine(model, 2)
+    try:
+        alone = engine.add(dict(urgent_request))
+        assert alone is not None
+        engine.run_all()
+        engine.forget()
+        seqs = [engine.add(_request(p, 32), deferred=True) for p in STORIES[:2]]
+        assert all(s is not None for s in seqs)
+        while any(len(s.generated) < 4 for s in seqs if s is not None):
+            engine.step()
+        urgent = engine.add(dict(urgent_request))
+        assert urgent is not None and engine.stats.parked == 1
+        engine.run_all()
+        answer = engine.completion(urgent)
+        print("cached", answer["frugal"]["cached_tokens"])
+        assert answer["frugal"]["cached_tokens"] >= 20
+        assert urgent.generated == alone.generated
+        assert engine.stats.resumed == 1 and all(s is not None and s.done for s in seqs)
+    finally:
+        engine.close()
+
+
+def test_a_deferred_prompt_is_prefilled_in_short_steps_and_answers_as_alone(
+    model: LocalModel,
+) -> None:
+    # An interactive request that arrives waits for the step under way: a deferred prompt
+    # goes in steps of 16 rows at most, and its answer is the one it gets in one step.
+    request = _request(
+        'Which city is mentioned? Answer with the city only: "We meet Omar in Lyon."', 12
+    )
+    engine = BatchEngine(model, 2)
+    try:
+        alone = engine.add(dict(request))
+        assert alone is not None
+        engine.run_all()
+        engine.forget()
+        before = engine.stats.steps - engine.stats.decode_steps
+        seq = engine.add(dict(request), deferred=True)
+        assert seq is not None
+        engine.run_all()
+        prefill_steps = engine.stats.steps - engine.stats.decode_steps - before
+        n = len(seq.prompt) - 1
+        assert prefill_steps == -(-n // 16) and prefill_steps > 1
+        assert seq.generated == alone.generated
+    finally:
+        engine.close()

@@ -13,9 +13,10 @@ each :meth:`BatchEngine.step` is one ``llama_decode``, of one of two kinds:
     prefill  one step of one joining sequence's prompt but its last token, no logits, cut by
              ``prefill_plan.py`` as a cold prefill on the single path would cut it
 
-Which kind comes next is ``batch/turns.py``'s (the answers keep 80% of the time, more when one
-is due); which stream a prompt gets, and the cells of a shared prefix it keeps, copies or waits
-for, is ``batch/streams.py``'s. After the decode each row with logits is sampled on its own: its
+Which kind comes next is ``batch/turns.py``'s (interactive answers keep 80% of the time, more
+when one is due; deferred answers let a waiting prompt go first); which stream a prompt gets,
+and the cells of a shared prefix it keeps, copies or waits for, is ``batch/streams.py``'s.
+After the decode each row with logits is sampled on its own: its
 sampling parameters (greedy, or temperature / top-p / top-k / min-p with its own seeded
 generator), penalties, logit bias, grammar (a llama.cpp grammar sampler per sequence),
 logprobs, stop strings, ``max_tokens``, deadline and cancellation (``should_stop``). A sequence
@@ -311,7 +312,11 @@ class BatchEngine:
             self.step_costs.observe(n, elapsed)
             self.draft_costs.observe(n, decode_cpu)
         self.turns.after(
-            prefill=not rows, seconds=elapsed, decoders=decodable, waiting=bool(filling)
+            prefill=not rows,
+            seconds=elapsed,
+            decoders=decodable,
+            waiting=bool(filling),
+            deferred=all(q.deferred for q in live),
         )
         stats = self.stats
         stats.steps += 1

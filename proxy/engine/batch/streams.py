@@ -7,7 +7,12 @@ shared system prompt, the next turn of a chat) does not prefill that part again.
 prompt gets, in this order of preference (:meth:`Streams.place`):
 
     held     the free id whose stream holds the longest usable prefix: kept in place when
-             the prompt keeps at least half of what it holds
+             the prompt keeps at least half of what it holds, or when no other id is free
+             (as in a full batch, where each joining prompt takes the id just left). Keeping
+             cells in place costs nothing, so any shared prefix is kept, however short: a
+             batch of short lines shares the chat template's opening and little else (about
+             25 tokens of SmolLM2's, with a system prompt of its own; under the 32 a copy
+             needs), which is nearly half of a one-sentence line's prompt
     copied   a running sequence's cells, when they go further (by ``COPY_MIN_TOKENS``), or a
              held stream's that the prompt would cut back by more than half:
              ``llama_memory_seq_cp`` into the least recently used free id (an empty one
@@ -18,9 +23,11 @@ prompt gets, in this order of preference (:meth:`Streams.place`):
 
 A paused deferred sequence whose id an interactive one needs is *parked* (:meth:`Streams.park`):
 its cells are copied out of the context (``llama_state_seq_get_data``, about 23 KB a token for
-SmolLM2-135M, well under a millisecond for a few hundred tokens) and its id freed, with nothing
-held there; :meth:`Streams.unpark` writes them back into whichever id is free later, and the
-sequence goes on as if it had never left (its sampling state stayed with it).
+SmolLM2-135M, well under a millisecond for a few hundred tokens) and its id freed, its cells
+still held there as a leaving sequence's are, so that the interactive prompt that takes the id
+keeps what it shares with them (at least the chat template's opening) as it would on an idle
+engine; :meth:`Streams.unpark` writes them back into whichever id is free later (emptied first),
+and the sequence goes on as if it had never left (its sampling state stayed with it).
 
 Usable means evaluated as a cold prefill of this prompt would have evaluated it, and the rest is
 prefilled in steps cut to keep it so (``prefill_plan.py``): a reused prefix never changes an
@@ -39,7 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from proxy.engine.batch.sequence import BatchStats, Sequence
-from proxy.engine.prefill_plan import plan, reusable
+from proxy.engine.prefill_plan import DEFERRED_ROWS, cut_tail, plan, reusable
 from proxy.engine.prefix_cache import common_prefix
 
 __all__ = ["COPY_MIN_TOKENS", "Streams"]
@@ -89,13 +96,13 @@ class Streams:
                 n = reusable(common_prefix(held.tokens, wanted), held.tiled, seq.tiled)
                 if n > kept:
                     held_id, kept = seq_id, n
-        if kept < COPY_MIN_TOKENS:
-            held_id, kept = None, 0
+        if kept == 0:
+            held_id = None
         others = [i for i in self.free if i != held_id]
         victim = next((i for i in others if i not in self.held), others[0] if others else None)
         source, copied = None, 0
         if held_id is not None and victim is not None and 2 * kept < len(self.held[held_id].tokens):
-            source, copied = held_id, kept  # copy it rather than cut it back
+            source, copied = held_id, kept  # copy it (if long enough) rather than cut it back
             held_id, kept = None, 0
         leader, target = None, 0
         for other in active:
@@ -126,6 +133,8 @@ class Streams:
     def start(self, seq: Sequence, kept: int) -> None:
         """Keep ``kept`` held tokens (or fewer: see ``prefill_plan.plan``) and plan the rest."""
         start, steps = plan(kept, len(seq.prompt), self.chunk)
+        if seq.deferred:  # an interactive request never waits for long (prefill_plan.py)
+            steps = cut_tail(steps, start, len(seq.prompt), self.chunk, DEFERRED_ROWS)
         self._lib.llama_memory_seq_rm(self._mem, seq.seq_id, start, -1)
         seq.prefilled = seq.cached = start
         seq.plan = steps
@@ -172,15 +181,17 @@ class Streams:
         self.free.append(seq.seq_id)
 
     def park(self, seq: Sequence, ctx: Any) -> None:
-        """Copy a sequence's cells out of context ``ctx`` into ``seq.parked`` and free its id
-        (empty: its cells belong to the parked sequence)."""
+        """Copy a sequence's cells out of context ``ctx`` into ``seq.parked`` and free its id,
+        the first to take, its cells held there (see the module docstring)."""
         lib = self._lib
         size = int(lib.llama_state_seq_get_size(ctx, seq.seq_id))
         buf = (ctypes.c_uint8 * size)()
         if int(lib.llama_state_seq_get_data(ctx, buf, size, seq.seq_id)) != size:
             raise RuntimeError(f"cannot copy out the cells of sequence {seq.seq_id}")
-        lib.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
-        self.free.appendleft(seq.seq_id)  # empty: the first to take
+        cells = _cells(seq)
+        lib.llama_memory_seq_rm(self._mem, seq.seq_id, len(cells), -1)
+        self.held[seq.seq_id] = _Held(cells, seq.tiled)
+        self.free.appendleft(seq.seq_id)
         seq.parked, seq.seq_id = buf, -1
         self.stats.parked += 1
 

@@ -11,6 +11,17 @@ prompt is being read the answers wait, and the other way round. :class:`Turns` d
     an answer's due a running answer that would miss its deadline at that share (its remaining
                     tokens at the measured cost of a step, with a 20% margin) gets every step
                     until it is safe again
+    deferred only   while the step serves deferred sequences alone (batch lines, background
+                    responses: no interactive one is in the batch), a waiting prompt goes
+                    first, unless an answer is due: nobody streams those answers, and a
+                    decode step of four rows costs about two of one row here, so a batch is
+                    fastest full. With the time share, a short line's prompt (tens of
+                    tokens, then an answer of tens) waited four times its prefill for its
+                    turn, the next line's prompt behind it: measured on the bundled model, a
+                    width-4 batch of 24 such lines decoded 1.13 rows a step on average (3.59
+                    with prompts first), and most of a line's time in the engine went before
+                    its first token (``bench/README.md``, "Bulk work"). Nothing is owed to
+                    deferred answers, so an interactive request next starts from a clean account
 
 An answer's remaining tokens are its ``max_tokens`` left, capped by the mean length of the
 answers that ended by themselves so far. Prompts first (every joining prompt before the answers
@@ -44,13 +55,14 @@ class Turns:
         self.due = 0  # decode steps taken because an answer was due
 
     def prefill_next(self, active: list[Sequence], filling: Sequence | None) -> bool:
-        """Whether the next step prefills ``filling`` (the first prompt waiting)."""
+        """Whether the next step prefills ``filling`` (the first prompt waiting); ``active``
+        are the sequences the step may serve."""
         if filling is None:
             return False
         decoders = [q for q in active if q.pending is not None or q.prefilled == len(q.prompt) - 1]
         if not decoders:
             return True
-        if self.credit_s < 0.0:
+        if self.credit_s < 0.0 and not _deferred_only(active):
             return False
         if self._due(decoders):
             self.due += 1
@@ -73,10 +85,21 @@ class Turns:
                 return True
         return False
 
-    def after(self, *, prefill: bool, seconds: float, decoders: bool, waiting: bool) -> None:
+    def after(
+        self,
+        *,
+        prefill: bool,
+        seconds: float,
+        decoders: bool,
+        waiting: bool,
+        deferred: bool = False,
+    ) -> None:
         """Account one step (``decoders``: answers were running; ``waiting``: a prompt was
-        waiting): the decode time owed to the running answers."""
-        if prefill:
+        waiting; ``deferred``: it served deferred sequences alone): the decode time owed to
+        the running answers."""
+        if deferred:
+            self.credit_s = 0.0  # nothing is owed to deferred answers (module docstring)
+        elif prefill:
             if decoders:
                 self.credit_s -= seconds * SHARE_RATIO
         else:
@@ -86,3 +109,7 @@ class Turns:
         """Learn the length of an answer that ended by itself (EOS or a stop string)."""
         if seq.stop_cause in ("eos", "stop_sequence") and seq.error is None:
             self.mean_answer = ewma(self.mean_answer, float(len(seq.generated)))
+
+
+def _deferred_only(active: list[Sequence]) -> bool:
+    return bool(active) and all(q.deferred for q in active)
