@@ -33,7 +33,7 @@ import json
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import httpx
@@ -265,6 +265,7 @@ def with_foreign(
     )
 
 
+@dataclass(eq=False)  # told apart by identity
 class LoadWatch:
     """Keeps one backend's published load current while the backend is in use.
 
@@ -273,27 +274,19 @@ class LoadWatch:
     for one reading now. Readings never overlap, and never outlive :meth:`close`.
     """
 
-    def __init__(
-        self,
-        name: str,
-        read: Callable[[], Awaitable[tuple[Load | None, str | None]]],
-        *,
-        interval_s: float = INTERVAL_S,
-        idle_s: float = IDLE_S,
-        stale_s: float = STALE_S,
-    ) -> None:
-        self.name = name
-        self._read = read
-        self.interval_s = interval_s
-        self.idle_s = idle_s
-        self.stale_s = stale_s
-        self.last: Load | None = None
-        self.error: str | None = None
-        self.readings = 0
-        self._used = 0.0
-        self._task: asyncio.Task[None] | None = None
-        self._now = asyncio.Event()
-        self._closed = False
+    name: str
+    read: Callable[[], Awaitable[tuple[Load | None, str | None]]]
+    _: KW_ONLY
+    interval_s: float = INTERVAL_S
+    idle_s: float = IDLE_S
+    stale_s: float = STALE_S
+    last: Load | None = field(default=None, init=False)
+    error: str | None = field(default=None, init=False)
+    readings: int = field(default=0, init=False)
+    _used: float = field(default=0.0, init=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False)
+    _now: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _closed: bool = field(default=False, init=False)
 
     def fresh(self) -> Load | None:
         """The last reading with counts in it, unless it is stale."""
@@ -326,7 +319,7 @@ class LoadWatch:
         while not self._closed and time.monotonic() - self._used < self.idle_s:
             self._now.clear()
             try:
-                load, error = await self._read()
+                load, error = await self.read()
             except Exception as exc:  # noqa: BLE001 - a bad reading is no reading
                 load, error = None, f"{type(exc).__name__}"
             self.readings += 1

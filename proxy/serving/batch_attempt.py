@@ -40,7 +40,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import structlog
@@ -85,6 +85,7 @@ class _Asked:
     kind: str
 
 
+@dataclass(eq=False)  # told apart by identity
 class BatchAttempt:
     """A batch line's local attempt (see the module's docstring). ``count``: the ledger's
     token counter (``TokenCounter.submit``), None to leave the counterfactual to the local
@@ -92,18 +93,11 @@ class BatchAttempt:
     it used where the line named no limit; ``audit``: the shadow audits a chat or Responses
     line's local answer is offered to (None: none)."""
 
-    def __init__(
-        self,
-        router: Router,
-        *,
-        count: Count | None = None,
-        default_max_tokens: int = 512,
-        audit: AuditRunner | None = None,
-    ) -> None:
-        self.router = router
-        self.audit = audit
-        self.count = count
-        self.default_max_tokens = default_max_tokens
+    router: Router
+    _: KW_ONLY
+    count: Count | None = None
+    default_max_tokens: int = 512
+    audit: AuditRunner | None = None
 
     async def __call__(
         self,

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import KW_ONLY, dataclass, field
 
 import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -44,29 +45,22 @@ MAX_AGE_S = 5.0
 WAIT_S = 1.0
 
 
+@dataclass(eq=False)  # told apart by identity
 class BatchGauges:
     """The last counts of batch lines and batches, read again when older than ``max_age_s``,
     a scrape waiting for a reading ``wait_s`` at most (``clock``: monotonic seconds, for the
     tests); ``runner``: this replica's runner's gauges, read at each scrape (None: no runner)."""
 
-    def __init__(
-        self,
-        pool: Pool,
-        *,
-        runner: Callable[[], RunnerGauges] | None = None,
-        max_age_s: float = MAX_AGE_S,
-        wait_s: float = WAIT_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.pool = pool
-        self.runner = runner
-        self.max_age_s = max_age_s
-        self.wait_s = wait_s
-        self.clock = clock
-        self.last: Census | None = None
-        self.reads = 0  # readings of the database ended (read or failed), for the tests
-        self.reading: asyncio.Task[None] | None = None  # the one under way, if any
-        self._read_at: float | None = None
+    pool: Pool
+    _: KW_ONLY
+    runner: Callable[[], RunnerGauges] | None = None
+    max_age_s: float = MAX_AGE_S
+    wait_s: float = WAIT_S
+    clock: Callable[[], float] = time.monotonic
+    last: Census | None = field(default=None, init=False)
+    reads: int = field(default=0, init=False)  # readings ended (read or failed), for the tests
+    reading: asyncio.Task[None] | None = field(default=None, init=False)  # the one under way
+    _read_at: float | None = field(default=None, init=False)
 
     async def fresh(self) -> None:
         """Start a reading if the last is older than ``max_age_s`` (unless one is under way),

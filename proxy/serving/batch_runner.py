@@ -50,7 +50,7 @@ import contextlib
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, TypeVar
 
 import structlog
@@ -95,44 +95,32 @@ class RunnerGauges:
     api_done: int  # lines finished with the upstream's answer since start
 
 
+@dataclass(eq=False)  # a runner is told apart by identity
 class BatchRunner:
     """Drains batch lines (see the module's docstring). ``key_name(owner)`` names a batch
-    owner's key for its ledger rows and budget (None: no key)."""
+    owner's key for its ledger rows and budget (None: no key); ``worker`` names this runner
+    on the lines it claims (a random ``runner-…`` name unless given)."""
 
-    def __init__(
-        self,
-        store: BatchStore,
-        local: LocalAttempt,
-        deferred: Deferred,
-        *,
-        width: int,
-        lease_s: float,
-        max_claims: int | None = None,
-        idle_s: float = 1.0,
-        max_sends: int = 3,
-        purse: Purse | None = None,
-        key_name: Callable[[str | None], str | None] = lambda owner: owner,
-        worker: str | None = None,
-    ) -> None:
-        self.store = store
-        self.local = local
-        self.deferred = deferred
-        self.width = width
-        self.lease_s = lease_s
-        self.max_claims = max_claims
-        self.idle_s = idle_s
-        self.max_sends = max_sends
-        self.purse = purse
-        self.key_name = key_name
-        self.worker = worker or f"runner-{secrets.token_hex(6)}"
-        self._running: dict[str, Line] = {}
-        self._held: dict[str, list[tuple[Line, str]]] = {}
-        self._upstream: dict[str, Line] = {}
-        self._sends: set[asyncio.Task[None]] = set()
-        self._loop: asyncio.Task[None] | None = None
-        self._renewer: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
-        self._done = {"local": 0, "api": 0}
+    store: BatchStore
+    local: LocalAttempt
+    deferred: Deferred
+    _: KW_ONLY
+    width: int
+    lease_s: float
+    max_claims: int | None = None
+    idle_s: float = 1.0
+    max_sends: int = 3
+    purse: Purse | None = None
+    key_name: Callable[[str | None], str | None] = lambda owner: owner
+    worker: str = field(default_factory=lambda: f"runner-{secrets.token_hex(6)}")
+    _running: dict[str, Line] = field(default_factory=dict, init=False)
+    _held: dict[str, list[tuple[Line, str]]] = field(default_factory=dict, init=False)
+    _upstream: dict[str, Line] = field(default_factory=dict, init=False)
+    _sends: set[asyncio.Task[None]] = field(default_factory=set, init=False)
+    _loop: asyncio.Task[None] | None = field(default=None, init=False)
+    _renewer: asyncio.Task[None] | None = field(default=None, init=False)
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _done: dict[str, int] = field(default_factory=lambda: {"local": 0, "api": 0}, init=False)
 
     # -- life --------------------------------------------------------------------------------
 

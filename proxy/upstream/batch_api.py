@@ -42,7 +42,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
 import structlog
@@ -174,6 +174,7 @@ class DirectWire:
         return await self._direct.open_get(f"/files/{file_id}/content", request_id)
 
 
+@dataclass(eq=False)  # told apart by identity
 class BatchAPI:
     """An upstream's Files and Batch APIs, through ``wire``.
 
@@ -184,32 +185,22 @@ class BatchAPI:
     :meth:`proxy.upstream.client.Upstream.batch_api`.
     """
 
-    def __init__(
-        self,
-        wire: Wire,
-        retry: Retry,
-        secrets: Secrets,
-        settings: BatchSettings,
-        *,
-        max_line_bytes: int,
-        model: str | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        self._max_line_bytes = max_line_bytes
-        self._model = model
-        self._wire = wire
-        self._retry = retry
-        self._secrets = secrets
-        self._settings = settings
-        self._sleep = sleep
+    wire: Wire
+    retry: Retry
+    secrets: Secrets = field(repr=False)  # never shown, not even in a repr
+    settings: BatchSettings
+    _: KW_ONLY
+    max_line_bytes: int
+    model: str | None = None
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
     async def _call(
         self, what: str, attempt: Callable[..., Awaitable[dict[str, Any]]], *args: Any
     ) -> dict[str, Any]:
         """One step under the retry policy; its object, which must have an id."""
-        self._wire.ready()
+        self.wire.ready()
         data: Any
-        data, _ = await self._retry(attempt, *args)
+        data, _ = await self.retry(attempt, *args)
         if not isinstance(data, dict) or not isinstance(data.get("id"), str):
             raise UpstreamError(f"the upstream API's answer to the batch's {what} had no id")
         return data
@@ -222,15 +213,15 @@ class BatchAPI:
         """Upload ``lines`` (``custom_id``, the body to send) for ``endpoint`` (``/v1/...``) as
         one file and make one batch of it; the batch's id. A batch the upstream refuses to make
         has its file deleted (if it can be) before the refusal is raised."""
-        if self._model is not None:
-            lines = [(cid, {**body, "model": self._model}) for cid, body in lines]
+        if self.model is not None:
+            lines = [(cid, {**body, "model": self.model}) for cid, body in lines]
         content = b"".join(
             _encode({"custom_id": cid, "method": "POST", "url": endpoint, "body": body}).encode()
             + b"\n"
             for cid, body in lines
         )
-        uploaded = await self._call("upload", self._wire.upload, content, request_id)
-        wire = self._wire
+        uploaded = await self._call("upload", self.wire.upload, content, request_id)
+        wire = self.wire
         try:
             made = await self._call("create", wire.create, uploaded["id"], endpoint, request_id)
         except UpstreamStatus:  # refused (a 4xx): the file would be left there for nothing
@@ -242,22 +233,22 @@ class BatchAPI:
 
     async def retrieve(self, batch_id: str, *, request_id: str) -> dict[str, Any]:
         """The batch object as the upstream has it now."""
-        return await self._call("poll", self._wire.retrieve, batch_id, request_id)
+        return await self._call("poll", self.wire.retrieve, batch_id, request_id)
 
     async def cancel(self, batch_id: str, *, request_id: str) -> dict[str, Any]:
         """Ask the upstream to cancel the batch (it goes ``cancelling``, then ``cancelled``);
         the lines it had answered keep their answers."""
-        return await self._call("cancel", self._wire.cancel, batch_id, request_id)
+        return await self._call("cancel", self.wire.cancel, batch_id, request_id)
 
     async def delete_file(self, file_id: str, *, request_id: str) -> None:
         """Delete a file of the upstream's (an input file, or an output once it is kept)."""
-        await self._call("file deletion", self._wire.delete_file, file_id, request_id)
+        await self._call("file deletion", self.wire.delete_file, file_id, request_id)
 
     async def wait(
         self, batch_id: str, *, request_id: str, limit_s: float = WAIT_LIMIT_S
     ) -> dict[str, Any]:
         """Poll the batch until it ends; the final batch object. Past ``limit_s`` a 504."""
-        s = self._settings
+        s = self.settings
         delay, failures = s.poll_interval_s, 0
         started = time.monotonic()
         while True:
@@ -276,7 +267,7 @@ class BatchAPI:
                 raise UpstreamTimeout(
                     f"the upstream batch {batch_id} did not end within {limit_s:g} s"
                 )
-            await self._sleep(delay)
+            await self.sleep(delay)
             delay = min(delay * 2, s.max_poll_interval_s)
 
     async def collect(
@@ -309,10 +300,10 @@ class BatchAPI:
     async def _lines(self, file_id: str, request_id: str) -> AsyncIterator[bytes]:
         """The lines of a file's content, read as they arrive, at most ``max_output_bytes`` in
         all; past it the connection is dropped and a 502 names the key."""
-        self._wire.ready()
+        self.wire.ready()
         opened: Opened
-        opened, _ = await self._retry(self._wire.open_content, file_id, request_id)
-        limit, line_limit = self._settings.max_output_bytes, self._max_line_bytes
+        opened, _ = await self.retry(self.wire.open_content, file_id, request_id)
+        limit, line_limit = self.settings.max_output_bytes, self.max_line_bytes
         size = 0
         pending = bytearray()
         skipping = False  # within a line past line_limit: dropped, then given as b"" (ignored)
@@ -342,7 +333,7 @@ class BatchAPI:
             except UpstreamError:
                 raise
             except Exception as exc:
-                raise translate(exc, 1, streaming=True, secrets=self._secrets) from exc
+                raise translate(exc, 1, streaming=True, secrets=self.secrets) from exc
             if skipping:
                 yield b""
             elif pending.strip():
@@ -354,7 +345,7 @@ class BatchAPI:
         """(custom_id, its result) of one output line; (id, None) for a line never run (its
         ``response`` null: expired, cancelled); (None, None) for a line that makes no sense."""
         try:
-            line = json.loads(self._secrets.scrub(raw))
+            line = json.loads(self.secrets.scrub(raw))
         except ValueError:
             return None, None
         if not isinstance(line, dict) or not isinstance(line.get("custom_id"), str):

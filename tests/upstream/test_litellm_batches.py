@@ -264,7 +264,7 @@ async def test_two_models_of_one_provider_share_one_pool_closed_at_shutdown(api:
         sender = deferred(client)
         first, second = sender.api(MODEL), sender.api("gpt-4o")
         assert first is not None and second is not None
-        wires = [first._wire, second._wire]
+        wires = [first.wire, second.wire]
         assert all(isinstance(w, ProviderWire) for w in wires)
         route = wires[0]._route  # type: ignore[attr-defined]
         assert wires[1]._route is route  # type: ignore[attr-defined]

@@ -100,25 +100,18 @@ class AlreadyFinished(Exception):
     written, and the first result stands."""
 
 
+@dataclasses.dataclass(eq=False)  # a store is told apart by identity
 class BatchStore:
     """``prices`` prices the ledger rows :meth:`finish` writes (the writer's own book);
     ``max_file_bytes``, ``max_lines``: OpenAI's limits on an input file; ``lease_s``: a deferred
     line's lease (:mod:`~proxy.ledger.batches.handover`)."""
 
-    def __init__(
-        self,
-        pool: Pool,
-        *,
-        prices: PriceBook | None = None,
-        max_file_bytes: int = MAX_BATCH_FILE_BYTES,
-        max_lines: int = MAX_LINES,
-        lease_s: float | None = None,
-    ) -> None:
-        self.pool = pool
-        self.lease_s = lease_s
-        self.prices = prices
-        self.max_file_bytes = max_file_bytes
-        self.max_lines = max_lines
+    pool: Pool
+    _: dataclasses.KW_ONLY
+    prices: PriceBook | None = None
+    max_file_bytes: int = MAX_BATCH_FILE_BYTES
+    max_lines: int = MAX_LINES
+    lease_s: float | None = None
 
     # -- batches ---------------------------------------------------------------------------
 
