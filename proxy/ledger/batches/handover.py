@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from proxy.ledger.batches.objects import Line
-from proxy.ledger.batches.records import LINE_COLUMNS, line_of, marks
+from proxy.ledger.batches.records import lines_by_upstream, marks
 from proxy.ledger.db.connections import Pool
 
 
@@ -69,13 +69,4 @@ def take_deferred(
             ]
         if not taken:
             return {}
-        rows = tx.rows(
-            f"SELECT {LINE_COLUMNS} FROM batch_lines l JOIN batches b ON b.id = l.batch_id "
-            f"WHERE l.id IN ({marks(taken)}) ORDER BY l.seq",
-            taken,
-        )
-    handed: dict[str, list[Line]] = {}
-    for row in rows:
-        line = line_of(row)
-        handed.setdefault(line.upstream_batch_id or "", []).append(line)
-    return handed
+        return lines_by_upstream(tx, f"l.id IN ({marks(taken)})", taken)

@@ -8,6 +8,7 @@ that finishes it).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -73,6 +74,21 @@ def line_of(row: tuple[Any, ...]) -> Line:
         claims=int(row[8]),
         upstream_batch_id=row[9],
     )
+
+
+def lines_by_upstream(tx: Tx, where: str, values: Sequence[Any]) -> dict[str, list[Line]]:
+    """The lines ``where`` picks (it may name the line ``l`` and its batch ``b``), in their
+    order, by the upstream batch id (or handle) they wait for."""
+    rows = tx.rows(
+        f"SELECT {LINE_COLUMNS} FROM batch_lines l JOIN batches b ON b.id = l.batch_id "
+        f"WHERE {where} ORDER BY l.seq",
+        values,
+    )
+    found: dict[str, list[Line]] = {}
+    for row in rows:
+        line = line_of(row)
+        found.setdefault(line.upstream_batch_id or "", []).append(line)
+    return found
 
 
 def insert_many(tx: Tx, statement: str, rows: list[tuple[Any, ...]]) -> None:

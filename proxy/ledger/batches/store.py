@@ -84,6 +84,7 @@ from proxy.ledger.batches.records import (
     insert_many,
     insert_row,
     line_of,
+    lines_by_upstream,
     lock_batch_of,
     marks,
     to_json,
@@ -417,16 +418,7 @@ class BatchStore:
         if upstream_batch_id is not None:
             only, values = "AND l.upstream_batch_id = ?", (upstream_batch_id,)
         with self.pool.transaction() as tx:
-            rows = tx.rows(
-                f"SELECT {LINE_COLUMNS} FROM batch_lines l JOIN batches b ON b.id = l.batch_id "
-                f"WHERE l.state = 'deferred' {only} ORDER BY l.seq",
-                values,
-            )
-        found: dict[str, list[Line]] = {}
-        for row in rows:
-            line = line_of(row)
-            found.setdefault(line.upstream_batch_id or "", []).append(line)
-        return found
+            return lines_by_upstream(tx, f"l.state = 'deferred' {only}", values)
 
     def finish(
         self,
