@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import KW_ONLY, dataclass, field
 
 import structlog
@@ -90,41 +90,40 @@ class BatchGauges:
             yield from _runner_metrics(self.runner())
         if self.last is None:
             return
-        lines = GaugeMetricFamily(
+        yield _gauge(
             "frugal_batch_lines",
             "Batch lines not yet answered, by state: pending (queued), claimed (a worker runs "
             "them), deferred (sent to the upstream's batch). Every replica's, read every few "
             "seconds.",
-            labels=["state"],
+            "state",
+            sorted(self.last.lines.items()),
         )
-        for state, n in sorted(self.last.lines.items()):
-            lines.add_metric([state], float(n))
-        yield lines
-        batches = GaugeMetricFamily(
+        yield _gauge(
             "frugal_batches",
             "Batches in the ledger database, by status. Every replica's, read every few seconds.",
-            labels=["status"],
+            "status",
+            sorted(self.last.batches.items()),
         )
-        for status, n in sorted(self.last.batches.items()):
-            batches.add_metric([status], float(n))
-        yield batches
+
+
+def _gauge(name: str, doc: str, label: str, counts: Iterable[tuple[str, int]]) -> Metric:
+    """A gauge with one ``label``, a sample for each of ``counts`` (the label's value, the
+    count)."""
+    family = GaugeMetricFamily(name, doc, labels=[label])
+    for value, n in counts:
+        family.add_metric([value], float(n))
+    return family
 
 
 def _runner_metrics(gauges: RunnerGauges) -> Iterator[Metric]:
-    held = GaugeMetricFamily(
+    yield _gauge(
         "frugal_batch_runner_lines",
         "Batch lines this replica's runner holds, by state: running (a local attempt), held "
         "(rejects waiting to go up with the rest of their batch), upstream (sent to the "
         "upstream's Batch API, not answered yet).",
-        labels=["state"],
+        "state",
+        (("running", gauges.running), ("held", gauges.held), ("upstream", gauges.upstream)),
     )
-    for state, n in (
-        ("running", gauges.running),
-        ("held", gauges.held),
-        ("upstream", gauges.upstream),
-    ):
-        held.add_metric([state], float(n))
-    yield held
     finished = CounterMetricFamily(
         "frugal_batch_runner_lines_finished",
         "Batch lines this replica's runner finished since it started, by who answered them.",
