@@ -67,9 +67,12 @@ def serial(model: Any, requests: list[dict[str, Any]]) -> tuple[float, float, in
     return wall, cpu, tokens
 
 
-def batched(engine: Any, requests: list[dict[str, Any]]) -> tuple[float, float, int]:
-    """parallel = N: every prompt prefilled and first token out, then the decode phase timed."""
-    seqs = [engine.add(r) for r in requests]
+def batched(
+    engine: Any, requests: list[dict[str, Any]], *, deferred: bool = False
+) -> tuple[float, float, int]:
+    """parallel = N: every prompt prefilled and first token out, then the decode phase timed
+    (``deferred``: the sequences added as deferred ones, the batch endpoints' class)."""
+    seqs = [engine.add(r, deferred=deferred) for r in requests]
     assert all(s is not None for s in seqs)
     while any(not s.generated and not s.done for s in seqs):
         engine.step()

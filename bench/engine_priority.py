@@ -47,19 +47,6 @@ PROBES = [
 ]
 
 
-def deferred_batched(engine: Any, requests: list[dict[str, Any]]) -> tuple[float, float, int]:
-    """``engine_batch.batched`` with deferred sequences."""
-    seqs = [engine.add(r, deferred=True) for r in requests]
-    assert all(s is not None for s in seqs)
-    while any(not s.generated and not s.done for s in seqs):
-        engine.step()
-    w, c = time.perf_counter(), time.process_time()
-    before = sum(len(s.generated) for s in seqs)
-    engine.run_all()
-    wall, cpu = time.perf_counter() - w, time.process_time() - c
-    return wall, cpu, sum(len(s.generated) for s in seqs) - before
-
-
 def probe(engine: Any, request: dict[str, Any]) -> tuple[float, float, int]:
     """Wall and CPU seconds from adding an interactive request to its last token, stepping the
     engine (whatever else it holds steps too, or waits, as the engine decides), and its tokens."""
@@ -148,9 +135,9 @@ def main() -> None:
     }
     for rep in range(args.reps):
         # Each side goes first in every other rep: the machine's load drifts.
-        sides = [("batch", batched), ("deferred", deferred_batched)]
-        for name, run in sides if rep % 2 == 0 else sides[::-1]:
-            wall, cpu, tokens = run(engine, requests)
+        sides = [("batch", False), ("deferred", True)]
+        for name, deferred in sides if rep % 2 == 0 else sides[::-1]:
+            wall, cpu, tokens = batched(engine, requests, deferred=deferred)
             rates[name].append(tokens / wall)
             rates[f"{name} cpu"].append(tokens / cpu)
         for name, eng, deferred in (("during", engine, True), ("shared", shared, False)):
