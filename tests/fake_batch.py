@@ -51,8 +51,9 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
@@ -73,6 +74,7 @@ MAX_LINES = 50_000
 WINDOW_S = 24 * 3600
 FINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -177,13 +179,19 @@ class FakeBatches:
         made = self._add_file(filename or "upload.jsonl", "batch", content, expires_s)
         return JSONResponse(made.obj)
 
-    async def _file_of(self, request: Request) -> _File | Response:
-        """The file the path names, or the answer to send instead (a knob's, or a 404)."""
+    async def _named(
+        self, request: Request, table: Mapping[str, _T], key: str, what: str, param: str
+    ) -> _T | Response:
+        """The object of ``table`` that the path's ``key`` names, or the answer to send instead
+        (a knob's, or a 404 "No such ``what`` object" naming ``param``)."""
         _, early = await self.api._enter(request, json_body=False)
         if early is not None:
             return early
-        found = self.files.get(request.path_params["file_id"])
-        return found if found is not None else _error(404, "No such File object", "id")
+        found = table.get(request.path_params[key])
+        return found if found is not None else _error(404, f"No such {what} object", param)
+
+    async def _file_of(self, request: Request) -> _File | Response:
+        return await self._named(request, self.files, "file_id", "File", "id")
 
     async def list_files(self, request: Request) -> Response:
         _, early = await self.api._enter(request, json_body=False)
@@ -290,12 +298,7 @@ class FakeBatches:
         )
 
     async def _batch_of(self, request: Request) -> _Batch | Response:
-        """The batch the path names, or the answer to send instead (a knob's, or a 404)."""
-        _, early = await self.api._enter(request, json_body=False)
-        if early is not None:
-            return early
-        found = self.batches.get(request.path_params["batch_id"])
-        return found if found is not None else _error(404, "No such Batch object", "batch_id")
+        return await self._named(request, self.batches, "batch_id", "Batch", "batch_id")
 
     async def retrieve(self, request: Request) -> Response:
         batch = await self._batch_of(request)

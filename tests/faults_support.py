@@ -9,6 +9,8 @@
   cap, SIGKILLs the process so that a memory bomb cannot take the whole machine down.
 - :class:`HealthPoller`: ``GET /healthz`` in a loop, counting failures and keeping latencies.
 - :func:`ledger_rows` / :func:`wait_rows`: the ledger's rows, read from its SQLite file.
+- :func:`start_batch`, :func:`batch_of` and :func:`file_lines`: a batch made, read and its
+  output or error file read back through the proxy's own Files and Batch APIs.
 
 The listener that counts the connections made to it (where a request must never go) is
 :class:`tests.loopback.Listener`.
@@ -340,3 +342,47 @@ def spilled_text(db: Path) -> str:
     for pattern in ("*.rejected.jsonl", "*.rejected*", "*spill*", "*.jsonl"):
         found.extend(p for p in db.parent.glob(pattern) if p.is_file() and p not in found)
     return "".join(p.read_text(errors="replace") for p in found)
+
+
+# -- the Batch API --------------------------------------------------------------------------------
+
+
+def start_batch(served: Served, lines: Iterable[Mapping[str, Any]]) -> str:
+    """Uploads ``lines`` as one JSONL file (``POST /v1/files``, purpose ``batch``) and makes a
+    chat batch of it with a 24 h window (``POST /v1/batches``); the batch's id."""
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = httpx.post(
+        served.base + "/v1/files",
+        data={"purpose": "batch"},
+        files={"file": ("in.jsonl", content, "application/jsonl")},
+        timeout=30,
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    made = httpx.post(
+        served.base + "/v1/batches",
+        json={
+            "input_file_id": uploaded.json()["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+        timeout=30,
+    )
+    assert made.status_code == 200, made.text
+    return str(made.json()["id"])
+
+
+def batch_of(served: Served, batch_id: str) -> dict[str, Any]:
+    """``GET /v1/batches/{batch_id}``: the batch as it stands."""
+    reply = httpx.get(f"{served.base}/v1/batches/{batch_id}", timeout=30)
+    assert reply.status_code == 200, reply.text
+    return dict(reply.json())
+
+
+def file_lines(served: Served, file_id: str | None) -> list[dict[str, Any]]:
+    """The lines of a batch's output or error file (``GET /v1/files/{id}/content``); [] for a
+    file the batch has not got."""
+    if file_id is None:
+        return []
+    reply = httpx.get(f"{served.base}/v1/files/{file_id}/content", timeout=30)
+    assert reply.status_code == 200, reply.text
+    return [json.loads(x) for x in reply.text.splitlines()]

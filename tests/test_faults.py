@@ -46,13 +46,16 @@ from tests.faults_support import (
     HealthPoller,
     RssWatch,
     base_config,
+    batch_of,
     columns,
     engine_pid,
+    file_lines,
     launch,
     ledger_rows,
     read_events,
     rows_for,
     spilled_text,
+    start_batch,
     stop,
     tail,
     toml_of,
@@ -3226,24 +3229,6 @@ _I41_BATCH_WIRE_CONFIG: dict[str, Any] = {
 }
 
 
-def _i41_batch_wire_get(served: Served, path: str) -> httpx.Response:
-    return httpx.get(served.base + path, timeout=30)
-
-
-def _i41_batch_wire_batch(served: Served, batch_id: str) -> dict[str, Any]:
-    reply = _i41_batch_wire_get(served, f"/v1/batches/{batch_id}")
-    assert reply.status_code == 200, reply.text
-    return dict(reply.json())
-
-
-def _i41_batch_wire_lines(served: Served, file_id: str | None) -> list[dict[str, Any]]:
-    if file_id is None:
-        return []
-    reply = _i41_batch_wire_get(served, f"/v1/files/{file_id}/content")
-    assert reply.status_code == 200, reply.text
-    return [json.loads(x) for x in reply.text.splitlines()]
-
-
 def test_issue41_a_batch_survives_kill_9_of_frugal_serve_every_line_once_and_billed_once(
     tmp_path: Path, api: FakeAPI
 ) -> None:
@@ -3266,33 +3251,15 @@ def test_issue41_a_batch_survives_kill_9_of_frugal_serve_every_line_once_and_bil
         lines.append(
             {"custom_id": f"k-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
         )
-    content = "".join(json.dumps(x) + "\n" for x in lines).encode()
     for run in ("first", "second"):
         (tmp_path / run).mkdir()
     first = wait_ready(launch(tmp_path / "first", api, config=_I41_BATCH_WIRE_CONFIG, db=db))
     try:
-        uploaded = httpx.post(
-            first.base + "/v1/files",
-            data={"purpose": "batch"},
-            files={"file": ("in.jsonl", content, "application/jsonl")},
-            timeout=30,
-        )
-        assert uploaded.status_code == 200, uploaded.text
-        made = httpx.post(
-            first.base + "/v1/batches",
-            json={
-                "input_file_id": uploaded.json()["id"],
-                "endpoint": "/v1/chat/completions",
-                "completion_window": "24h",
-            },
-            timeout=30,
-        )
-        assert made.status_code == 200, made.text
-        batch_id = made.json()["id"]
+        batch_id = start_batch(first, lines)
         done_before = 0
         end = time.monotonic() + CEILING_S
         while time.monotonic() < end:
-            counts = _i41_batch_wire_batch(first, batch_id)["request_counts"]
+            counts = batch_of(first, batch_id)["request_counts"]
             done_before = counts["completed"] + counts["failed"]
             if done_before >= 2:
                 break
@@ -3306,14 +3273,14 @@ def test_issue41_a_batch_survives_kill_9_of_frugal_serve_every_line_once_and_bil
     rows_at_kill = len(ledger_rows(db, "deferred_tier = 'batch'"))
     second = wait_ready(launch(tmp_path / "second", api, config=_I41_BATCH_WIRE_CONFIG, db=db))
     try:
-        batch = _i41_batch_wire_batch(second, batch_id)
+        batch = batch_of(second, batch_id)
         end = time.monotonic() + CEILING_S
         while batch["status"] not in ("completed", "failed", "expired", "cancelled"):
             assert time.monotonic() < end, batch
             time.sleep(0.2)
-            batch = _i41_batch_wire_batch(second, batch_id)
-        out = _i41_batch_wire_lines(second, batch.get("output_file_id"))
-        errors = _i41_batch_wire_lines(second, batch.get("error_file_id"))
+            batch = batch_of(second, batch_id)
+        out = file_lines(second, batch.get("output_file_id"))
+        errors = file_lines(second, batch.get("error_file_id"))
         deadline = time.monotonic() + CEILING_S
         rows = ledger_rows(db, "deferred_tier = 'batch'")
         while len(rows) < n and time.monotonic() < deadline:
@@ -3428,20 +3395,6 @@ _I41_BATCH_REST_CONFIG: dict[str, Any] = {
 }
 
 
-def _i41_batch_rest_batch(served: Served, batch_id: str) -> dict[str, Any]:
-    reply = httpx.get(f"{served.base}/v1/batches/{batch_id}", timeout=30)
-    assert reply.status_code == 200, reply.text
-    return dict(reply.json())
-
-
-def _i41_batch_rest_lines(served: Served, file_id: str | None) -> list[dict[str, Any]]:
-    if file_id is None:
-        return []
-    reply = httpx.get(f"{served.base}/v1/files/{file_id}/content", timeout=30)
-    assert reply.status_code == 200, reply.text
-    return [json.loads(x) for x in reply.text.splitlines()]
-
-
 def test_issue41_a_batch_cancelled_then_kill_9_ends_cancelled_with_every_custom_id_once(
     tmp_path: Path, api: FakeAPI
 ) -> None:
@@ -3466,31 +3419,13 @@ def test_issue41_a_batch_cancelled_then_kill_9_ends_cancelled_with_every_custom_
         }
         for i in range(n)
     ]
-    content = "".join(json.dumps(x) + "\n" for x in lines).encode()
     for run in ("first", "second"):
         (tmp_path / run).mkdir()
     first = wait_ready(launch(tmp_path / "first", api, config=_I41_BATCH_REST_CONFIG, db=db))
     try:
-        uploaded = httpx.post(
-            first.base + "/v1/files",
-            data={"purpose": "batch"},
-            files={"file": ("in.jsonl", content, "application/jsonl")},
-            timeout=30,
-        )
-        assert uploaded.status_code == 200, uploaded.text
-        made = httpx.post(
-            first.base + "/v1/batches",
-            json={
-                "input_file_id": uploaded.json()["id"],
-                "endpoint": "/v1/chat/completions",
-                "completion_window": "24h",
-            },
-            timeout=30,
-        )
-        assert made.status_code == 200, made.text
-        batch_id = made.json()["id"]
+        batch_id = start_batch(first, lines)
         end = time.monotonic() + CEILING_S
-        while _i41_batch_rest_batch(first, batch_id)["request_counts"]["completed"] < 1:
+        while batch_of(first, batch_id)["request_counts"]["completed"] < 1:
             assert time.monotonic() < end, "no line answered"
             time.sleep(0.05)
         cancelled = httpx.post(f"{first.base}/v1/batches/{batch_id}/cancel", json={}, timeout=30)
@@ -3503,14 +3438,14 @@ def test_issue41_a_batch_cancelled_then_kill_9_ends_cancelled_with_every_custom_
     at_kill = cancelled.json()["status"]
     second = wait_ready(launch(tmp_path / "second", api, config=_I41_BATCH_REST_CONFIG, db=db))
     try:
-        batch = _i41_batch_rest_batch(second, batch_id)
+        batch = batch_of(second, batch_id)
         end = time.monotonic() + CEILING_S
         while batch["status"] != "cancelled":
             assert time.monotonic() < end, batch
             time.sleep(0.2)
-            batch = _i41_batch_rest_batch(second, batch_id)
-        out = _i41_batch_rest_lines(second, batch.get("output_file_id"))
-        errors = _i41_batch_rest_lines(second, batch.get("error_file_id"))
+            batch = batch_of(second, batch_id)
+        out = file_lines(second, batch.get("output_file_id"))
+        errors = file_lines(second, batch.get("error_file_id"))
     finally:
         stop(second)
     rows = ledger_rows(db, "deferred_tier = 'batch'")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from proxy.engine.batch.decode import BatchEngine
+from proxy.engine.batch.sequence import BatchStats
 from proxy.engine.generate import LocalModel
 from tests.engine.test_batch import _check_alone, _run_batched
 
@@ -62,19 +63,23 @@ def _shared_prefix_requests() -> list[dict[str, Any]]:
 SHARED = _shared_prefix_requests()
 
 
+def _batched(model: LocalModel, requests: list[dict[str, Any]]) -> tuple[list[Any], BatchStats]:
+    """The requests' completions on a new engine four rows wide (closed after), and its stats."""
+    engine = BatchEngine(model, 4)
+    try:
+        return _run_batched(engine, model, requests), engine.stats
+    finally:
+        engine.close()
+
+
 @pytest.mark.timeout(900)
 def test_answers_sharing_a_system_prompt_reuse_its_cells_and_are_the_answers_run_alone(
     model: LocalModel,
 ) -> None:
-    engine = BatchEngine(model, 4)
-    try:
-        got = _run_batched(engine, model, SHARED)
-    finally:
-        engine.close()
+    got, stats = _batched(model, SHARED)
     # Each system prompt was prefilled about once, not once per request: its cells were held
     # by a free stream, copied from a running sequence, or waited for while another
     # sequence prefilled them (the first four join together).
-    stats = engine.stats
     assert stats.reused >= 8 and stats.copies >= 1 and stats.followed >= 1
     assert sum(g["frugal"]["cached_tokens"] for g in got) > 3000
     _check_alone(model, SHARED, got)
@@ -90,12 +95,7 @@ def test_short_prompts_keep_the_chat_templates_opening_held_in_place(model: Loca
         {"messages": [{"role": "user", "content": q}], "max_tokens": 6 + i, "temperature": 0}
         for i, q in enumerate(questions)
     ]
-    engine = BatchEngine(model, 4)
-    try:
-        got = _run_batched(engine, model, requests)
-    finally:
-        engine.close()
-    stats = engine.stats
+    got, stats = _batched(model, requests)
     print(f"reused {stats.reused} ({stats.reused_tokens} tokens), copies {stats.copies}")
     assert stats.reused == len(requests) - 4  # every prompt after the first four
     assert all(g["frugal"]["cached_tokens"] >= 20 for g in got[4:])

@@ -15,17 +15,22 @@ def drain(queue: FairQueue[str]) -> list[str]:
     return [queue.pop() for _ in range(len(queue))]
 
 
-def test_one_share_alone_is_first_come_first_served() -> None:
+def queued(**backlogs: int) -> FairQueue[str]:
+    """A queue with each share's backlog pushed, share after share in the order given:
+    ``queued(a=2, b=1)`` pushes a0 and a1 for ``a``, then b0 for ``b``."""
     queue: FairQueue[str] = FairQueue()
-    for i in range(5):
-        queue.push("a", f"a{i}")
-    assert drain(queue) == ["a0", "a1", "a2", "a3", "a4"]
+    for share, count in backlogs.items():
+        for i in range(count):
+            queue.push(share, f"{share}{i}")
+    return queue
+
+
+def test_one_share_alone_is_first_come_first_served() -> None:
+    assert drain(queued(a=5)) == ["a0", "a1", "a2", "a3", "a4"]
 
 
 def test_a_share_that_arrives_behind_a_backlog_goes_next() -> None:
-    queue: FairQueue[str] = FairQueue()
-    for i in range(16):
-        queue.push("a", f"a{i}")
+    queue = queued(a=16)
     served = [queue.pop() for _ in range(4)]  # the engine's four slots
     queue.push("b", "b0")
     assert served == ["a0", "a1", "a2", "a3"]
@@ -34,20 +39,14 @@ def test_a_share_that_arrives_behind_a_backlog_goes_next() -> None:
 
 
 def test_shares_with_backlogs_take_turns() -> None:
-    queue: FairQueue[str] = FairQueue()
-    for i in range(6):
-        queue.push("a", f"a{i}")
-    for i in range(3):
-        queue.push("b", f"b{i}")
+    queue = queued(a=6, b=3)
     queue.push(KEYLESS, "k0")
     assert drain(queue) == ["a0", "b0", "k0", "a1", "b1", "a2", "b2", "a3", "a4", "a5"]
 
 
 def test_a_share_that_asks_again_after_its_turn_waits_for_the_others() -> None:
     """One job at a time, asked again as soon as it is served, does not jump a backlog."""
-    queue: FairQueue[str] = FairQueue()
-    for i in range(4):
-        queue.push("a", f"a{i}")
+    queue = queued(a=4)
     order = []
     for i in range(4):
         queue.push("c", f"c{i}")
@@ -85,11 +84,7 @@ def test_no_state_is_kept_for_shares_that_have_gone() -> None:
 
 
 def test_ahead_counts_what_a_new_item_of_a_share_would_follow() -> None:
-    queue: FairQueue[str] = FairQueue()
-    for i in range(5):
-        queue.push("a", f"a{i}")
-    for i in range(2):
-        queue.push("b", f"b{i}")
+    queue = queued(a=5, b=2)
     assert queue.ahead("c") == {"a": 1, "b": 1}  # a0 and b0 hold turn 0, as c would
     assert queue.ahead("b") == {"a": 3, "b": 2}  # after b1 (turn 1): a0, a1, a2
     assert queue.ahead("a") == {"a": 5, "b": 2}  # behind everything, as first come

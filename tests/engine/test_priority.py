@@ -29,6 +29,7 @@ import pytest
 
 from proxy.config import LocalSettings
 from proxy.engine.batch.decode import BatchEngine
+from proxy.engine.batch.sequence import Sequence
 from proxy.engine.generate import LocalModel
 from proxy.engine.local_engine import LocalEngine
 from proxy.engine.priority import DEFERRED, INTERACTIVE, PrioritySlots
@@ -143,20 +144,24 @@ async def test_a_deferred_job_that_gives_up_waiting_leaves_no_place_taken() -> N
 # -- the batch: pause, park, resume ---------------------------------------------------------------
 
 
+def _alone(engine: BatchEngine, request: dict[str, Any], *, deferred: bool = False) -> Sequence:
+    """``request`` run to its end with ``engine`` to itself, from an empty cache (emptied again
+    after): the answer it gives without any interruption."""
+    engine.forget()
+    seq = engine.add(dict(request), deferred=deferred)
+    assert seq is not None
+    engine.run_all()
+    engine.forget()
+    return seq
+
+
 def test_an_interactive_sequence_parks_a_paused_deferred_one_and_changes_no_answer(
     model: LocalModel,
 ) -> None:
     engine = BatchEngine(model, 2)
     try:
         deferred = [_request(p, 48) for p in STORIES[:2]]
-        alone = []
-        for request in deferred:  # each one's answer without any interruption
-            engine.forget()
-            seq = engine.add(request, deferred=True)
-            assert seq is not None
-            engine.run_all()
-            alone.append(seq.text)
-        engine.forget()
+        alone = [_alone(engine, request, deferred=True).text for request in deferred]
         seqs = [engine.add(r, deferred=True) for r in deferred]
         assert all(s is not None for s in seqs)
         while any(len(s.generated) < 8 for s in seqs if s is not None):
@@ -348,10 +353,7 @@ def test_an_interactive_prompt_keeps_the_opening_the_parked_sequences_id_holds(
     urgent_request = _request("Name three colours.", 8)
     engine = BatchEngine(model, 2)
     try:
-        alone = engine.add(dict(urgent_request))
-        assert alone is not None
-        engine.run_all()
-        engine.forget()
+        alone = _alone(engine, urgent_request)
         seqs = [engine.add(_request(p, 32), deferred=True) for p in STORIES[:2]]
         assert all(s is not None for s in seqs)
         while any(len(s.generated) < 4 for s in seqs if s is not None):
@@ -378,10 +380,7 @@ def test_a_deferred_prompt_is_prefilled_in_short_steps_and_answers_as_alone(
     )
     engine = BatchEngine(model, 2)
     try:
-        alone = engine.add(dict(request))
-        assert alone is not None
-        engine.run_all()
-        engine.forget()
+        alone = _alone(engine, request)
         before = engine.stats.steps - engine.stats.decode_steps
         seq = engine.add(dict(request), deferred=True)
         assert seq is not None

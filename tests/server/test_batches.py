@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from proxy.engine.fair_queue import KEYLESS
-from proxy.engine.local_engine import Ask, LocalEngine
+from proxy.engine.local_engine import LocalEngine
 from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.in_process import in_process
@@ -30,6 +30,7 @@ from tests.server.test_files import (  # noqa: F401 - the fixture
     app,
 )
 from tests.server.test_metrics import parse, value
+from tests.serving.test_batch_attempt import Seen
 
 ENDPOINT = "/v1/chat/completions"
 
@@ -320,21 +321,6 @@ async def test_metrics_show_the_lines_the_runner_runs_holds_and_has_with_the_ups
     assert [path for path, _, _ in fake_api.requests if path.endswith("/cancel")]
 
 
-class _Shares:
-    """The shared engine, with the share and class of each call noted."""
-
-    def __init__(self, engine: LocalEngine) -> None:
-        self._engine = engine
-        self.asks: list[tuple[str, str]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    async def answer(self, request: dict[str, Any], ask: Ask) -> dict[str, Any]:
-        self.asks.append((ask.share, ask.priority))
-        return await self._engine.answer(request, ask)
-
-
 async def test_a_batch_line_runs_in_its_keys_share_and_is_offered_to_the_shadow_audits(
     tmp_path: Path, fake_api: FakeAPI, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -355,7 +341,7 @@ async def test_a_batch_line_runs_in_its_keys_share_and_is_offered_to_the_shadow_
     refused = json.loads(_lines(3).splitlines()[2])
     refused["body"]["model"] = "gpt-4o"
     content = b"".join(_lines(3).splitlines(keepends=True)[:2]) + json.dumps(refused).encode()
-    shares = _Shares(engine)
+    shares = Seen(engine)
     async with in_process(settings, shares) as http:
         bob = openai.AsyncOpenAI(
             api_key=BOB, base_url="http://localhost/v1", http_client=http, max_retries=0
@@ -364,7 +350,7 @@ async def test_a_batch_line_runs_in_its_keys_share_and_is_offered_to_the_shadow_
             model="gpt-4o-mini", messages=[{"role": "user", "content": "Say hi"}], max_tokens=4
         )
         assert asked.headers["x-frugal-route"] == "local"
-        [(own_share, interactive)] = shares.asks
+        [(own_share, interactive)] = [(a.share, a.priority) for a, _ in shares.asks]
         upload = await bob.files.create(file=("in.jsonl", content), purpose="batch")
         made = await bob.batches.create(
             input_file_id=upload.id, endpoint=ENDPOINT, completion_window="24h"
@@ -381,10 +367,11 @@ async def test_a_batch_line_runs_in_its_keys_share_and_is_offered_to_the_shadow_
             if lines <= audited:
                 break
             await asyncio.sleep(0.05)
-    print("shares", shares.asks, "audited", sorted(audited))
+    asked_as = [(a.share, a.priority) for a, _ in shares.asks]
+    print("shares", asked_as, "audited", sorted(audited))
     assert own_share != KEYLESS and interactive == "interactive"
     assert len(output) == 3 and errors == []
-    assert shares.asks[1:] == [(own_share, "deferred")] * 3
+    assert asked_as[1:] == [(own_share, "deferred")] * 3
     assert lines <= audited  # each line's shadow call, under its line id
     with sqlite3.connect(tmp_path / "ledger.db") as db:
         kept = dict(db.execute("SELECT request_id, accepted FROM audits").fetchall())

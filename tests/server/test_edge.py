@@ -28,6 +28,7 @@ from proxy.server import auth
 from proxy.serving import clients
 from tests.conftest import FAKE_KEY, module_api, settings_for
 from tests.fake_api import FakeAPI
+from tests.in_process import http_scope
 from tests.server.test_serve import FRUGAL, Served, serving
 
 GOOD = "edge-key-" + "k" * 16
@@ -224,21 +225,7 @@ async def test_a_client_gone_mid_body_of_a_service_outside_the_cascade_is_no_err
         "x-request-id": "req-cut",
     }
     async with make_client(settings_for(tmp_path)) as client:
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": "/v1/responses/input_tokens",
-            "raw_path": b"/v1/responses/input_tokens",
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
-            "client": ("127.0.0.1", 50000),
-            "server": ("127.0.0.1", 80),
-            "state": {},
-        }
+        scope = http_scope("POST", "/v1/responses/input_tokens", headers)
         with capture_logs() as logs:
             await client.app(scope, receive, send)
     said = [(e["event"], e.get("request_id")) for e in logs]

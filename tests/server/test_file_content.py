@@ -22,6 +22,7 @@ from proxy.ledger.batches.files import CHUNK_BYTES
 from proxy.ledger.db.location import Database
 from tests.conftest import AppFactory, ledger_settings
 from tests.fake_api import FakeAPI
+from tests.in_process import http_scope
 
 SIZE = 50 * 2**20
 BOUND = SIZE // 5
@@ -30,20 +31,7 @@ BOUND = SIZE // 5
 async def _download(app: Any, path: str) -> tuple[int, dict[str, str], int, int, str]:
     """GET ``path`` through the ASGI app: (status, headers, body messages, bytes, sha256),
     keeping no body message once it is hashed."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "GET",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"host", b"localhost")],
-        "client": ("127.0.0.1", 40000),
-        "server": ("localhost", 80),
-    }
+    scope = http_scope("GET", path, {"host": "localhost"}, server=("localhost", 80))
     asked = asyncio.Event()
     got: dict[str, Any] = {"status": 0, "headers": {}, "messages": 0, "bytes": 0}
     digest = hashlib.sha256()

@@ -76,20 +76,28 @@ async def _polled(client: openai.AsyncOpenAI, rid: str, *, until: tuple[str, ...
         await asyncio.sleep(0.05)
 
 
+async def _background(client: openai.AsyncOpenAI, route: dict[str, str], **more: Any) -> Any:
+    """A background response to QUESTION, made with the headers ``route`` (LOCAL, API or
+    REJECT) and any ``more`` parameters."""
+    return await client.responses.create(
+        model="gpt-4o-mini", input=QUESTION, background=True, extra_headers=route, **more
+    )
+
+
+async def _to_its_end(sdk: Any, route: dict[str, str]) -> tuple[Any, Any]:
+    """Bob's background response of 16 tokens at most with the headers ``route``: as it was
+    made, and as it stands once it has ended."""
+    async with sdk() as client:
+        bob = client(BOB)
+        made = await _background(bob, route, max_output_tokens=16)
+        return made, await _polled(bob, made.id, until=("completed", "incomplete", "failed"))
+
+
 async def test_a_background_response_is_queued_then_answered_locally(
     sdk: Any, fake_api: FakeAPI, tmp_path: Path
 ) -> None:
-    async with sdk() as client:
-        bob = client(BOB)
-        made = await bob.responses.create(
-            model="gpt-4o-mini",
-            input=QUESTION,
-            max_output_tokens=16,
-            background=True,
-            extra_headers=LOCAL,
-        )
-        assert (made.status, made.background, made.store, made.output) == ("queued", True, True, [])
-        done = await _polled(bob, made.id, until=("completed", "incomplete", "failed"))
+    made, done = await _to_its_end(sdk, LOCAL)
+    assert (made.status, made.background, made.store, made.output) == ("queued", True, True, [])
     print(f"background local answer: {done.status} {done.output_text!r}")
     assert done.id == made.id and done.background is True
     assert done.status in ("completed", "incomplete") and done.output_text
@@ -134,17 +142,8 @@ async def test_a_background_response_runs_as_deferred_work_past_the_interactive_
 async def test_a_background_response_the_gate_rejects_is_the_apis(
     sdk: Any, fake_api: FakeAPI, tmp_path: Path
 ) -> None:
-    async with sdk() as client:
-        bob = client(BOB)
-        made = await bob.responses.create(
-            model="gpt-4o-mini",
-            input=QUESTION,
-            max_output_tokens=16,
-            background=True,
-            extra_headers=REJECT,
-        )
-        assert made.status == "queued"
-        done = await _polled(bob, made.id, until=("completed", "incomplete", "failed"))
+    made, done = await _to_its_end(sdk, REJECT)
+    assert made.status == "queued"
     assert (done.status, done.output_text) == ("completed", DEFAULT_REPLY)
     assert fake_api.single_calls == 1
     [row] = _rows(tmp_path / "ledger.db")
@@ -157,9 +156,7 @@ async def test_a_running_background_response_is_cancelled_and_its_api_call_aband
     fake_api.set(hang=True)
     async with sdk() as client:
         bob, carol = client(BOB), client(CAROL)
-        made = await bob.responses.create(
-            model="gpt-4o-mini", input=QUESTION, background=True, extra_headers=API
-        )
+        made = await _background(bob, API)
         running = await _polled(bob, made.id, until=("in_progress",))
         assert running.status == "in_progress"
         deadline = time.monotonic() + scaled(30)
@@ -229,9 +226,7 @@ async def test_background_responses_left_open_are_failed_at_start_with_one_row_e
 ) -> None:
     async with sdk() as client:  # a first start makes the ledger; then a killed run's leftovers
         fake_api.set(hang=True)
-        made = await client(BOB).responses.create(
-            model="gpt-4o-mini", input=QUESTION, background=True, extra_headers=API
-        )
+        made = await _background(client(BOB), API)
         await _polled(client(BOB), made.id, until=("in_progress",))
     # stopped mid-run: its run wrote its row, and it is failed
     assert [r["status"] for r in _rows(tmp_path / "ledger.db")] == [499]
@@ -259,26 +254,18 @@ async def test_a_key_past_its_background_bound_gets_a_429_naming_background(
     fake_api.set(hang=True)
     async with sdk(responses={"max_background_per_key": 1}) as client:
         bob, carol = client(BOB), client(CAROL)
-        first = await bob.responses.create(
-            model="gpt-4o-mini", input=QUESTION, background=True, extra_headers=API
-        )
+        first = await _background(bob, API)
         with pytest.raises(openai.RateLimitError) as refused:
-            await bob.responses.create(
-                model="gpt-4o-mini", input=QUESTION, background=True, extra_headers=API
-            )
+            await _background(bob, API)
         assert refused.value.body["param"] == "background"  # type: ignore[index]
-        other = await carol.responses.create(  # another key's bound is its own
-            model="gpt-4o-mini", input=QUESTION, background=True, extra_headers=API
-        )
+        other = await _background(carol, API)  # another key's bound is its own
         await bob.responses.cancel(first.id)
         await carol.responses.cancel(other.id)
         background = client.http.app.state.services.background
         deadline = time.monotonic() + scaled(30)
         while background.running and time.monotonic() < deadline:  # until both runs end
             await asyncio.sleep(0.02)
-        third = await bob.responses.create(  # its place is free once its run has ended
-            model="gpt-4o-mini", input=QUESTION, background=True, extra_headers=API
-        )
+        third = await _background(bob, API)  # its place is free once its run has ended
         await bob.responses.cancel(third.id)
     assert third.status == "queued"
     rows = [(r["status"], r["deferred_tier"]) for r in _rows(tmp_path / "ledger.db")]

@@ -26,6 +26,24 @@ def _text(content: Any) -> str:
     return content if isinstance(content, str) else "".join(p["text"] for p in content)
 
 
+async def local_then_api(
+    client: openai.AsyncOpenAI, local: dict[str, str], max_output_tokens: int
+) -> tuple[Any, Any, Any]:
+    """QUESTION answered on the local route (the headers ``local``), then "And of Italy?"
+    chained to it on the API route: (the first raw reply, the first response, the second)."""
+    first = await client.responses.with_raw_response.create(
+        model="gpt-4o-mini",
+        input=QUESTION,
+        max_output_tokens=max_output_tokens,
+        extra_headers=local,
+    )
+    one = first.parse()
+    two = await client.responses.create(
+        model="gpt-4o-mini", input="And of Italy?", previous_response_id=one.id, extra_headers=API
+    )
+    return first, one, two
+
+
 async def test_local_then_api_then_local_each_turn_gets_the_whole_conversation(
     tmp_path: Path, fake_api: FakeAPI, make_client: Any
 ) -> None:
@@ -35,16 +53,7 @@ async def test_local_then_api_then_local_each_turn_gets_the_whole_conversation(
             api_key="sk-unused", base_url="http://localhost/v1", http_client=http, max_retries=0
         )
         with capture_logs() as logs:
-            first = await client.responses.with_raw_response.create(
-                model="gpt-4o-mini", input=QUESTION, max_output_tokens=12, extra_headers=LOCAL
-            )
-            one = first.parse()
-            two = await client.responses.create(
-                model="gpt-4o-mini",
-                input="And of Italy?",
-                previous_response_id=one.id,
-                extra_headers=API,
-            )
+            first, one, two = await local_then_api(client, LOCAL, 12)
             third = await client.responses.with_raw_response.create(
                 model="gpt-4o-mini",
                 input="Thanks. And of Spain?",

@@ -18,6 +18,7 @@ from tests.conftest import settings_for
 from tests.fake_api import FakeAPI
 from tests.server.test_app import rows
 from tests.server.test_responses import OPENING_EVENTS
+from tests.server.test_responses_chain import local_then_api
 from tests.tool_turns import weather_function
 
 LOCAL = {"x-frugal-route": "local", "x-frugal-min-quality": "0"}
@@ -93,17 +94,8 @@ async def test_a_chain_local_then_api_sends_store_false_and_the_whole_conversati
     sdk: Any, fake_api: FakeAPI
 ) -> None:
     async with sdk() as (client, _app):
-        first = await client.responses.with_raw_response.create(
-            model="gpt-4o-mini", input=QUESTION, max_output_tokens=16, extra_headers=LOCAL
-        )
+        first, local, second = await local_then_api(client, LOCAL, 16)
         assert first.headers["x-frugal-route"] == "local"
-        local = first.parse()
-        second = await client.responses.create(
-            model="gpt-4o-mini",
-            input="And of Italy?",
-            previous_response_id=local.id,
-            extra_headers=API,
-        )
         third = await client.responses.create(
             model="gpt-4o-mini", input="Thanks.", previous_response_id=second.id, extra_headers=API
         )

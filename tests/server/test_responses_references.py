@@ -4,6 +4,7 @@ items only, and the bound on how many one request names."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,15 @@ from tests.server.test_responses_state import ALICE, BOB, CAROL, sdk  # noqa: F4
 
 def _ref(item_id: str) -> dict[str, str]:
     return {"type": "item_reference", "id": item_id}
+
+
+async def bobs_item(client: Callable[[str], openai.AsyncOpenAI]) -> tuple[Any, Any]:
+    """Bob's stored response to QUESTION (the fake API's answer), and its one output item."""
+    made = await client(BOB).responses.create(
+        model="gpt-4o-mini", input=QUESTION, extra_headers=API
+    )
+    [item] = made.output
+    return made, item
 
 
 async def test_item_references_put_stored_input_and_output_items_in_place(
@@ -59,10 +69,7 @@ async def test_another_keys_item_is_not_found_and_an_admin_may_name_it(
     fake_api: FakeAPI,
 ) -> None:
     async with sdk(keys=True) as client:
-        made = await client(BOB).responses.create(
-            model="gpt-4o-mini", input=QUESTION, extra_headers=API
-        )
-        [item] = made.output
+        _made, item = await bobs_item(client)
         errors = []
         for item_id in (item.id, "msg_never_stored"):
             with pytest.raises(openai.BadRequestError) as caught:

@@ -13,7 +13,8 @@ import tiktoken
 
 from tests.fake_api import FakeAPI
 from tests.server.test_app import rows
-from tests.server.test_responses import API, LOCAL, QUESTION, WEATHER
+from tests.server.test_responses import LOCAL, QUESTION, WEATHER
+from tests.server.test_responses_references import bobs_item
 from tests.server.test_responses_state import BOB, CAROL, sdk  # noqa: F401 - fixture
 
 INSTRUCTIONS = "Answer in one word."
@@ -63,10 +64,7 @@ async def test_references_and_earlier_turns_are_a_keys_own(
     fake_api: FakeAPI,
 ) -> None:
     async with sdk(keys=True) as client:
-        made = await client(BOB).responses.create(
-            model="gpt-4o-mini", input=QUESTION, extra_headers=API
-        )
-        [item] = made.output
+        made, item = await bobs_item(client)
         own = await client(BOB).responses.input_tokens.count(
             model="gpt-4o-mini",
             input=[{"type": "item_reference", "id": item.id}],  # type: ignore[list-item]

@@ -8,6 +8,7 @@ call to it. Which answers the gate keeps is the test's choice (``[quality.models
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +24,19 @@ QUESTION = "What is the capital of France?"
 TIMEOUT_S = 0.5  # [local] timeout_s: far shorter than any line's window
 
 
+@dataclass(eq=False)
 class Seen:
-    """The shared engine, with what each call asked of it noted (its class and the seconds to
-    its deadline); everything else is the engine's own."""
+    """The shared engine, with what each call asked of it noted (its :class:`Ask`, and the
+    seconds to its deadline then); everything else is the engine's own."""
 
-    def __init__(self, engine: LocalEngine) -> None:
-        self._engine = engine
-        self.asks: list[tuple[str, float]] = []
+    _engine: LocalEngine
+    asks: list[tuple[Ask, float]] = field(init=False, default_factory=list)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
     async def answer(self, request: dict[str, Any], ask: Ask) -> dict[str, Any]:
-        self.asks.append((ask.priority, ask.deadline - time.monotonic()))
+        self.asks.append((ask, ask.deadline - time.monotonic()))
         return await self._engine.answer(request, ask)
 
 
@@ -67,7 +68,7 @@ async def test_a_line_gets_the_batch_window_as_deadline_in_the_deferred_class(
         "/v1/chat/completions", chat(REFUSED), deadline=window, priority="deferred"
     )
     print("asks", seen.asks)
-    assert [priority for priority, _ in seen.asks] == ["deferred", "deferred"]
+    assert [ask.priority for ask, _ in seen.asks] == ["deferred", "deferred"]
     assert all(left > 3000.0 for _, left in seen.asks)  # the window, not [local] timeout_s
     assert isinstance(kept, Accepted) and kept.status_code == 200
     assert kept.body["object"] == "chat.completion" and kept.body["model"] == KEPT

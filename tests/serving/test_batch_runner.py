@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -90,11 +90,19 @@ def index_of(body: dict[str, Any]) -> int:
 
 
 class Local:
-    """The injected local attempt: accepts the lines whose index is in ``accept``, cannot
-    serve those in ``cannot``, rejects the rest; records what it was asked."""
+    """The injected local attempt: notes what it was asked (each line's index, deadline and
+    class, and its asker), awaits ``before`` (a test's hook, given the index: it may hold a line
+    or act in the middle of a batch), then decides: accepts the lines whose index is in
+    ``accept``, cannot serve those in ``cannot``, rejects the rest. A subclass decides otherwise
+    in :meth:`decide`."""
 
-    def __init__(self, accept: set[int], cannot: frozenset[int] = frozenset()) -> None:
-        self.accept, self.cannot = accept, cannot
+    def __init__(
+        self,
+        accept: set[int] | frozenset[int] = frozenset(),
+        cannot: frozenset[int] = frozenset(),
+        before: Callable[[int], Awaitable[None]] | None = None,
+    ) -> None:
+        self.accept, self.cannot, self.before = accept, cannot, before
         self.asked: list[tuple[int, float, str]] = []
         self.askers: dict[int, Asker | None] = {}
 
@@ -110,6 +118,11 @@ class Local:
         i = index_of(body)
         self.asked.append((i, deadline, priority))
         self.askers[i] = asker
+        if self.before is not None:
+            await self.before(i)
+        return await self.decide(i, body, deadline)
+
+    async def decide(self, i: int, body: dict[str, Any], deadline: float) -> Attempted:
         if i in self.cannot:
             return CannotServe(reason="unsupported")
         if i not in self.accept:
@@ -237,22 +250,11 @@ async def test_a_started_runner_refills_a_slot_as_a_line_ends_and_stop_gives_lin
     store = BatchStore(pool, prices=PRICES)
     hold = asyncio.Event()
 
-    class Slow(Local):
-        async def __call__(
-            self,
-            url: str,
-            body: dict[str, Any],
-            *,
-            deadline: float,
-            priority: str,
-            asker: Asker | None = None,
-        ) -> Attempted:
-            if index_of(body) == 0 and not hold.is_set():
-                self.asked.append((0, deadline, priority))
-                await hold.wait()
-            return await super().__call__(url, body, deadline=deadline, priority=priority)
+    async def hold_line_0(i: int) -> None:
+        if i == 0 and not hold.is_set():
+            await hold.wait()
 
-    local = Slow(accept={1, 2, 3})
+    local = Local(accept={1, 2, 3}, before=hold_line_0)
     async with sender(api) as deferred:
         work = runner(pool, local, deferred, width=2)
         await work.start()
@@ -435,21 +437,11 @@ async def test_a_batch_cancelled_mid_way_finishes_its_running_lines_and_starts_n
     batch_id = make_batch(pool, 6)
     store = BatchStore(pool, prices=PRICES)
 
-    class Cancelling(Local):
-        async def __call__(
-            self,
-            url: str,
-            body: dict[str, Any],
-            *,
-            deadline: float,
-            priority: str,
-            asker: Asker | None = None,
-        ) -> Attempted:
-            if index_of(body) == 1:
-                await asyncio.to_thread(store.cancel, batch_id)
-            return await super().__call__(url, body, deadline=deadline, priority=priority)
+    async def cancel_at_line_1(i: int) -> None:
+        if i == 1:
+            await asyncio.to_thread(store.cancel, batch_id)
 
-    local = Cancelling(accept=set(range(6)))
+    local = Local(accept=set(range(6)), before=cancel_at_line_1)
     async with sender(api) as deferred:
         work = runner(pool, local, deferred, width=2)
         await work.drain()
@@ -531,31 +523,23 @@ async def test_a_line_past_its_keys_budget_fails_with_insufficient_quota(
 # -- the real engine and gate --------------------------------------------------------------------
 
 
-class EngineAttempt:
+class EngineAttempt(Local):
     """A local attempt on the real bundled engine, gated by its real quality score against
     ``threshold`` (``[quality] threshold``'s default); a line with an image is one the local
     text model cannot serve."""
 
     def __init__(self, engine: LocalEngine, threshold: float = 0.6) -> None:
+        super().__init__()
         self.engine, self.threshold = engine, threshold
         self.scores: dict[int, float | None] = {}
 
-    async def __call__(
-        self,
-        url: str,
-        body: dict[str, Any],
-        *,
-        deadline: float,
-        priority: str,
-        asker: Asker | None = None,
-    ) -> Attempted:
-        content = body["messages"][0]["content"]
-        if isinstance(content, list):
+    async def decide(self, i: int, body: dict[str, Any], deadline: float) -> Attempted:
+        if isinstance(body["messages"][0]["content"], list):
             return CannotServe(reason="unsupported")
         started = time.monotonic()
         answer = await self.engine.chat(dict(body), deadline=started + (deadline - time.time()))
         value = answer["frugal"]["quality"]["value"]
-        self.scores[index_of(body)] = value
+        self.scores[i] = value
         local_ms = (time.monotonic() - started) * 1000.0
         if value is None or value < self.threshold:
             return Rejected(reason="low_quality", local_ms=local_ms)
