@@ -201,6 +201,12 @@ class Quotas:
             await asyncio.wait(set(self._tasks), timeout=0.5)
         await asyncio.to_thread(self.pool.close)
 
+    async def written(self) -> None:
+        """Wait until the writes started so far in the background (cache entries, settles)
+        have ended: what a caller that must see them next awaits, rather than a guessed time."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+
     def health(self) -> dict[str, Any]:
         return {
             "state": "degraded" if self._failing_since is not None else "ok",

@@ -6,6 +6,7 @@ opts out, and one key never gets another key's entry unless ``[cache] shared``."
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from proxy.ledger.db import access
 from proxy.ledger.db.location import Database
@@ -32,8 +33,9 @@ def _to_api_as(db: Database, *names: str) -> list[dict[str, str]]:
     ]
 
 
-async def _settled() -> None:
-    await asyncio.sleep(0.3)  # entries are stored in the background
+async def _settled(client: Any) -> None:
+    """Until the cache entries written in the background so far are in."""
+    await client.app.state.services.quotas.written()
 
 
 async def test_a_deterministic_request_is_answered_from_the_cache(
@@ -42,7 +44,7 @@ async def test_a_deterministic_request_is_answered_from_the_cache(
     alice, bob = _to_api_as(database, "alice", "bob")
     async with open_app(cache=CACHE) as client:
         first = await client.post(CHAT, json=ASK, headers=alice)
-        await _settled()
+        await _settled(client)
         hit = await client.post(CHAT, json=ASK, headers=alice)
         stream = await client.post(CHAT, json={**ASK, "stream": True}, headers=alice)
         fresh = await client.post(CHAT, json=ASK, headers={**alice, "cache-control": "no-cache"})
@@ -73,7 +75,7 @@ async def test_a_shared_cache_serves_every_key(
     alice, bob = _to_api_as(database, "alice", "bob")
     async with open_app(cache={**CACHE, "shared": True}) as client:
         await client.post(CHAT, json=ASK, headers=alice)
-        await _settled()
+        await _settled(client)
         other_key = await client.post(CHAT, json=ASK, headers=bob)
         no_store = await client.post(CHAT, json=ASK, headers={**bob, "cache-control": "no-store"})
     assert other_key.headers["x-frugal-route"] == "cache"
@@ -87,13 +89,13 @@ async def test_a_new_key_given_a_revoked_keys_name_never_gets_its_entries(
     (old,) = _to_api_as(database, "alice")
     async with open_app(cache=CACHE) as client:
         first = await client.post(CHAT, json=ASK, headers=old)
-        await _settled()
+        await _settled(client)
         hit = await client.post(CHAT, json=ASK, headers=old)  # the old key's own entry
         keys.revoke(database, "alice")
         (new,) = _to_api_as(database, "alice")  # the same name, another key
         await client.app.state.services.auth.refresh()  # as the server does every second
         fresh = await client.post(CHAT, json=ASK, headers=new)
-        await _settled()
+        await _settled(client)
         new_hit = await client.post(CHAT, json=ASK, headers=new)
         gone = await client.post(CHAT, json=ASK, headers=old)
     assert first.headers["x-frugal-route"] == "api"

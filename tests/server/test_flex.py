@@ -72,6 +72,7 @@ async def test_a_flex_chat_cache_hit_is_deferred_work_at_the_flex_rate(
     }
     async with make_client(settings) as client:
         first = await client.post("/v1/chat/completions", json=body, headers=ACCEPT_ANY)
+        await client.app.state.services.quotas.written()  # the entry is stored in the background
         hit = await client.post("/v1/chat/completions", json=body, headers=ACCEPT_ANY)
         assert await client.app.state.services.ledger.flush(10)
     assert first.status_code == hit.status_code == 200, first.text[:300]

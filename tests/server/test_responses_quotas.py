@@ -156,8 +156,9 @@ async def test_a_chain_whose_earlier_turns_pass_the_budget_is_refused(
 # -- the response cache --------------------------------------------------------------------------
 
 
-async def _settled() -> None:
-    await asyncio.sleep(0.3)  # entries are stored in the background
+async def _settled(client: Any) -> None:
+    """Until the cache entries written in the background so far are in."""
+    await client.app.state.services.quotas.written()
 
 
 def _item_ids(response: dict[str, Any]) -> list[str]:
@@ -171,7 +172,7 @@ async def test_an_identical_request_is_answered_from_the_cache_with_ids_of_its_o
     ask = {**ASK, "temperature": 0, "metadata": {"n": "1"}}
     async with open_app(cache=CACHE) as client:
         first = await client.post(RESPONSES, json=ask, headers=alice)
-        await _settled()
+        await _settled(client)
         hit = await client.post(RESPONSES, json={**ask, "metadata": {"n": "2"}}, headers=alice)
         as_items = await client.post(
             RESPONSES,
@@ -213,14 +214,14 @@ async def test_a_different_chain_is_a_miss_and_the_same_chain_a_hit(
     async with open_app(cache=CACHE) as client:
         red = await client.post(RESPONSES, json={**ask, "input": "Say red."}, headers=alice)
         blue = await client.post(RESPONSES, json={**ask, "input": "Say blue."}, headers=alice)
-        await _settled()
+        await _settled(client)
 
         async def next_turn(previous: Any) -> Any:
             turn = {**ask, "input": "Again.", "previous_response_id": previous.json()["id"]}
             return await client.post(RESPONSES, json=turn, headers=alice)
 
         after_red = await next_turn(red)
-        await _settled()
+        await _settled(client)
         after_blue = await next_turn(blue)
         red_again = await next_turn(red)
         alone = await client.post(RESPONSES, json={**ask, "input": "Again."}, headers=alice)
@@ -240,7 +241,7 @@ async def test_another_keys_cached_answer_leaks_none_of_its_ids(
     ask = {**ASK, "temperature": 0, "tools": [{"type": "web_search"}]}  # an API-only answer
     async with open_app(cache={**CACHE, "shared": True}) as client:
         first = await client.post(RESPONSES, json=ask, headers=alice)
-        await _settled()
+        await _settled(client)
         shared = await client.post(RESPONSES, json=ask, headers=bob)
         bobs = shared.json()["id"]
         bob_reads_his = await client.get(f"{RESPONSES}/{bobs}", headers=bob)
@@ -266,7 +267,7 @@ async def _ask_twice(
 ) -> tuple[httpx.Response, httpx.Response]:
     """The same request twice, the cache given time to store the first answer in between."""
     first = await client.post(RESPONSES, json=ask, headers=headers)
-    await _settled()
+    await _settled(client)
     return first, await client.post(RESPONSES, json=ask, headers=headers)
 
 
