@@ -41,8 +41,8 @@ def test_no_endpoint_subclasses_another_class() -> None:
 
 
 def _own(tree: ast.Module) -> set[str]:
-    """The private names a module defines for its objects: its functions and methods, and
-    what it assigns to ``self._x``."""
+    """The private names a module defines for its objects: its functions and methods, what
+    it assigns to ``self._x``, and the fields its classes declare (a dataclass's)."""
     names = {
         node.name
         for node in ast.walk(tree)
@@ -52,6 +52,13 @@ def _own(tree: ast.Module) -> set[str]:
         node.attr
         for node in ast.walk(tree)
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+    }
+    names |= {
+        statement.target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        for statement in node.body
+        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
     }
     return names
 
